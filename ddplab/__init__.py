@@ -1,0 +1,29 @@
+"""ddplab: a hands-on lab for data-parallel training with real torchrun ranks.
+
+    import ddplab
+    from ddplab import recipes, tables
+    run = ddplab.run(recipes.launch_and_ranks(world_size=4, local_batch=16))
+    tables.ranks(run)
+
+Importing ddplab is cheap: every rank imports it, so heavy modules (torch, pandas) load on use.
+"""
+
+from .failures import RunFailed
+from .spec import Experiment
+
+__version__ = "0.1.0"
+__all__ = ["Experiment", "RunFailed", "load_run", "run"]
+
+
+def run(exp, out=None, **kwargs):
+    """Run `exp` on real torchrun ranks; see `ddplab.launch.run`."""
+    from .launch import run as _run
+
+    return _run(exp, out, **kwargs)
+
+
+def load_run(path):
+    """Reload a finished run directory; see `ddplab.results.load_run`."""
+    from .results import load_run as _load_run
+
+    return _load_run(path)

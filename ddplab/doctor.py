@@ -1,0 +1,83 @@
+"""`ddplab doctor`: can ranks talk on this machine, and over which backend?
+
+Reports versions, the backends torch was built with and the GPUs it sees, then starts two real
+ranks with torchrun; rank r all-reduces the tensor [r + 1], so both must end with 1 + 2 = 3.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+EXPECTED = 3.0  # sum over ranks r = 0, 1 of (r + 1)
+TIMEOUT_S = 120
+
+
+def _rank_main(out_dir: str) -> None:
+    """Runs inside each rank: one all-reduce, its result written to out_dir/rank{r}.json."""
+    import os
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    from .runtime import die_with_parent
+
+    die_with_parent()
+    dist.init_process_group("gloo", timeout=timedelta(seconds=30))
+    rank = dist.get_rank()
+    t = torch.tensor([rank + 1.0])
+    dist.all_reduce(t)
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps({"rank": rank, "value": t.item()}))
+    dist.destroy_process_group()
+    sys.stdout.flush()
+    os._exit(0)
+
+
+def doctor(say=print) -> bool:
+    """Print the report; True if the 2-rank all-reduce gave the expected result on both ranks."""
+    import torch
+    import torch.distributed as dist
+
+    from .launch import kill_tree, worker_env
+
+    say(f"python {platform.python_version()}, torch {torch.__version__}, {platform.system()} {platform.machine()}")
+    backends = [b for b, ok in (("gloo", dist.is_gloo_available()), ("nccl", dist.is_nccl_available()),
+                                ("mpi", dist.is_mpi_available())) if ok]
+    say(f"distributed backends built in: {', '.join(backends) or 'none'}")
+    n_gpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    names = [torch.cuda.get_device_name(i) for i in range(n_gpu)]
+    say(f"CUDA devices: {n_gpu}" + (f" ({', '.join(names)})" if names else ""))
+    say(f"default backend for 2 ranks: {'nccl' if n_gpu >= 2 else 'gloo'}")
+    say(f"2-rank gloo all-reduce: rank r contributes [r + 1]; expected on every rank: {EXPECTED}")
+    with tempfile.TemporaryDirectory(prefix="ddplab-doctor-") as tmp:
+        argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1", "--nproc-per-node=2",
+                "--max-restarts=0", "-m", "ddplab.doctor", tmp]
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=worker_env(),
+                                start_new_session=True, text=True)
+        try:
+            log, _ = proc.communicate(timeout=TIMEOUT_S)
+        except BaseException:
+            kill_tree(proc, Path(tmp))
+            say(f"  the ranks did not finish within {TIMEOUT_S} s (or were interrupted)")
+            return False
+        values = {}
+        for r in range(2):
+            f = Path(tmp, f"rank{r}.json")
+            if f.exists():
+                values[r] = json.loads(f.read_text())["value"]
+        for r in range(2):
+            say(f"  rank {r}: {values.get(r, 'no result')}")
+        ok = all(values.get(r) == EXPECTED for r in range(2))
+        if not ok:
+            say("  FAILED; torchrun said:\n" + "\n".join(log.splitlines()[-20:]))
+        say("OK: ranks can talk" if ok else "NOT OK")
+        return ok
+
+
+if __name__ == "__main__":
+    _rank_main(sys.argv[1])

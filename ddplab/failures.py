@@ -1,0 +1,130 @@
+"""What went wrong in a run, said so a person can act on it: which rank, where, and why.
+
+A failed run leaves per-rank files behind (see `rundir.py`): progress logs of the phases each rank
+entered, and an error file with a traceback from each rank that raised. `diagnose` is pure: it
+reads those records and decides between
+- a crash: a rank raised; the earliest error that is not a lost peer or a timeout is the cause;
+- a hang: ranks timed out in a collective, or stopped making progress; the ranks that never
+  reached the collective the others wait in are named (notes/ddp-internals.md, section 5);
+- a missing result: a rank exited without writing its file (a signal, an os._exit, a kill).
+Used by `launch.run` and `results.load_run`; notebook 00 ends with a crash and a hang.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# order of the phases inside one (step, micro-step); a rank further along has a larger key
+PHASE_ORDER = {"start": 0, "init-process-group": 1, "ddp-construct": 2, "forward": 3, "backward": 4,
+               "skip-backward": 4, "optimizer": 5, "teardown": 6, "done": 7}
+# phases that a healthy rank goes through; anything else is a deviation from the common script
+CANONICAL = set(PHASE_ORDER) - {"skip-backward"}
+_LOST_PEER = ("connection closed", "connection reset", "broken pipe", "socket closed")
+
+
+@dataclass
+class Diagnosis:
+    kind: str                         # "crash", "hang", "missing-result" or "invalid-result"
+    ranks: list[int]                  # the rank(s) to blame
+    summary: str                      # what happened, in one paragraph
+    tracebacks: dict[int, str] = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        text = self.summary
+        for rank, tb in sorted(self.tracebacks.items()):
+            text += f"\n\n--- traceback of rank {rank} ---\n{tb.rstrip()}"
+        return text
+
+
+class RunFailed(RuntimeError):
+    """A run that did not produce a valid result on every rank. `.diagnosis` says why."""
+
+    def __init__(self, diagnosis: Diagnosis, run_dir=None):
+        self.diagnosis = diagnosis
+        self.run_dir = run_dir
+        where = f"\n(run directory: {run_dir})" if run_dir else ""
+        super().__init__(f"{diagnosis}{where}")
+
+
+def is_timeout(error: dict) -> bool:
+    text = f"{error.get('type', '')} {error.get('message', '')}".lower()
+    return "timed out" in text or "timeout" in text
+
+
+def is_lost_peer(error: dict) -> bool:
+    text = error.get("message", "").lower()
+    return any(s in text for s in _LOST_PEER)
+
+
+def _key(rec: dict) -> tuple:
+    return rec.get("step", -1), rec.get("micro", 0), PHASE_ORDER.get(rec["phase"], 0)
+
+
+def _where(rec: dict) -> str:
+    where = f"'{rec['phase']}'"
+    if rec.get("step", -1) >= 0:
+        where += f" of step {rec['step']}" + (f", micro-step {rec['micro']}" if rec.get("micro") else "")
+    return where
+
+
+def rank_list(ranks) -> str:
+    ranks = sorted(ranks)
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
+
+
+def diagnose_hang(progress: dict[int, list[dict]], world_size: int, timeout_s: float, watchdog: bool) -> Diagnosis:
+    """Name the ranks that never reached the collective the others are waiting in."""
+    last = {r: progress[r][-1] for r in range(world_size) if progress.get(r)}
+    silent = [r for r in range(world_size) if r not in last]
+    how = (f"nothing moved for {timeout_s:g} s and ddplab stopped the run" if watchdog
+           else f"the collective timed out after timeout_s={timeout_s:g} s")
+    if not last:
+        return Diagnosis("hang", list(range(world_size)), f"No rank recorded any progress; {how}.")
+    lead = max(_key(rec) for rec in last.values())
+    waiting = [r for r, rec in last.items() if _key(rec) == lead and rec["phase"] in CANONICAL]
+    behind = sorted(set(range(world_size)) - set(waiting))
+    if not waiting or not behind:
+        rec = last[min(last)]
+        return Diagnosis("hang", sorted(last), f"All ranks stopped together in {_where(rec)}"
+                         f"{' (' + rec['collective'] + ')' if rec.get('collective') else ''}; {how}.")
+    rec = last[waiting[0]]
+    collective = rec.get("collective") or "the next collective"
+    lines = [f"{rank_list(waiting).capitalize()} waited in the {collective} ({_where(rec)}), and {how}."]
+    for r in behind:
+        if r in silent:
+            lines.append(f"Rank {r} never arrived: it recorded no progress at all (it never started).")
+            continue
+        other = last[r]
+        doing = f"it was in the {other['collective']}" if other.get("collective") else "it was outside any collective"
+        lines.append(f"Rank {r} never arrived: its last phase was {_where(other)}; {doing}.")
+    return Diagnosis("hang", behind, " ".join(lines))
+
+
+def diagnose(progress: dict[int, list[dict]], errors: dict[int, dict], finished: set[int], world_size: int,
+             timeout_s: float, watchdog: bool = False) -> Diagnosis:
+    """Explain a failed run from its per-rank records (pure; the launcher gathers the records)."""
+    causes = sorted((e for e in errors.values() if not is_timeout(e) and not is_lost_peer(e)), key=lambda e: e["t_ns"])
+    if causes:
+        first = causes[0]
+        others = sorted(set(errors) - {first["rank"]})
+        text = f"Rank {first['rank']} failed in {_where(first)}: {first['type']}: {first['message']}."
+        if others:
+            text += f" Then {rank_list(others)} failed too, having lost a peer or been stopped."
+        return Diagnosis("crash", [first["rank"]], text, {first["rank"]: first["traceback"]})
+    if watchdog or any(is_timeout(e) for e in errors.values()):
+        d = diagnose_hang(progress, world_size, timeout_s, watchdog)
+        timed_out = [r for r, e in errors.items() if is_timeout(e)]
+        if timed_out:
+            first = errors[min(timed_out)]
+            d.tracebacks = {first["rank"]: first["traceback"]}
+        return d
+    if errors:
+        first = min(errors.values(), key=lambda e: e["t_ns"])
+        return Diagnosis("crash", [first["rank"]], f"Rank {first['rank']} lost its peers in {_where(first)}: "
+                         f"{first['type']}: {first['message']}", {first["rank"]: first["traceback"]})
+    missing = sorted(set(range(world_size)) - finished)
+    last = {r: _where(progress[r][-1]) for r in missing if progress.get(r)}
+    detail = "; ".join(f"rank {r} was last in {w}" for r, w in last.items())
+    return Diagnosis("missing-result", missing,
+                     f"{rank_list(missing).capitalize()} exited without writing a result or an error "
+                     f"(killed by a signal?).{' ' + detail + '.' if detail else ''} See launch.log.")

@@ -1,0 +1,62 @@
+"""Show a running experiment's progress: one live line in a terminal, an updating line in a notebook.
+
+The launcher reads the ranks' progress logs (`rundir.ProgressLog`) and hands this module the
+slowest rank's position; nothing here talks to the ranks.
+"""
+
+from __future__ import annotations
+
+import sys
+
+
+def _in_notebook() -> bool:
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    shell = get_ipython()
+    return shell is not None and "IPKernelApp" in getattr(shell, "config", {})
+
+
+def describe(name: str, world_size: int, steps_done: list[int], steps: int, phase: str, elapsed_s: float) -> str:
+    """One line: how far the slowest rank is."""
+    slowest = min(steps_done) if steps_done else 0
+    ranks = f"{len(steps_done)}/{world_size} ranks up" if len(steps_done) < world_size else f"{world_size} ranks"
+    return f"ddplab {name}: {ranks}, {slowest}/{steps} steps done, slowest rank in '{phase}' ({elapsed_s:.1f} s)"
+
+
+class Reporter:
+    """Updates one line in place; `finish` leaves the final line behind."""
+
+    def __init__(self, enabled: bool = True):
+        self.enabled = enabled
+        self.notebook = enabled and _in_notebook()
+        self.tty = enabled and not self.notebook and sys.stderr.isatty()
+        self._handle = None
+        self._last = ""
+
+    def update(self, line: str) -> None:
+        if not self.enabled or line == self._last:
+            return
+        self._last = line
+        if self.notebook:
+            from IPython.display import Pretty, display
+
+            if self._handle is None:
+                self._handle = display(Pretty(line), display_id=True)
+            else:
+                self._handle.update(Pretty(line))
+        elif self.tty:
+            sys.stderr.write("\r\033[K" + line)
+            sys.stderr.flush()
+
+    def finish(self, line: str) -> None:
+        if not self.enabled:
+            return
+        if self.notebook:
+            self.update(line)
+        elif self.tty:
+            sys.stderr.write("\r\033[K" + line + "\n")
+        else:
+            sys.stderr.write(line + "\n")
+        sys.stderr.flush()

@@ -1,0 +1,112 @@
+"""`Run` and `RankResult`: a finished run directory, loaded and cross-checked.
+
+`load_run(path)` accepts a run only if every rank wrote a well-formed `rank{r}.json` for the same
+spec; anything less raises `RunFailed` naming the rank. Used by every notebook, `tables` and `plots`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import rundir
+from .failures import Diagnosis, RunFailed
+from .spec import Experiment
+
+REQUIRED = ("rank", "world_size", "backend", "device", "pid", "steps", "param_checksum", "spec_hash")
+
+
+@dataclass(frozen=True)
+class RankResult:
+    """What one rank recorded. `steps` holds one dict per optimizer step (timings in ms, sample ids, loss)."""
+
+    rank: int
+    world_size: int
+    backend: str
+    device: str
+    pid: int
+    host: str
+    steps: list[dict]
+    param_checksum: dict
+    model: dict
+    reference: dict | None = None
+    raw: dict = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "RankResult":
+        return cls(rank=d["rank"], world_size=d["world_size"], backend=d["backend"], device=d["device"],
+                   pid=d["pid"], host=d.get("host", ""), steps=d["steps"], param_checksum=d["param_checksum"],
+                   model=d.get("model", {}), reference=d.get("reference"), raw=d)
+
+    @property
+    def sample_ids(self) -> list[int]:
+        """Every global sample id this rank consumed, in order, over all steps."""
+        return [i for s in self.steps for i in s["sample_ids"]]
+
+    def step_ms(self, phase: str = "step") -> list[float]:
+        """Per-step time of one phase ("data", "forward", "backward", "optimizer" or "step")."""
+        return [s.get(f"{phase}_ms", 0.0) for s in self.steps]
+
+
+@dataclass(frozen=True)
+class Run:
+    """A finished run: its directory, its spec and one `RankResult` per rank."""
+
+    path: Path
+    spec: Experiment
+    ranks: list[RankResult]
+    launch: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def world_size(self) -> int:
+        return self.spec.world_size
+
+    def tensors(self, rank: int) -> dict:
+        """The tensors rank saved (probes), loaded safely with weights_only=True."""
+        import torch
+
+        return torch.load(rundir.tensor_file(self.path, rank), weights_only=True)
+
+    def __repr__(self) -> str:
+        return f"Run({self.spec.name!r}, world_size={self.world_size}, path='{self.path}')"
+
+
+def _invalid(rank: int, why: str, path: Path) -> RunFailed:
+    return RunFailed(Diagnosis("invalid-result", [rank], f"Rank {rank}'s result file {why}."), path)
+
+
+def load_rank(path: Path, rank: int, spec: Experiment) -> RankResult:
+    """Load and check one rank's file; RunFailed if it is missing, corrupt or from another run."""
+    f = rundir.rank_file(path, rank)
+    if not f.exists():
+        raise RunFailed(Diagnosis("missing-result", [rank], f"Rank {rank} wrote no result ({f.name} is missing)."), path)
+    try:
+        d = json.loads(f.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise _invalid(rank, f"is not valid JSON ({e})", path) from e
+    if not isinstance(d, dict) or any(k not in d for k in REQUIRED):
+        missing = [k for k in REQUIRED if not isinstance(d, dict) or k not in d]
+        raise _invalid(rank, f"lacks the field(s) {', '.join(missing)}", path)
+    if d.get("schema_version") != rundir.SCHEMA_VERSION:
+        raise _invalid(rank, f"has schema version {d.get('schema_version')}, expected {rundir.SCHEMA_VERSION}", path)
+    if d["rank"] != rank or d["world_size"] != spec.world_size:
+        raise _invalid(rank, f"claims rank {d['rank']} of {d['world_size']}, expected rank {rank} of "
+                             f"{spec.world_size}", path)
+    if d["spec_hash"] != spec.hash:
+        raise _invalid(rank, f"belongs to spec {d['spec_hash']}, not to this run's spec {spec.hash}", path)
+    if len(d["steps"]) != spec.steps:
+        raise _invalid(rank, f"has {len(d['steps'])} steps, expected {spec.steps}", path)
+    return RankResult.from_dict(d)
+
+
+def load_run(path) -> Run:
+    """Reload a finished run directory; RunFailed unless every rank's result is present and valid."""
+    path = Path(path)
+    spec_file = path / rundir.SPEC
+    if not spec_file.exists():
+        raise FileNotFoundError(f"{path} is not a ddplab run directory: {rundir.SPEC} is missing")
+    spec = Experiment.from_json(spec_file.read_text())
+    launch_file = path / rundir.LAUNCH
+    launch = json.loads(launch_file.read_text()) if launch_file.exists() else {}
+    return Run(path, spec, [load_rank(path, r, spec) for r in range(spec.world_size)], launch)

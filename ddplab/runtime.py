@@ -1,0 +1,108 @@
+"""Where a rank runs: its identity from torchrun's environment, backend and device, setup and teardown.
+
+`choose_backend` is pure, so the launcher can refuse an impossible request (more NCCL ranks than
+GPUs) before any process starts. `teardown` holds the fix for the gloo exit-time SIGABRT
+(notes/ddp-internals.md, section 0): drop every object that references the process group, collect,
+destroy the group; the worker then leaves with `os._exit` so no interpreter finalization can race
+gloo's threads.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+
+
+@dataclass(frozen=True)
+class RankEnv:
+    rank: int
+    local_rank: int
+    world_size: int
+
+
+def rank_env() -> RankEnv:
+    """This process's rank, local rank and world size, as torchrun set them."""
+    env = os.environ
+    return RankEnv(int(env["RANK"]), int(env["LOCAL_RANK"]), int(env["WORLD_SIZE"]))
+
+
+def choose_backend(backend: str, device: str, world_size: int, cuda_devices: int) -> tuple[str, str]:
+    """(backend, device type) for a request; ValueError if it cannot run on `cuda_devices` GPUs."""
+    if backend == "auto":
+        backend = "nccl" if device != "cpu" and cuda_devices >= world_size else "gloo"
+    if device == "auto":
+        device = "cuda" if backend == "nccl" else "cpu"
+    if device == "cuda" and cuda_devices == 0:
+        raise ValueError("Experiment.device: 'cuda' was asked for but this machine has no CUDA device")
+    if backend == "nccl" and cuda_devices < world_size:
+        raise ValueError(f"Experiment.backend: NCCL needs one GPU per rank; world_size is {world_size} "
+                         f"but this machine has {cuda_devices} CUDA device(s). Use backend='gloo'.")
+    return backend, device
+
+
+def die_with_parent() -> None:
+    """Ask Linux to SIGKILL this process when its parent (the torchrun agent) dies: no orphans."""
+    if sys.platform.startswith("linux"):
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def setup(backend: str, device_type: str, env: RankEnv, timeout_s: float):
+    """Join the process group; return the torch.device this rank computes on."""
+    import torch
+    import torch.distributed as dist
+
+    if device_type == "cuda":
+        device = torch.device("cuda", env.local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    # the timeout bounds every collective: a rank waiting for a peer that never comes raises after it
+    kwargs = {"device_id": device} if backend == "nccl" else {}
+    dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s), **kwargs)
+    return device
+
+
+def teardown() -> None:
+    """Collect, then destroy the process group. Call it after the DDP model and optimizer are gone
+    (the worker keeps them inside a function that has returned), or gloo threads outlive the group."""
+    import torch.distributed as dist
+
+    gc.collect()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+class Clock:
+    """Per-phase wall time of a step: perf_counter on CPU, CUDA events on a GPU."""
+
+    def __init__(self, device):
+        import torch
+
+        self.cuda = device.type == "cuda"
+        self._torch = torch
+        self.marks: list[tuple[str, object]] = []
+
+    def mark(self, name: str) -> None:
+        if self.cuda:
+            ev = self._torch.cuda.Event(enable_timing=True)
+            ev.record()
+            self.marks.append((name, ev))
+        else:
+            self.marks.append((name, time.perf_counter_ns()))
+
+    def durations_ms(self) -> dict[str, float]:
+        """Milliseconds between consecutive marks, summed by the later mark's name; clears the marks."""
+        if self.cuda:
+            self._torch.cuda.synchronize()
+        out = {}
+        for (_, a), (name, b) in zip(self.marks, self.marks[1:]):
+            out[name] = out.get(name, 0.0) + (a.elapsed_time(b) if self.cuda else (b - a) / 1e6)
+        self.marks.clear()
+        return out

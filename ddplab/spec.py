@@ -1,0 +1,201 @@
+"""`Experiment`: everything one DDP run needs, validated before any process starts.
+
+The spec travels to every rank as `run_dir/spec.json`, so it must round-trip through JSON exactly
+and hash the same on every machine. Used by every notebook, through `recipes.py` and `ddplab.run`.
+
+Units are in the names where they matter (`bucket_cap_mb`, `timeout_s`); sizes of the built-in
+models (`d_model`, `n_layers`, `n_heads`) are plain counts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+
+BUILTIN_MODELS = ("transformer", "mlp")
+OPTIMIZERS = ("sgd", "adam", "adamw")
+BACKENDS = ("auto", "gloo", "nccl")
+DEVICES = ("auto", "cpu", "cuda")
+SYNC_MODES = ("ddp", "none")
+FAULTS = (None, "crash", "skip-backward")
+PROBES = ("reference",)
+_FACTORY = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Experiment:
+    """One DDP experiment. Every field is checked in `__post_init__`; a bad value raises `ValueError`."""
+
+    name: str = "experiment"
+    # the network: a built-in name, or "package.module:factory" returning an nn.Module that maps
+    # token ids (batch, seq_len) to logits (batch, seq_len, vocab_size)
+    model: str = "transformer"
+    vocab_size: int = 64
+    d_model: int = 64
+    n_layers: int = 2
+    n_heads: int = 4
+    tie_weights: bool = False
+    # data parallelism
+    world_size: int = 2
+    local_batch: int | tuple[int, ...] = 8   # examples per rank per micro-step; one value or one per rank
+    seq_len: int | tuple[int, ...] = 16      # tokens per example; one value or one per rank
+    accum_steps: int = 1                     # micro-steps per optimizer step (no_sync on all but the last)
+    steps: int = 1                           # optimizer steps
+    sync: str = "ddp"                        # "ddp": DDP averages gradients; "none": each rank steps alone
+    bucket_cap_mb: float | None = None       # None = DDP's default (25 MiB, first bucket 1 MiB)
+    gradient_as_bucket_view: bool = False
+    # optimization
+    optimizer: str = "sgd"
+    lr: float = 0.1
+    momentum: float = 0.0                    # SGD only
+    seed: int = 0
+    # where and how the ranks run
+    backend: str = "auto"                    # "auto": NCCL with one GPU per rank, else gloo on the CPU
+    device: str = "auto"                     # "auto": CUDA for NCCL, CPU for gloo
+    timeout_s: float = 60.0                  # how long a rank may wait in one collective
+    # fault injection, to study failures
+    fault: str | None = None
+    fault_rank: int | None = None            # None = the last rank
+    fault_step: int = 0
+    # extra measurements the ranks record
+    probes: tuple[str, ...] = field(default_factory=tuple)
+
+    def __post_init__(self):
+        for name in ("local_batch", "seq_len", "probes"):
+            value = getattr(self, name)
+            if isinstance(value, list):
+                object.__setattr__(self, name, tuple(value))
+        if self.fault is not None and self.fault_rank is None:
+            object.__setattr__(self, "fault_rank", self.world_size - 1 if _is_int(self.world_size) else 0)
+        _validate(self)
+
+    # ---- per-rank views -------------------------------------------------------------------
+    def local_batch_of(self, rank: int) -> int:
+        """Examples per micro-step on `rank`."""
+        lb = self.local_batch
+        return lb[rank] if isinstance(lb, tuple) else lb
+
+    def seq_len_of(self, rank: int) -> int:
+        """Tokens per example on `rank`."""
+        sl = self.seq_len
+        return sl[rank] if isinstance(sl, tuple) else sl
+
+    @property
+    def local_batches(self) -> list[int]:
+        return [self.local_batch_of(r) for r in range(self.world_size)]
+
+    @property
+    def seq_lens(self) -> list[int]:
+        return [self.seq_len_of(r) for r in range(self.world_size)]
+
+    @property
+    def global_batch(self) -> int:
+        """Examples per optimizer step over all ranks: sum of local batches x accum_steps."""
+        return sum(self.local_batches) * self.accum_steps
+
+    # ---- JSON and identity ------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        for k, v in d.items():
+            if isinstance(v, tuple):
+                d[k] = list(v)
+        return d
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True, indent=1)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Experiment":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"unknown Experiment field(s): {', '.join(unknown)}")
+        return cls(**d)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Experiment":
+        return cls.from_dict(json.loads(text))
+
+    @property
+    def hash(self) -> str:
+        """Short hash of every field; equal specs hash equally in any process."""
+        canon = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canon.encode()).hexdigest()[:10]
+
+    def replace(self, **changes) -> "Experiment":
+        return dataclasses.replace(self, **changes)
+
+
+def _validate(e: Experiment) -> None:
+    def bad(field_name, why):
+        raise ValueError(f"Experiment.{field_name}: {why}")
+
+    if not isinstance(e.name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]+", e.name):
+        bad("name", f"use letters, digits, '_', '.' or '-' (got {e.name!r}); it names the run directory")
+    if not isinstance(e.model, str) or not (e.model in BUILTIN_MODELS or _FACTORY.match(e.model)):
+        bad("model", f"must be one of {', '.join(BUILTIN_MODELS)} or 'package.module:factory' (got {e.model!r})")
+    for name in ("vocab_size", "d_model", "n_layers", "n_heads", "world_size", "accum_steps", "steps"):
+        v = getattr(e, name)
+        if not _is_int(v) or v < 1:
+            bad(name, f"must be a positive integer (got {v!r})")
+    if e.vocab_size < 2:
+        bad("vocab_size", f"needs at least 2 tokens (got {e.vocab_size})")
+    if e.d_model % e.n_heads:
+        bad("n_heads", f"must divide d_model={e.d_model} (got {e.n_heads})")
+    if not isinstance(e.tie_weights, bool):
+        bad("tie_weights", f"must be True or False (got {e.tie_weights!r})")
+    for name in ("local_batch", "seq_len"):
+        v = getattr(e, name)
+        values = v if isinstance(v, tuple) else (v,)
+        if isinstance(v, tuple) and len(v) != e.world_size:
+            bad(name, f"has {len(v)} entries but world_size is {e.world_size}; give one value or one per rank")
+        if not values or not all(_is_int(x) and x >= 1 for x in values):
+            bad(name, f"must be a positive integer or a list of them, one per rank (got {v!r})")
+    if e.sync not in SYNC_MODES:
+        bad("sync", f"must be one of {SYNC_MODES} (got {e.sync!r})")
+    if e.bucket_cap_mb is not None and (not _is_number(e.bucket_cap_mb) or not e.bucket_cap_mb > 0):
+        bad("bucket_cap_mb", f"must be a positive number of MiB, or None for DDP's default (got {e.bucket_cap_mb!r})")
+    if not isinstance(e.gradient_as_bucket_view, bool):
+        bad("gradient_as_bucket_view", f"must be True or False (got {e.gradient_as_bucket_view!r})")
+    if e.optimizer not in OPTIMIZERS:
+        bad("optimizer", f"must be one of {', '.join(OPTIMIZERS)} (got {e.optimizer!r})")
+    if not _is_number(e.lr) or not e.lr > 0:
+        bad("lr", f"must be a positive number (got {e.lr!r})")
+    if not _is_number(e.momentum) or not 0 <= e.momentum < 1:
+        bad("momentum", f"must be in [0, 1) (got {e.momentum!r})")
+    if e.momentum and e.optimizer != "sgd":
+        bad("momentum", f"applies to optimizer='sgd' only (optimizer is {e.optimizer!r})")
+    if not _is_int(e.seed) or e.seed < 0:
+        bad("seed", f"must be a non-negative integer (got {e.seed!r})")
+    if e.backend not in BACKENDS:
+        bad("backend", f"must be one of {', '.join(BACKENDS)} (got {e.backend!r})")
+    if e.device not in DEVICES:
+        bad("device", f"must be one of {', '.join(DEVICES)} (got {e.device!r})")
+    if e.backend == "nccl" and e.device == "cpu":
+        bad("device", "NCCL needs CUDA tensors; use device='cuda' or 'auto', or backend='gloo' for the CPU")
+    if not _is_number(e.timeout_s) or not e.timeout_s > 0:
+        bad("timeout_s", f"must be a positive number of seconds (got {e.timeout_s!r})")
+    if e.fault not in FAULTS:
+        bad("fault", f"must be one of None, 'crash', 'skip-backward' (got {e.fault!r})")
+    if e.fault is not None:
+        if not _is_int(e.fault_rank) or not 0 <= e.fault_rank < e.world_size:
+            bad("fault_rank", f"must be a rank in 0..{e.world_size - 1} (got {e.fault_rank!r})")
+        if not _is_int(e.fault_step) or not 0 <= e.fault_step < e.steps:
+            bad("fault_step", f"must be a step in 0..{e.steps - 1} (got {e.fault_step!r})")
+        if e.fault == "skip-backward" and e.world_size < 2:
+            bad("fault", "'skip-backward' needs world_size >= 2: with one rank nobody waits for it")
+        if e.fault == "skip-backward" and e.sync != "ddp":
+            bad("fault", "'skip-backward' needs sync='ddp': without synchronization nobody waits for it")
+    if not all(isinstance(p, str) and p in PROBES for p in e.probes):
+        bad("probes", f"each probe must be one of {', '.join(PROBES)} (got {list(e.probes)!r})")

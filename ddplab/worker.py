@@ -1,0 +1,141 @@
+"""One rank of a ddplab run: a short DDP training script, started once per rank by torchrun.
+
+    torchrun --standalone --nnodes=1 --nproc-per-node=4 -m ddplab.worker --spec runs/<name>-<hash>/spec.json
+
+Each rank builds the same model from the same seed, wraps it in DDP, takes `steps` optimizer steps
+on its own shard of every global batch, and writes `rank{r}.json` (and `rank{r}.pt` for tensors)
+into the run directory. It logs every phase it enters to `rank{r}.progress`, so the launcher can
+show progress and, if the ranks hang, say which rank never reached which collective. A rank that
+fails writes `rank{r}.error.json` with its traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import socket
+import sys
+import time
+import traceback
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from . import data, models, reference, runtime
+from .rundir import SCHEMA_VERSION, ProgressLog, error_file, rank_file, write_json_atomic
+from .spec import Experiment
+from .training import flat_parameters, make_optimizer, parameter_checksum, token_loss_sum
+
+GRADIENT_ALL_REDUCE = "DDP gradient all-reduce"
+
+
+def train(exp: Experiment, env: runtime.RankEnv, device: torch.device, log: ProgressLog) -> dict:
+    """Build, wrap, train; return this rank's record. The DDP model dies with this frame (see teardown)."""
+    rank = env.rank
+    model = models.build(exp).to(device)
+    built = parameter_checksum(model)
+    if exp.sync == "ddp":
+        log.enter("ddp-construct", collective="broadcast of rank 0's parameters")
+        model = DDP(model, device_ids=[device] if device.type == "cuda" else None,
+                    bucket_cap_mb=exp.bucket_cap_mb, gradient_as_bucket_view=exp.gradient_as_bucket_view)
+    module = model.module if isinstance(model, DDP) else model
+    initial = parameter_checksum(module)
+    optimizer = make_optimizer(exp, model.parameters())
+    seq_len = exp.seq_len_of(rank)
+    clock = runtime.Clock(device)
+    record = {"param_checksum": {"built": built, "initial": initial}, "steps": []}
+    if "reference" in exp.probes:
+        ref_before, ref_after, _ = reference.reference_step(exp, device)
+        _, alone_after, alone_checksum = reference.reference_step(exp, device, ranks=[rank])
+
+    for step in range(exp.steps):
+        sample_ids, loss_sum = [], 0.0
+        clock.mark("start")
+        for micro in range(exp.accum_steps):
+            ids = data.shard_ids(exp.local_batches, exp.accum_steps, step, micro, rank)
+            x, y = (t.to(device) for t in data.batch(exp.seed, ids, seq_len, exp.vocab_size))
+            sample_ids += ids
+            clock.mark("data")
+            synced = exp.sync == "ddp" and micro == exp.accum_steps - 1
+            # no_sync: accumulate local gradients without an all-reduce until the last micro-step
+            with nullcontext() if synced or exp.sync != "ddp" else model.no_sync():
+                log.enter("forward", step, micro)
+                loss = token_loss_sum(model(x), y) / y.numel() / exp.accum_steps
+                clock.mark("forward")
+                if exp.fault == "crash" and rank == exp.fault_rank and step == exp.fault_step:
+                    raise RuntimeError(f"injected fault: rank {rank} crashed in step {step} (fault='crash')")
+                if exp.fault == "skip-backward" and rank == exp.fault_rank and step == exp.fault_step and synced:
+                    # this rank goes on to the next collective while its peers wait in the all-reduce
+                    log.enter("skip-backward", step, micro, collective=f"barrier instead of the {GRADIENT_ALL_REDUCE}")
+                    dist.barrier()
+                    continue
+                log.enter("backward", step, micro, collective=GRADIENT_ALL_REDUCE if synced else None)
+                loss.backward()
+                clock.mark("backward")
+            loss_sum += loss.item()
+        log.enter("optimizer", step)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        clock.mark("optimizer")
+        times = clock.durations_ms()
+        record["steps"].append({
+            "step": step, "sample_ids": sample_ids, "loss": loss_sum,
+            **{f"{k}_ms": v for k, v in times.items()}, "step_ms": sum(times.values()),
+            "param_checksum": parameter_checksum(module),
+        })
+        if step == 0 and "reference" in exp.probes:
+            record["reference"] = {
+                **reference.distance(flat_parameters(module), ref_before, ref_after),
+                "independent": {**reference.distance(alone_after, ref_before, ref_after),
+                                "param_checksum": alone_checksum}}
+
+    record["param_checksum"]["final"] = parameter_checksum(module)
+    record["model"] = {"parameter_count": models.parameter_count(module),
+                       "parameter_bytes": sum(p.numel() * p.element_size() for p in module.parameters())}
+    return record
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--spec", required=True, help="path to run_dir/spec.json")
+    spec_path = Path(parser.parse_args(argv).spec)
+    run_dir = spec_path.parent
+    env = runtime.rank_env()
+    runtime.die_with_parent()
+    log = ProgressLog(run_dir, env.rank)
+    try:
+        exp = Experiment.from_json(spec_path.read_text())
+        cuda_devices = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        backend, device_type = runtime.choose_backend(exp.backend, exp.device, env.world_size, cuda_devices)
+        log.enter("init-process-group", collective="rendezvous of all ranks")
+        t0 = time.time_ns()
+        device = runtime.setup(backend, device_type, env, exp.timeout_s)
+        record = train(exp, env, device, log)
+        record.update(schema_version=SCHEMA_VERSION, rank=env.rank, local_rank=env.local_rank,
+                      world_size=env.world_size, backend=backend, device=str(device), pid=os.getpid(),
+                      host=socket.gethostname(), torch_version=torch.__version__, python=platform.python_version(),
+                      spec_hash=exp.hash, t_start_ns=t0, t_end_ns=time.time_ns())
+        write_json_atomic(rank_file(run_dir, env.rank), record)
+        log.enter("teardown")
+        runtime.teardown()
+        log.enter("done")
+        code = 0
+    except BaseException as e:  # noqa: BLE001 - every failure must reach the launcher as a file
+        write_json_atomic(error_file(run_dir, env.rank), {
+            "rank": env.rank, "phase": log.last["phase"], "step": log.last["step"], "t_ns": time.time_ns(), "type": type(e).__name__,
+            "message": str(e), "traceback": traceback.format_exc()})
+        traceback.print_exc()
+        code = 1
+    log.close()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # skip interpreter finalization: gloo worker threads racing it abort a good run (notes, section 0)
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    main()
