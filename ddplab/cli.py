@@ -73,7 +73,7 @@ def _cmd_run(args) -> int:
 
     with pd.option_context("display.width", 200, "display.max_columns", 20):
         print(tables.ranks(result).to_string())
-    print(f"global batch {exp.global_batch} = local batches {exp.local_batches} x accum_steps {exp.accum_steps}; "
+    print(f"global batch {exp.global_batch} = sum of local batches {exp.local_batches} x accum_steps {exp.accum_steps}; "
           f"results in {result.path}")
     return 0
 

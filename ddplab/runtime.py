@@ -38,11 +38,11 @@ def choose_backend(backend: str, device: str, world_size: int, cuda_devices: int
         backend = "nccl" if device != "cpu" and cuda_devices >= world_size else "gloo"
     if device == "auto":
         device = "cuda" if backend == "nccl" else "cpu"
-    if device == "cuda" and cuda_devices == 0:
-        raise ValueError("Experiment.device: 'cuda' was asked for but this machine has no CUDA device")
     if backend == "nccl" and cuda_devices < world_size:
         raise ValueError(f"Experiment.backend: NCCL needs one GPU per rank; world_size is {world_size} "
                          f"but this machine has {cuda_devices} CUDA device(s). Use backend='gloo'.")
+    if device == "cuda" and cuda_devices == 0:
+        raise ValueError("Experiment.device: 'cuda' was asked for but this machine has no CUDA device")
     return backend, device
 
 

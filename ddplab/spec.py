@@ -20,7 +20,7 @@ OPTIMIZERS = ("sgd", "adam", "adamw")
 BACKENDS = ("auto", "gloo", "nccl")
 DEVICES = ("auto", "cpu", "cuda")
 SYNC_MODES = ("ddp", "none")
-FAULTS = (None, "crash", "skip-backward")
+FAULTS = (None, "crash", "skip-backward", "stall")
 PROBES = ("reference",)
 _FACTORY = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
@@ -64,7 +64,8 @@ class Experiment:
     backend: str = "auto"                    # "auto": NCCL with one GPU per rank, else gloo on the CPU
     device: str = "auto"                     # "auto": CUDA for NCCL, CPU for gloo
     timeout_s: float = 60.0                  # how long a rank may wait in one collective
-    # fault injection, to study failures
+    # fault injection, to study failures: "crash" raises, "skip-backward" skips the synchronized
+    # backward and goes on to a barrier, "stall" stops the rank (it sleeps) before its backward
     fault: str | None = None
     fault_rank: int | None = None            # None = the last rank
     fault_step: int = 0
@@ -151,7 +152,7 @@ def _validate(e: Experiment) -> None:
             bad(name, f"must be a positive integer (got {v!r})")
     if e.vocab_size < 2:
         bad("vocab_size", f"needs at least 2 tokens (got {e.vocab_size})")
-    if e.d_model % e.n_heads:
+    if e.model == "transformer" and e.d_model % e.n_heads:
         bad("n_heads", f"must divide d_model={e.d_model} (got {e.n_heads})")
     if not isinstance(e.tie_weights, bool):
         bad("tie_weights", f"must be True or False (got {e.tie_weights!r})")
@@ -187,7 +188,7 @@ def _validate(e: Experiment) -> None:
     if not _is_number(e.timeout_s) or not e.timeout_s > 0:
         bad("timeout_s", f"must be a positive number of seconds (got {e.timeout_s!r})")
     if e.fault not in FAULTS:
-        bad("fault", f"must be one of None, 'crash', 'skip-backward' (got {e.fault!r})")
+        bad("fault", f"must be one of None, 'crash', 'skip-backward', 'stall' (got {e.fault!r})")
     if e.fault is not None:
         if not _is_int(e.fault_rank) or not 0 <= e.fault_rank < e.world_size:
             bad("fault_rank", f"must be a rank in 0..{e.world_size - 1} (got {e.fault_rank!r})")

@@ -66,9 +66,12 @@ def train(exp: Experiment, env: runtime.RankEnv, device: torch.device, log: Prog
                 log.enter("forward", step, micro)
                 loss = token_loss_sum(model(x), y) / y.numel() / exp.accum_steps
                 clock.mark("forward")
-                if exp.fault == "crash" and rank == exp.fault_rank and step == exp.fault_step:
+                faulty = rank == exp.fault_rank and step == exp.fault_step
+                if exp.fault == "crash" and faulty:
                     raise RuntimeError(f"injected fault: rank {rank} crashed in step {step} (fault='crash')")
-                if exp.fault == "skip-backward" and rank == exp.fault_rank and step == exp.fault_step and synced:
+                if exp.fault == "stall" and faulty:
+                    time.sleep(10 ** 6)  # a rank that stops making progress outside any collective
+                if exp.fault == "skip-backward" and faulty and synced:
                     # this rank goes on to the next collective while its peers wait in the all-reduce
                     log.enter("skip-backward", step, micro, collective=f"barrier instead of the {GRADIENT_ALL_REDUCE}")
                     dist.barrier()

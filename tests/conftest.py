@@ -1,0 +1,38 @@
+"""Shared fixtures: real runs launched once per session, and a leftover-process check."""
+
+from __future__ import annotations
+
+import psutil
+import pytest
+
+import ddplab
+from ddplab import recipes
+
+
+def leftovers(run_dir) -> list[str]:
+    """Command lines of any live process started for this run directory."""
+    needle = str(run_dir)
+    found = []
+    for p in psutil.process_iter(["cmdline", "status"]):
+        cmd = " ".join(p.info["cmdline"] or [])
+        if needle in cmd and p.info["status"] != psutil.STATUS_ZOMBIE:
+            found.append(cmd)
+    return found
+
+
+@pytest.fixture(scope="session")
+def runs_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("runs")
+
+
+@pytest.fixture(scope="session")
+def run2(runs_dir):
+    """A real 2-rank gloo run: 2 steps of the transformer, with the reference probe."""
+    exp = ddplab.Experiment(name="t2", world_size=2, local_batch=4, seq_len=8, steps=2, probes=("reference",))
+    return ddplab.run(exp, runs_dir / "t2", progress=False)
+
+
+@pytest.fixture(scope="session")
+def run4(runs_dir):
+    """A real 4-rank gloo run: notebook 00's experiment (global batch 64)."""
+    return ddplab.run(recipes.launch_and_ranks(), runs_dir / "t4", progress=False)

@@ -1,0 +1,63 @@
+"""The diagnosis is pure: these tests feed it per-rank records like the ones ranks write."""
+
+from ddplab.failures import diagnose
+
+T = 10.0
+
+
+def rec(phase, step=-1, micro=0, collective=None, t=0):
+    r = {"t_ns": t, "phase": phase, "step": step, "micro": micro}
+    if collective:
+        r["collective"] = collective
+    return r
+
+
+def err(rank, message, t, typ="RuntimeError", phase="forward"):
+    return {"rank": rank, "phase": phase, "step": 1, "t_ns": t, "type": typ, "message": message,
+            "traceback": f"Traceback of rank {rank}\n{typ}: {message}"}
+
+
+UP = [rec("init-process-group"), rec("ddp-construct"), rec("forward", 0), rec("backward", 0, collective="AR"),
+      rec("optimizer", 0)]
+
+
+def test_crash_blames_the_earliest_real_error_not_the_peers_that_lost_it():
+    errors = {0: err(0, "Connection closed by peer [127.0.0.1]:4242", t=5),
+              1: err(1, "injected fault: rank 1 crashed", t=3),
+              2: err(2, "Connection reset by peer", t=4)}
+    d = diagnose({r: UP for r in range(3)}, errors, set(), 3, T)
+    assert d.kind == "crash" and d.ranks == [1]
+    assert "Rank 1 failed" in d.summary and "injected fault" in d.summary
+    assert "ranks 0, 2 failed too" in d.summary
+    assert "Traceback of rank 1" in str(d)
+
+
+def test_hang_names_the_rank_that_went_to_another_collective():
+    progress = {0: UP + [rec("forward", 1), rec("backward", 1, collective="DDP gradient all-reduce")],
+                1: UP + [rec("forward", 1), rec("skip-backward", 1, collective="barrier")],
+                2: UP + [rec("forward", 1), rec("backward", 1, collective="DDP gradient all-reduce")]}
+    errors = {0: err(0, "Timed out waiting 10000ms for recv operation to complete", t=9)}
+    d = diagnose(progress, errors, set(), 3, T)
+    assert d.kind == "hang" and d.ranks == [1]
+    assert "Ranks 0, 2 waited in the DDP gradient all-reduce" in d.summary
+    assert "Rank 1 never arrived" in d.summary and "barrier" in d.summary
+    assert "timed out after timeout_s=10 s" in d.summary
+
+
+def test_hang_names_a_rank_that_is_behind_outside_any_collective():
+    progress = {0: UP + [rec("forward", 1), rec("backward", 1, collective="AR")],
+                1: UP + [rec("forward", 1)]}
+    d = diagnose(progress, {}, set(), 2, T, watchdog=True)
+    assert d.ranks == [1] and "outside any collective" in d.summary
+    assert "ddplab stopped the run" in d.summary
+
+
+def test_hang_with_a_rank_that_never_started():
+    d = diagnose({0: [rec("init-process-group", collective="rendezvous")]}, {}, set(), 2, T, watchdog=True)
+    assert d.ranks == [1] and "never started" in d.summary
+
+
+def test_rank_that_vanished_without_a_file_is_a_missing_result():
+    d = diagnose({0: UP, 1: UP[:3]}, {}, {0}, 2, T)
+    assert d.kind == "missing-result" and d.ranks == [1]
+    assert "'forward' of step 0" in d.summary

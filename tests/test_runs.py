@@ -1,0 +1,182 @@
+"""Real torchrun runs on gloo: results per rank, failures diagnosed, no process left behind."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+import ddplab
+from ddplab import Experiment, RunFailed, recipes, rundir
+
+from .conftest import leftovers
+
+pytestmark = pytest.mark.slow
+
+
+def check_shards(run):
+    ids = [i for r in run.ranks for i in r.sample_ids]
+    total = run.spec.global_batch * run.spec.steps
+    assert len(ids) == len(set(ids)) == total, "shards overlap or miss examples"
+    assert sorted(ids) == list(range(total))
+
+
+@pytest.mark.parametrize("fixture", ["run2", "run4"])
+def test_every_rank_is_its_own_process_with_identical_parameters(fixture, request):
+    run = request.getfixturevalue(fixture)
+    w = run.spec.world_size
+    assert [r.rank for r in run.ranks] == list(range(w))
+    assert len({r.pid for r in run.ranks}) == w
+    assert all(r.world_size == w and r.backend == "gloo" and r.device == "cpu" for r in run.ranks)
+    assert len({r.param_checksum["built"] for r in run.ranks}) == 1
+    assert len({r.param_checksum["initial"] for r in run.ranks}) == 1
+    assert len({r.param_checksum["final"] for r in run.ranks}) == 1
+    assert run.ranks[0].param_checksum["final"] != run.ranks[0].param_checksum["initial"]
+    check_shards(run)
+    assert not leftovers(run.path)
+
+
+@pytest.mark.parametrize("fixture", ["run2", "run4"])
+def test_ddp_update_equals_the_single_process_global_batch_update(fixture, request):
+    for r in request.getfixturevalue(fixture).ranks:
+        assert r.reference["update_rel_error"] < 1e-5
+        assert r.reference["independent"]["update_rel_error"] > 1e-2
+
+
+def test_independent_updates_differ_from_rank_to_rank(run4):
+    assert len({r.reference["independent"]["param_checksum"] for r in run4.ranks}) == 4
+    assert run4.spec.global_batch == 64 and run4.spec.local_batches == [16] * 4
+
+
+def test_sync_none_rank_takes_exactly_the_independent_update(run2, runs_dir):
+    alone = ddplab.run(run2.spec.replace(name="t2-none", sync="none"), runs_dir / "t2-none", progress=False)
+    for r_ddp, r_alone in zip(run2.ranks, alone.ranks):
+        assert r_alone.steps[0]["param_checksum"] == r_ddp.reference["independent"]["param_checksum"]
+    assert len({r.param_checksum["final"] for r in alone.ranks}) == 2
+
+
+def test_load_run_reloads_the_same_results(run2):
+    again = ddplab.load_run(run2.path)
+    assert again.spec == run2.spec and [r.raw for r in again.ranks] == [r.raw for r in run2.ranks]
+    assert again.launch["returncode"] == 0 and again.launch["argv"][-1].endswith("spec.json")
+
+
+@pytest.mark.parametrize("damage,match", [
+    (lambda f: f.unlink(), "Rank 1 wrote no result"),
+    (lambda f: f.write_text('{"rank": 1, "world_'), "Rank 1's result file is not valid JSON"),
+    (lambda f: f.write_text(json.dumps({**json.loads(f.read_text()), "spec_hash": "0000000000"})),
+     "belongs to spec 0000000000"),
+    (lambda f: f.write_text(json.dumps({**json.loads(f.read_text()), "steps": []})), "has 0 steps"),
+])
+def test_missing_or_corrupt_rank_file_is_a_failed_run(run2, tmp_path, damage, match):
+    copy = tmp_path / "copy"
+    shutil.copytree(run2.path, copy)
+    damage(rundir.rank_file(copy, 1))
+    with pytest.raises(RunFailed, match=match) as info:
+        ddplab.load_run(copy)
+    assert info.value.diagnosis.ranks == [1]
+
+
+def test_crash_names_the_rank_and_carries_its_traceback(runs_dir):
+    exp = recipes.crash(world_size=2, fault_rank=1)
+    with pytest.raises(RunFailed) as info:
+        ddplab.run(exp, runs_dir / "crash", progress=False)
+    d = info.value.diagnosis
+    assert d.kind == "crash" and d.ranks == [1]
+    assert "Rank 1 failed in 'forward' of step 1" in str(info.value)
+    assert "Traceback" in str(info.value) and "injected fault: rank 1 crashed" in str(info.value)
+    assert not leftovers(runs_dir / "crash")
+
+
+def test_skipped_backward_hang_names_the_rank_within_timeout_plus_15_s(runs_dir):
+    exp = recipes.skip_backward(world_size=2, fault_rank=1, timeout_s=10)
+    t0 = time.monotonic()
+    with pytest.raises(RunFailed) as info:
+        ddplab.run(exp, runs_dir / "skip", progress=False)
+    elapsed = time.monotonic() - t0
+    d = info.value.diagnosis
+    assert d.kind == "hang" and d.ranks == [1]
+    assert "Rank 1 never arrived" in d.summary and "DDP gradient all-reduce" in d.summary
+    assert elapsed < exp.timeout_s + 15, f"took {elapsed:.1f} s"
+    assert not leftovers(runs_dir / "skip")
+
+
+def test_stalled_rank_is_stopped_by_the_launcher_watchdog(runs_dir):
+    exp = Experiment(name="stall", world_size=1, steps=2, fault="stall", fault_step=1, timeout_s=2)
+    t0 = time.monotonic()
+    with pytest.raises(RunFailed, match="ddplab stopped the run") as info:
+        ddplab.run(exp, runs_dir / "stall", progress=False)
+    assert info.value.diagnosis.kind == "hang"
+    assert time.monotonic() - t0 < exp.timeout_s + 15 + 10
+    assert json.loads((runs_dir / "stall" / rundir.LAUNCH).read_text())["stopped_by_watchdog"]
+    assert not leftovers(runs_dir / "stall")
+
+
+def test_keyboard_interrupt_kills_the_whole_process_tree(tmp_path):
+    run_dir = tmp_path / "interrupted"
+    script = textwrap.dedent(f"""
+        import ddplab
+        ddplab.run(ddplab.Experiment(world_size=2, steps=2, fault="stall", fault_step=1, timeout_s=300),
+                   {str(run_dir)!r}, progress=False)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not any(r and r[-1]["phase"] == "forward" and r[-1]["step"] == 1
+                  for r in (rundir.read_progress(run_dir, k) for k in range(2))):
+        assert time.monotonic() < deadline and proc.poll() is None, "the run never got going"
+        time.sleep(0.2)
+    assert leftovers(run_dir), "expected live ranks before the interrupt"
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode != 0 and "KeyboardInterrupt" in err
+    time.sleep(0.5)
+    assert not leftovers(run_dir)
+
+
+def test_user_model_factory_runs_on_every_rank(tmp_path, monkeypatch):
+    (tmp_path / "lab_user_nets.py").write_text(textwrap.dedent("""
+        import torch.nn as nn
+        def bigram(vocab_size):
+            return nn.Sequential(nn.Embedding(vocab_size, 16), nn.Linear(16, vocab_size))
+    """))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    run = ddplab.run(Experiment(model="lab_user_nets:bigram", world_size=2), tmp_path / "run", progress=False)
+    assert run.ranks[0].model["parameter_count"] == 64 * 16 + 16 * 64 + 64
+    assert len({r.param_checksum["final"] for r in run.ranks}) == 1
+
+
+def cli(*args, timeout=180):
+    return subprocess.run([sys.executable, "-m", "ddplab.cli", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def test_cli_run_prints_a_per_rank_table(tmp_path):
+    out = cli("run", "--world-size", "2", "--local-batch", "3,5", "--steps", "2", "--out", str(tmp_path / "c"))
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].split()[:3] == ["pid", "backend", "device"]
+    assert "global batch 8 = sum of local batches [3, 5] x accum_steps 1" in out.stdout
+
+
+def test_cli_refuses_bad_input_without_launching(tmp_path):
+    out = cli("run", "--world-size", "4", "--local-batch", "16,16,16", "--out", str(tmp_path / "bad"))
+    assert out.returncode == 2 and "local_batch: has 3 entries but world_size is 4" in out.stderr
+    assert not (tmp_path / "bad").exists()
+
+
+def test_cli_run_reports_a_failure_and_exits_nonzero(tmp_path):
+    out = cli("run", "--world-size", "2", "--fault", "crash", "--fault-rank", "0", "--out", str(tmp_path / "f"))
+    assert out.returncode == 1 and "Rank 0 failed" in out.stderr and "Traceback" in out.stderr
+
+
+def test_doctor_runs_a_two_rank_all_reduce():
+    out = cli("doctor")
+    assert out.returncode == 0, out.stdout
+    assert "expected on every rank: 3.0" in out.stdout
+    assert "rank 0: 3.0" in out.stdout and "rank 1: 3.0" in out.stdout
