@@ -62,7 +62,7 @@ def step_times(run):
 def update_error(run):
     """Distance of each rank's parameters after step 0 from the single-process global-batch update:
     with DDP's averaged gradient, and with the rank's own gradient alone (log scale)."""
-    fig, ax = plt.subplots(figsize=(7, 3.2))
+    fig, ax = plt.subplots(figsize=(7, 3.6))
     ranks = [r.rank for r in run.ranks]
     ddp = [max(r.reference["update_rel_error"], 1e-12) for r in run.ranks]
     alone = [r.reference["independent"]["update_rel_error"] for r in run.ranks]
@@ -72,8 +72,8 @@ def update_error(run):
     ax.set_yscale("log")
     ax.set_ylim(1e-12, 10)
     ax.set_xticks(ranks, [f"rank {r}" for r in ranks])
-    ax.set_ylabel("|theta - theta_ref| / |theta_ref - theta_0|")
+    ax.set_ylabel(r"$\|\theta - \theta_{ref}\| \,/\, \|\theta_{ref} - \theta_0\|$")
     ax.set_title("Distance from the one-process update on the whole global batch\n(bars at 1e-12 are exactly 0)")
-    ax.legend(fontsize=8, loc="upper left")
+    ax.legend(fontsize=8, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.12))
     fig.tight_layout()
     return fig

@@ -1,0 +1,50 @@
+"""The GPU path. Backend choice is pure and tested everywhere; real CUDA runs skip without CUDA."""
+
+import pytest
+import torch
+
+import ddplab
+from ddplab.runtime import choose_backend
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@pytest.mark.parametrize("backend,device,world,gpus,expected", [
+    ("auto", "auto", 4, 0, ("gloo", "cpu")),
+    ("auto", "auto", 4, 4, ("nccl", "cuda")),
+    ("auto", "auto", 4, 2, ("gloo", "cpu")),
+    ("auto", "cpu", 2, 8, ("gloo", "cpu")),
+    ("gloo", "cuda", 2, 1, ("gloo", "cuda")),
+    ("nccl", "auto", 1, 1, ("nccl", "cuda")),
+])
+def test_backend_choice(backend, device, world, gpus, expected):
+    assert choose_backend(backend, device, world, gpus) == expected
+
+
+@pytest.mark.parametrize("backend,device,world,gpus,field", [
+    ("nccl", "auto", 2, 1, "backend"), ("gloo", "cuda", 2, 0, "device"), ("auto", "cuda", 1, 0, "device"),
+])
+def test_impossible_backend_requests_name_the_field(backend, device, world, gpus, field):
+    with pytest.raises(ValueError, match=rf"Experiment\.{field}"):
+        choose_backend(backend, device, world, gpus)
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@needs_cuda
+def test_one_nccl_rank_on_a_gpu(tmp_path):
+    run = ddplab.run(ddplab.Experiment(world_size=1, backend="nccl", steps=3), tmp_path / "nccl", progress=False)
+    r = run.ranks[0]
+    assert r.backend == "nccl" and r.device.startswith("cuda")
+    assert all(s["step_ms"] > 0 for s in r.steps)  # timed with CUDA events
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@needs_cuda
+def test_two_gloo_ranks_share_one_gpu(tmp_path):
+    exp = ddplab.Experiment(world_size=2, backend="gloo", device="cuda", steps=2, probes=("reference",))
+    run = ddplab.run(exp, tmp_path / "gloo-cuda", progress=False)
+    assert all(r.backend == "gloo" and r.device.startswith("cuda") for r in run.ranks)
+    assert len({r.param_checksum["final"] for r in run.ranks}) == 1
+    assert all(r.reference["update_rel_error"] < 1e-5 for r in run.ranks)
