@@ -201,7 +201,8 @@ def run(exp: Experiment, out=None, *, progress: bool = True, startup_timeout_s: 
         reporter.finish(f"ddplab {exp.name}: FAILED after {wall_s:.1f} s ({diagnosis.kind}, {failures.rank_list(diagnosis.ranks)})")
         raise failures.RunFailed(diagnosis, run_dir)
     result = load_run(run_dir)
-    reporter.finish(f"ddplab {exp.name}: {exp.world_size} ranks x {exp.steps} steps on {backend}/{device} "
+    steps = f"{exp.steps} step" + ("s" if exp.steps != 1 else "")
+    reporter.finish(f"ddplab {exp.name}: {exp.world_size} ranks x {steps} on {backend}/{device} "
                     f"in {wall_s:.1f} s -> {run_dir}")
     return result
 
