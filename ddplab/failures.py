@@ -56,7 +56,7 @@ def is_lost_peer(error: dict) -> bool:
     return any(s in text for s in _LOST_PEER)
 
 
-def _key(rec: dict) -> tuple:
+def phase_key(rec: dict) -> tuple:
     return rec.get("step", -1), rec.get("micro", 0), PHASE_ORDER.get(rec["phase"], 0)
 
 
@@ -80,8 +80,8 @@ def diagnose_hang(progress: dict[int, list[dict]], world_size: int, timeout_s: f
            else f"the collective timed out after timeout_s={timeout_s:g} s")
     if not last:
         return Diagnosis("hang", list(range(world_size)), f"No rank recorded any progress; {how}.")
-    lead = max(_key(rec) for rec in last.values())
-    waiting = [r for r, rec in last.items() if _key(rec) == lead and rec["phase"] in CANONICAL]
+    lead = max(phase_key(rec) for rec in last.values())
+    waiting = [r for r, rec in last.items() if phase_key(rec) == lead and rec["phase"] in CANONICAL]
     behind = sorted(set(range(world_size)) - set(waiting))
     if not waiting or not behind:
         rec = last[min(last)]

@@ -109,31 +109,43 @@ def kill_tree(proc: subprocess.Popen, spec_path: Path) -> None:
 
 
 class _Watch:
-    """Reads the ranks' progress logs; knows when the run last moved."""
+    """Follows the ranks' progress logs incrementally; knows how far each rank is and when the run last moved."""
 
     def __init__(self, exp: Experiment, run_dir: Path):
         self.exp, self.run_dir = exp, run_dir
-        self.sizes = [0] * exp.world_size
+        self.offsets = [0] * exp.world_size
+        self.last: dict[int, dict] = {}
+        self.steps_done = [0] * exp.world_size
         self.last_move = time.monotonic()
         self.started = False
 
     def poll(self) -> bool:
-        """True if any rank's log grew since the last poll."""
+        """Read what the ranks appended since the last poll; True if anything was."""
         moved = False
         for r in range(self.exp.world_size):
             f = rundir.progress_file(self.run_dir, r)
-            size = f.stat().st_size if f.exists() else 0
-            if size != self.sizes[r]:
-                self.sizes[r], moved = size, True
+            if not f.exists():
+                continue
+            with open(f, "rb") as fh:
+                fh.seek(self.offsets[r])
+                chunk = fh.read()
+            complete = chunk[: chunk.rfind(b"\n") + 1]  # a half-written last line waits for the next poll
+            if not complete:
+                continue
+            self.offsets[r] += len(complete)
+            for line in complete.decode().splitlines():
+                rec = json.loads(line)
+                self.last[r] = rec
+                self.steps_done[r] += rec["phase"] == "optimizer"
+            moved = True
         if moved:
             self.last_move, self.started = time.monotonic(), True
         return moved
 
     def line(self, elapsed_s: float) -> str:
-        progress = {r: rundir.read_progress(self.run_dir, r) for r in range(self.exp.world_size)}
-        up = {r: p for r, p in progress.items() if p}
-        done = [sum(rec["phase"] == "optimizer" for rec in p) for p in up.values()]
-        phase = min(up.values(), key=lambda p: failures._key(p[-1]))[-1]["phase"] if up else "starting"
+        up = sorted(self.last)
+        done = [self.steps_done[r] for r in up]
+        phase = min((self.last[r] for r in up), key=failures.phase_key)["phase"] if up else "starting"
         return describe(self.exp.name, self.exp.world_size, done, self.exp.steps, phase, elapsed_s)
 
     def stalled(self, startup_timeout_s: float) -> bool:
