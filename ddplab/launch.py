@@ -5,6 +5,11 @@ The command it builds (`torchrun_argv`) is, for a 4-rank experiment:
     python -m torch.distributed.run --standalone --nnodes=1 --nproc-per-node=4 --max-restarts=0 \\
         -m ddplab.worker --spec runs/<name>-<hash>/spec.json
 
+`run_many(exps)` runs several experiments in one launch (a launch costs seconds, mostly `import torch`
+on every rank; a sweep should pay it once): torchrun starts as many ranks as the largest experiment
+needs, and the ranks work through the list, each experiment on ranks 0..world_size-1 of its own
+process group, each into its own run directory.
+
 `--standalone` lets torchrun pick a free port for its rendezvous; nothing here hard-codes one.
 Every run is bounded twice: each rank's process group times out a collective after `timeout_s`,
 and the launcher stops a run whose ranks record no progress for `timeout_s + STALL_GRACE_S`
@@ -15,6 +20,7 @@ naming the rank (`failures.py`). Used by every notebook and by `ddplab run`.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -41,11 +47,11 @@ def run_dir_for(exp: Experiment, runs_dir: Path | None = None) -> Path:
     return Path(runs_dir or default_runs_dir()) / f"{exp.name}-{exp.hash}"
 
 
-def torchrun_argv(exp: Experiment, run_dir: Path, python: str | None = None) -> list[str]:
-    """The exact command that starts `exp.world_size` ranks of `ddplab.worker` (pure)."""
+def torchrun_argv(world_size: int, spec_paths: list, python: str | None = None) -> list[str]:
+    """The exact command that starts `world_size` ranks of `ddplab.worker` for these specs (pure)."""
     return [python or sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
-            f"--nproc-per-node={exp.world_size}", "--max-restarts=0",
-            "-m", "ddplab.worker", "--spec", str(Path(run_dir) / rundir.SPEC)]
+            f"--nproc-per-node={world_size}", "--max-restarts=0",
+            "-m", "ddplab.worker", "--spec", *map(str, spec_paths)]
 
 
 def worker_env(base: dict | None = None) -> dict:
@@ -60,17 +66,21 @@ def worker_env(base: dict | None = None) -> dict:
     return env
 
 
-def preflight(exp: Experiment) -> tuple[str, str]:
-    """Refuse what cannot run here before starting anything; return (backend, device type)."""
+def preflight(exps: list[Experiment]) -> tuple[str, str]:
+    """Refuse what cannot run here before starting anything; return the launch's (backend, device type)."""
     import torch
 
     from . import models, runtime
 
     cuda_devices = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    choice = runtime.choose_backend(exp.backend, exp.device, exp.world_size, cuda_devices)
-    if exp.model not in ("transformer", "mlp"):
-        models.check_model(models.build(exp), exp)
-    return choice
+    choices = {runtime.choose_backend(e.backend, e.device, e.world_size, cuda_devices) for e in exps}
+    if len(choices) > 1:
+        raise ValueError(f"experiments: one launch runs on one backend and device, but these need "
+                         f"{sorted(choices)}; run them in separate launches")
+    for e in exps:
+        if e.model not in ("transformer", "mlp"):
+            models.check_model(models.build(e), e)
+    return choices.pop()
 
 
 def _procs_of(proc: subprocess.Popen, spec_path: Path) -> list:
@@ -109,47 +119,51 @@ def kill_tree(proc: subprocess.Popen, spec_path: Path) -> None:
 
 
 class _Watch:
-    """Follows the ranks' progress logs incrementally; knows how far each rank is and when the run last moved."""
+    """Follows every rank's progress log, incrementally; knows how far the ranks are and when the
+    launch last moved."""
 
-    def __init__(self, exp: Experiment, run_dir: Path):
-        self.exp, self.run_dir = exp, run_dir
-        self.offsets = [0] * exp.world_size
-        self.last: dict[int, dict] = {}
-        self.steps_done = [0] * exp.world_size
+    def __init__(self, runs: list[tuple[Experiment, Path]]):
+        self.runs = runs
+        self.offsets: dict[Path, int] = {}
+        self.last: dict[int, dict[int, dict]] = {i: {} for i in range(len(runs))}   # run index -> rank -> record
+        self.steps_done: dict[int, dict[int, int]] = {i: {} for i in range(len(runs))}
+        self.current = 0
         self.last_move = time.monotonic()
         self.started = False
 
     def poll(self) -> bool:
         """Read what the ranks appended since the last poll; True if anything was."""
         moved = False
-        for r in range(self.exp.world_size):
-            f = rundir.progress_file(self.run_dir, r)
-            if not f.exists():
-                continue
-            with open(f, "rb") as fh:
-                fh.seek(self.offsets[r])
-                chunk = fh.read()
-            complete = chunk[: chunk.rfind(b"\n") + 1]  # a half-written last line waits for the next poll
-            if not complete:
-                continue
-            self.offsets[r] += len(complete)
-            for line in complete.decode().splitlines():
-                rec = json.loads(line)
-                self.last[r] = rec
-                self.steps_done[r] += rec["phase"] == "optimizer"
-            moved = True
+        for i, (exp, run_dir) in enumerate(self.runs):
+            for r in range(exp.world_size):
+                f = rundir.progress_file(run_dir, r)
+                if not f.exists():
+                    continue
+                with open(f, "rb") as fh:
+                    fh.seek(self.offsets.get(f, 0))
+                    chunk = fh.read()
+                complete = chunk[: chunk.rfind(b"\n") + 1]  # a half-written last line waits for the next poll
+                if not complete:
+                    continue
+                self.offsets[f] = self.offsets.get(f, 0) + len(complete)
+                for line in complete.decode().splitlines():
+                    rec = json.loads(line)
+                    self.last[i][r] = rec
+                    self.steps_done[i][r] = self.steps_done[i].get(r, 0) + (rec["phase"] == "optimizer")
+                self.current, moved = max(self.current, i), True
         if moved:
             self.last_move, self.started = time.monotonic(), True
         return moved
 
     def line(self, elapsed_s: float) -> str:
-        up = sorted(self.last)
-        done = [self.steps_done[r] for r in up]
-        phase = min((self.last[r] for r in up), key=failures.phase_key)["phase"] if up else "starting"
-        return describe(self.exp.name, self.exp.world_size, done, self.exp.steps, phase, elapsed_s)
+        exp, _ = self.runs[self.current]
+        last, done = self.last[self.current], self.steps_done[self.current]
+        phase = min(last.values(), key=failures.phase_key)["phase"] if last else "starting"
+        name = exp.name if len(self.runs) == 1 else f"{self.current + 1}/{len(self.runs)} {exp.name}"
+        return describe(name, exp.world_size, [done.get(r, 0) for r in sorted(last)], exp.steps, phase, elapsed_s)
 
     def stalled(self, startup_timeout_s: float) -> bool:
-        limit = self.exp.timeout_s + STALL_GRACE_S if self.started else startup_timeout_s
+        limit = max(e.timeout_s for e, _ in self.runs) + STALL_GRACE_S if self.started else startup_timeout_s
         return time.monotonic() - self.last_move > limit
 
 
@@ -174,18 +188,44 @@ def run(exp: Experiment, out=None, *, progress: bool = True, startup_timeout_s: 
     """
     if not isinstance(exp, Experiment):
         raise TypeError(f"run() takes an Experiment, got {type(exp).__name__}")
-    backend, device = preflight(exp)
     run_dir = Path(out) if out is not None else run_dir_for(exp)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    rundir.clear(run_dir)
-    spec_path = run_dir / rundir.SPEC
-    spec_path.write_text(exp.to_json())
-    argv = torchrun_argv(exp, run_dir)
+    return _launch([exp], [run_dir], run_dir, exp.name, progress, startup_timeout_s)[0]
+
+
+def run_many(exps: list[Experiment], out=None, *, name: str = "sweep", progress: bool = True,
+             startup_timeout_s: float = STARTUP_TIMEOUT_S) -> list[Run]:
+    """Run several experiments in ONE torchrun launch, in order; return their `Run`s.
+
+    `out` is the launch directory (default `runs/<name>-<hash of all specs>`); each experiment gets
+    the run directory `<out>/<exp.name>-<exp.hash>` inside it. The first failure raises `RunFailed`.
+    """
+    exps = list(exps)
+    if not exps or not all(isinstance(e, Experiment) for e in exps):
+        raise ValueError("experiments: give a non-empty list of Experiment objects")
+    hashes = [e.hash for e in exps]
+    for i, h in enumerate(hashes):
+        if h in hashes[:i]:
+            raise ValueError(f"experiments: experiment {i} is identical to experiment {hashes.index(h)}")
+    launch_dir = Path(out) if out is not None else (
+        default_runs_dir() / f"{name}-{hashlib.sha256(''.join(hashes).encode()).hexdigest()[:10]}")
+    return _launch(exps, [run_dir_for(e, launch_dir) for e in exps], launch_dir, name, progress, startup_timeout_s)
+
+
+def _launch(exps, run_dirs, launch_dir: Path, name: str, progress: bool, startup_timeout_s: float) -> list[Run]:
+    backend, device = preflight(exps)
+    for run_dir, exp in zip(run_dirs, exps):
+        run_dir.mkdir(parents=True, exist_ok=True)
+        rundir.clear(run_dir)
+        (run_dir / rundir.SPEC).write_text(exp.to_json())
+    launch_dir.mkdir(parents=True, exist_ok=True)
+    spec_paths = [d / rundir.SPEC for d in run_dirs]
+    world_size = max(e.world_size for e in exps)
+    argv = torchrun_argv(world_size, spec_paths)
     reporter = Reporter(progress)
-    watch = _Watch(exp, run_dir)
+    watch = _Watch(list(zip(exps, run_dirs)))
     t0 = time.monotonic()
     watchdog = False
-    with open(run_dir / rundir.LOG, "w") as log:
+    with open(launch_dir / rundir.LOG, "w") as log:
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 env=worker_env(), start_new_session=True)
         try:
@@ -199,22 +239,27 @@ def run(exp: Experiment, out=None, *, progress: bool = True, startup_timeout_s: 
         finally:
             # reached on success, on a stall, and on KeyboardInterrupt or any other exception
             if proc.poll() is None or watchdog:
-                kill_tree(proc, spec_path)
+                kill_tree(proc, spec_paths[0])
     wall_s = time.monotonic() - t0
-    rundir.write_json_atomic(run_dir / rundir.LAUNCH, {
-        "argv": argv, "returncode": proc.returncode, "wall_s": wall_s, "backend": backend, "device": device,
-        "stopped_by_watchdog": watchdog})
+    record = {"argv": argv, "returncode": proc.returncode, "wall_s": wall_s, "backend": backend, "device": device,
+              "stopped_by_watchdog": watchdog, "launch_dir": str(launch_dir), "experiments": len(exps)}
+    for run_dir in {launch_dir, *run_dirs}:
+        rundir.write_json_atomic(run_dir / rundir.LAUNCH, record)
 
-    prog, errors, finished = _collect(run_dir, exp.world_size)
-    if watchdog or errors or len(finished) < exp.world_size:
-        if proc.returncode not in (0, None):
-            kill_tree(proc, spec_path)  # torchrun stopped its ranks; sweep for any that escaped
-        diagnosis = failures.diagnose(prog, errors, finished, exp.world_size, exp.timeout_s, watchdog)
-        reporter.finish(f"ddplab {exp.name}: FAILED after {wall_s:.1f} s ({diagnosis.kind}, {failures.rank_list(diagnosis.ranks)})")
-        raise failures.RunFailed(diagnosis, run_dir)
-    result = load_run(run_dir)
-    steps = f"{exp.steps} step" + ("s" if exp.steps != 1 else "")
-    reporter.finish(f"ddplab {exp.name}: {exp.world_size} ranks x {steps} on {backend}/{device} "
-                    f"in {wall_s:.1f} s -> {run_dir}")
-    return result
-
+    for exp, run_dir in zip(exps, run_dirs):
+        prog, errors, finished = _collect(run_dir, exp.world_size)
+        if watchdog or errors or len(finished) < exp.world_size:
+            if proc.returncode not in (0, None):
+                kill_tree(proc, spec_paths[0])  # torchrun stopped its ranks; sweep for any that escaped
+            diagnosis = failures.diagnose(prog, errors, finished, exp.world_size, exp.timeout_s, watchdog)
+            reporter.finish(f"ddplab {exp.name}: FAILED after {wall_s:.1f} s "
+                            f"({diagnosis.kind}, {failures.rank_list(diagnosis.ranks)})")
+            raise failures.RunFailed(diagnosis, run_dir)
+    runs = [load_run(d) for d in run_dirs]
+    if len(exps) == 1:
+        steps = f"{exps[0].steps} step" + ("s" if exps[0].steps != 1 else "")
+        what = f"{world_size} ranks x {steps}"
+    else:
+        what = f"{len(exps)} experiments on up to {world_size} ranks"
+    reporter.finish(f"ddplab {name}: {what} on {backend}/{device} in {wall_s:.1f} s -> {launch_dir}")
+    return runs

@@ -63,6 +63,7 @@ class ProgressLog:
     """Append-only log of the phases a rank enters; the launcher reads it for progress and hangs."""
 
     def __init__(self, run_dir: Path, rank: int):
+        self.run_dir = Path(run_dir)
         self._f = open(progress_file(run_dir, rank), "a", buffering=1)
         self.last = {"phase": "start", "step": -1, "micro": 0}
 

@@ -69,6 +69,18 @@ def setup(backend: str, device_type: str, env: RankEnv, timeout_s: float):
     return device
 
 
+def subgroups(world_sizes: list[int], world_size: int) -> dict:
+    """One process group per distinct experiment world size w, over ranks 0..w-1 (None = all ranks).
+    `new_group` is itself collective: every rank creates every group, in the same order."""
+    import torch.distributed as dist
+
+    groups = {}
+    for w in world_sizes:
+        if w not in groups:
+            groups[w] = None if w == world_size else dist.new_group(list(range(w)))
+    return groups
+
+
 def teardown() -> None:
     """Collect, then destroy the process group. Call it after the DDP model and optimizer are gone
     (the worker keeps them inside a function that has returned), or gloo threads outlive the group."""

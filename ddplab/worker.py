@@ -2,6 +2,10 @@
 
     torchrun --standalone --nnodes=1 --nproc-per-node=4 -m ddplab.worker --spec runs/<name>-<hash>/spec.json
 
+Given several specs, the ranks run them in order (one launch, one `import torch`); an experiment
+with a smaller world size runs on ranks 0..world_size-1 of its own process group while the other
+ranks go on to the next experiment they belong to.
+
 Each rank builds the same model from the same seed, wraps it in DDP, takes `steps` optimizer steps
 on its own shard of every global batch, and writes `rank{r}.json` (and `rank{r}.pt` for tensors)
 into the run directory. It logs every phase it enters to `rank{r}.progress`, so the launcher can
@@ -33,15 +37,17 @@ from .training import flat_parameters, make_optimizer, parameter_checksum, token
 GRADIENT_ALL_REDUCE = "DDP gradient all-reduce"
 
 
-def train(exp: Experiment, env: runtime.RankEnv, device: torch.device, log: ProgressLog) -> dict:
-    """Build, wrap, train; return this rank's record. The DDP model dies with this frame (see teardown)."""
+def train(exp: Experiment, env: runtime.RankEnv, device: torch.device, log: ProgressLog, group=None) -> dict:
+    """Build, wrap, train on ranks 0..exp.world_size-1 (`group`; None = all ranks); return this rank's
+    record. The DDP model dies with this frame (see runtime.teardown)."""
     rank = env.rank
     model = models.build(exp).to(device)
     built = parameter_checksum(model)
     if exp.sync == "ddp":
         log.enter("ddp-construct", collective="broadcast of rank 0's parameters")
         model = DDP(model, device_ids=[device] if device.type == "cuda" else None,
-                    bucket_cap_mb=exp.bucket_cap_mb, gradient_as_bucket_view=exp.gradient_as_bucket_view)
+                    bucket_cap_mb=exp.bucket_cap_mb, gradient_as_bucket_view=exp.gradient_as_bucket_view,
+                    process_group=group)
     module = model.module if isinstance(model, DDP) else model
     initial = parameter_checksum(module)
     optimizer = make_optimizer(exp, model.parameters())
@@ -74,7 +80,7 @@ def train(exp: Experiment, env: runtime.RankEnv, device: torch.device, log: Prog
                 if exp.fault == "skip-backward" and faulty and synced:
                     # this rank goes on to the next collective while its peers wait in the all-reduce
                     log.enter("skip-backward", step, micro, collective=f"barrier instead of the {GRADIENT_ALL_REDUCE}")
-                    dist.barrier()
+                    dist.barrier(group=group)
                     continue
                 log.enter("backward", step, micro, collective=GRADIENT_ALL_REDUCE if synced else None)
                 loss.backward()
@@ -104,36 +110,45 @@ def train(exp: Experiment, env: runtime.RankEnv, device: torch.device, log: Prog
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--spec", required=True, help="path to run_dir/spec.json")
-    spec_path = Path(parser.parse_args(argv).spec)
-    run_dir = spec_path.parent
+    parser.add_argument("--spec", nargs="+", required=True, help="run_dir/spec.json of each experiment, run in order")
+    spec_paths = [Path(p) for p in parser.parse_args(argv).spec]
     env = runtime.rank_env()
     runtime.die_with_parent()
-    log = ProgressLog(run_dir, env.rank)
+    log = None
     try:
-        exp = Experiment.from_json(spec_path.read_text())
+        exps = [Experiment.from_json(p.read_text()) for p in spec_paths]
+        mine = [(p.parent, e) for p, e in zip(spec_paths, exps) if env.rank < e.world_size]
+        log = ProgressLog(mine[0][0], env.rank)
         cuda_devices = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        backend, device_type = runtime.choose_backend(exp.backend, exp.device, env.world_size, cuda_devices)
+        widest = max(exps, key=lambda e: e.world_size)  # the launcher checked they all agree
+        backend, device_type = runtime.choose_backend(widest.backend, widest.device, env.world_size, cuda_devices)
         log.enter("init-process-group", collective="rendezvous of all ranks")
-        t0 = time.time_ns()
-        device = runtime.setup(backend, device_type, env, exp.timeout_s)
-        record = train(exp, env, device, log)
-        record.update(schema_version=SCHEMA_VERSION, rank=env.rank, local_rank=env.local_rank,
-                      world_size=env.world_size, backend=backend, device=str(device), pid=os.getpid(),
-                      host=socket.gethostname(), torch_version=torch.__version__, python=platform.python_version(),
-                      spec_hash=exp.hash, t_start_ns=t0, t_end_ns=time.time_ns())
-        write_json_atomic(rank_file(run_dir, env.rank), record)
+        device = runtime.setup(backend, device_type, env, max(e.timeout_s for e in exps))
+        groups = runtime.subgroups([e.world_size for e in exps], env.world_size)
+        for run_dir, exp in mine:
+            if run_dir != log.run_dir:
+                log.close()
+                log = ProgressLog(run_dir, env.rank)
+            t0 = time.time_ns()
+            record = train(exp, env, device, log, groups[exp.world_size])
+            record.update(schema_version=SCHEMA_VERSION, rank=env.rank, local_rank=env.local_rank,
+                          world_size=exp.world_size, backend=backend, device=str(device), pid=os.getpid(),
+                          host=socket.gethostname(), torch_version=torch.__version__,
+                          python=platform.python_version(), spec_hash=exp.hash, t_start_ns=t0, t_end_ns=time.time_ns())
+            write_json_atomic(rank_file(run_dir, env.rank), record)
         log.enter("teardown")
         runtime.teardown()
         log.enter("done")
         code = 0
     except BaseException as e:  # noqa: BLE001 - every failure must reach the launcher as a file
-        write_json_atomic(error_file(run_dir, env.rank), {
-            "rank": env.rank, "phase": log.last["phase"], "step": log.last["step"], "t_ns": time.time_ns(), "type": type(e).__name__,
-            "message": str(e), "traceback": traceback.format_exc()})
+        last = log.last if log else {"phase": "start", "step": -1}
+        write_json_atomic(error_file(log.run_dir if log else spec_paths[0].parent, env.rank), {
+            "rank": env.rank, "phase": last["phase"], "step": last["step"], "t_ns": time.time_ns(),
+            "type": type(e).__name__, "message": str(e), "traceback": traceback.format_exc()})
         traceback.print_exc()
         code = 1
-    log.close()
+    if log:
+        log.close()
     sys.stdout.flush()
     sys.stderr.flush()
     # skip interpreter finalization: gloo worker threads racing it abort a good run (notes, section 0)

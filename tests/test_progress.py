@@ -13,15 +13,15 @@ def test_progress_line_names_the_slowest_rank():
 
 def test_watch_reads_progress_incrementally_and_waits_for_whole_lines(tmp_path):
     exp = Experiment(world_size=2, steps=3)
-    watch = _Watch(exp, tmp_path)
+    watch = _Watch([(exp, tmp_path)])
     assert not watch.poll()
     rec = lambda phase, step: json.dumps({"t_ns": 0, "phase": phase, "step": step, "micro": 0}) + "\n"
     rundir.progress_file(tmp_path, 0).write_text(rec("forward", 0) + rec("optimizer", 0) + '{"t_ns": 1, "pha')
     rundir.progress_file(tmp_path, 1).write_text(rec("forward", 0))
     assert watch.poll()
-    assert watch.steps_done == [1, 0] and watch.last[0]["phase"] == "optimizer"
+    assert watch.steps_done[0] == {0: 1, 1: 0} and watch.last[0][0]["phase"] == "optimizer"
     assert "0/3 steps done, slowest rank in 'forward'" in watch.line(1.0)
     with open(rundir.progress_file(tmp_path, 0), "a") as f:
         f.write('se": "forward", "step": 1, "micro": 0}\n')
-    assert watch.poll() and watch.last[0] == {"t_ns": 1, "phase": "forward", "step": 1, "micro": 0}
+    assert watch.poll() and watch.last[0][0] == {"t_ns": 1, "phase": "forward", "step": 1, "micro": 0}
     assert not watch.poll()

@@ -13,7 +13,7 @@ import time
 import pytest
 
 import ddplab
-from ddplab import Experiment, RunFailed, recipes, rundir
+from ddplab import Experiment, RunFailed, launch, recipes, rundir
 
 from .conftest import leftovers
 
@@ -180,3 +180,16 @@ def test_doctor_runs_a_two_rank_all_reduce():
     assert out.returncode == 0, out.stdout
     assert "expected on every rank: 3.0" in out.stdout
     assert "rank 0: 3.0" in out.stdout and "rank 1: 3.0" in out.stdout
+
+
+def test_run_many_runs_each_experiment_on_its_own_ranks_and_stops_at_a_failure(tmp_path):
+    ok = [Experiment(name="one", world_size=1, local_batch=6), Experiment(name="two", world_size=2, local_batch=3)]
+    bad = Experiment(name="bad", world_size=2, steps=2, fault="crash", fault_rank=0, fault_step=1)
+    with pytest.raises(RunFailed, match="Rank 0 failed in 'forward' of step 1") as info:
+        launch.run_many([*ok, bad], tmp_path / "sweep", progress=False)
+    assert info.value.run_dir == launch.run_dir_for(bad, tmp_path / "sweep")
+    one, two = (ddplab.load_run(launch.run_dir_for(e, tmp_path / "sweep")) for e in ok)
+    assert [r.sample_ids for r in one.ranks] == [list(range(6))]
+    assert [r.sample_ids for r in two.ranks] == [[0, 1, 2], [3, 4, 5]]
+    assert one.launch["argv"] == two.launch["argv"], "one launch for all experiments"
+    assert not leftovers(tmp_path / "sweep")
