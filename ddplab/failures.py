@@ -15,8 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 # order of the phases inside one (step, micro-step); a rank further along has a larger key
-PHASE_ORDER = {"start": 0, "init-process-group": 1, "ddp-construct": 2, "forward": 3, "backward": 4,
-               "skip-backward": 4, "optimizer": 5, "teardown": 6, "done": 7}
+PHASE_ORDER = {"start": 0, "init-process-group": 1, "ddp-construct": 2, "count": 3, "forward": 4, "backward": 5,
+               "skip-backward": 5, "optimizer": 6, "teardown": 7, "done": 8}
 # phases that a healthy rank goes through; anything else is a deviation from the common script
 CANONICAL = set(PHASE_ORDER) - {"skip-backward"}
 _LOST_PEER = ("connection closed", "connection reset", "broken pipe", "socket closed")

@@ -1,11 +1,15 @@
-"""The single-process reference: one copy of the model takes optimizer step 0 on the whole global batch.
+"""The single-process reference: one copy of the model, no DDP, on the whole global batch of step 0.
 
-This is the update data parallelism promises to reproduce: what one process would do with every
-example of the global batch, averaged over all its tokens. A rank compares its own parameters after
-step 0 with it (`update_rel_error = |theta_rank - theta_ref| / |theta_ref - theta_0|`): about 1e-7
-with DDP. Each rank also takes the step a lone replica would take on its own shard only (the
-"independent update"), which lands order one away from the reference and differs on every rank.
-Used by notebook 00.
+This is what data parallelism promises to reproduce: the gradient (and the optimizer step) that one
+process would compute from every example of the global batch, under the training objective:
+the mean over all examples ("global-sample") or over all tokens (otherwise; "rank-mean" is the
+naive way to approximate this objective, and the reference is what it should have matched).
+
+A rank compares its own parameters after step 0 with the reference step
+(`update_rel_error = |theta_rank - theta_ref| / |theta_ref - theta_0|`, about 1e-7 with DDP), and
+also takes the step a lone replica would take on its own shard only (the "independent update"),
+which lands order one away. Rank 0 also records the reference gradient itself (gradients probe).
+Used by notebooks 00, 01 and 06.
 """
 
 from __future__ import annotations
@@ -13,7 +17,12 @@ from __future__ import annotations
 import torch
 
 from . import data, models
-from .training import flat_parameters, make_optimizer, parameter_checksum, token_loss_sum
+from .training import DTYPES, flat_parameters, make_optimizer, parameter_checksum, sample_loss_sum, token_loss_sum
+
+
+def objective(exp) -> str:
+    """The global objective the reference computes: "global-sample" or "global-token"."""
+    return "global-sample" if exp.loss_norm == "global-sample" else "global-token"
 
 
 def global_batch(exp, step: int, ranks=None):
@@ -26,17 +35,34 @@ def global_batch(exp, step: int, ranks=None):
     return parts
 
 
-def reference_step(exp, device, ranks=None) -> tuple[torch.Tensor, torch.Tensor, str]:
-    """One step on the global batch of step 0 (or on only `ranks`' shards), in one process, no DDP:
-    (parameters before, parameters after) as flat float64 CPU vectors, and the checksum after."""
-    model = models.build(exp).to(device)
-    before = flat_parameters(model)
-    optimizer = make_optimizer(exp, model.parameters())
-    parts = global_batch(exp, step=0, ranks=ranks)
-    tokens = sum(y.numel() for _, y in parts)
+def backward_on(model, exp, parts, device) -> None:
+    """Accumulate into .grad the gradient of the objective's mean over `parts`, one part at a time."""
+    per_sample = objective(exp) == "global-sample"
+    total = sum(y.shape[0] if per_sample else y.numel() for _, y in parts)
+    loss_sum = sample_loss_sum if per_sample else token_loss_sum
     for x, y in parts:
-        (token_loss_sum(model(x.to(device)), y.to(device)) / tokens).backward()
-    optimizer.step()
+        (loss_sum(model(x.to(device)), y.to(device)) / total).backward()
+
+
+def reference_model(exp, device, ranks=None):
+    """A fresh model that has back-propagated the objective on step 0's global batch (or `ranks`' shards)."""
+    model = models.build(exp).to(device=device, dtype=DTYPES[exp.dtype])
+    backward_on(model, exp, global_batch(exp, step=0, ranks=ranks), device)
+    return model
+
+
+def reference_gradients(exp, device) -> dict[str, torch.Tensor]:
+    """Name -> gradient of the objective on step 0's whole global batch, on the CPU."""
+    model = reference_model(exp, device)
+    return {n: p.grad.detach().cpu().clone() for n, p in model.named_parameters()}
+
+
+def reference_step(exp, device, ranks=None) -> tuple[torch.Tensor, torch.Tensor, str]:
+    """One optimizer step on step 0's global batch (or on only `ranks`' shards), in one process, no DDP:
+    (parameters before, parameters after) as flat float64 CPU vectors, and the checksum after."""
+    before = flat_parameters(models.build(exp).to(dtype=DTYPES[exp.dtype]))
+    model = reference_model(exp, device, ranks)
+    make_optimizer(exp, model.parameters()).step()
     return before, flat_parameters(model), parameter_checksum(model)
 
 

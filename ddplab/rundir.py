@@ -51,6 +51,16 @@ def write_json_atomic(path: Path, obj) -> None:
     os.replace(tmp, path)
 
 
+def save_tensors_atomic(path: Path, tensors: dict) -> None:
+    """torch.save to a temporary file, then rename (loaded back with weights_only=True)."""
+    import torch
+
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    torch.save(tensors, tmp)
+    os.replace(tmp, path)
+
+
 def clear(run_dir: Path) -> None:
     """Remove what an earlier run with the same spec left, so stale files can never pass as new."""
     run_dir = Path(run_dir)

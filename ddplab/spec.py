@@ -20,8 +20,10 @@ OPTIMIZERS = ("sgd", "adam", "adamw")
 BACKENDS = ("auto", "gloo", "nccl")
 DEVICES = ("auto", "cpu", "cuda")
 SYNC_MODES = ("ddp", "none")
+LOSS_NORMS = ("rank-mean", "global-sample", "global-token")
+DTYPES = ("float32", "float64")
 FAULTS = (None, "crash", "skip-backward", "stall")
-PROBES = ("reference",)
+PROBES = ("reference", "gradients", "buckets", "activations")
 _FACTORY = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
 
@@ -50,9 +52,14 @@ class Experiment:
     world_size: int = 2
     local_batch: int | tuple[int, ...] = 8   # examples per rank per micro-step; one value or one per rank
     seq_len: int | tuple[int, ...] = 16      # tokens per example; one value or one per rank
-    accum_steps: int = 1                     # micro-steps per optimizer step (no_sync on all but the last)
+    accum_steps: int = 1                     # micro-steps per optimizer step
+    no_sync: bool = True                     # skip the all-reduce (DDP's no_sync) on all but the last micro-step
     steps: int = 1                           # optimizer steps
     sync: str = "ddp"                        # "ddp": DDP averages gradients; "none": each rank steps alone
+    # how a rank's loss is normalized: "rank-mean" = mean over its own tokens (DDP then averages ranks);
+    # "global-sample" / "global-token" = weighted so the gradient is the global mean per example / token
+    loss_norm: str = "rank-mean"
+    dtype: str = "float32"                   # parameters, gradients and the reference
     bucket_cap_mb: float | None = None       # None = DDP's default (25 MiB, first bucket 1 MiB)
     gradient_as_bucket_view: bool = False
     # optimization
@@ -163,6 +170,12 @@ def _validate(e: Experiment) -> None:
             bad(name, f"has {len(v)} entries but world_size is {e.world_size}; give one value or one per rank")
         if not values or not all(_is_int(x) and x >= 1 for x in values):
             bad(name, f"must be a positive integer or a list of them, one per rank (got {v!r})")
+    if not isinstance(e.no_sync, bool):
+        bad("no_sync", f"must be True or False (got {e.no_sync!r})")
+    if e.loss_norm not in LOSS_NORMS:
+        bad("loss_norm", f"must be one of {', '.join(LOSS_NORMS)} (got {e.loss_norm!r})")
+    if e.dtype not in DTYPES:
+        bad("dtype", f"must be one of {', '.join(DTYPES)} (got {e.dtype!r})")
     if e.sync not in SYNC_MODES:
         bad("sync", f"must be one of {SYNC_MODES} (got {e.sync!r})")
     if e.bucket_cap_mb is not None and (not _is_number(e.bucket_cap_mb) or not e.bucket_cap_mb > 0):

@@ -1,6 +1,7 @@
 """The pieces of one training step that the ranks and the single-process reference share.
 
-Loss, optimizer and a parameter checksum, so "the same update" means the same code everywhere.
+Loss (and its normalization), optimizer and a parameter checksum, so "the same update" means the
+same code everywhere. Used by the worker and `reference.py`; notebooks 00, 01 and 06.
 """
 
 from __future__ import annotations
@@ -11,10 +12,37 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+def token_losses(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy of every token, shape (batch, seq_len), in at least float32."""
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="none").view(targets.shape)
+
 
 def token_loss_sum(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Sum of next-token cross-entropy over every token of the batch."""
-    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), reduction="sum")
+    return token_losses(logits, targets).sum()
+
+
+def sample_loss_sum(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Sum over examples of each example's mean token loss."""
+    return token_losses(logits, targets).mean(dim=1).sum()
+
+
+def micro_loss(loss_norm: str, losses: torch.Tensor, accum_steps: int, scale: float, global_count: float):
+    """The loss one rank back-propagates in one micro-step, from its per-token `losses` (batch, seq_len).
+
+    "rank-mean": mean over this micro-batch's tokens / accum_steps; DDP then averages the ranks, which
+    weights every rank equally, however many examples it had. "global-sample" / "global-token": the
+    sum of per-example (per-token) losses x scale / global_count, with scale = world_size undoing
+    DDP's division by the world size, so the synchronized gradient is the global mean.
+    """
+    if loss_norm == "rank-mean":
+        return losses.sum() / losses.numel() / accum_steps
+    total = losses.mean(dim=1).sum() if loss_norm == "global-sample" else losses.sum()
+    return total * scale / global_count
 
 
 def make_optimizer(exp, params) -> torch.optim.Optimizer:

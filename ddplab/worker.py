@@ -29,48 +29,78 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from . import data, models, reference, runtime
-from .rundir import SCHEMA_VERSION, ProgressLog, error_file, rank_file, write_json_atomic
+from . import data, gradients, models, reference, runtime
+from .memory import SavedTensorMeter
+from .readiness import BucketLog
+from .rundir import (SCHEMA_VERSION, ProgressLog, error_file, rank_file, save_tensors_atomic, tensor_file,
+                     write_json_atomic)
 from .spec import Experiment
-from .training import flat_parameters, make_optimizer, parameter_checksum, token_loss_sum
+from .training import DTYPES, flat_parameters, make_optimizer, micro_loss, parameter_checksum, token_losses
 
 GRADIENT_ALL_REDUCE = "DDP gradient all-reduce"
 
 
-def train(exp: Experiment, env: runtime.RankEnv, device: torch.device, log: ProgressLog, group=None) -> dict:
+def train(exp: Experiment, env: runtime.RankEnv, device: torch.device, log: ProgressLog, group=None):
     """Build, wrap, train on ranks 0..exp.world_size-1 (`group`; None = all ranks); return this rank's
-    record. The DDP model dies with this frame (see runtime.teardown)."""
-    rank = env.rank
-    model = models.build(exp).to(device)
+    record and its probe tensors. The DDP model dies with this frame (see runtime.teardown)."""
+    rank, ddp = env.rank, exp.sync == "ddp"
+    model = models.build(exp).to(device=device, dtype=DTYPES[exp.dtype])
     built = parameter_checksum(model)
-    if exp.sync == "ddp":
+    if ddp:
         log.enter("ddp-construct", collective="broadcast of rank 0's parameters")
         model = DDP(model, device_ids=[device] if device.type == "cuda" else None,
                     bucket_cap_mb=exp.bucket_cap_mb, gradient_as_bucket_view=exp.gradient_as_bucket_view,
                     process_group=group)
-    module = model.module if isinstance(model, DDP) else model
-    initial = parameter_checksum(module)
+    module = model.module if ddp else model
+    record = {"param_checksum": {"built": built, "initial": parameter_checksum(module)}, "steps": []}
     optimizer = make_optimizer(exp, model.parameters())
     seq_len = exp.seq_len_of(rank)
     clock = runtime.Clock(device)
-    record = {"param_checksum": {"built": built, "initial": initial}, "steps": []}
+
+    # probes: what this rank records beyond its timings
+    buckets = BucketLog(group) if "buckets" in exp.probes and ddp else None
+    if buckets:
+        model.register_comm_hook(None, buckets.hook)
+    local_grads = gradients.LocalGradients(module) if "gradients" in exp.probes else None
+    meter = SavedTensorMeter(module.parameters()) if "activations" in exp.probes else None
+    tensors = {}
+    if local_grads and rank == 0:
+        tensors["reference"] = reference.reference_gradients(exp, device)
     if "reference" in exp.probes:
         ref_before, ref_after, _ = reference.reference_step(exp, device)
         _, alone_after, alone_checksum = reference.reference_step(exp, device, ranks=[rank])
 
     for step in range(exp.steps):
-        sample_ids, loss_sum = [], 0.0
         clock.mark("start")
+        scale, global_count = 1.0, 1.0
+        if exp.loss_norm != "rank-mean":
+            # a global mean needs the global count of examples (tokens): sum every rank's count
+            per_example = 1 if exp.loss_norm == "global-sample" else seq_len
+            count = torch.tensor([float(exp.local_batch_of(rank) * per_example * exp.accum_steps)],
+                                 device=device, dtype=torch.float64)
+            if ddp:
+                log.enter("count", step, collective="all-reduce of the example or token counts")
+                dist.all_reduce(count, group=group)
+                scale = exp.world_size  # undo DDP's division by the world size
+            global_count = count.item()
+            clock.mark("count")
+        if local_grads:
+            local_grads.active = step == 0
+        sample_ids, loss_sum, tokens, activation_bytes = [], 0.0, 0, []
         for micro in range(exp.accum_steps):
             ids = data.shard_ids(exp.local_batches, exp.accum_steps, step, micro, rank)
             x, y = (t.to(device) for t in data.batch(exp.seed, ids, seq_len, exp.vocab_size))
             sample_ids += ids
             clock.mark("data")
-            synced = exp.sync == "ddp" and micro == exp.accum_steps - 1
+            synced = ddp and (micro == exp.accum_steps - 1 or not exp.no_sync)
             # no_sync: accumulate local gradients without an all-reduce until the last micro-step
-            with nullcontext() if synced or exp.sync != "ddp" else model.no_sync():
+            with model.no_sync() if ddp and not synced else nullcontext():
                 log.enter("forward", step, micro)
-                loss = token_loss_sum(model(x), y) / y.numel() / exp.accum_steps
+                with meter or nullcontext():
+                    losses = token_losses(model(x), y)
+                    loss = micro_loss(exp.loss_norm, losses, exp.accum_steps, scale, global_count)
+                if meter:
+                    activation_bytes.append(meter.bytes)
                 clock.mark("forward")
                 faulty = rank == exp.fault_rank and step == exp.fault_step
                 if exp.fault == "crash" and faulty:
@@ -85,17 +115,24 @@ def train(exp: Experiment, env: runtime.RankEnv, device: torch.device, log: Prog
                 log.enter("backward", step, micro, collective=GRADIENT_ALL_REDUCE if synced else None)
                 loss.backward()
                 clock.mark("backward")
-            loss_sum += loss.item()
+            loss_sum += losses.detach().sum().item()
+            tokens += y.numel()
+        if local_grads and step == 0:
+            tensors["local"], tensors["reduced"] = local_grads.sums, gradients.reduced(module)
+            local_grads.active = False
         log.enter("optimizer", step)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         clock.mark("optimizer")
         times = clock.durations_ms()
-        record["steps"].append({
-            "step": step, "sample_ids": sample_ids, "loss": loss_sum,
-            **{f"{k}_ms": v for k, v in times.items()}, "step_ms": sum(times.values()),
-            "param_checksum": parameter_checksum(module),
-        })
+        entry = {"step": step, "sample_ids": sample_ids, "loss": loss_sum / tokens, "loss_sum": loss_sum,
+                 "tokens": tokens, **{f"{k}_ms": v for k, v in times.items()}, "step_ms": sum(times.values()),
+                 "param_checksum": parameter_checksum(module)}
+        if buckets:
+            entry["buckets"] = buckets.take()
+        if meter:
+            entry["activation_bytes"] = activation_bytes
+        record["steps"].append(entry)
         if step == 0 and "reference" in exp.probes:
             record["reference"] = {
                 **reference.distance(flat_parameters(module), ref_before, ref_after),
@@ -105,7 +142,7 @@ def train(exp: Experiment, env: runtime.RankEnv, device: torch.device, log: Prog
     record["param_checksum"]["final"] = parameter_checksum(module)
     record["model"] = {"parameter_count": models.parameter_count(module),
                        "parameter_bytes": sum(p.numel() * p.element_size() for p in module.parameters())}
-    return record
+    return record, tensors
 
 
 def main(argv=None) -> None:
@@ -130,7 +167,9 @@ def main(argv=None) -> None:
                 log.close()
                 log = ProgressLog(run_dir, env.rank)
             t0 = time.time_ns()
-            record = train(exp, env, device, log, groups[exp.world_size])
+            record, tensors = train(exp, env, device, log, groups[exp.world_size])
+            if tensors:
+                save_tensors_atomic(tensor_file(run_dir, env.rank), tensors)
             record.update(schema_version=SCHEMA_VERSION, rank=env.rank, local_rank=env.local_rank,
                           world_size=exp.world_size, backend=backend, device=str(device), pid=os.getpid(),
                           host=socket.gethostname(), torch_version=torch.__version__,
