@@ -77,3 +77,113 @@ def update_error(run):
     ax.legend(fontsize=8, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.12))
     fig.tight_layout()
     return fig
+
+
+def _floor(values, floor=1e-17):
+    return [max(v, floor) for v in values]
+
+
+def gradient_check(run):
+    """Per rank: relative error of its local gradient and of the reduced gradient against the
+    single-process reference (log scale; an exact match is drawn at the floor)."""
+    from . import gradients
+
+    rows = gradients.check(run)
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    ranks = [r["rank"] for r in rows]
+    w = 0.38
+    ax.bar([x - w / 2 for x in ranks], [r["local_rel_error"] for r in rows], w, label="local gradient g_r")
+    ax.bar([x + w / 2 for x in ranks], _floor([r["reduced_rel_error"] for r in rows]), w,
+           label="reduced gradient (after all-reduce)")
+    ax.set_yscale("log")
+    ax.set_ylim(1e-17, 10)
+    ax.axhline(1e-5, color="black", lw=1, ls="--")
+    ax.text(ranks[-1] + 0.45, 1e-5, "1e-5", va="bottom", ha="right", fontsize=8)
+    ax.set_xticks(ranks, [f"rank {r}" for r in ranks])
+    ax.set_ylabel(r"$\|g - g_{ref}\| \,/\, \|g_{ref}\|$")
+    ax.set_title(f"Gradients against the one-process reference on the global batch ({run.spec.dtype})\n"
+                 "bars at 1e-17 are exactly 0")
+    ax.legend(fontsize=8, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.12))
+    fig.tight_layout()
+    return fig
+
+
+def normalization_errors(table):
+    """One bar per run of `tables.normalization`: reduced gradient's relative error (log scale)."""
+    fig, ax = plt.subplots(figsize=(7, 0.5 * len(table) + 1.6))
+    labels = [f"{name}  ({norm}, {dt})" for name, norm, dt in zip(table.index, table["loss_norm"], table["dtype"])]
+    errs = _floor(list(table["reduced_rel_error"]))
+    colors = ["tab:red" if e > 1e-5 else "tab:green" for e in errs]
+    ax.barh(range(len(errs)), errs, color=colors)
+    ax.set_yticks(range(len(errs)), labels, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xscale("log")
+    ax.set_xlim(1e-17, 10)
+    ax.axvline(1e-5, color="black", lw=1, ls="--")
+    ax.set_xlabel("relative error of the reduced gradient vs the global-batch reference (bars at 1e-17: exact)")
+    fig.tight_layout()
+    return fig
+
+
+def rank_weights(local_batches, seq_lens):
+    """How much each rank's mean gradient counts under each loss normalization (pure, instant)."""
+    from .gradients import rank_weights as weights
+
+    norms = ("rank-mean", "global-sample", "global-token")
+    n = len(local_batches)
+    fig, ax = plt.subplots(figsize=(7, 3.2))
+    w = 0.27
+    for k, norm in enumerate(norms):
+        ax.bar([r + (k - 1) * w for r in range(n)], weights(local_batches, seq_lens, norm), w, label=norm)
+    ax.set_xticks(range(n), [f"rank {r}\n{b} ex x {s} tok" for r, b, s in zip(range(n), local_batches, seq_lens)],
+                  fontsize=8)
+    ax.set_ylabel("weight of the rank's mean gradient")
+    ax.set_title("rank-mean weights every rank equally; the global objectives weight by share of work")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def scaling(strong, weak):
+    """Examples/s and scaling efficiency against world size, for `tables.scaling` of each kind."""
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.6))
+    for df, label, color in ((strong, "strong (global batch fixed)", "tab:blue"),
+                             (weak, "weak (local batch fixed)", "tab:orange")):
+        ws = list(df.index)
+        a.plot(ws, df["examples_per_s"], "o-", color=color, label=label)
+        a.plot(ws, [df["examples_per_s"].iloc[0] * w for w in ws], ":", color=color, lw=1)
+        b.plot(ws, df["efficiency"], "o-", color=color, label=label)
+    a.set_xlabel("world size (ranks)")
+    a.set_ylabel("examples / s")
+    a.set_title("Throughput (dotted: ideal linear)")
+    b.axhline(1.0, color="black", lw=1, ls=":")
+    b.set_xlabel("world size (ranks)")
+    b.set_ylabel("scaling efficiency")
+    b.set_ylim(0, 1.2)
+    b.set_title("Efficiency (1 = ideal)")
+    for ax in (a, b):
+        ax.set_xticks(list(strong.index))
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def batch_size_study(runs, target_loss: float, bin_examples: int = 64):
+    """Global loss against examples seen and against optimizer steps, one line per global batch."""
+    from .tables import loss_by_examples
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.6))
+    for run in runs:
+        curve = loss_by_examples(run, bin_examples)
+        g = run.spec.global_batch
+        a.plot(curve.index, curve.values, "o-", ms=3, label=f"global batch {g}")
+        b.plot([e / g for e in curve.index], curve.values, "o-", ms=3, label=f"global batch {g}")
+    for ax, xlabel in ((a, "examples seen"), (b, "optimizer steps")):
+        ax.axhline(target_loss, color="black", lw=1, ls="--")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(f"loss (mean over {bin_examples}-example bins)")
+        ax.legend(fontsize=8)
+    a.set_title("Same examples: which batch size learned more?")
+    b.set_title("Same steps: the bigger batch saw more data")
+    fig.tight_layout()
+    return fig

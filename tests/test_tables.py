@@ -1,0 +1,40 @@
+"""Pure table arithmetic on stand-in runs (no ranks launched)."""
+
+from types import SimpleNamespace
+
+import pytest
+
+from ddplab import Experiment, tables
+
+
+def fake_run(world_size, local_batch, step_ms, losses=None):
+    spec = Experiment(world_size=world_size, local_batch=local_batch, steps=len(step_ms))
+    losses = losses or [1.0] * len(step_ms)
+    return SimpleNamespace(spec=spec, world_size=world_size, step_ms=lambda warmup=0: step_ms[warmup:],
+                           global_loss=lambda: losses)
+
+
+def test_strong_scaling_efficiency_is_t1_over_w_times_tw():
+    runs = [fake_run(1, 32, [0, 0, 100, 100]), fake_run(2, 16, [0, 0, 60, 60]), fake_run(4, 8, [0, 0, 50, 50])]
+    df = tables.scaling(runs, "strong")
+    assert list(df["efficiency"]) == [1.0, pytest.approx(100 / 120, abs=1e-3), 0.5]
+    assert list(df["examples_per_s"]) == [320.0, pytest.approx(533.333, abs=1e-3), 640.0]
+
+
+def test_weak_scaling_efficiency_is_t1_over_tw():
+    runs = [fake_run(1, 8, [0, 0, 40]), fake_run(4, 8, [0, 0, 80])]
+    df = tables.scaling(runs, "weak")
+    assert list(df["efficiency"]) == [1.0, 0.5] and list(df["speedup"]) == [1.0, 2.0]
+
+
+def test_loss_by_examples_bins_steps_by_examples_seen():
+    run = fake_run(2, 4, [1] * 6, losses=[6, 4, 3, 3, 2, 2])  # global batch 8
+    curve = tables.loss_by_examples(run, bin_examples=16)
+    assert list(curve.index) == [16, 32, 48] and list(curve) == [5, 3, 2]
+    with pytest.raises(ValueError, match="multiple of the global batch"):
+        tables.loss_by_examples(run, bin_examples=12)
+
+
+def test_scaling_kind_is_checked():
+    with pytest.raises(ValueError, match="strong"):
+        tables.scaling([], "medium")
