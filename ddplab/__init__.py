@@ -12,7 +12,7 @@ from .failures import RunFailed
 from .spec import Experiment
 
 __version__ = "0.1.0"
-__all__ = ["Experiment", "RunFailed", "load_run", "run"]
+__all__ = ["Experiment", "RunFailed", "load_run", "run", "run_many"]
 
 
 def run(exp, out=None, **kwargs):
@@ -20,6 +20,13 @@ def run(exp, out=None, **kwargs):
     from .launch import run as _run
 
     return _run(exp, out, **kwargs)
+
+
+def run_many(exps, out=None, **kwargs):
+    """Run several experiments in one torchrun launch; see `ddplab.launch.run_many`."""
+    from .launch import run_many as _run_many
+
+    return _run_many(exps, out, **kwargs)
 
 
 def load_run(path):

@@ -109,9 +109,11 @@ def gradient_check(run):
 
 
 def normalization_errors(table):
-    """One bar per run of `tables.normalization`: reduced gradient's relative error (log scale)."""
-    fig, ax = plt.subplots(figsize=(7, 0.5 * len(table) + 1.6))
-    labels = [f"{name}  ({norm}, {dt})" for name, norm, dt in zip(table.index, table["loss_norm"], table["dtype"])]
+    """One bar per run of `tables.normalization`: the reduced gradient's relative error (log scale)."""
+    fig, ax = plt.subplots(figsize=(8, 0.45 * len(table) + 1.8))
+    labels = [f"{norm}, batches {'/'.join(map(str, b))}, seq_len {'/'.join(map(str, s))}"
+              + (f" ({dt})" if dt != "float32" else "")
+              for norm, b, s, dt in zip(table["loss_norm"], table["local_batch"], table["seq_len"], table["dtype"])]
     errs = _floor(list(table["reduced_rel_error"]))
     colors = ["tab:red" if e > 1e-5 else "tab:green" for e in errs]
     ax.barh(range(len(errs)), errs, color=colors)
@@ -120,7 +122,8 @@ def normalization_errors(table):
     ax.set_xscale("log")
     ax.set_xlim(1e-17, 10)
     ax.axvline(1e-5, color="black", lw=1, ls="--")
-    ax.set_xlabel("relative error of the reduced gradient vs the global-batch reference (bars at 1e-17: exact)")
+    ax.set_xlabel("relative error vs the global-batch reference (log; 1e-17 = exact)")
+    ax.set_title("Reduced gradient with unequal work (green: matches, below 1e-5)")
     fig.tight_layout()
     return fig
 
@@ -137,8 +140,8 @@ def rank_weights(local_batches, seq_lens):
         ax.bar([r + (k - 1) * w for r in range(n)], weights(local_batches, seq_lens, norm), w, label=norm)
     ax.set_xticks(range(n), [f"rank {r}\n{b} ex x {s} tok" for r, b, s in zip(range(n), local_batches, seq_lens)],
                   fontsize=8)
-    ax.set_ylabel("weight of the rank's mean gradient")
-    ax.set_title("rank-mean weights every rank equally; the global objectives weight by share of work")
+    ax.set_ylabel("weight of its mean gradient")
+    ax.set_title("rank-mean weighs every rank equally;\nthe global objectives weigh each rank by its share of the work")
     ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
