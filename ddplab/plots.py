@@ -186,6 +186,7 @@ def batch_size_study(runs, target_loss: float, bin_examples: int = 64):
         ax.set_xlabel(xlabel)
         ax.set_ylabel(f"loss (mean over {bin_examples}-example bins)")
         ax.legend(fontsize=8)
+    b.set_xlim(0, 2 * min(run.spec.steps for run in runs))
     a.set_title("Same examples: which batch size learned more?")
     b.set_title("Same steps: the bigger batch saw more data")
     fig.tight_layout()
