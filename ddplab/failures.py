@@ -28,11 +28,14 @@ class Diagnosis:
     ranks: list[int]                  # the rank(s) to blame
     summary: str                      # what happened, in one paragraph
     tracebacks: dict[int, str] = field(default_factory=dict)
+    log_tail: str = ""                # the end of launch.log, when no rank could say more
 
     def __str__(self) -> str:
         text = self.summary
         for rank, tb in sorted(self.tracebacks.items()):
             text += f"\n\n--- traceback of rank {rank} ---\n{tb.rstrip()}"
+        if self.log_tail:
+            text += f"\n\n--- end of launch.log ---\n{self.log_tail.rstrip()}"
         return text
 
 

@@ -36,6 +36,7 @@ from .spec import Experiment
 STALL_GRACE_S = 10.0
 STARTUP_TIMEOUT_S = 120.0
 POLL_S = 0.1
+LOG_TAIL_LINES = 25
 
 
 def default_runs_dir() -> Path:
@@ -252,6 +253,8 @@ def _launch(exps, run_dirs, launch_dir: Path, name: str, progress: bool, startup
             if proc.returncode not in (0, None):
                 kill_tree(proc, spec_paths[0])  # torchrun stopped its ranks; sweep for any that escaped
             diagnosis = failures.diagnose(prog, errors, finished, exp.world_size, exp.timeout_s, watchdog)
+            if diagnosis.kind == "missing-result":  # no rank could explain itself: show what torchrun saw
+                diagnosis.log_tail = "\n".join((launch_dir / rundir.LOG).read_text().splitlines()[-LOG_TAIL_LINES:])
             reporter.finish(f"ddplab {exp.name}: FAILED after {wall_s:.1f} s "
                             f"({diagnosis.kind}, {failures.rank_list(diagnosis.ranks)})")
             raise failures.RunFailed(diagnosis, run_dir)

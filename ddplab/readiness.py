@@ -21,9 +21,11 @@ class BucketLog:
     def __init__(self, group=None):
         self.group = group
         self.events: list[dict] = []
+        self.buffers = {}  # bucket index -> the flat buffer DDP handed over last (the memory probe counts them)
 
     def hook(self, state, bucket):
         buf = bucket.buffer()
+        self.buffers[bucket.index()] = buf
         self.events.append({"index": bucket.index(), "bytes": buf.numel() * buf.element_size(),
                             "params": len(bucket.gradients()), "launch_ns": time.perf_counter_ns()})
         buf.div_(dist.get_world_size(self.group))

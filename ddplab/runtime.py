@@ -81,6 +81,23 @@ def subgroups(world_sizes: list[int], world_size: int) -> dict:
     return groups
 
 
+def fully_shard_layers(model, group, device) -> None:
+    """FSDP2: shard every layer (each element of a ModuleList or Sequential child, else each child
+    with parameters), then the root, over the ranks of `group` (None = all ranks)."""
+    import torch.distributed as dist
+    import torch.nn as nn
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = DeviceMesh.from_group(group or dist.group.WORLD, device.type)
+    for child in model.children():
+        layers = list(child) if isinstance(child, (nn.ModuleList, nn.Sequential)) else [child]
+        for layer in layers:
+            if any(True for _ in layer.parameters()):
+                fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+
+
 def teardown() -> None:
     """Collect, then destroy the process group. Call it after the DDP model and optimizer are gone
     (the worker keeps them inside a function that has returned), or gloo threads outlive the group."""

@@ -23,7 +23,8 @@ SYNC_MODES = ("ddp", "none")
 LOSS_NORMS = ("rank-mean", "global-sample", "global-token")
 DTYPES = ("float32", "float64")
 FAULTS = (None, "crash", "skip-backward", "stall")
-PROBES = ("reference", "gradients", "buckets", "activations")
+PROBES = ("reference", "gradients", "buckets", "activations", "memory")
+SHARDING = ("none", "zero1", "fsdp2")
 _FACTORY = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
 
@@ -60,6 +61,9 @@ class Experiment:
     # "global-sample" / "global-token" = weighted so the gradient is the global mean per example / token
     loss_norm: str = "rank-mean"
     dtype: str = "float32"                   # parameters, gradients and the reference
+    # what is sharded over the ranks: "none" (DDP: everything replicated), "zero1" (DDP plus
+    # ZeroRedundancyOptimizer: optimizer state), "fsdp2" (fully_shard: parameters, gradients, state)
+    sharding: str = "none"
     bucket_cap_mb: float | None = None       # None = DDP's default (25 MiB, first bucket 1 MiB)
     gradient_as_bucket_view: bool = False
     # optimization
@@ -176,6 +180,15 @@ def _validate(e: Experiment) -> None:
         bad("loss_norm", f"must be one of {', '.join(LOSS_NORMS)} (got {e.loss_norm!r})")
     if e.dtype not in DTYPES:
         bad("dtype", f"must be one of {', '.join(DTYPES)} (got {e.dtype!r})")
+    if e.sharding not in SHARDING:
+        bad("sharding", f"must be one of {', '.join(SHARDING)} (got {e.sharding!r})")
+    if e.sharding != "none":
+        if e.sync != "ddp":
+            bad("sharding", f"{e.sharding!r} synchronizes gradients itself; it needs sync='ddp'")
+        if e.accum_steps != 1 or e.fault is not None:
+            bad("sharding", f"{e.sharding!r} runs here with accum_steps=1 and no fault injection")
+        if e.sharding == "fsdp2" and set(e.probes) & {"gradients", "reference", "buckets"}:
+            bad("probes", "the gradients, reference and buckets probes follow DDP; use 'memory' with fsdp2")
     if e.sync not in SYNC_MODES:
         bad("sync", f"must be one of {SYNC_MODES} (got {e.sync!r})")
     if e.bucket_cap_mb is not None and (not _is_number(e.bucket_cap_mb) or not e.bucket_cap_mb > 0):

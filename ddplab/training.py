@@ -45,22 +45,30 @@ def micro_loss(loss_norm: str, losses: torch.Tensor, accum_steps: int, scale: fl
     return total * scale / global_count
 
 
-def make_optimizer(exp, params) -> torch.optim.Optimizer:
-    if exp.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=exp.lr, momentum=exp.momentum)
-    if exp.optimizer == "adam":
-        return torch.optim.Adam(params, lr=exp.lr)
-    return torch.optim.AdamW(params, lr=exp.lr)
+def make_optimizer(exp, params, group=None) -> torch.optim.Optimizer:
+    """The spec's optimizer; with sharding="zero1", wrapped so each rank keeps only its share of the state."""
+    cls = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}[exp.optimizer]
+    kwargs = {"lr": exp.lr, **({"momentum": exp.momentum} if exp.optimizer == "sgd" else {})}
+    if exp.sharding == "zero1":
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        return ZeroRedundancyOptimizer(params, optimizer_class=cls, process_group=group, **kwargs)
+    return cls(params, **kwargs)
+
+
+def _full(p: torch.Tensor) -> torch.Tensor:
+    """The whole parameter: a sharded DTensor is gathered (a collective: every rank must call it)."""
+    return p.full_tensor() if hasattr(p, "full_tensor") else p
 
 
 def parameter_checksum(model: nn.Module) -> str:
     """SHA-256 (16 hex digits) of every parameter's bytes in order: equal iff bit-identical."""
     h = hashlib.sha256()
     for p in model.parameters():
-        h.update(p.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+        h.update(_full(p.detach()).cpu().contiguous().view(torch.uint8).numpy().tobytes())
     return h.hexdigest()[:16]
 
 
 def flat_parameters(model: nn.Module) -> torch.Tensor:
     """All parameters as one float64 vector on the CPU."""
-    return torch.cat([p.detach().double().cpu().flatten() for p in model.parameters()])
+    return torch.cat([_full(p.detach()).double().cpu().flatten() for p in model.parameters()])

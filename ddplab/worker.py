@@ -30,7 +30,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from . import data, gradients, models, reference, runtime
-from .memory import SavedTensorMeter
+from .memory import MemoryProbe, SavedTensorMeter
 from .readiness import BucketLog
 from .rundir import (SCHEMA_VERSION, ProgressLog, error_file, rank_file, save_tensors_atomic, tensor_file,
                      write_json_atomic)
@@ -43,7 +43,8 @@ GRADIENT_ALL_REDUCE = "DDP gradient all-reduce"
 def train(exp: Experiment, env: runtime.RankEnv, device: torch.device, log: ProgressLog, group=None):
     """Build, wrap, train on ranks 0..exp.world_size-1 (`group`; None = all ranks); return this rank's
     record and its probe tensors. The DDP model dies with this frame (see runtime.teardown)."""
-    rank, ddp = env.rank, exp.sync == "ddp"
+    rank = env.rank
+    ddp = exp.sync == "ddp" and exp.sharding != "fsdp2"
     model = models.build(exp).to(device=device, dtype=DTYPES[exp.dtype])
     built = parameter_checksum(model)
     if ddp:
@@ -51,18 +52,24 @@ def train(exp: Experiment, env: runtime.RankEnv, device: torch.device, log: Prog
         model = DDP(model, device_ids=[device] if device.type == "cuda" else None,
                     bucket_cap_mb=exp.bucket_cap_mb, gradient_as_bucket_view=exp.gradient_as_bucket_view,
                     process_group=group)
+    elif exp.sharding == "fsdp2":
+        log.enter("fsdp-construct", collective="sharding of the parameters")
+        runtime.fully_shard_layers(model, group, device)
     module = model.module if ddp else model
     record = {"param_checksum": {"built": built, "initial": parameter_checksum(module)}, "steps": []}
-    optimizer = make_optimizer(exp, model.parameters())
+    optimizer = make_optimizer(exp, model.parameters(), group)
     seq_len = exp.seq_len_of(rank)
     clock = runtime.Clock(device)
 
     # probes: what this rank records beyond its timings
-    buckets = BucketLog(group) if "buckets" in exp.probes and ddp else None
+    buckets = BucketLog(group) if {"buckets", "memory"} & set(exp.probes) and ddp else None
     if buckets:
         model.register_comm_hook(None, buckets.hook)
+    memory = MemoryProbe(module, optimizer, device, buckets, model if ddp else None) if "memory" in exp.probes else None
+    if memory:
+        record["memory"] = {"constructed": memory.constructed, "steps": []}
     local_grads = gradients.LocalGradients(module) if "gradients" in exp.probes else None
-    meter = SavedTensorMeter(module.parameters()) if "activations" in exp.probes else None
+    meter = SavedTensorMeter(module.parameters()) if {"activations", "memory"} & set(exp.probes) else None
     tensors = {}
     if local_grads and rank == 0:
         tensors["reference"] = reference.reference_gradients(exp, device)
@@ -86,6 +93,8 @@ def train(exp: Experiment, env: runtime.RankEnv, device: torch.device, log: Prog
             clock.mark("count")
         if local_grads:
             local_grads.active = step == 0
+        if memory:
+            memory.start_step()
         sample_ids, loss_sum, tokens, activation_bytes = [], 0.0, 0, []
         for micro in range(exp.accum_steps):
             ids = data.shard_ids(exp.local_batches, exp.accum_steps, step, micro, rank)
@@ -101,6 +110,8 @@ def train(exp: Experiment, env: runtime.RankEnv, device: torch.device, log: Prog
                     loss = micro_loss(exp.loss_norm, losses, exp.accum_steps, scale, global_count)
                 if meter:
                     activation_bytes.append(meter.bytes)
+                if memory:
+                    memory.phase("forward", meter.bytes)
                 clock.mark("forward")
                 faulty = rank == exp.fault_rank and step == exp.fault_step
                 if exp.fault == "crash" and faulty:
@@ -114,6 +125,8 @@ def train(exp: Experiment, env: runtime.RankEnv, device: torch.device, log: Prog
                     continue
                 log.enter("backward", step, micro, collective=GRADIENT_ALL_REDUCE if synced else None)
                 loss.backward()
+                if memory:
+                    memory.phase("backward")
                 clock.mark("backward")
             loss_sum += losses.detach().sum().item()
             tokens += y.numel()
@@ -122,15 +135,18 @@ def train(exp: Experiment, env: runtime.RankEnv, device: torch.device, log: Prog
             local_grads.active = False
         log.enter("optimizer", step)
         optimizer.step()
+        if memory:
+            memory.phase("step")
+            record["memory"]["steps"].append(memory.end_step())
         optimizer.zero_grad(set_to_none=True)
         clock.mark("optimizer")
         times = clock.durations_ms()
         entry = {"step": step, "sample_ids": sample_ids, "loss": loss_sum / tokens, "loss_sum": loss_sum,
                  "tokens": tokens, **{f"{k}_ms": v for k, v in times.items()}, "step_ms": sum(times.values()),
                  "param_checksum": parameter_checksum(module)}
-        if buckets:
+        if buckets and "buckets" in exp.probes:
             entry["buckets"] = buckets.take()
-        if meter:
+        if "activations" in exp.probes:
             entry["activation_bytes"] = activation_bytes
         record["steps"].append(entry)
         if step == 0 and "reference" in exp.probes:

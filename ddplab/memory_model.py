@@ -1,0 +1,69 @@
+"""Predicted memory per rank, by category and phase of a step, from the spec alone (pure).
+
+What classic data parallelism holds on every rank, with P parameters of e bytes each:
+- parameters: P*e, and the same again for gradients once backward has run;
+- DDP's bucket buffers: another P*e that gradients are copied into for the all-reduce, unless
+  `gradient_as_bucket_view=True` makes the gradients views into the buckets;
+- optimizer state from the first step on: nothing for plain SGD, P*e of momentum for SGD with
+  momentum, 2*P*e for Adam/AdamW (plus one 4-byte `step` counter per parameter tensor);
+- activations: what the forward saves for backward, proportional to local batch x sequence length.
+None of the model-state terms depends on the world size: adding ranks adds copies, it does not
+divide them. `activation_bytes` is exact for the built-in models (checked against the saved-tensor
+meter); tests compare every category with real runs. Used by notebook 02 and its widget.
+"""
+
+from __future__ import annotations
+
+from .models import parameter_numels
+
+PHASES = ("forward", "backward", "step")
+DTYPE_BYTES = {"float32": 4, "float64": 8}
+INDEX_BYTES = 8  # token ids and targets are int64
+
+
+def activation_bytes(exp, rank: int = 0) -> int:
+    """Bytes autograd saves during one micro-step's forward on `rank` (built-in models, rank-mean or
+    global-token loss; global-sample saves a few bytes more)."""
+    b, t, e = exp.local_batch_of(rank), exp.seq_len_of(rank), DTYPE_BYTES[exp.dtype]
+    n, d, v = b * t, exp.d_model, exp.vocab_size
+    ids = b * (t + 1) * INDEX_BYTES            # the token ids (a view of each example's t+1 tokens)
+    head = n * v * e + n * INDEX_BYTES + 4     # log-softmax of the logits, flattened targets, a scalar
+    if exp.model == "mlp":
+        # the embedding output and every ReLU output (each is also the next Linear's input)
+        return ids + (exp.n_layers + 1) * n * d * e + head
+    if exp.model != "transformer":
+        raise ValueError(f"Experiment.model: no activation model for {exp.model}; measure it instead")
+    # per block: 16*n*d saved (LN input and output x2, q/k/v, attention output, its projection input,
+    # MLP hidden before and after GELU at 4*d each), 2 LNs x (mean, rstd), attention's log-sum-exp
+    block = 16 * n * d * e + 4 * n * e + b * exp.n_heads * t * e
+    final = 2 * n * d * e + 2 * n * e          # final LayerNorm input, output and its statistics
+    return ids + t * INDEX_BYTES + exp.n_layers * block + final + head
+
+
+def state_bytes(exp) -> dict[str, int]:
+    """Model-state bytes per rank once the optimizer has stepped: parameters, gradients, buckets, state."""
+    numels = parameter_numels(exp)
+    p = sum(numels) * DTYPE_BYTES[exp.dtype]
+    if exp.optimizer == "sgd":
+        opt = p if exp.momentum else 0
+    else:
+        opt = 2 * p + 4 * len(numels)
+    return {"parameters": p, "gradients": p, "ddp_buckets": p if exp.sync == "ddp" else 0, "optimizer_state": opt}
+
+
+def predict(exp, rank: int = 0, step: int = 1) -> dict[str, dict[str, int]]:
+    """Phase -> category -> bytes on `rank` in optimizer step `step`, sampled as the worker samples:
+    after the last forward, after the last backward, after the optimizer step (before zero_grad)."""
+    s = state_bytes(exp)
+    opt_before = s["optimizer_state"] if step > 0 else 0
+    views = exp.gradient_as_bucket_view
+    return {
+        # zero_grad(set_to_none=True) left no gradients; the buckets hold none either
+        "forward": {"parameters": s["parameters"], "gradients": 0, "ddp_buckets": s["ddp_buckets"],
+                    "optimizer_state": opt_before, "activations": activation_bytes(exp, rank)},
+        "backward": {"parameters": s["parameters"], "gradients": s["gradients"],
+                     "ddp_buckets": 0 if views else s["ddp_buckets"], "optimizer_state": opt_before, "activations": 0},
+        "step": {"parameters": s["parameters"], "gradients": s["gradients"],
+                 "ddp_buckets": 0 if views else s["ddp_buckets"], "optimizer_state": s["optimizer_state"],
+                 "activations": 0},
+    }
