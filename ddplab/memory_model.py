@@ -27,7 +27,7 @@ def activation_bytes(exp, rank: int = 0) -> int:
     b, t, e = exp.local_batch_of(rank), exp.seq_len_of(rank), DTYPE_BYTES[exp.dtype]
     n, d, v = b * t, exp.d_model, exp.vocab_size
     ids = b * (t + 1) * INDEX_BYTES            # the token ids (a view of each example's t+1 tokens)
-    head = n * v * e + n * INDEX_BYTES + 4     # log-softmax of the logits, flattened targets, a scalar
+    head = n * v * e + n * INDEX_BYTES + e     # log-softmax of the logits, flattened targets, a scalar
     if exp.model == "mlp":
         # the embedding output and every ReLU output (each is also the next Linear's input)
         return ids + (exp.n_layers + 1) * n * d * e + head

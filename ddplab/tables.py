@@ -161,3 +161,67 @@ def batch_size_study(runs, target_loss: float, bin_examples: int = 64) -> pd.Dat
                      "seconds_to_target": examples / g * step_s if examples else None,
                      "final_loss": float(curve.iloc[-1])})
     return pd.DataFrame(rows).set_index("global_batch").round(3)
+
+
+MIB = 2 ** 20
+
+
+def _memory_steps(run, step):
+    if run.ranks[0].raw.get("memory") is None:
+        raise ValueError("this run has no memory ledger: run it with probes=('memory',)")
+    return [r.raw["memory"]["steps"][step] for r in run.ranks]
+
+
+def memory(run, step: int = 1) -> pd.DataFrame:
+    """One row per rank: each category at its largest in step `step` (activations after forward,
+    gradients after backward, optimizer state after the step), measured beside predicted, in MiB,
+    and the step's measured peak (everything alive at once, temporaries included)."""
+    from .memory import CATEGORIES
+    from .memory_model import predict
+
+    cols = {}
+    rows = []
+    for r, st in zip(run.ranks, _memory_steps(run, step)):
+        pred = predict(run.spec, r.rank, step)
+        row = {}
+        for c in CATEGORIES:
+            row[(c, "measured")] = max(p[c] for p in st["phases"].values()) / MIB
+            row[(c, "predicted")] = max(p[c] for p in pred.values()) / MIB
+        row[("peak", "measured")] = st["peak"] / MIB
+        row[("rss", "measured")] = st["phases"]["step"]["rss"] / MIB
+        rows.append(row)
+        cols = list(row)
+    df = pd.DataFrame(rows, index=pd.Index([r.rank for r in run.ranks], name="rank"))
+    df.columns = pd.MultiIndex.from_tuples(cols, names=["MiB", ""])
+    return df.round(3)
+
+
+def memory_sweep(runs, step: int = 1) -> pd.DataFrame:
+    """One row per run (rank 0): the settings, model state (parameters + gradients + buckets +
+    optimizer state after the step), activations and the measured peak, in MiB."""
+    rows = []
+    for run in runs:
+        st = _memory_steps(run, step)[0]
+        after = st["phases"]["step"]
+        s = run.spec
+        rows.append({"run": s.name, "world_size": s.world_size, "local_batch": s.local_batch_of(0),
+                     "global_batch": s.global_batch, "optimizer": s.optimizer + (f"+momentum" if s.momentum else ""),
+                     "bucket_view": s.gradient_as_bucket_view, "sharding": s.sharding,
+                     "parameters": after["parameters"] / MIB, "gradients": after["gradients"] / MIB,
+                     "ddp_buckets": after["ddp_buckets"] / MIB, "optimizer_state": after["optimizer_state"] / MIB,
+                     "model_state": sum(after[c] for c in ("parameters", "gradients", "ddp_buckets", "optimizer_state")) / MIB,
+                     "activations": st["phases"]["forward"]["activations"] / MIB, "peak": st["peak"] / MIB})
+    return pd.DataFrame(rows).set_index("run").round(3)
+
+
+def sharding(runs, step: int = 1) -> pd.DataFrame:
+    """Per sharding mode (rank 0; the first run must be plain DDP): what each rank keeps, its peak,
+    and the naive estimate "checkpoint / world size" (checkpoint = full parameters + optimizer state)."""
+    table = memory_sweep(runs, step).set_index("sharding")
+    full = table.iloc[0]
+    checkpoint = full["parameters"] + full["optimizer_state"]
+    table["checkpoint_over_world_size"] = checkpoint / table["world_size"]
+    table["peak_over_estimate"] = table["peak"] / table["checkpoint_over_world_size"]
+    keep = ["world_size", "parameters", "gradients", "ddp_buckets", "optimizer_state", "activations", "peak",
+            "checkpoint_over_world_size", "peak_over_estimate"]
+    return table[keep].round(3)

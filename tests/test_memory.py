@@ -1,0 +1,62 @@
+"""Measured memory per rank against the analytic model, from real 2- and 4-rank runs."""
+
+from __future__ import annotations
+
+import pytest
+
+from ddplab import launch, memory_model, recipes, tables
+from ddplab.memory import CATEGORIES
+
+pytestmark = pytest.mark.slow
+
+MODEL_STATE = ("parameters", "gradients", "ddp_buckets", "optimizer_state")
+
+
+@pytest.fixture(scope="module")
+def memory_runs(runs_dir):
+    sweeps = recipes.memory_sweeps()
+    exps = [recipes.replicated_memory(2), recipes.replicated_memory(4, 4), *sweeps["optimizer"][:2],
+            *sweeps["bucket_view"], *recipes.sharding_preview()]
+    return {r.spec.name: r for r in launch.run_many(exps, runs_dir / "memory", progress=False)}
+
+
+def test_measured_model_state_equals_the_prediction_exactly_on_every_rank(memory_runs):
+    for name, run in memory_runs.items():
+        if run.spec.sharding != "none":
+            continue
+        for r in run.ranks:
+            for step, measured in enumerate(r.raw["memory"]["steps"]):
+                predicted = memory_model.predict(run.spec, r.rank, step)
+                for phase in memory_model.PHASES:
+                    for c in MODEL_STATE:
+                        assert measured["phases"][phase][c] == predicted[phase][c], (name, r.rank, step, phase, c)
+
+
+def test_measured_activations_are_within_10_percent_of_the_prediction(memory_runs):
+    for run in memory_runs.values():
+        if run.spec.sharding != "none":
+            continue
+        for r in run.ranks:
+            got = r.raw["memory"]["steps"][1]["phases"]["forward"]["activations"]
+            assert got == pytest.approx(memory_model.activation_bytes(run.spec, r.rank), rel=0.10)
+
+
+def test_adding_ranks_does_not_divide_model_state(memory_runs):
+    table = tables.memory_sweep([memory_runs["memory-w2-adam"], memory_runs["memory-w4-adam"]])
+    assert table["model_state"].nunique() == 1
+    assert table["activations"].iloc[1] == pytest.approx(table["activations"].iloc[0] / 2, rel=0.05)
+
+
+def test_peak_is_at_least_the_largest_phase(memory_runs):
+    for run in memory_runs.values():
+        st = run.ranks[0].raw["memory"]["steps"][1]
+        assert st["peak"] >= max(sum(p[c] for c in CATEGORIES) for p in st["phases"].values())
+
+
+def test_sharding_divides_what_it_shards_and_checkpoint_over_world_size_underestimates_the_peak(memory_runs):
+    table = tables.sharding([memory_runs[f"sharding-{s}"] for s in ("none", "zero1", "fsdp2")])
+    ddp, zero, fsdp = table.loc["none"], table.loc["zero1"], table.loc["fsdp2"]
+    assert zero["parameters"] == ddp["parameters"] and zero["optimizer_state"] < ddp["optimizer_state"] / 2
+    assert fsdp["parameters"] == pytest.approx(ddp["parameters"] / 4, rel=0.02)
+    assert fsdp["ddp_buckets"] == 0 and fsdp["optimizer_state"] == pytest.approx(ddp["optimizer_state"] / 4, rel=0.02)
+    assert (table["peak_over_estimate"] > 1).all()
