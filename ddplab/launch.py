@@ -78,10 +78,13 @@ def preflight(exps: list[Experiment]) -> tuple[str, str]:
     if len(choices) > 1:
         raise ValueError(f"experiments: one launch runs on one backend and device, but these need "
                          f"{sorted(choices)}; run them in separate launches")
+    backend, device = choices.pop()
+    if device != "cuda" and any("memory-snapshot" in e.probes for e in exps):
+        raise ValueError("Experiment.probes: 'memory-snapshot' needs the ranks on CUDA; this launch runs on the CPU")
     for e in exps:
         if e.model not in ("transformer", "mlp"):
             models.check_model(models.build(e), e)
-    return choices.pop()
+    return backend, device
 
 
 def _procs_of(proc: subprocess.Popen, spec_path: Path) -> list:

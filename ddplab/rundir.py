@@ -6,6 +6,7 @@
         rank{r}.pt             rank r's tensors (probes), loaded with weights_only=True
         rank{r}.progress       JSON lines: which phase of which step rank r entered, and when
         rank{r}.error.json     written by a rank that fails: its phase and traceback
+        rank{r}.memory.pickle  CUDA allocator snapshot (the memory-snapshot probe; pytorch.org/memory_viz)
         launch.log             torchrun's own output
         launch.json            the launcher's record: command, exit status, wall time
 
@@ -64,7 +65,7 @@ def save_tensors_atomic(path: Path, tensors: dict) -> None:
 def clear(run_dir: Path) -> None:
     """Remove what an earlier run with the same spec left, so stale files can never pass as new."""
     run_dir = Path(run_dir)
-    for pattern in ("rank*.json", "rank*.pt", "rank*.progress", ".rank*", SPEC, LOG, LAUNCH):
+    for pattern in ("rank*.json", "rank*.pt", "rank*.progress", "rank*.pickle", ".rank*", SPEC, LOG, LAUNCH):
         for f in run_dir.glob(pattern):
             f.unlink()
 

@@ -23,7 +23,7 @@ SYNC_MODES = ("ddp", "none")
 LOSS_NORMS = ("rank-mean", "global-sample", "global-token")
 DTYPES = ("float32", "float64")
 FAULTS = (None, "crash", "skip-backward", "stall")
-PROBES = ("reference", "gradients", "buckets", "activations", "memory")
+PROBES = ("reference", "gradients", "buckets", "activations", "memory", "memory-snapshot")
 SHARDING = ("none", "zero1", "fsdp2")
 _FACTORY = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
@@ -224,5 +224,9 @@ def _validate(e: Experiment) -> None:
             bad("fault", "'skip-backward' needs world_size >= 2: with one rank nobody waits for it")
         if e.fault == "skip-backward" and e.sync != "ddp":
             bad("fault", "'skip-backward' needs sync='ddp': without synchronization nobody waits for it")
+    if "memory-snapshot" in e.probes and "memory" not in e.probes:
+        bad("probes", "'memory-snapshot' records the CUDA allocator beside the ledger: add 'memory' too")
+    if "memory-snapshot" in e.probes and e.device == "cpu":
+        bad("probes", "'memory-snapshot' needs CUDA (the caching allocator records it); device is 'cpu'")
     if not all(isinstance(p, str) and p in PROBES for p in e.probes):
         bad("probes", f"each probe must be one of {', '.join(PROBES)} (got {list(e.probes)!r})")

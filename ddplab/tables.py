@@ -225,3 +225,19 @@ def sharding(runs, step: int = 1) -> pd.DataFrame:
     keep = ["world_size", "parameters", "gradients", "ddp_buckets", "optimizer_state", "activations", "peak",
             "checkpoint_over_world_size", "peak_over_estimate"]
     return table[keep].round(3)
+
+
+def memory_cuda(run, step: int = 1) -> pd.DataFrame:
+    """On CUDA: per rank and phase, the ledger's total beside the caching allocator's own figures
+    (allocated >= ledger: the allocator also holds temporaries, the CUDA context's tensors, rounding)."""
+    from .memory import CATEGORIES
+
+    rows = []
+    for r, st in zip(run.ranks, _memory_steps(run, step)):
+        for phase, p in st["phases"].items():
+            if "cuda_allocated" not in p:
+                raise ValueError("this run did not run on CUDA: the allocator figures exist only there")
+            rows.append({"rank": r.rank, "phase": phase, "ledger": sum(p[c] for c in CATEGORIES) / MIB,
+                         "cuda_allocated": p["cuda_allocated"] / MIB, "cuda_reserved": p["cuda_reserved"] / MIB,
+                         "ledger_peak": st["peak"] / MIB, "cuda_peak_allocated": p["cuda_peak_allocated"] / MIB})
+    return pd.DataFrame(rows).set_index(["rank", "phase"]).round(3)

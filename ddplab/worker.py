@@ -68,6 +68,8 @@ def train(exp: Experiment, env: runtime.RankEnv, device: torch.device, log: Prog
     memory = MemoryProbe(module, optimizer, device, buckets, model if ddp else None) if "memory" in exp.probes else None
     if memory:
         record["memory"] = {"constructed": memory.constructed, "steps": []}
+    if "memory-snapshot" in exp.probes:
+        torch.cuda.memory._record_memory_history(max_entries=100_000)  # dumped by main() after training
     local_grads = gradients.LocalGradients(module) if "gradients" in exp.probes else None
     meter = SavedTensorMeter(module.parameters()) if {"activations", "memory"} & set(exp.probes) else None
     tensors = {}
@@ -186,6 +188,9 @@ def main(argv=None) -> None:
             record, tensors = train(exp, env, device, log, groups[exp.world_size])
             if tensors:
                 save_tensors_atomic(tensor_file(run_dir, env.rank), tensors)
+            if "memory-snapshot" in exp.probes:  # open it at https://pytorch.org/memory_viz
+                torch.cuda.memory._dump_snapshot(str(run_dir / f"rank{env.rank}.memory.pickle"))
+                torch.cuda.memory._record_memory_history(enabled=None)
             record.update(schema_version=SCHEMA_VERSION, rank=env.rank, local_rank=env.local_rank,
                           world_size=exp.world_size, backend=backend, device=str(device), pid=os.getpid(),
                           host=socket.gethostname(), torch_version=torch.__version__,

@@ -48,3 +48,23 @@ def test_two_gloo_ranks_share_one_gpu(tmp_path):
     assert all(r.backend == "gloo" and r.device.startswith("cuda") for r in run.ranks)
     assert len({r.param_checksum["final"] for r in run.ranks}) == 1
     assert all(r.reference["update_rel_error"] < 1e-5 for r in run.ranks)
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@needs_cuda
+def test_memory_ledger_reconciles_with_the_cuda_allocator(tmp_path):
+    from ddplab import tables
+
+    exp = ddplab.Experiment(world_size=1, backend="nccl", steps=2, optimizer="adam", probes=("memory", "memory-snapshot"))
+    run = ddplab.run(exp, tmp_path / "cuda-memory", progress=False)
+    table = tables.memory_cuda(run)
+    assert (table["cuda_allocated"] >= table["ledger"] - 1e-3).all()
+    assert (tmp_path / "cuda-memory" / "rank0.memory.pickle").stat().st_size > 0
+
+
+def test_memory_snapshot_is_refused_without_cuda():
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    with pytest.raises(ValueError, match="Experiment.probes: 'memory-snapshot' needs"):
+        ddplab.run(ddplab.Experiment(probes=("memory", "memory-snapshot")))

@@ -55,7 +55,8 @@ INVALID = [
     ("sync", "allreduce"), ("bucket_cap_mb", -1), ("bucket_cap_mb", 0), ("bucket_cap_mb", "25"),
     ("gradient_as_bucket_view", 1), ("tie_weights", "yes"), ("optimizer", "lamb"), ("lr", 0),
     ("momentum", 1.0), ("seed", -1), ("backend", "mpi"), ("device", "tpu"), ("timeout_s", 0),
-    ("fault", "explode"), ("probes", ("telepathy",)),
+    ("fault", "explode"), ("probes", ("telepathy",)), ("sharding", "zero3"), ("loss_norm", "mean"),
+    ("dtype", "float16"), ("no_sync", 1),
 ]
 
 
@@ -78,6 +79,11 @@ def test_per_rank_list_of_wrong_length_says_both_lengths():
     (dict(fault="skip-backward", sync="none"), "fault"),
     (dict(momentum=0.9, optimizer="adam"), "momentum"),
     (dict(backend="nccl", device="cpu"), "device"),
+    (dict(sharding="zero1", sync="none"), "sharding"),
+    (dict(sharding="fsdp2", accum_steps=2), "sharding"),
+    (dict(sharding="fsdp2", probes=("gradients",)), "probes"),
+    (dict(probes=("memory-snapshot",)), "probes"),
+    (dict(probes=("memory", "memory-snapshot"), device="cpu"), "probes"),
 ])
 def test_inconsistent_combinations_name_the_field(kwargs, field):
     with pytest.raises(ValueError, match=rf"Experiment\.{field}"):
