@@ -1,0 +1,178 @@
+"""The notebooks' widgets in a real JupyterLab, driven by headless Chromium (Playwright).
+
+A private JupyterLab server (free port, no token, its own config folders) serves a throw-away root
+with a small notebook per widget; the test runs all cells through the Run menu, moves the controls
+and checks that the output redraws. Needs Debian's chromium (`apt-get install chromium`); the test
+skips without it unless DDPLAB_REQUIRE_BROWSER=1 (as in .ci/run). Recipe: notes/browser-testing.md.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import psutil
+import pytest
+
+pytest.importorskip("playwright.sync_api")
+from playwright.sync_api import expect, sync_playwright  # noqa: E402
+
+pytestmark = [pytest.mark.slow, pytest.mark.browser]
+
+CHROMIUM = os.environ.get("CHROMIUM_PATH", "/usr/bin/chromium")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-dev-shm-usage"]
+UI_TIMEOUT_MS = 60_000
+PANEL = ".jp-NotebookPanel:not(.lm-mod-hidden)"
+KERNEL_STATUS = "#jp-main-statusbar .jp-StatusBar-TextItem[title^='Change kernel']"
+KERNEL_IDLE = re.compile(r"^(?!No Kernel).+ \| Idle$")
+RUN_MENU = ".lm-MenuBar-itemLabel:text-is('Run')"
+RUN_ALL = "#jp-mainmenu-run .lm-Menu-item[data-command='runmenu:run-all']"
+CODE_PROMPTS = ".jp-CodeCell .jp-InputArea-prompt"
+LAB_SETTINGS = {
+    "@jupyterlab/apputils-extension/notification.jupyterlab-settings": {"fetchNews": "false", "checkForUpdates": False},
+    "@jupyterlab/notebook-extension/tracker.jupyterlab-settings": {"windowingMode": "none",
+                                                                   "autoStartDefaultKernel": True},
+}
+NOTEBOOKS = {
+    "memory_explorer.ipynb": ["from ddplab import recipes, widgets\n"
+                              "widgets.memory_explorer(recipes.replicated_memory(world_size=2, steps=2))"],
+    "rank_weights.ipynb": ["from ddplab import widgets\nwidgets.rank_weights_explorer()"],
+}
+
+
+def write_notebook(path: Path, sources: list[str]) -> None:
+    cells = [{"id": f"c{i}", "cell_type": "code", "metadata": {}, "source": s, "execution_count": None, "outputs": []}
+             for i, s in enumerate(["%matplotlib inline", *sources])]
+    path.write_text(json.dumps({"nbformat": 4, "nbformat_minor": 5, "cells": cells, "metadata": {
+        "kernelspec": {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}}}))
+
+
+def _die_with_parent() -> None:
+    ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG: the server dies with pytest
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    """A private JupyterLab server; yields its base URL."""
+    base = tmp_path_factory.mktemp("jupyterlab")
+    root = base / "root"
+    root.mkdir()
+    for name, sources in NOTEBOOKS.items():
+        write_notebook(root / name, sources)
+    settings = base / "settings"
+    for name, value in LAB_SETTINGS.items():
+        (settings / name).parent.mkdir(parents=True, exist_ok=True)
+        (settings / name).write_text(json.dumps(value))
+    env = dict(os.environ, JUPYTER_CONFIG_DIR=str(base / "config"), JUPYTER_DATA_DIR=str(base / "data"),
+               JUPYTER_RUNTIME_DIR=str(base / "runtime"), JUPYTERLAB_SETTINGS_DIR=str(settings),
+               JUPYTERLAB_WORKSPACES_DIR=str(base / "workspaces"), IPYTHONDIR=str(base / "ipython"),
+               DDPLAB_RUNS=str(base / "runs"))
+    env.pop("MPLBACKEND", None)
+    log = base / "jupyter.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", "--port=0",
+             "--ServerApp.port_retries=0", "--IdentityProvider.token=", "--ServerApp.password=",
+             f"--ServerApp.root_dir={root}", "--allow-root"],
+            cwd=root, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+            preexec_fn=_die_with_parent)
+        try:
+            info = base / "runtime" / f"jpserver-{proc.pid}.json"
+            deadline = time.monotonic() + 60
+            while True:
+                assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+                try:
+                    url = json.loads(info.read_text())["url"]
+                    urllib.request.urlopen(url + "api/status", timeout=5)
+                    break
+                except (OSError, ValueError, KeyError):
+                    time.sleep(0.1)
+            yield url
+        finally:
+            kernels = psutil.Process(proc.pid).children(recursive=True)
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            for p in psutil.wait_procs(kernels, timeout=5)[1]:
+                p.kill()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not Path(CHROMIUM).exists():
+        if os.environ.get("DDPLAB_REQUIRE_BROWSER"):
+            pytest.fail(f"{CHROMIUM} not found: apt-get install -y chromium")
+        pytest.skip(f"{CHROMIUM} not found: apt-get install -y chromium")
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+@pytest.fixture
+def page(browser, lab, tmp_path):
+    context = browser.new_context(viewport={"width": 1280, "height": 1000})
+    context.set_default_timeout(UI_TIMEOUT_MS)
+    pg = context.new_page()
+    errors: list[str] = []
+    pg.on("pageerror", lambda exc: errors.append(str(exc)))
+    try:
+        yield pg
+        assert errors == [], errors
+    finally:
+        pg.screenshot(path=str(tmp_path / "final.png"))
+        context.close()
+
+
+def open_and_run_all(page, lab: str, name: str) -> None:
+    page.goto(f"{lab}lab/tree/{name}?reset")
+    expect(page.locator(KERNEL_STATUS)).to_have_text(KERNEL_IDLE, timeout=90_000)  # the kernel really is up
+    page.locator(RUN_MENU).click()
+    page.locator(RUN_ALL).click()
+    page.wait_for_function(
+        """sel => { const p = Array.from(document.querySelectorAll(sel), e => e.textContent.trim());
+                    return p.length > 0 && !p.includes('[*]:') && p.every(t => /^\\[\\d+\\]:$/.test(t)); }""",
+        arg=f"{PANEL} {CODE_PROMPTS}", timeout=UI_TIMEOUT_MS)
+
+
+def test_memory_explorer_redraws_the_prediction_and_measures_for_real(page, lab):
+    open_and_run_all(page, lab, "memory_explorer.ipynb")
+    box = page.locator(f"{PANEL} .ddplab-memory-explorer")
+    predicted = box.locator(".widget-output").first
+    expect(predicted).to_contain_text("predicted MiB on each of the 2 ranks")
+    box.locator(".widget-dropdown select").first.select_option("4")  # world_size
+    expect(predicted).to_contain_text("predicted MiB on each of the 4 ranks")
+    expect(predicted.locator("tbody tr")).to_have_count(4)
+    box.locator(".widget-dropdown select").first.select_option("2")
+    box.locator("button.widget-button").click()  # measure for real: launches 2 ranks
+    measured = box.locator(".widget-output").nth(1)
+    expect(measured.locator("table")).to_contain_text("predicted", timeout=120_000)
+    expect(measured.locator("tbody tr")).to_have_count(2)
+
+
+def test_rank_weights_sliders_redraw_the_plot(page, lab):
+    open_and_run_all(page, lab, "rank_weights.ipynb")
+    img = page.locator(f"{PANEL} .ddplab-rank-weights img")
+    expect(img).to_have_attribute("src", re.compile("^data:image/png;base64,"))
+    first = img.get_attribute("src")
+    handle = page.locator(f"{PANEL} .ddplab-rank-weights .noUi-handle").first
+    handle.focus()
+    page.keyboard.press("End")  # rank 0's local batch to the maximum
+    page.wait_for_function("([sel, old]) => { const i = document.querySelector(sel); return i && i.src !== old; }",
+                           arg=[f"{PANEL} .ddplab-rank-weights img", first])
+    page.keyboard.press("Home")
+    page.wait_for_function("([sel, old]) => { const i = document.querySelector(sel); return i && i.src !== old; }",
+                           arg=[f"{PANEL} .ddplab-rank-weights img", first])
