@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import json
 import platform
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from pathlib import Path
 
 EXPECTED = 3.0  # sum over ranks r = 0, 1 of (r + 1)
@@ -38,6 +41,40 @@ def _rank_main(out_dir: str) -> None:
     os._exit(0)
 
 
+def loopback_bandwidth_bytes_per_s(total_bytes: int = 128 * 2**20, chunk: int = 2**20, tries: int = 3) -> float:
+    """What one TCP connection over loopback carries per second here, best of `tries`: the ceiling
+    for gloo between ranks on one host (one sender thread, one receiver thread)."""
+    return max(_loopback_once(total_bytes, chunk) for _ in range(tries))
+
+
+def _loopback_once(total_bytes: int, chunk: int) -> float:
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    received = [0]
+
+    def receive():
+        conn, _ = server.accept()
+        with conn:
+            while received[0] < total_bytes:
+                data = conn.recv(chunk)
+                if not data:
+                    break
+                received[0] += len(data)
+
+    thread = threading.Thread(target=receive)
+    thread.start()
+    payload = b"\0" * chunk
+    with socket.create_connection(server.getsockname()) as client:
+        start = time.perf_counter()
+        for _ in range(total_bytes // chunk):
+            client.sendall(payload)
+        thread.join()
+        seconds = time.perf_counter() - start
+    server.close()
+    return received[0] / seconds
+
+
 def doctor(say=print) -> bool:
     """Print the report; True if the 2-rank all-reduce gave the expected result on both ranks."""
     import torch
@@ -53,6 +90,7 @@ def doctor(say=print) -> bool:
     names = [torch.cuda.get_device_name(i) for i in range(n_gpu)]
     say(f"CUDA devices: {n_gpu}" + (f" ({', '.join(names)})" if names else ""))
     say(f"default backend for 2 ranks: {'nccl' if n_gpu >= 2 else 'gloo'}")
+    say(f"loopback TCP (gloo's transport on one host): {loopback_bandwidth_bytes_per_s() / 1e9:.2f} GB/s")
     say(f"2-rank gloo all-reduce: rank r contributes [r + 1]; expected on every rank: {EXPECTED}")
     with tempfile.TemporaryDirectory(prefix="ddplab-doctor-") as tmp:
         argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1", "--nproc-per-node=2",

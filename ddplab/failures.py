@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 # order of the phases inside one (step, micro-step); a rank further along has a larger key
 PHASE_ORDER = {"start": 0, "init-process-group": 1, "ddp-construct": 2, "count": 3, "forward": 4, "backward": 5,
-               "skip-backward": 5, "optimizer": 6, "teardown": 7, "done": 8}
+               "skip-backward": 5, "all-reduce sweep": 5, "optimizer": 6, "teardown": 7, "done": 8}
 # phases that a healthy rank goes through; anything else is a deviation from the common script
 CANONICAL = set(PHASE_ORDER) - {"skip-backward"}
 _LOST_PEER = ("connection closed", "connection reset", "broken pipe", "socket closed")

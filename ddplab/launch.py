@@ -31,7 +31,7 @@ from pathlib import Path
 from . import failures, rundir
 from .progress import Reporter, describe
 from .results import Run, load_run
-from .spec import Experiment
+from .spec import BUILTIN_MODELS, Experiment
 
 STALL_GRACE_S = 10.0
 STARTUP_TIMEOUT_S = 120.0
@@ -82,7 +82,7 @@ def preflight(exps: list[Experiment]) -> tuple[str, str]:
     if device != "cuda" and any("memory-snapshot" in e.probes for e in exps):
         raise ValueError("Experiment.probes: 'memory-snapshot' needs the ranks on CUDA; this launch runs on the CPU")
     for e in exps:
-        if e.model not in ("transformer", "mlp"):
+        if e.model not in BUILTIN_MODELS and e.task == "train":
             models.check_model(models.build(e), e)
     return backend, device
 

@@ -8,6 +8,7 @@ Built-in:
 - "transformer": a small decoder-only transformer (token and position embeddings, pre-norm blocks
   of causal self-attention and an MLP, final norm, LM head; `tie_weights` shares embedding and head).
 - "mlp": embedding, two hidden layers applied per token, LM head.
+- "branchy": head defined first but used last, and two parallel branches (notebook 04).
 
 A user's model: `model="package.module:factory"`; the factory is called with whichever of
 `vocab_size, seq_len, d_model, n_layers, n_heads, tie_weights` it accepts as keyword arguments.
@@ -21,6 +22,7 @@ import inspect
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 
 class CausalSelfAttention(nn.Module):
@@ -52,11 +54,13 @@ class Block(nn.Module):
 
 
 class TinyTransformer(nn.Module):
-    """Decoder-only transformer; `tie_weights=True` makes the LM head reuse the token embedding."""
+    """Decoder-only transformer; `tie_weights=True` makes the LM head reuse the token embedding;
+    `checkpointing=True` recomputes each block's activations during backward instead of saving them."""
 
     def __init__(self, vocab_size: int, max_seq_len: int, d_model: int, n_layers: int, n_heads: int,
-                 tie_weights: bool = False):
+                 tie_weights: bool = False, checkpointing: bool = False):
         super().__init__()
+        self.checkpointing = checkpointing
         self.tok_emb = nn.Embedding(vocab_size, d_model)
         self.pos_emb = nn.Embedding(max_seq_len, d_model)
         self.blocks = nn.ModuleList(Block(d_model, n_heads) for _ in range(n_layers))
@@ -69,7 +73,7 @@ class TinyTransformer(nn.Module):
         pos = torch.arange(idx.shape[1], device=idx.device)
         x = self.tok_emb(idx) + self.pos_emb(pos)
         for block in self.blocks:
-            x = block(x)
+            x = checkpoint(block, x, use_reentrant=False) if self.checkpointing else block(x)
         return self.head(self.ln_f(x))
 
 
@@ -87,6 +91,25 @@ class TokenMLP(nn.Module):
 
     def forward(self, idx):
         return self.head(self.hidden(self.emb(idx)))
+
+
+class Branchy(nn.Module):
+    """A model whose gradient-ready order is not its source order: the head is defined first but used
+    last, and the middle splits into two parallel branches that are multiplied back together."""
+
+    def __init__(self, vocab_size: int, d_model: int):
+        super().__init__()
+        self.head = nn.Linear(d_model, vocab_size)   # defined first, used last
+        self.emb = nn.Embedding(vocab_size, d_model)
+        self.a = nn.Linear(d_model, d_model)
+        self.b1 = nn.Linear(d_model, d_model)        # branch 1
+        self.b2 = nn.Linear(d_model, d_model)        # branch 2, a gate on branch 1
+        self.c = nn.Linear(d_model, d_model)
+
+    def forward(self, idx):
+        h = torch.relu(self.a(self.emb(idx)))
+        h = self.b1(h) * torch.sigmoid(self.b2(h))
+        return self.head(torch.relu(self.c(h)))
 
 
 def _load_factory(path: str):
@@ -107,9 +130,11 @@ def build(exp) -> nn.Module:
                  n_layers=exp.n_layers, n_heads=exp.n_heads, tie_weights=exp.tie_weights)
     if exp.model == "transformer":
         return TinyTransformer(exp.vocab_size, sizes["seq_len"], exp.d_model, exp.n_layers, exp.n_heads,
-                               exp.tie_weights)
+                               exp.tie_weights, exp.checkpointing)
     if exp.model == "mlp":
         return TokenMLP(exp.vocab_size, exp.d_model, exp.n_layers)
+    if exp.model == "branchy":
+        return Branchy(exp.vocab_size, exp.d_model)
     factory = _load_factory(exp.model)
     accepted = inspect.signature(factory).parameters
     model = factory(**{k: v for k, v in sizes.items() if k in accepted})
@@ -144,4 +169,6 @@ def parameter_numels(exp) -> list[int]:
         return [v * d, max(exp.seq_lens) * d, *block * n, d, d] + ([] if exp.tie_weights else [v * d])
     if exp.model == "mlp":
         return [v * d, *[d * d, d] * n, v * d, v]
+    if exp.model == "branchy":
+        return [v * d, v, v * d, *[d * d, d] * 4]
     raise ValueError(f"Experiment.model: {exp.model} is not built in; its parameter count is known only by building it")

@@ -240,3 +240,98 @@ def memory_sweep(table, title: str):
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
     fig.tight_layout()
     return fig
+
+
+def allreduce_fit(table, model, title: str = ""):
+    """All-reduce time against message size (log-log) with the fitted model, and the fit's relative
+    residuals per size."""
+    sizes = list(table.index)
+    pred = [model.predict(n) * 1e3 for n in sizes]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.6))
+    a.errorbar(sizes, table["ms"], yerr=[table["ms"] - table["ms_min"], table["ms_max"] - table["ms"]], fmt="o",
+               ms=4, capsize=2, label="measured (median, min-max)")
+    a.plot(sizes, pred, "-", label=f"fit: {model.alpha_s * 1e3:.2f} ms + n / {model.bandwidth_bytes_per_s / 1e9:.2f} GB/s"
+           + (f", floor {model.floor_s * 1e3:.2f} ms" if model.floor_s else ""))
+    a.set_xscale("log", base=2)
+    a.set_yscale("log")
+    a.set_xlabel("message size (bytes)")
+    a.set_ylabel("all_reduce time (ms)")
+    a.set_title(title or "All-reduce time and the alpha-beta fit")
+    a.legend(fontsize=8)
+    res = [(p - t) / t * 100 for p, t in zip(pred, table["ms"])]
+    b.axhline(0, color="black", lw=1)
+    b.bar(range(len(sizes)), res, color=["tab:red" if abs(r) > 15 else "tab:blue" for r in res])
+    b.set_xticks(range(len(sizes)), [_size_label(n) for n in sizes], rotation=60, fontsize=7)
+    b.set_ylabel("(fit - measured) / measured (%)")
+    b.set_title("Residuals (red: beyond 15%)")
+    fig.tight_layout()
+    return fig
+
+
+def _size_label(n: int) -> str:
+    for unit, scale in (("MiB", 2 ** 20), ("KiB", 2 ** 10)):
+        if n >= scale:
+            return f"{n / scale:g} {unit}"
+    return f"{n} B"
+
+
+def compute_vs_comm(table):
+    """Compute time grows with the local batch; the gradient all-reduce does not."""
+    fig, ax = plt.subplots(figsize=(7, 3.4))
+    ax.plot(table.index, table["compute_ms"], "o-", label="forward + backward compute")
+    ax.plot(table.index, table["allreduce_ms_predicted"], "s--", label="gradient all-reduce (fitted model)")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("local batch (examples per rank)")
+    ax.set_ylabel("ms per step")
+    ax.set_title("The payload is fixed by the model; compute grows with the local batch")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def ready_order(tables_by_case: dict):
+    """Ready position against source position, one panel per case; the dashed line is the naive
+    assumption (backward runs in exactly reverse source order)."""
+    n = len(tables_by_case)
+    fig, axes = plt.subplots(1, n, figsize=(3.2 * n, 3.4), squeeze=False)
+    for ax, (case, t) in zip(axes[0], tables_by_case.items()):
+        ok = t["as_assumed"]
+        ax.plot(t["source_position"], t["reverse_source_position"], "--", color="gray", lw=1)
+        ax.scatter(t["source_position"][ok], t["ready_position"][ok], s=14, color="tab:blue", label="as assumed")
+        ax.scatter(t["source_position"][~ok], t["ready_position"][~ok], s=22, color="tab:red", label="not as assumed")
+        ax.set_title(f"{case}: {int((~ok).sum())} of {len(t)} differ", fontsize=9)
+        ax.set_xlabel("source position")
+    axes[0][0].set_ylabel("ready position")
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def backward_timeline(run, step: int = -1):
+    """Per rank, one backward: a tick per gradient ready, a bar per bucket from launch to completion,
+    the last gradient ready (end of backward compute) and backward()'s return."""
+    fig, ax = plt.subplots(figsize=(10, 0.9 * run.world_size + 1.6))
+    t0 = min(r.steps[step]["readiness"]["backward_start_ns"] for r in run.ranks)
+    ms = lambda ns: (ns - t0) / 1e6
+    colors = plt.get_cmap("tab10")
+    for r in run.ranks:
+        st = r.steps[step]
+        y = r.rank
+        ax.vlines([ms(t) for _, t in st["readiness"]["ready"]], y + 0.05, y + 0.35, color="black", lw=0.8,
+                  label="gradient ready" if y == 0 else None)
+        for b in st["buckets"]:
+            ax.barh(y - 0.2, ms(b["done_ns"]) - ms(b["launch_ns"]), left=ms(b["launch_ns"]), height=0.3,
+                    color=colors(b["index"] % 10), alpha=0.8, edgecolor="black", lw=0.5)
+        end_compute = ms(st["readiness"]["ready"][-1][1])
+        ax.plot([end_compute] * 2, [y - 0.45, y + 0.45], color="tab:green", lw=2,
+                label="last gradient ready" if y == 0 else None)
+        ax.plot([ms(st["readiness"]["backward_end_ns"])] * 2, [y - 0.45, y + 0.45], color="tab:red", lw=2,
+                label="backward() returns" if y == 0 else None)
+    ax.set_yticks(range(run.world_size), [f"rank {r}" for r in range(run.world_size)])
+    ax.invert_yaxis()
+    ax.set_xlabel("ms since the first rank started backward (bars: bucket all-reduces, launch to completion)")
+    ax.set_title("One backward pass: communication overlaps compute until the last bucket")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
+    fig.tight_layout()
+    return fig

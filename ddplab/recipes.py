@@ -106,3 +106,49 @@ def sharding_preview(world_size: int = 4, local_batch: int = 4) -> list[Experime
     """Notebook 02: the same model and step with DDP, ZeRO-1 and FSDP2 (all on gloo)."""
     return [replicated_memory(world_size, local_batch, "adam", sharding=s, name=f"sharding-{s}")
             for s in ("none", "zero1", "fsdp2")]
+
+
+COMM_MODEL = dict(d_model=128, n_layers=4, n_heads=4, vocab_size=256, seq_len=16)
+
+
+def allreduce_sweep(world_size: int = 2, min_bytes: int = 4096, max_bytes: int = 64 * 2 ** 20,
+                    repeats: int = 20, **overrides) -> Experiment:
+    """Notebook 03: all_reduce timed over powers of two from min_bytes to max_bytes, in one launch."""
+    sizes = []
+    n = min_bytes
+    while n <= max_bytes:
+        sizes.append(n)
+        n *= 2
+    fields = dict(name=f"allreduce-sweep-w{world_size}", task="allreduce-sweep", world_size=world_size,
+                  sweep_bytes=tuple(sizes), repeats=repeats)
+    return Experiment(**{**fields, **overrides})
+
+
+def bytes_on_wire(world_sizes=(2, 3, 4), **overrides) -> list[Experiment]:
+    """Notebook 03: count the bytes each rank writes during DDP's gradient all-reduce."""
+    return [Experiment(name=f"bytes-w{w}", world_size=w, steps=2, probes=("bytes",), **{**COMM_MODEL, **overrides})
+            for w in world_sizes]
+
+
+def local_batch_sweep(local_batches=(1, 4, 16, 64), world_size: int = 2, **overrides) -> list[Experiment]:
+    """Notebook 03: the same model at growing local batches, without synchronization (compute only)."""
+    return [Experiment(name=f"compute-b{b}", world_size=world_size, local_batch=b, steps=4, sync="none",
+                       **{**COMM_MODEL, **overrides}) for b in local_batches]
+
+
+def readiness_cases(bucket_cap_mb: float = 0.001, **overrides) -> list[Experiment]:
+    """Notebook 04: ready order against source order, with tiny buckets (one parameter or a Linear's
+    pair each): a plain transformer, tied embedding/head, the branchy model, activation checkpointing."""
+    base = dict(world_size=2, steps=3, probes=("readiness",), bucket_cap_mb=bucket_cap_mb, n_layers=2)
+    base.update(overrides)
+    return [Experiment(name="ready-plain", **base), Experiment(name="ready-tied", tie_weights=True, **base),
+            Experiment(name="ready-branchy", model="branchy", **base),
+            Experiment(name="ready-checkpointing", checkpointing=True, **base)]
+
+
+def overlap(bucket_cap_mb: float = 0.5, local_batch: int = 16, steps: int = 8, **overrides) -> list[Experiment]:
+    """Notebook 04: a DDP step traced bucket by bucket, and the same step without synchronization."""
+    base = dict(world_size=2, local_batch=local_batch, steps=steps, **COMM_MODEL)
+    base.update(overrides)
+    return [Experiment(name="overlap-ddp", bucket_cap_mb=bucket_cap_mb, probes=("readiness",), **base),
+            Experiment(name="overlap-no-sync", sync="none", **base)]

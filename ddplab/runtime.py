@@ -53,6 +53,14 @@ def die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
+def pin_to_core(local_rank: int) -> None:
+    """Run this rank (and the threads it starts later, gloo's included) on one core, local_rank mod
+    the cores available: fewer migrations, steadier timings (notes/performance-anchors.md, 2.4)."""
+    if hasattr(os, "sched_setaffinity"):
+        cores = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {cores[local_rank % len(cores)]})
+
+
 def setup(backend: str, device_type: str, env: RankEnv, timeout_s: float):
     """Join the process group; return the torch.device this rank computes on."""
     import torch

@@ -15,7 +15,8 @@ import json
 import re
 from dataclasses import dataclass, field
 
-BUILTIN_MODELS = ("transformer", "mlp")
+BUILTIN_MODELS = ("transformer", "mlp", "branchy")
+TASKS = ("train", "allreduce-sweep")
 OPTIMIZERS = ("sgd", "adam", "adamw")
 BACKENDS = ("auto", "gloo", "nccl")
 DEVICES = ("auto", "cpu", "cuda")
@@ -23,7 +24,7 @@ SYNC_MODES = ("ddp", "none")
 LOSS_NORMS = ("rank-mean", "global-sample", "global-token")
 DTYPES = ("float32", "float64")
 FAULTS = (None, "crash", "skip-backward", "stall")
-PROBES = ("reference", "gradients", "buckets", "activations", "memory", "memory-snapshot")
+PROBES = ("reference", "gradients", "buckets", "activations", "memory", "memory-snapshot", "readiness", "bytes")
 SHARDING = ("none", "zero1", "fsdp2")
 _FACTORY = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
@@ -41,6 +42,10 @@ class Experiment:
     """One DDP experiment. Every field is checked in `__post_init__`; a bad value raises `ValueError`."""
 
     name: str = "experiment"
+    # "train": DDP training steps; "allreduce-sweep": time all_reduce over `sweep_bytes`, `repeats` times
+    task: str = "train"
+    sweep_bytes: tuple[int, ...] = field(default_factory=tuple)
+    repeats: int = 20
     # the network: a built-in name, or "package.module:factory" returning an nn.Module that maps
     # token ids (batch, seq_len) to logits (batch, seq_len, vocab_size)
     model: str = "transformer"
@@ -49,6 +54,7 @@ class Experiment:
     n_layers: int = 2
     n_heads: int = 4
     tie_weights: bool = False
+    checkpointing: bool = False              # transformer: recompute each block's activations in backward
     # data parallelism
     world_size: int = 2
     local_batch: int | tuple[int, ...] = 8   # examples per rank per micro-step; one value or one per rank
@@ -75,6 +81,7 @@ class Experiment:
     backend: str = "auto"                    # "auto": NCCL with one GPU per rank, else gloo on the CPU
     device: str = "auto"                     # "auto": CUDA for NCCL, CPU for gloo
     timeout_s: float = 60.0                  # how long a rank may wait in one collective
+    pin_cpus: bool = False                   # CPU runs: pin rank r to core r mod cores (steadier timings)
     # fault injection, to study failures: "crash" raises, "skip-backward" skips the synchronized
     # backward and goes on to a barrier, "stall" stops the rank (it sleeps) before its backward
     fault: str | None = None
@@ -84,7 +91,7 @@ class Experiment:
     probes: tuple[str, ...] = field(default_factory=tuple)
 
     def __post_init__(self):
-        for name in ("local_batch", "seq_len", "probes"):
+        for name in ("local_batch", "seq_len", "probes", "sweep_bytes"):
             value = getattr(self, name)
             if isinstance(value, list):
                 object.__setattr__(self, name, tuple(value))
@@ -141,8 +148,11 @@ class Experiment:
 
     @property
     def hash(self) -> str:
-        """Short hash of every field; equal specs hash equally in any process."""
-        canon = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        """Short hash of every field that differs from its default; equal specs hash equally in any
+        process, and a field added later with a default leaves older runs' hashes unchanged."""
+        defaults = Experiment().to_dict()
+        changed = {k: v for k, v in self.to_dict().items() if v != defaults[k]}
+        canon = json.dumps(changed, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canon.encode()).hexdigest()[:10]
 
     def replace(self, **changes) -> "Experiment":
@@ -153,6 +163,16 @@ def _validate(e: Experiment) -> None:
     def bad(field_name, why):
         raise ValueError(f"Experiment.{field_name}: {why}")
 
+    if e.task not in TASKS:
+        bad("task", f"must be one of {', '.join(TASKS)} (got {e.task!r})")
+    if e.task == "allreduce-sweep" and (not e.sweep_bytes or not all(_is_int(n) and n >= 4 for n in e.sweep_bytes)):
+        bad("sweep_bytes", f"an all-reduce sweep needs message sizes of at least 4 bytes (got {list(e.sweep_bytes)!r})")
+    if not _is_int(e.repeats) or e.repeats < 1:
+        bad("repeats", f"must be a positive integer (got {e.repeats!r})")
+    if not isinstance(e.pin_cpus, bool):
+        bad("pin_cpus", f"must be True or False (got {e.pin_cpus!r})")
+    if not isinstance(e.checkpointing, bool):
+        bad("checkpointing", f"must be True or False (got {e.checkpointing!r})")
     if not isinstance(e.name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]+", e.name):
         bad("name", f"use letters, digits, '_', '.' or '-' (got {e.name!r}); it names the run directory")
     if not isinstance(e.model, str) or not (e.model in BUILTIN_MODELS or _FACTORY.match(e.model)):

@@ -31,13 +31,45 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from . import data, gradients, models, reference, runtime
 from .memory import MemoryProbe, SavedTensorMeter
-from .readiness import BucketLog
+from .readiness import BucketLog, ReadyLog
 from .rundir import (SCHEMA_VERSION, ProgressLog, error_file, rank_file, save_tensors_atomic, tensor_file,
                      write_json_atomic)
 from .spec import Experiment
 from .training import DTYPES, flat_parameters, make_optimizer, micro_loss, parameter_checksum, token_losses
 
 GRADIENT_ALL_REDUCE = "DDP gradient all-reduce"
+
+
+def io_write_bytes() -> int:
+    """Bytes this process has written so far, by every thread (Linux /proc/self/io `wchar`; 0
+    elsewhere). For gloo on one host that includes every byte sent to the other ranks."""
+    try:
+        with open("/proc/self/io") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("wchar"))
+    except OSError:
+        return 0
+
+
+def allreduce_sweep(exp: Experiment, env: runtime.RankEnv, device: torch.device, log: ProgressLog, group=None):
+    """Time `all_reduce` of every size in `exp.sweep_bytes`, `exp.repeats` times, in alternating
+    order (so drift affects every size alike), after a barrier each time; record bytes written too."""
+    buffers = {n: torch.ones(n // 4, device=device) for n in exp.sweep_bytes}
+    clock = runtime.Clock(device)
+    for n in exp.sweep_bytes:  # warm-up: connections, buffers, caches
+        dist.all_reduce(buffers[n], group=group)
+    calls = {n: {"ms": [], "write_bytes": []} for n in exp.sweep_bytes}
+    for rep in range(exp.repeats):
+        log.enter("all-reduce sweep", rep, collective="all_reduce")
+        for n in exp.sweep_bytes if rep % 2 == 0 else reversed(exp.sweep_bytes):
+            dist.barrier(group=group)
+            before = io_write_bytes()
+            clock.mark("start")
+            dist.all_reduce(buffers[n], group=group)
+            clock.mark("all_reduce")
+            calls[n]["ms"].append(clock.durations_ms()["all_reduce"])
+            calls[n]["write_bytes"].append(io_write_bytes() - before)
+    return {"steps": [], "param_checksum": {}, "model": {},
+            "allreduce": [{"bytes": n, **calls[n]} for n in exp.sweep_bytes]}, {}
 
 
 def train(exp: Experiment, env: runtime.RankEnv, device: torch.device, log: ProgressLog, group=None):
@@ -56,13 +88,17 @@ def train(exp: Experiment, env: runtime.RankEnv, device: torch.device, log: Prog
         log.enter("fsdp-construct", collective="sharding of the parameters")
         runtime.fully_shard_layers(model, group, device)
     module = model.module if ddp else model
-    record = {"param_checksum": {"built": built, "initial": parameter_checksum(module)}, "steps": []}
+    record = {"param_checksum": {"built": built, "initial": parameter_checksum(module)}, "steps": [],
+              "parameter_names": [n for n, _ in module.named_parameters()]}
     optimizer = make_optimizer(exp, model.parameters(), group)
     seq_len = exp.seq_len_of(rank)
     clock = runtime.Clock(device)
 
     # probes: what this rank records beyond its timings
-    buckets = BucketLog(group) if {"buckets", "memory"} & set(exp.probes) and ddp else None
+    probes = set(exp.probes)
+    names = {id(p): n for n, p in module.named_parameters()}
+    buckets = BucketLog(group, names) if {"buckets", "memory", "readiness"} & probes and ddp else None
+    ready = ReadyLog(module) if "readiness" in probes else None
     if buckets:
         model.register_comm_hook(None, buckets.hook)
     memory = MemoryProbe(module, optimizer, device, buckets, model if ddp else None) if "memory" in exp.probes else None
@@ -126,7 +162,14 @@ def train(exp: Experiment, env: runtime.RankEnv, device: torch.device, log: Prog
                     dist.barrier(group=group)
                     continue
                 log.enter("backward", step, micro, collective=GRADIENT_ALL_REDUCE if synced else None)
+                last = micro == exp.accum_steps - 1
+                if ready:
+                    ready.active = last
+                wchar_before = io_write_bytes() if "bytes" in probes else 0
+                backward_start = time.perf_counter_ns()
                 loss.backward()
+                backward_end = time.perf_counter_ns()
+                wchar_after = io_write_bytes() if "bytes" in probes else 0
                 if memory:
                     memory.phase("backward")
                 clock.mark("backward")
@@ -146,8 +189,13 @@ def train(exp: Experiment, env: runtime.RankEnv, device: torch.device, log: Prog
         entry = {"step": step, "sample_ids": sample_ids, "loss": loss_sum / tokens, "loss_sum": loss_sum,
                  "tokens": tokens, **{f"{k}_ms": v for k, v in times.items()}, "step_ms": sum(times.values()),
                  "param_checksum": parameter_checksum(module)}
-        if buckets and "buckets" in exp.probes:
+        if buckets and {"buckets", "readiness"} & probes:
             entry["buckets"] = buckets.take()
+        if ready:
+            entry["readiness"] = {"ready": ready.take(), "backward_start_ns": backward_start,
+                                  "backward_end_ns": backward_end}
+        if "bytes" in probes:  # what this process wrote (gloo's sockets included) during the last backward
+            entry["backward_write_bytes"] = wchar_after - wchar_before
         if "activations" in exp.probes:
             entry["activation_bytes"] = activation_bytes
         record["steps"].append(entry)
@@ -178,6 +226,8 @@ def main(argv=None) -> None:
         widest = max(exps, key=lambda e: e.world_size)  # the launcher checked they all agree
         backend, device_type = runtime.choose_backend(widest.backend, widest.device, env.world_size, cuda_devices)
         log.enter("init-process-group", collective="rendezvous of all ranks")
+        if device_type == "cpu" and widest.pin_cpus:
+            runtime.pin_to_core(env.local_rank)
         device = runtime.setup(backend, device_type, env, max(e.timeout_s for e in exps))
         groups = runtime.subgroups([e.world_size for e in exps], env.world_size)
         for run_dir, exp in mine:
@@ -185,7 +235,8 @@ def main(argv=None) -> None:
                 log.close()
                 log = ProgressLog(run_dir, env.rank)
             t0 = time.time_ns()
-            record, tensors = train(exp, env, device, log, groups[exp.world_size])
+            task = train if exp.task == "train" else allreduce_sweep
+            record, tensors = task(exp, env, device, log, groups[exp.world_size])
             if tensors:
                 save_tensors_atomic(tensor_file(run_dir, env.rank), tensors)
             if "memory-snapshot" in exp.probes:  # open it at https://pytorch.org/memory_viz

@@ -60,3 +60,19 @@ def test_bad_user_models_raise_value_error_naming_model(user_module, model, matc
     exp = Experiment(model=model)
     with pytest.raises(ValueError, match=rf"Experiment\.model.*{match}"):
         models.check_model(models.build(exp), exp)
+
+
+def test_branchy_defines_its_head_first_and_counts_its_parameters_analytically():
+    exp = Experiment(model="branchy", vocab_size=20, d_model=8)
+    model = models.build(exp)
+    assert [n for n, _ in model.named_parameters()][:2] == ["head.weight", "head.bias"]
+    assert models.parameter_numels(exp) == [p.numel() for p in model.parameters()]
+    models.check_model(model, exp)
+
+
+def test_checkpointing_gives_the_same_gradients():
+    plain, ckpt = models.build(Experiment(seed=1)), models.build(Experiment(seed=1, checkpointing=True))
+    x = torch.randint(64, (2, 16))
+    for m in (plain, ckpt):
+        m(x).square().mean().backward()
+    assert all(torch.allclose(p.grad, q.grad, atol=1e-6) for p, q in zip(plain.parameters(), ckpt.parameters()))

@@ -95,3 +95,15 @@ def test_unknown_field_in_json_is_refused():
     d["world_sise"] = 4
     with pytest.raises(ValueError, match="world_sise"):
         Experiment.from_dict(d)
+
+
+@pytest.mark.parametrize("kwargs,field", [
+    (dict(task="allreduce-sweep"), "sweep_bytes"),
+    (dict(task="allreduce-sweep", sweep_bytes=(2,)), "sweep_bytes"),
+    (dict(task="bench"), "task"),
+    (dict(repeats=0), "repeats"),
+    (dict(checkpointing="yes"), "checkpointing"),
+])
+def test_sweep_and_model_fields_are_validated(kwargs, field):
+    with pytest.raises(ValueError, match=rf"Experiment\.{field}"):
+        Experiment(**kwargs)

@@ -1,0 +1,49 @@
+"""Cost formulas and the alpha-beta fit (pure)."""
+
+import pytest
+
+from ddplab import comm
+
+
+def test_ring_all_reduce_bytes_per_rank():
+    assert comm.ring_bytes_per_rank(1000, 2) == 1000
+    assert comm.ring_bytes_per_rank(900, 3) == pytest.approx(1200)
+    assert comm.ring_bytes_per_rank(1000, 4) == 1500
+
+
+def test_bus_bandwidth_is_algorithm_bandwidth_times_the_ring_factor():
+    assert comm.algbw(8e9, 2.0) == 4e9
+    assert comm.busbw(8e9, 2.0, 8) == pytest.approx(4e9 * 14 / 8)
+    assert comm.payload_bytes(1_000_000, 2) == 2_000_000  # bf16 gradients: 2 bytes per parameter
+
+
+def test_fit_recovers_alpha_and_beta_from_exact_points():
+    truth = comm.AlphaBeta(1e-3, 1 / 2e9)
+    sizes = [2 ** k for k in range(12, 27)]
+    model = comm.fit(sizes, [truth.predict(n) for n in sizes])
+    assert model.alpha_s == pytest.approx(1e-3, rel=1e-9)
+    assert model.bandwidth_bytes_per_s == pytest.approx(2e9, rel=1e-9)
+    q = comm.quality(model, sizes, [truth.predict(n) for n in sizes])
+    assert q.max_rel_error < 1e-9 and q.r2_log == pytest.approx(1.0)
+
+
+def test_relative_error_exposes_a_misfit_that_linear_r2_hides():
+    sizes = [2 ** k for k in range(12, 27)]
+    times = [comm.AlphaBeta(5e-4, 1 / 2e9).predict(n) for n in sizes]
+    times[0] *= 1.5   # one small message 50% slower: barely visible on a linear scale
+    q = comm.quality(comm.fit(sizes, times), sizes, times)
+    assert q.max_rel_error > 0.2
+
+
+def test_floor_model_fits_a_flat_latency_floor():
+    sizes = [2 ** k for k in range(12, 27)]
+    times = [max(7e-3, 1.2e-3 + n / 0.7e9) for n in sizes]
+    plain = comm.quality(comm.fit(sizes, times), sizes, times)
+    floored = comm.fit_with_floor(sizes, times)
+    assert floored.floor_s == pytest.approx(7e-3)
+    assert comm.quality(floored, sizes, times).max_rel_error < 1e-6 < plain.max_rel_error
+
+
+def test_fit_needs_two_sizes():
+    with pytest.raises(ValueError, match="two or more"):
+        comm.fit([1024, 1024], [1e-3, 1.1e-3])
