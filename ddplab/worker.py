@@ -72,6 +72,20 @@ def allreduce_sweep(exp: Experiment, env: runtime.RankEnv, device: torch.device,
             "allreduce": [{"bytes": n, **calls[n]} for n in exp.sweep_bytes]}, {}
 
 
+def inject_fault(exp: Experiment, rank: int, step: int, micro: int, synced: bool, log: ProgressLog, group) -> bool:
+    """Misbehave as `exp.fault` says, on the faulty rank and step; True if the backward is skipped."""
+    if exp.fault == "crash":
+        raise RuntimeError(f"injected fault: rank {rank} crashed in step {step} (fault='crash')")
+    if exp.fault == "stall":
+        time.sleep(10 ** 6)  # a rank that stops making progress outside any collective
+    if exp.fault == "skip-backward" and synced:
+        # this rank goes on to the next collective while its peers wait in the all-reduce
+        log.enter("skip-backward", step, micro, collective=f"barrier instead of the {GRADIENT_ALL_REDUCE}")
+        dist.barrier(group=group)
+        return True
+    return False
+
+
 def train(exp: Experiment, env: runtime.RankEnv, device: torch.device, log: ProgressLog, group=None):
     """Build, wrap, train on ranks 0..exp.world_size-1 (`group`; None = all ranks); return this rank's
     record and its probe tensors. The DDP model dies with this frame (see runtime.teardown)."""
@@ -101,17 +115,17 @@ def train(exp: Experiment, env: runtime.RankEnv, device: torch.device, log: Prog
     ready = ReadyLog(module) if "readiness" in probes else None
     if buckets:
         model.register_comm_hook(None, buckets.hook)
-    memory = MemoryProbe(module, optimizer, device, buckets, model if ddp else None) if "memory" in exp.probes else None
+    memory = MemoryProbe(module, optimizer, device, buckets, model if ddp else None) if "memory" in probes else None
     if memory:
         record["memory"] = {"constructed": memory.constructed, "steps": []}
-    if "memory-snapshot" in exp.probes:
+    if "memory-snapshot" in probes:
         torch.cuda.memory._record_memory_history(max_entries=100_000)  # dumped by main() after training
-    local_grads = gradients.LocalGradients(module) if "gradients" in exp.probes else None
-    meter = SavedTensorMeter(module.parameters()) if {"activations", "memory"} & set(exp.probes) else None
+    local_grads = gradients.LocalGradients(module) if "gradients" in probes else None
+    meter = SavedTensorMeter(module.parameters()) if {"activations", "memory"} & probes else None
     tensors = {}
     if local_grads and rank == 0:
         tensors["reference"] = reference.reference_gradients(exp, device)
-    if "reference" in exp.probes:
+    if "reference" in probes:
         ref_before, ref_after, _ = reference.reference_step(exp, device)
         _, alone_after, alone_checksum = reference.reference_step(exp, device, ranks=[rank])
 
@@ -151,16 +165,9 @@ def train(exp: Experiment, env: runtime.RankEnv, device: torch.device, log: Prog
                 if memory:
                     memory.phase("forward", meter.bytes)
                 clock.mark("forward")
-                faulty = rank == exp.fault_rank and step == exp.fault_step
-                if exp.fault == "crash" and faulty:
-                    raise RuntimeError(f"injected fault: rank {rank} crashed in step {step} (fault='crash')")
-                if exp.fault == "stall" and faulty:
-                    time.sleep(10 ** 6)  # a rank that stops making progress outside any collective
-                if exp.fault == "skip-backward" and faulty and synced:
-                    # this rank goes on to the next collective while its peers wait in the all-reduce
-                    log.enter("skip-backward", step, micro, collective=f"barrier instead of the {GRADIENT_ALL_REDUCE}")
-                    dist.barrier(group=group)
-                    continue
+                if exp.fault and rank == exp.fault_rank and step == exp.fault_step:
+                    if inject_fault(exp, rank, step, micro, synced, log, group):
+                        continue
                 log.enter("backward", step, micro, collective=GRADIENT_ALL_REDUCE if synced else None)
                 last = micro == exp.accum_steps - 1
                 if ready:
@@ -189,17 +196,18 @@ def train(exp: Experiment, env: runtime.RankEnv, device: torch.device, log: Prog
         entry = {"step": step, "sample_ids": sample_ids, "loss": loss_sum / tokens, "loss_sum": loss_sum,
                  "tokens": tokens, **{f"{k}_ms": v for k, v in times.items()}, "step_ms": sum(times.values()),
                  "param_checksum": parameter_checksum(module)}
-        if buckets and {"buckets", "readiness"} & probes:
-            entry["buckets"] = buckets.take()
+        launched = buckets.take() if buckets else []
+        if {"buckets", "readiness"} & probes and buckets:
+            entry["buckets"] = launched
         if ready:
             entry["readiness"] = {"ready": ready.take(), "backward_start_ns": backward_start,
                                   "backward_end_ns": backward_end}
         if "bytes" in probes:  # what this process wrote (gloo's sockets included) during the last backward
             entry["backward_write_bytes"] = wchar_after - wchar_before
-        if "activations" in exp.probes:
+        if "activations" in probes:
             entry["activation_bytes"] = activation_bytes
         record["steps"].append(entry)
-        if step == 0 and "reference" in exp.probes:
+        if step == 0 and "reference" in probes:
             record["reference"] = {
                 **reference.distance(flat_parameters(module), ref_before, ref_after),
                 "independent": {**reference.distance(alone_after, ref_before, ref_after),
