@@ -89,7 +89,9 @@ def fit(sizes, times) -> AlphaBeta:
     det = a11 * a22 - a12 * a12
     alpha = (b1 * a22 - b2 * a12) / det
     beta = (a11 * b2 - a12 * b1) / det
-    return AlphaBeta(max(alpha, 0.0), max(beta, 0.0))
+    if alpha < 0:  # a negative start-up cost is unphysical: refit the line through the origin
+        alpha, beta = 0.0, b2 / a22
+    return AlphaBeta(alpha, max(beta, 0.0))
 
 
 def fit_with_floor(sizes, times) -> AlphaBeta:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 # order of the phases inside one (step, micro-step); a rank further along has a larger key
-PHASE_ORDER = {"start": 0, "init-process-group": 1, "ddp-construct": 2, "count": 3, "forward": 4, "backward": 5,
+PHASE_ORDER = {"start": 0, "init-process-group": 1, "ddp-construct": 2, "fsdp-construct": 2, "reference": 2, "count": 3, "forward": 4, "backward": 5,
                "skip-backward": 5, "all-reduce sweep": 5, "optimizer": 6, "teardown": 7, "done": 8}
 # phases that a healthy rank goes through; anything else is a deviation from the common script
 CANONICAL = set(PHASE_ORDER) - {"skip-backward"}
@@ -121,6 +121,13 @@ def diagnose(progress: dict[int, list[dict]], errors: dict[int, dict], finished:
             first = errors[min(timed_out)]
             d.tracebacks = {first["rank"]: first["traceback"]}
         return d
+    silent = sorted(set(range(world_size)) - finished - set(errors))
+    if silent and errors:  # peers only lost their connection: the rank that left no word at all went first
+        last = "; ".join(f"rank {r} was last in {_where(progress[r][-1])}" for r in silent if progress.get(r))
+        return Diagnosis("missing-result", silent,
+                         f"{rank_list(silent).capitalize()} exited without writing a result or an error (killed by a "
+                         f"signal, or out of memory?); {rank_list(sorted(errors))} then lost the connection to it."
+                         + (f" {last.capitalize()}." if last else ""))
     if errors:
         first = min(errors.values(), key=lambda e: e["t_ns"])
         return Diagnosis("crash", [first["rank"]], f"Rank {first['rank']} lost its peers in {_where(first)}: "

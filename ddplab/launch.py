@@ -26,6 +26,7 @@ import os
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 from . import failures, rundir
@@ -53,6 +54,15 @@ def torchrun_argv(world_size: int, spec_paths: list, python: str | None = None) 
     return [python or sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
             f"--nproc-per-node={world_size}", "--max-restarts=0",
             "-m", "ddplab.worker", "--spec", *map(str, spec_paths)]
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    """torchrun gets SIGKILL if the launcher dies without cleaning up (SIGTERM, a killed kernel);
+    its ranks follow, since each rank dies with torchrun (runtime.die_with_parent)."""
+    import ctypes
+    import signal
+
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
 
 
 def worker_env(base: dict | None = None) -> dict:
@@ -88,20 +98,25 @@ def preflight(exps: list[Experiment]) -> tuple[str, str]:
 
 
 def _procs_of(proc: subprocess.Popen, spec_path: Path) -> list:
-    """torchrun, its descendants, and any process (re-parented or not) started for this spec."""
+    """torchrun (unless already reaped: its pid may be reused), its descendants, and any process,
+    re-parented or not, whose command line carries this launch's absolute spec path."""
     import psutil
 
     found = {}
-    try:
-        root = psutil.Process(proc.pid)
-        for p in [root, *root.children(recursive=True)]:
-            found[p.pid] = p
-    except psutil.NoSuchProcess:
-        pass
-    needle = str(spec_path)
+    if proc.returncode is None:
+        try:
+            root = psutil.Process(proc.pid)
+            for p in [root, *root.children(recursive=True)]:
+                found[p.pid] = p
+        except psutil.Error:
+            pass
+    needle = str(Path(spec_path).resolve())
     for p in psutil.process_iter(["cmdline"]):
-        if needle in " ".join(p.info["cmdline"] or []) and p.pid != os.getpid():
-            found.setdefault(p.pid, p)
+        try:
+            if needle in " ".join(p.info["cmdline"] or []) and p.pid != os.getpid():
+                found.setdefault(p.pid, p)
+        except psutil.Error:
+            pass
     return list(found.values())
 
 
@@ -113,7 +128,7 @@ def kill_tree(proc: subprocess.Popen, spec_path: Path) -> None:
     for p in procs:
         try:
             p.kill()
-        except psutil.NoSuchProcess:
+        except psutil.Error:
             pass
     psutil.wait_procs(procs, timeout=10)
     try:
@@ -202,6 +217,9 @@ def run_many(exps: list[Experiment], out=None, *, name: str = "sweep", progress:
 
     `out` is the launch directory (default `runs/<name>-<hash of all specs>`); each experiment gets
     the run directory `<out>/<exp.name>-<exp.hash>` inside it. The first failure raises `RunFailed`.
+    Every process group of the launch uses the largest `timeout_s`; a rank outside a smaller
+    experiment waits in the next experiment's first collective, so each smaller experiment must
+    finish within that timeout.
     """
     exps = list(exps)
     if not exps or not all(isinstance(e, Experiment) for e in exps):
@@ -222,7 +240,8 @@ def _launch(exps, run_dirs, launch_dir: Path, name: str, progress: bool, startup
         rundir.clear(run_dir)
         (run_dir / rundir.SPEC).write_text(exp.to_json())
     launch_dir.mkdir(parents=True, exist_ok=True)
-    spec_paths = [d / rundir.SPEC for d in run_dirs]
+    spec_paths = [(d / rundir.SPEC).resolve() for d in run_dirs]
+    launch_id = uuid.uuid4().hex[:12]
     world_size = max(e.world_size for e in exps)
     argv = torchrun_argv(world_size, spec_paths)
     reporter = Reporter(progress)
@@ -230,8 +249,10 @@ def _launch(exps, run_dirs, launch_dir: Path, name: str, progress: bool, startup
     t0 = time.monotonic()
     watchdog = False
     with open(launch_dir / rundir.LOG, "w") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=worker_env(), start_new_session=True)
+        env = {**worker_env(), "DDPLAB_LAUNCH_ID": launch_id}
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                start_new_session=True,
+                                preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
         try:
             while proc.poll() is None:
                 time.sleep(POLL_S)
@@ -246,16 +267,18 @@ def _launch(exps, run_dirs, launch_dir: Path, name: str, progress: bool, startup
                 kill_tree(proc, spec_paths[0])
     wall_s = time.monotonic() - t0
     record = {"argv": argv, "returncode": proc.returncode, "wall_s": wall_s, "backend": backend, "device": device,
-              "stopped_by_watchdog": watchdog, "launch_dir": str(launch_dir), "experiments": len(exps)}
+              "stopped_by_watchdog": watchdog, "launch_dir": str(launch_dir), "experiments": len(exps),
+              "launch_id": launch_id}
     for run_dir in {launch_dir, *run_dirs}:
         rundir.write_json_atomic(run_dir / rundir.LAUNCH, record)
 
+    timeout_s = max(e.timeout_s for e in exps)  # what every process group of this launch waited (runtime.setup)
     for exp, run_dir in zip(exps, run_dirs):
         prog, errors, finished = _collect(run_dir, exp.world_size)
-        if watchdog or errors or len(finished) < exp.world_size:
+        if errors or len(finished) < exp.world_size:  # the first incomplete experiment is the one to explain
             if proc.returncode not in (0, None):
                 kill_tree(proc, spec_paths[0])  # torchrun stopped its ranks; sweep for any that escaped
-            diagnosis = failures.diagnose(prog, errors, finished, exp.world_size, exp.timeout_s, watchdog)
+            diagnosis = failures.diagnose(prog, errors, finished, exp.world_size, timeout_s, watchdog)
             if diagnosis.kind == "missing-result":  # no rank could explain itself: show what torchrun saw
                 diagnosis.log_tail = "\n".join((launch_dir / rundir.LOG).read_text().splitlines()[-LOG_TAIL_LINES:])
             reporter.finish(f"ddplab {exp.name}: FAILED after {wall_s:.1f} s "

@@ -112,7 +112,8 @@ def load_rank(path: Path, rank: int, spec: Experiment) -> RankResult:
 
 
 def load_run(path) -> Run:
-    """Reload a finished run directory; RunFailed unless every rank's result is present and valid."""
+    """Reload a finished run directory; RunFailed unless every rank's result is present, valid, from
+    one and the same launch, and no rank reported an error."""
     path = Path(path)
     spec_file = path / rundir.SPEC
     if not spec_file.exists():
@@ -120,4 +121,12 @@ def load_run(path) -> Run:
     spec = Experiment.from_json(spec_file.read_text())
     launch_file = path / rundir.LAUNCH
     launch = json.loads(launch_file.read_text()) if launch_file.exists() else {}
-    return Run(path, spec, [load_rank(path, r, spec) for r in range(spec.world_size)], launch)
+    ranks = [load_rank(path, r, spec) for r in range(spec.world_size)]
+    for r in ranks:
+        if rundir.error_file(path, r.rank).exists():
+            raise _invalid(r.rank, f"sits beside {rundir.error_file(path, r.rank).name}: the rank failed after writing it", path)
+        if launch.get("launch_id") and r.raw.get("launch_id") != launch["launch_id"]:
+            raise _invalid(r.rank, "comes from another launch than the run's launch.json (two launches wrote here)", path)
+        if "gradients" in spec.probes and not rundir.tensor_file(path, r.rank).exists():
+            raise _invalid(r.rank, f"has no {rundir.tensor_file(path, r.rank).name}, though the gradients probe was on", path)
+    return Run(path, spec, ranks, launch)

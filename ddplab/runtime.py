@@ -77,15 +77,16 @@ def setup(backend: str, device_type: str, env: RankEnv, timeout_s: float):
     return device
 
 
-def subgroups(world_sizes: list[int], world_size: int) -> dict:
-    """One process group per distinct experiment world size w, over ranks 0..w-1 (None = all ranks).
-    `new_group` is itself collective: every rank creates every group, in the same order."""
+def subgroups(world_sizes: list[int], world_size: int, timeout_s: float) -> dict:
+    """One process group per distinct experiment world size w, over ranks 0..w-1 (None = all ranks),
+    each bounded by `timeout_s` like the default group. `new_group` is itself collective: every rank
+    creates every group, in the same order."""
     import torch.distributed as dist
 
     groups = {}
     for w in world_sizes:
         if w not in groups:
-            groups[w] = None if w == world_size else dist.new_group(list(range(w)))
+            groups[w] = None if w == world_size else dist.new_group(list(range(w)), timeout=timedelta(seconds=timeout_s))
     return groups
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import re
 from dataclasses import dataclass, field
 
@@ -34,7 +35,8 @@ def _is_int(v) -> bool:
 
 
 def _is_number(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
+    """A finite int or float (not a bool, not inf or nan)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -165,8 +167,13 @@ def _validate(e: Experiment) -> None:
 
     if e.task not in TASKS:
         bad("task", f"must be one of {', '.join(TASKS)} (got {e.task!r})")
-    if e.task == "allreduce-sweep" and (not e.sweep_bytes or not all(_is_int(n) and n >= 4 for n in e.sweep_bytes)):
-        bad("sweep_bytes", f"an all-reduce sweep needs message sizes of at least 4 bytes (got {list(e.sweep_bytes)!r})")
+    if e.task == "allreduce-sweep":
+        sizes = list(e.sweep_bytes)
+        if not sizes or not all(_is_int(n) and n >= 4 and n % 4 == 0 for n in sizes) or len(set(sizes)) != len(sizes):
+            bad("sweep_bytes", f"an all-reduce sweep needs distinct message sizes, multiples of 4 bytes "
+                               f"(float32 elements) (got {sizes!r})")
+        if e.fault is not None or e.probes:
+            bad("task", "an all-reduce sweep takes no fault injection and no probes")
     if not _is_int(e.repeats) or e.repeats < 1:
         bad("repeats", f"must be a positive integer (got {e.repeats!r})")
     if not isinstance(e.pin_cpus, bool):
@@ -207,8 +214,10 @@ def _validate(e: Experiment) -> None:
             bad("sharding", f"{e.sharding!r} synchronizes gradients itself; it needs sync='ddp'")
         if e.accum_steps != 1 or e.fault is not None:
             bad("sharding", f"{e.sharding!r} runs here with accum_steps=1 and no fault injection")
-        if e.sharding == "fsdp2" and set(e.probes) & {"gradients", "reference", "buckets"}:
-            bad("probes", "the gradients, reference and buckets probes follow DDP; use 'memory' with fsdp2")
+        if e.sharding == "fsdp2" and set(e.probes) & {"gradients", "reference", "buckets", "readiness"}:
+            bad("probes", "the gradients, reference, buckets and readiness probes follow DDP; use 'memory' with fsdp2")
+        if e.sharding == "fsdp2" and e.tie_weights:
+            bad("tie_weights", "fsdp2 shards each block separately and cannot shard one weight in two places")
     if e.sync not in SYNC_MODES:
         bad("sync", f"must be one of {SYNC_MODES} (got {e.sync!r})")
     if e.bucket_cap_mb is not None and (not _is_number(e.bucket_cap_mb) or not e.bucket_cap_mb > 0):

@@ -123,6 +123,8 @@ def train(exp: Experiment, env: runtime.RankEnv, device: torch.device, log: Prog
     local_grads = gradients.LocalGradients(module) if "gradients" in probes else None
     meter = SavedTensorMeter(module.parameters()) if {"activations", "memory"} & probes else None
     tensors = {}
+    if {"gradients", "reference"} & probes:
+        log.enter("reference")  # single-process work: the launcher's watchdog sees it is alive
     if local_grads and rank == 0:
         tensors["reference"] = reference.reference_gradients(exp, device)
     if "reference" in probes:
@@ -137,7 +139,7 @@ def train(exp: Experiment, env: runtime.RankEnv, device: torch.device, log: Prog
             per_example = 1 if exp.loss_norm == "global-sample" else seq_len
             count = torch.tensor([float(exp.local_batch_of(rank) * per_example * exp.accum_steps)],
                                  device=device, dtype=torch.float64)
-            if ddp:
+            if exp.sync == "ddp":  # DDP and FSDP2 both average gradients over the ranks
                 log.enter("count", step, collective="all-reduce of the example or token counts")
                 dist.all_reduce(count, group=group)
                 scale = exp.world_size  # undo DDP's division by the world size
@@ -237,7 +239,7 @@ def main(argv=None) -> None:
         if device_type == "cpu" and widest.pin_cpus:
             runtime.pin_to_core(env.local_rank)
         device = runtime.setup(backend, device_type, env, max(e.timeout_s for e in exps))
-        groups = runtime.subgroups([e.world_size for e in exps], env.world_size)
+        groups = runtime.subgroups([e.world_size for e in exps], env.world_size, max(e.timeout_s for e in exps))
         for run_dir, exp in mine:
             if run_dir != log.run_dir:
                 log.close()
@@ -253,7 +255,8 @@ def main(argv=None) -> None:
             record.update(schema_version=SCHEMA_VERSION, rank=env.rank, local_rank=env.local_rank,
                           world_size=exp.world_size, backend=backend, device=str(device), pid=os.getpid(),
                           host=socket.gethostname(), torch_version=torch.__version__,
-                          python=platform.python_version(), spec_hash=exp.hash, t_start_ns=t0, t_end_ns=time.time_ns())
+                          python=platform.python_version(), spec_hash=exp.hash, t_start_ns=t0, t_end_ns=time.time_ns(),
+                          launch_id=os.environ.get("DDPLAB_LAUNCH_ID", ""))
             write_json_atomic(rank_file(run_dir, env.rank), record)
         log.enter("teardown")
         runtime.teardown()

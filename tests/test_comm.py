@@ -47,3 +47,10 @@ def test_floor_model_fits_a_flat_latency_floor():
 def test_fit_needs_two_sizes():
     with pytest.raises(ValueError, match="two or more"):
         comm.fit([1024, 1024], [1e-3, 1.1e-3])
+
+
+def test_fit_never_returns_a_negative_start_up_cost():
+    sizes = [2 ** k for k in range(12, 27)]
+    times = [n * 1e-9 * 1.02 ** i for i, n in enumerate(sizes)]  # time per byte creeping up: alpha < 0 unconstrained
+    model = comm.fit(sizes, times)
+    assert model.alpha_s == 0 and model.beta_s_per_byte > 0

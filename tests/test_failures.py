@@ -61,3 +61,10 @@ def test_rank_that_vanished_without_a_file_is_a_missing_result():
     d = diagnose({0: UP, 1: UP[:3]}, {}, {0}, 2, T)
     assert d.kind == "missing-result" and d.ranks == [1]
     assert "'forward' of step 0" in d.summary
+
+
+def test_a_rank_killed_by_a_signal_is_blamed_not_the_peer_that_lost_it():
+    errors = {0: err(0, "Connection closed by peer [127.0.0.1]:4242", t=5)}
+    d = diagnose({0: UP, 1: UP[:3]}, errors, set(), 2, T)
+    assert d.kind == "missing-result" and d.ranks == [1]
+    assert "rank 0 then lost the connection" in d.summary

@@ -73,6 +73,8 @@ def test_load_run_reloads_the_same_results(run2):
     (lambda f: f.write_text(json.dumps({**json.loads(f.read_text()), "spec_hash": "0000000000"})),
      "belongs to spec 0000000000"),
     (lambda f: f.write_text(json.dumps({**json.loads(f.read_text()), "steps": []})), "has 0 steps"),
+    (lambda f: f.write_text(json.dumps({**json.loads(f.read_text()), "launch_id": "another"})), "another launch"),
+    (lambda f: f.with_name("rank1.error.json").write_text("{}"), "failed after writing it"),
 ])
 def test_missing_or_corrupt_rank_file_is_a_failed_run(run2, tmp_path, damage, match):
     copy = tmp_path / "copy"

@@ -107,3 +107,17 @@ def test_unknown_field_in_json_is_refused():
 def test_sweep_and_model_fields_are_validated(kwargs, field):
     with pytest.raises(ValueError, match=rf"Experiment\.{field}"):
         Experiment(**kwargs)
+
+
+@pytest.mark.parametrize("kwargs,field", [
+    (dict(timeout_s=float("inf")), "timeout_s"),
+    (dict(bucket_cap_mb=float("nan")), "bucket_cap_mb"),
+    (dict(task="allreduce-sweep", sweep_bytes=(4096, 4096)), "sweep_bytes"),
+    (dict(task="allreduce-sweep", sweep_bytes=(4098,)), "sweep_bytes"),
+    (dict(task="allreduce-sweep", sweep_bytes=(4096,), probes=("memory",)), "task"),
+    (dict(sharding="fsdp2", tie_weights=True), "tie_weights"),
+    (dict(sharding="fsdp2", probes=("readiness",)), "probes"),
+])
+def test_values_that_would_only_fail_inside_the_ranks_are_refused(kwargs, field):
+    with pytest.raises(ValueError, match=rf"Experiment\.{field}"):
+        Experiment(**{"world_size": 2, **kwargs})
