@@ -8,7 +8,7 @@ What classic data parallelism holds on every rank, with P parameters of e bytes 
   momentum, 2*P*e for Adam/AdamW (plus one 4-byte `step` counter per parameter tensor);
 - activations: what the forward saves for backward, proportional to local batch x sequence length.
 None of the model-state terms depends on the world size: adding ranks adds copies, it does not
-divide them. `activation_bytes` is exact for the built-in models (checked against the saved-tensor
+divide them. The model covers plain DDP (no sharding) with one micro-step per optimizer step. `activation_bytes` is exact for the built-in models (checked against the saved-tensor
 meter); tests compare every category with real runs. Used by notebook 02 and its widget.
 """
 

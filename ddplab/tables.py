@@ -179,6 +179,9 @@ def memory(run, step: int = 1) -> pd.DataFrame:
     from .memory import CATEGORIES
     from .memory_model import predict
 
+    if run.spec.sharding != "none" or run.spec.accum_steps != 1:
+        raise ValueError("the analytic memory model covers plain DDP with accum_steps=1; "
+                         "use tables.memory_sweep or tables.sharding for this run")
     cols = {}
     rows = []
     for r, st in zip(run.ranks, _memory_steps(run, step)):
