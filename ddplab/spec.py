@@ -79,6 +79,7 @@ class Experiment:
     lr: float = 0.1
     momentum: float = 0.0                    # SGD only
     seed: int = 0
+    seed_per_rank: bool = False              # rank r builds its model from seed + r (DDP's broadcast evens it out)
     # where and how the ranks run
     backend: str = "auto"                    # "auto": NCCL with one GPU per rank, else gloo on the CPU
     device: str = "auto"                     # "auto": CUDA for NCCL, CPU for gloo
@@ -176,6 +177,8 @@ def _validate(e: Experiment) -> None:
             bad("task", "an all-reduce sweep takes no fault injection and no probes")
     if not _is_int(e.repeats) or e.repeats < 1:
         bad("repeats", f"must be a positive integer (got {e.repeats!r})")
+    if not isinstance(e.seed_per_rank, bool):
+        bad("seed_per_rank", f"must be True or False (got {e.seed_per_rank!r})")
     if not isinstance(e.pin_cpus, bool):
         bad("pin_cpus", f"must be True or False (got {e.pin_cpus!r})")
     if not isinstance(e.checkpointing, bool):

@@ -91,7 +91,9 @@ def train(exp: Experiment, env: runtime.RankEnv, device: torch.device, log: Prog
     record and its probe tensors. The DDP model dies with this frame (see runtime.teardown)."""
     rank = env.rank
     ddp = exp.sync == "ddp" and exp.sharding != "fsdp2"
-    model = models.build(exp).to(device=device, dtype=DTYPES[exp.dtype])
+    # seed_per_rank: deliberately different starting points, to watch DDP's construction broadcast
+    model = models.build(exp.replace(seed=exp.seed + rank) if exp.seed_per_rank else exp)
+    model = model.to(device=device, dtype=DTYPES[exp.dtype])
     built = parameter_checksum(model)
     if ddp:
         log.enter("ddp-construct", collective="broadcast of rank 0's parameters")

@@ -199,3 +199,10 @@ def test_run_many_runs_each_experiment_on_its_own_ranks_and_stops_at_a_failure(t
     assert [r.sample_ids for r in two.ranks] == [[0, 1, 2], [3, 4, 5]]
     assert one.launch["argv"] == two.launch["argv"], "one launch for all experiments"
     assert not leftovers(tmp_path / "sweep")
+
+
+def test_ddp_construction_broadcasts_rank_0s_parameters(tmp_path):
+    run = ddplab.run(Experiment(world_size=2, seed_per_rank=True), tmp_path / "seeds", progress=False)
+    built = [r.param_checksum["built"] for r in run.ranks]
+    assert built[0] != built[1]
+    assert [r.param_checksum["initial"] for r in run.ranks] == [built[0], built[0]]
