@@ -1,8 +1,8 @@
 """How well does the alpha-beta model fit this machine's all-reduce, sweep after sweep?
 
-    python bench/allreduce_fit.py [--sweeps 5] [--world-size 2] [--pin-cpus]
+    python bench/allreduce_fit.py [--sweeps 5] [--world-size 2] [--pin-cpus] [--repeats 50]
 
-Runs several all-reduce sweeps (4 KiB to 64 MiB, 20 repeats per size) in one launch, fits
+Runs several all-reduce sweeps (4 KiB to 64 MiB, 50 repeats per size by default) in one launch, fits
 t(n) = alpha + n * beta to the messages of 1 MiB and more in each, and prints each sweep's median and
 maximum relative error with the share of sweeps that meet the target (median <= 5%, max <= 15%),
 and the same for one line over all sizes, where the fixed cost dominates. Timing targets live
@@ -23,8 +23,10 @@ def main() -> None:
     p.add_argument("--sweeps", type=int, default=5)
     p.add_argument("--world-size", type=int, default=2)
     p.add_argument("--pin-cpus", action="store_true", help="pin each rank to one core")
+    p.add_argument("--repeats", type=int, default=50, help="timed calls per message size")
     args = p.parse_args()
-    exps = [recipes.allreduce_sweep(args.world_size, name=f"fit-{i}", pin_cpus=args.pin_cpus) for i in range(args.sweeps)]
+    exps = [recipes.allreduce_sweep(args.world_size, name=f"fit-{i}", pin_cpus=args.pin_cpus, repeats=args.repeats)
+            for i in range(args.sweeps)]
     runs = ddplab.run_many(exps, name="bench-allreduce-fit")
     rows = []
     for run in runs:

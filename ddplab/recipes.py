@@ -112,8 +112,9 @@ COMM_MODEL = dict(d_model=128, n_layers=4, n_heads=4, vocab_size=256, seq_len=16
 
 
 def allreduce_sweep(world_size: int = 2, min_bytes: int = 4096, max_bytes: int = 64 * 2 ** 20,
-                    repeats: int = 20, **overrides) -> Experiment:
-    """Notebook 03: all_reduce timed over powers of two from min_bytes to max_bytes, in one launch."""
+                    repeats: int = 50, **overrides) -> Experiment:
+    """Notebook 03: all_reduce timed over powers of two from min_bytes to max_bytes, in one launch.
+    50 repeats per size keep a 2-rank sweep's median steady on a shared machine (bench/allreduce_fit.py)."""
     sizes = []
     n = min_bytes
     while n <= max_bytes:
