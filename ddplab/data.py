@@ -24,6 +24,17 @@ def shard_ids(local_batches: list[int], accum_steps: int, step: int, micro: int,
     return list(range(start, start + local_batches[rank]))
 
 
+def contiguous_spans(ids: list[int]) -> list[tuple[int, int]]:
+    """[0, 1, 2, 3, 8, 9] -> [(0, 3), (8, 9)]: runs of consecutive sample ids, first and last."""
+    spans: list[tuple[int, int]] = []
+    for i in sorted(ids):
+        if spans and i == spans[-1][1] + 1:
+            spans[-1] = (spans[-1][0], i)
+        else:
+            spans.append((i, i))
+    return spans
+
+
 def example(seed: int, sample_id: int, seq_len: int, vocab_size: int) -> torch.Tensor:
     """Token ids of one example: `seq_len + 1` tokens (inputs are [:-1], targets [1:])."""
     g = torch.Generator().manual_seed(seed * 1_000_003 + sample_id)

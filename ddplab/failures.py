@@ -103,6 +103,11 @@ def diagnose_hang(progress: dict[int, list[dict]], world_size: int, timeout_s: f
     return Diagnosis("hang", behind, " ".join(lines))
 
 
+def _last_phases(progress: dict[int, list[dict]], ranks) -> str:
+    """'rank 1 was last in 'forward' of step 0; ...' for those of `ranks` that recorded anything."""
+    return "; ".join(f"rank {r} was last in {_where(progress[r][-1])}" for r in ranks if progress.get(r))
+
+
 def diagnose(progress: dict[int, list[dict]], errors: dict[int, dict], finished: set[int], world_size: int,
              timeout_s: float, watchdog: bool = False) -> Diagnosis:
     """Explain a failed run from its per-rank records (pure; the launcher gathers the records)."""
@@ -123,7 +128,7 @@ def diagnose(progress: dict[int, list[dict]], errors: dict[int, dict], finished:
         return d
     silent = sorted(set(range(world_size)) - finished - set(errors))
     if silent and errors:  # peers only lost their connection: the rank that left no word at all went first
-        last = "; ".join(f"rank {r} was last in {_where(progress[r][-1])}" for r in silent if progress.get(r))
+        last = _last_phases(progress, silent)
         return Diagnosis("missing-result", silent,
                          f"{rank_list(silent).capitalize()} exited without writing a result or an error (killed by a "
                          f"signal, or out of memory?); {rank_list(sorted(errors))} then lost the connection to it."
@@ -133,8 +138,7 @@ def diagnose(progress: dict[int, list[dict]], errors: dict[int, dict], finished:
         return Diagnosis("crash", [first["rank"]], f"Rank {first['rank']} lost its peers in {_where(first)}: "
                          f"{first['type']}: {first['message']}", {first["rank"]: first["traceback"]})
     missing = sorted(set(range(world_size)) - finished)
-    last = {r: _where(progress[r][-1]) for r in missing if progress.get(r)}
-    detail = "; ".join(f"rank {r} was last in {w}" for r, w in last.items())
+    detail = _last_phases(progress, missing)
     return Diagnosis("missing-result", missing,
                      f"{rank_list(missing).capitalize()} exited without writing a result or an error "
                      f"(killed by a signal?).{' ' + detail + '.' if detail else ''} See launch.log.")

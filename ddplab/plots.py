@@ -9,6 +9,8 @@ import statistics
 
 import matplotlib.pyplot as plt
 
+from .data import contiguous_spans
+
 PHASES = ("data", "forward", "backward", "optimizer")
 
 
@@ -23,12 +25,7 @@ def sample_ownership(run):
     fig, ax = plt.subplots(figsize=(9, 0.6 * n + 1.4))
     colors = _rank_colors(n)
     for r in run.ranks:
-        ids = sorted(r.sample_ids)
-        spans, start = [], ids[0]
-        for a, b in zip(ids, ids[1:] + [None]):
-            if b != a + 1:
-                spans.append((start, a - start + 1))
-                start = b
+        spans = [(a, b - a + 1) for a, b in contiguous_spans(r.sample_ids)]  # (start, width)
         ax.broken_barh(spans, (r.rank - 0.4, 0.8), facecolors=colors[r.rank], edgecolor="white")
         for x, w in spans:
             ax.text(x + w / 2, r.rank, f"{x}-{x + w - 1}", ha="center", va="center", fontsize=8, color="white")

@@ -44,24 +44,24 @@ def backward_on(model, exp, parts, device) -> None:
         (loss_sum(model(x.to(device)), y.to(device)) / total).backward()
 
 
-def reference_model(exp, device, ranks=None):
-    """A fresh model that has back-propagated the objective on step 0's global batch (or `ranks`' shards)."""
-    model = models.build(exp).to(device=device, dtype=DTYPES[exp.dtype])
-    backward_on(model, exp, global_batch(exp, step=0, ranks=ranks), device)
-    return model
+def fresh_model(exp, device):
+    """The model every rank starts from, in the run's dtype."""
+    return models.build(exp).to(device=device, dtype=DTYPES[exp.dtype])
 
 
 def reference_gradients(exp, device) -> dict[str, torch.Tensor]:
     """Name -> gradient of the objective on step 0's whole global batch, on the CPU."""
-    model = reference_model(exp, device)
+    model = fresh_model(exp, device)
+    backward_on(model, exp, global_batch(exp, step=0), device)
     return {n: p.grad.detach().cpu().clone() for n, p in model.named_parameters()}
 
 
 def reference_step(exp, device, ranks=None) -> tuple[torch.Tensor, torch.Tensor, str]:
     """One optimizer step on step 0's global batch (or on only `ranks`' shards), in one process, no DDP:
     (parameters before, parameters after) as flat float64 CPU vectors, and the checksum after."""
-    before = flat_parameters(models.build(exp).to(dtype=DTYPES[exp.dtype]))
-    model = reference_model(exp, device, ranks)
+    model = fresh_model(exp, device)
+    before = flat_parameters(model)
+    backward_on(model, exp, global_batch(exp, step=0, ranks=ranks), device)
     make_optimizer(exp.replace(sharding="none"), model.parameters()).step()  # one process: nothing to shard
     return before, flat_parameters(model), parameter_checksum(model)
 

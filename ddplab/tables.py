@@ -12,17 +12,9 @@ import pandas as pd
 
 def id_ranges(ids: list[int]) -> str:
     """[0, 1, 2, 3, 8, 9] -> '0-3, 8-9'."""
-    if not ids:
-        return ""
-    ids = sorted(ids)
-    spans, start, prev = [], ids[0], ids[0]
-    for i in ids[1:]:
-        if i != prev + 1:
-            spans.append((start, prev))
-            start = i
-        prev = i
-    spans.append((start, prev))
-    return ", ".join(f"{a}-{b}" if a != b else f"{a}" for a, b in spans)
+    from .data import contiguous_spans
+
+    return ", ".join(f"{a}-{b}" if a != b else f"{a}" for a, b in contiguous_spans(ids))
 
 
 def ranks(run) -> pd.DataFrame:

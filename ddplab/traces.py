@@ -52,11 +52,11 @@ def bytes_on_wire(runs) -> pd.DataFrame:
     rows = []
     for run in runs:
         payload = run.ranks[0].model["parameter_bytes"]
-        written = [st["backward_write_bytes"] for r in run.ranks for st in r.steps]
+        written = statistics.median(st["backward_write_bytes"] for r in run.ranks for st in r.steps)
         formula = comm.ring_bytes_per_rank(payload, run.world_size)
         rows.append({"world_size": run.world_size, "payload_mib": payload / MIB,
-                     "written_mib_per_rank": statistics.median(written) / MIB, "ring_formula_mib": formula / MIB,
-                     "ratio": statistics.median(written) / formula})
+                     "written_mib_per_rank": written / MIB, "ring_formula_mib": formula / MIB,
+                     "ratio": written / formula})
     return pd.DataFrame(rows).set_index("world_size")
 
 
@@ -109,7 +109,6 @@ def exposed_vs_summed(run_ddp, run_alone, warmup: int = 2) -> pd.Series:
     communication actually exposed, T(step with DDP) - T(step without synchronization)."""
     summed = statistics.median(sum((b["done_ns"] - b["launch_ns"]) / 1e6 for b in r.steps[i]["buckets"])
                                for r in run_ddp.ranks for i in range(warmup, run_ddp.spec.steps))
-    exposed = statistics.median(run_ddp.step_ms(warmup)) - statistics.median(run_alone.step_ms(warmup))
-    return pd.Series({"summed_bucket_durations_ms": summed, "exposed_ms": exposed,
-                      "step_ms_ddp": statistics.median(run_ddp.step_ms(warmup)),
-                      "step_ms_no_sync": statistics.median(run_alone.step_ms(warmup))}).round(3)
+    with_ddp, without = statistics.median(run_ddp.step_ms(warmup)), statistics.median(run_alone.step_ms(warmup))
+    return pd.Series({"summed_bucket_durations_ms": summed, "exposed_ms": with_ddp - without,
+                      "step_ms_ddp": with_ddp, "step_ms_no_sync": without}).round(3)

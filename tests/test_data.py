@@ -37,3 +37,8 @@ def test_batch_shapes_with_per_rank_sequence_lengths():
     assert [tuple(x.shape) for x, _ in parts] == [(3, 8), (2, 5)]
     x, y = parts[0]
     assert torch.equal(x[:, 1:], y[:, :-1])  # targets are the inputs shifted by one
+
+
+def test_contiguous_spans_of_sample_ids():
+    assert data.contiguous_spans([9, 0, 1, 2, 3, 8]) == [(0, 3), (8, 9)]
+    assert data.contiguous_spans([5]) == [(5, 5)] and data.contiguous_spans([]) == []
