@@ -18,9 +18,10 @@ progresses at 1 / (1 + interference) of its speed:
 - interference = 1 is one core shared by both: every millisecond of communication costs a
   millisecond of compute somewhere, so overlap hides nothing (each rank of a CPU run with as many
   ranks as cores is in this regime).
-`comm_scale` multiplies every all-reduce's isolated cost (in-flight all-reduces also pay copies into
-and out of the bucket and slower thread wake-ups). `calibrate` fits one of the two on one measured
-point. Used by notebook 05 and the bucket slider, where it must redraw in well under 50 ms.
+`comm_scale` multiplies every all-reduce's isolated cost, and `copy_bytes_per_s`, when given, adds
+the copy of each bucket's gradients into its flat buffer and back (DDP's default,
+gradient_as_bucket_view=False) to the bucket's cost. `calibrate` fits one knob (interference,
+comm_scale or the link's alpha) on one measured point. Used by notebook 05 and the bucket slider, where it must redraw in well under 50 ms.
 """
 
 from __future__ import annotations
@@ -49,15 +50,20 @@ class Cost:
     link: AlphaBeta
     interference: float = 0.0
     comm_scale: float = 1.0
+    copy_bytes_per_s: float | None = None
 
     def __post_init__(self):
         for name in ("interference", "comm_scale"):
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
                 raise ValueError(f"Cost.{name}: must be a finite number >= 0 (got {v!r})")
+        if self.copy_bytes_per_s is not None and not self.copy_bytes_per_s > 0:
+            raise ValueError(f"Cost.copy_bytes_per_s: must be > 0 or None (got {self.copy_bytes_per_s!r})")
 
     def allreduce_ms(self, n_bytes: int) -> float:
-        return self.comm_scale * self.link.predict(n_bytes) * 1e3
+        """One bucket's cost alone: the all-reduce, scaled, plus its copies in and out (if priced)."""
+        copy = 2 * n_bytes / self.copy_bytes_per_s if self.copy_bytes_per_s else 0.0
+        return (self.comm_scale * self.link.predict(n_bytes) + copy) * 1e3
 
 
 @dataclass(frozen=True)
@@ -232,8 +238,13 @@ def calibrate(predict_step_ms, measured_ms: float, lo: float = 0.0, hi: float = 
     return (lo + hi) / 2
 
 
+KNOBS = ("interference", "comm_scale", "alpha_ms")
+
+
 def with_knob(cost: Cost, knob: str, value: float) -> Cost:
-    """`cost` with its `interference` or `comm_scale` set to value."""
-    if knob not in ("interference", "comm_scale"):
-        raise ValueError(f"knob: must be 'interference' or 'comm_scale' (got {knob!r})")
+    """`cost` with its `interference`, `comm_scale` or link alpha (`alpha_ms`) set to value."""
+    if knob not in KNOBS:
+        raise ValueError(f"knob: must be one of {', '.join(KNOBS)} (got {knob!r})")
+    if knob == "alpha_ms":
+        return replace(cost, link=replace(cost.link, alpha_s=value / 1e3))
     return replace(cost, **{knob: value})

@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass, field
 
 BUILTIN_MODELS = ("transformer", "mlp", "branchy")
-TASKS = ("train", "allreduce-sweep")
+TASKS = ("train", "allreduce-sweep", "bucket-sweep")
 OPTIMIZERS = ("sgd", "adam", "adamw")
 BACKENDS = ("auto", "gloo", "nccl")
 DEVICES = ("auto", "cpu", "cuda")
@@ -28,6 +28,11 @@ FAULTS = (None, "crash", "skip-backward", "stall")
 PROBES = ("reference", "gradients", "buckets", "activations", "memory", "memory-snapshot", "readiness", "bytes")
 SHARDING = ("none", "zero1", "fsdp2")
 _FACTORY = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+# a bucket-sweep plan: "<kind>:<cap in MiB>"; ddp = torch DDP with the readiness and bucket probes,
+# bare = torch DDP without probes, plan = BucketedSync with DDP's rule, split = the same with its last
+# bucket cut in two; "ddp:default" and "bare:default" leave bucket_cap_mb at None
+PLAN_KINDS = ("ddp", "bare", "plan", "split")
+_PLAN = re.compile(r"^(ddp|bare|plan|split):(default|\d+(\.\d+)?(e-?\d+)?)$")
 
 
 def _is_int(v) -> bool:
@@ -44,10 +49,13 @@ class Experiment:
     """One DDP experiment. Every field is checked in `__post_init__`; a bad value raises `ValueError`."""
 
     name: str = "experiment"
-    # "train": DDP training steps; "allreduce-sweep": time all_reduce over `sweep_bytes`, `repeats` times
+    # "train": DDP training steps; "allreduce-sweep": time all_reduce over `sweep_bytes`, `repeats` times;
+    # "bucket-sweep": time `steps` steps of every plan in `plans` (and of a compute-only step) in each of
+    # `repeats` interleaved rounds, after 2 warm-up steps each
     task: str = "train"
     sweep_bytes: tuple[int, ...] = field(default_factory=tuple)
     repeats: int = 20
+    plans: tuple[str, ...] = field(default_factory=tuple)
     # the network: a built-in name, or "package.module:factory" returning an nn.Module that maps
     # token ids (batch, seq_len) to logits (batch, seq_len, vocab_size)
     model: str = "transformer"
@@ -94,7 +102,7 @@ class Experiment:
     probes: tuple[str, ...] = field(default_factory=tuple)
 
     def __post_init__(self):
-        for name in ("local_batch", "seq_len", "probes", "sweep_bytes"):
+        for name in ("local_batch", "seq_len", "probes", "sweep_bytes", "plans"):
             value = getattr(self, name)
             if isinstance(value, list):
                 object.__setattr__(self, name, tuple(value))
@@ -175,6 +183,20 @@ def _validate(e: Experiment) -> None:
                                f"(float32 elements) (got {sizes!r})")
         if e.fault is not None or e.probes:
             bad("task", "an all-reduce sweep takes no fault injection and no probes")
+    if e.task == "bucket-sweep":
+        plans = list(e.plans)
+        bad_plans = [p for p in plans if not isinstance(p, str) or not _PLAN.match(p)
+                     or (p.endswith(":default") and p.split(":")[0] in ("plan", "split"))
+                     or (not p.endswith(":default") and not float(p.split(":")[1]) > 0)]
+        if not plans or bad_plans or len(set(plans)) != len(plans):
+            bad("plans", f"a bucket sweep needs distinct plans '<kind>:<cap MiB>' with kind one of "
+                         f"{', '.join(PLAN_KINDS)} and a cap > 0 ('default' for ddp and bare) (got {plans!r})")
+        if e.fault is not None or e.probes or e.sync != "ddp" or e.sharding != "none" or e.accum_steps != 1:
+            bad("task", "a bucket sweep probes every step itself: no fault, probes, sharding or accumulation, sync='ddp'")
+        if any(isinstance(v, tuple) for v in (e.local_batch, e.seq_len)):
+            bad("local_batch", "a bucket sweep gives every rank the same work: one local_batch and one seq_len")
+    elif e.plans:
+        bad("plans", f"only a task='bucket-sweep' takes plans (task is {e.task!r})")
     if not _is_int(e.repeats) or e.repeats < 1:
         bad("repeats", f"must be a positive integer (got {e.repeats!r})")
     if not isinstance(e.seed_per_rank, bool):
@@ -262,3 +284,9 @@ def _validate(e: Experiment) -> None:
         bad("probes", "'memory-snapshot' needs CUDA (the caching allocator records it); device is 'cpu'")
     if not all(isinstance(p, str) and p in PROBES for p in e.probes):
         bad("probes", f"each probe must be one of {', '.join(PROBES)} (got {list(e.probes)!r})")
+
+
+def parse_plan(plan: str) -> tuple[str, float | None]:
+    """"split:4" -> ("split", 4.0); "ddp:default" -> ("ddp", None)."""
+    kind, cap = plan.split(":")
+    return kind, None if cap == "default" else float(cap)

@@ -77,3 +77,75 @@ def memory_explorer(exp):
     box = w.VBox([w.HBox([world, opt, views, button]), predicted, measured])
     box.add_class("ddplab-memory-explorer")
     return box
+
+
+def bucket_slider(sweep_run, link, model: str = "calibrated"):
+    """A bucket-cap slider (log scale, MiB) and a "split the last bucket" switch redraw the simulated
+    step (timeline and summary row) from the sweep's readiness trace and the chosen cost model, with
+    no launch; "measure" runs that plan for real on the sweep's ranks and model (one launch) and
+    overlays the measured buckets (notebook 05)."""
+    import ipywidgets as w
+    import matplotlib.pyplot as plt
+    import pandas as pd
+    from IPython.display import display
+
+    from . import overlap, overlap_plots, schedule
+    from .launch import run
+
+    ins, costs = overlap.inputs(sweep_run), overlap.costs(sweep_run, link)
+    smallest = min(g.bytes for g in ins.grads) / overlap.MIB
+    cap = w.FloatLogSlider(value=4, base=10, min=round(_log10(smallest / 2), 1),
+                           max=round(_log10(1.5 * ins.gradient_bytes / overlap.MIB), 1), step=0.05,
+                           description="cap (MiB)", readout_format=".3g", continuous_update=False,
+                           layout=w.Layout(width="480px"))
+    split = w.Checkbox(value=False, description="split the last bucket in two")
+    which = w.ToggleButtons(options=list(costs), value=model, description="model", style={"button_width": "90px"})
+    button = w.Button(description="measure", icon="play", tooltip="run this plan for real (one launch)")
+    out, status = w.Output(), w.Output()
+    measured: dict = {}
+
+    def current():
+        plan = overlap.ddp_rule(ins, cap.value)
+        if split.value and len(plan[-1]) > 1:
+            plan = schedule.split_bucket(plan, ins.grads)
+        name = f"{'split' if split.value else 'ddp'}:{cap.value:.3g}"
+        return name, plan
+
+    def redraw(_=None):
+        name, plan = current()
+        s = overlap.predict(ins, plan, costs[which.value])
+        row = {"plan": name, **overlap.summary(s)}
+        if name in measured:
+            row["measured_step_ms"] = measured[name]["step_ms"]
+        with out:
+            out.clear_output(wait=True)
+            display(pd.DataFrame([row]).set_index("plan").round(2))
+            fig = overlap_plots.timeline(s, measured.get(name, {}).get("timeline"),
+                                         f"{name}: {len(plan)} bucket(s), {which.value} model")
+            display(fig)
+            plt.close(fig)
+
+    def measure(_):
+        name, _plan = current()
+        exp = sweep_run.spec.replace(name="slider-measure", plans=(name,), repeats=1, steps=3)
+        with status:
+            status.clear_output()
+            r = run(exp)
+            measured[name] = {"step_ms": overlap.measured(r).loc[name, "step_ms"],
+                              "timeline": overlap.measured_timeline(r, name)}
+            print(f"measured {name}: {measured[name]['step_ms']:.1f} ms per step (median of 3 steps, 2 ranks)")
+        redraw()
+
+    for control in (cap, split, which):
+        control.observe(redraw, names="value")
+    button.on_click(measure)
+    redraw()
+    box = w.VBox([w.HBox([cap, split]), w.HBox([which, button]), status, out])
+    box.add_class("ddplab-bucket-slider")
+    return box
+
+
+def _log10(x: float) -> float:
+    import math
+
+    return math.log10(x)

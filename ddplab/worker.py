@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from . import data, gradients, models, reference, runtime
+from . import bucket_sweep, data, gradients, models, reference, runtime
 from .memory import MemoryProbe, SavedTensorMeter
 from .readiness import BucketLog, ReadyLog
 from .rundir import (SCHEMA_VERSION, ProgressLog, error_file, rank_file, save_tensors_atomic, tensor_file,
@@ -238,7 +238,7 @@ def main(argv=None) -> None:
         widest = max(exps, key=lambda e: e.world_size)  # the launcher checked they all agree
         backend, device_type = runtime.choose_backend(widest.backend, widest.device, env.world_size, cuda_devices)
         log.enter("init-process-group", collective="rendezvous of all ranks")
-        if device_type == "cpu" and widest.pin_cpus:
+        if device_type == "cpu" and any(e.pin_cpus for e in exps):  # pinning is per process
             runtime.pin_to_core(env.local_rank)
         device = runtime.setup(backend, device_type, env, max(e.timeout_s for e in exps))
         groups = runtime.subgroups([e.world_size for e in exps], env.world_size, max(e.timeout_s for e in exps))
@@ -247,7 +247,7 @@ def main(argv=None) -> None:
                 log.close()
                 log = ProgressLog(run_dir, env.rank)
             t0 = time.time_ns()
-            task = train if exp.task == "train" else allreduce_sweep
+            task = {"train": train, "allreduce-sweep": allreduce_sweep, "bucket-sweep": bucket_sweep.run}[exp.task]
             record, tensors = task(exp, env, device, log, groups[exp.world_size])
             if tensors:
                 save_tensors_atomic(tensor_file(run_dir, env.rank), tensors)

@@ -112,3 +112,18 @@ def test_fast_enough_for_a_slider():
     for cap in (4096, 65536, 2 ** 20):
         schedule.simulate(g, schedule.ddp_plan(g, cap), cost, backward_ms=130.0)
     assert (time.perf_counter() - t0) / 3 < 0.05
+
+
+def test_copies_priced_per_bucket_and_alpha_recovered_by_calibration():
+    g = grads((4000, 10.0), (4000, 20.0))
+    cost = Cost(LINK, copy_bytes_per_s=8e6)            # 2 x 4000 B at 8 MB/s: 1 ms per bucket
+    assert cost.allreduce_ms(4000) == pytest.approx(5 + 1)
+    shared = Cost(AlphaBeta(2.5e-3, 1e-6), interference=1.0, copy_bytes_per_s=8e6)
+    plan = [["p0"], ["p1"]]
+    truth = schedule.simulate(g, plan, shared, 20.0).step_ms
+    assert truth == pytest.approx(20 + 2 * (2.5 + 4 + 1))
+    start = schedule.with_knob(shared, "alpha_ms", 0.0)
+    fitted = schedule.calibrate(lambda a: schedule.simulate(g, plan, schedule.with_knob(start, "alpha_ms", a), 20.0).step_ms, truth)
+    assert fitted == pytest.approx(2.5, rel=1e-6)
+    with pytest.raises(ValueError, match="knob"):
+        schedule.with_knob(shared, "beta", 1.0)

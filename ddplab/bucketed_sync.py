@@ -1,0 +1,113 @@
+"""A small gradient synchronizer with an explicit bucket plan, so the lab can measure plans DDP
+cannot express (for example its last bucket split in two).
+
+    sync = BucketedSync(module, [["head.weight", "head.bias"], ["blocks.1.ff.weight", ...], ...], group)
+    loss_fn(sync(x)).backward()     # each bucket's all-reduce starts as soon as its last gradient is ready
+    optimizer.step()                # .grad now holds the average over the ranks, as with DDP
+
+It does what DDP's reducer does, in plain Python: at construction it broadcasts rank 0's parameters
+and gives each bucket one flat buffer; during backward a post-accumulate-grad hook counts each
+bucket's gradients, and when the last one arrives copies them into the buffer, divides by the world
+size and launches an asynchronous all-reduce. A callback queued on the autograd engine runs when
+backward ends: it waits for every bucket and copies the averages back into `.grad`. A bucket whose
+gradients never all arrived (a parameter unused in this forward) is an error naming them.
+
+Every bucket's launch and completion time is recorded (`take()`), in the format of
+`readiness.BucketLog`, so measured timelines read the same for DDP and for this. Checked against
+DDP's gradients in tests/test_bucketed_sync.py. Used by the bucket sweep (notebook 05).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+
+
+class BucketedSync(torch.nn.Module):
+    def __init__(self, module: torch.nn.Module, plan: list[list[str]], group=None):
+        super().__init__()
+        self.module = module
+        self.group = group
+        params = dict(module.named_parameters())
+        trainable = [n for n, p in params.items() if p.requires_grad]
+        seen = [n for b in plan for n in b]
+        twice = sorted({n for n in seen if seen.count(n) > 1})
+        unknown = sorted(set(seen) - set(trainable))
+        missing = sorted(set(trainable) - set(seen))
+        if twice or unknown or missing or any(not b for b in plan):
+            raise ValueError(f"plan: every trainable parameter must be in exactly one non-empty bucket "
+                             f"(twice: {twice}, unknown: {unknown}, missing: {missing})")
+        self.plan = [list(b) for b in plan]
+        src = dist.get_global_rank(group, 0) if group is not None else 0
+        with torch.no_grad():
+            for p in params.values():   # like DDP: every rank starts from rank 0's parameters
+                dist.broadcast(p.data, src=src, group=group)
+        self._params = [[params[n] for n in b] for b in self.plan]
+        self._buffers = [torch.empty(sum(p.numel() for p in b), dtype=b[0].dtype, device=b[0].device)
+                         for b in self._params]
+        self._bucket_of = {}
+        for j, b in enumerate(self.plan):
+            for n in b:
+                self._bucket_of[n] = j
+                params[n].register_post_accumulate_grad_hook(self._hook_for(n))
+        self._reset()
+        self.events: list[dict] = []
+
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    # ---- during backward --------------------------------------------------------------------
+    def _reset(self):
+        self._pending = [len(b) for b in self.plan]
+        self._futures: list = [None] * len(self.plan)
+        self._armed = False
+
+    def _hook_for(self, name):
+        def hook(param):
+            if not self._armed:  # the first gradient of this backward: finish when backward ends
+                self._armed = True
+                torch.autograd.Variable._execution_engine.queue_callback(self._finish)
+            j = self._bucket_of[name]
+            self._pending[j] -= 1
+            if self._pending[j] == 0:
+                self._launch(j)
+        return hook
+
+    def _launch(self, j: int):
+        buf, offset = self._buffers[j], 0
+        for p in self._params[j]:
+            n = p.numel()
+            buf[offset:offset + n].copy_(p.grad.reshape(-1))
+            offset += n
+        event = {"index": j, "bytes": buf.numel() * buf.element_size(), "params": list(self.plan[j]),
+                 "launch_ns": time.perf_counter_ns()}
+        self.events.append(event)
+        buf.div_(dist.get_world_size(self.group))
+        fut = dist.all_reduce(buf, group=self.group, async_op=True).get_future()
+
+        def done(f):  # on a gloo worker thread, when the all-reduce completes
+            event["done_ns"] = time.perf_counter_ns()
+            return f.value()[0]
+        self._futures[j] = fut.then(done)
+
+    def _finish(self):
+        late = [n for j, b in enumerate(self.plan) if self._pending[j] for n in b]
+        if late:
+            self._reset()
+            raise RuntimeError(f"BucketedSync: backward ended before these parameters' gradients were ready "
+                               f"(unused in this forward?): {sorted(set(late))[:8]}")
+        for j, fut in enumerate(self._futures):
+            fut.wait()
+            offset = 0
+            for p in self._params[j]:
+                n = p.numel()
+                p.grad.copy_(self._buffers[j][offset:offset + n].view_as(p.grad))
+                offset += n
+        self._reset()
+
+    def take(self) -> list[dict]:
+        """The buckets launched since the last call (index, bytes, params, launch_ns, done_ns)."""
+        events, self.events = self.events, []
+        return events

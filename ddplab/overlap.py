@@ -1,0 +1,257 @@
+"""A measured bucket sweep against the bucket simulator: tables, calibration, the ordering check.
+
+- `measured(run)`: per plan, the step time (each step timed by its slowest rank; the median of each
+  round's median, and the spread of those round medians), backward, first launch, last gradient
+  ready, communication end and exposed tail, as the ranks recorded them.
+- `inputs(run)`: what the simulator takes from the same run: every gradient's median ready time in
+  the compute-only backward, that backward's length, forward and optimizer time.
+- `costs(...)` / `compare(...)`: the simulator's step time for every plan under three cost models
+  (textbook; shared core; shared core with alpha calibrated on one plan); errors per plan.
+- `ordering(...)`: for every pair of plans, does the prediction order them as the measurement does?
+  Pairs whose medians differ by less than twice the run-to-run spread are ties, not verdicts.
+Numbers in, DataFrames out (pure: no processes). Used by notebook 05 and bench/simulator_accuracy.py.
+"""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+from dataclasses import dataclass
+
+import pandas as pd
+
+from . import schedule
+from .comm import AlphaBeta
+from .schedule import Cost, Grad
+from .spec import parse_plan
+
+MIB = 2 ** 20
+DDP_DEFAULT_CAP_MB, DDP_DEFAULT_FIRST_CAP_MB = 25, 1
+
+
+def _sweep(run) -> dict:
+    if run.spec.task != "bucket-sweep":
+        raise ValueError("this run is not a bucket sweep: use recipes.bucket_sweep()")
+    return run.ranks[0].raw["bucket_sweep"]
+
+
+def _arm_steps(run, name: str) -> list[list[dict]]:
+    """Per timed step, every rank's record of it."""
+    per_rank = [next(a for a in r.raw["bucket_sweep"]["arms"] if a["name"] == name)["steps"] for r in run.ranks]
+    return [list(s) for s in zip(*per_rank)]
+
+
+def step_times(run, name: str) -> dict[int, list[float]]:
+    """Per round, `name`'s timed steps, each timed by its slowest rank (ms)."""
+    rounds: dict[int, list[float]] = {}
+    for s in _arm_steps(run, name):
+        rounds.setdefault(s[0]["round"], []).append(max(x["step_ms"] for x in s))
+    return rounds
+
+
+def arm_names(run) -> list[str]:
+    return [a["name"] for a in _sweep(run)["arms"]]
+
+
+def cap_of(name: str) -> float | None:
+    """The bucket cap (MiB) of a plan name; None for DDP's default and for compute-only."""
+    return None if name == "compute-only" else parse_plan(name)[1]
+
+
+def measured(run) -> pd.DataFrame:
+    """One row per plan (see the module docstring); times in ms."""
+    rows = []
+    for name in arm_names(run):
+        steps = _arm_steps(run, name)
+        medians = [statistics.median(v) for v in step_times(run, name).values()]
+        med = lambda f: statistics.median(f(x) for s in steps for x in s)  # noqa: E731 - over steps and ranks
+        row = {"plan": name, "cap_mb": cap_of(name), "step_ms": statistics.median(medians),
+               "spread_ms": _robust_spread(medians),
+               "round_min_ms": min(medians), "round_max_ms": max(medians),
+               "forward_ms": med(lambda x: x["forward_ms"]), "backward_ms": med(lambda x: x["backward_ms"]),
+               "optimizer_ms": med(lambda x: x["optimizer_ms"])}
+        if steps[0][0].get("ready"):
+            row["last_ready_ms"] = med(lambda x: x["ready"][-1][1])
+        if steps[0][0].get("buckets"):
+            row["buckets"] = len(steps[0][0]["buckets"])
+            row["first_launch_ms"] = med(lambda x: min(b["launch_ms"] for b in x["buckets"]))
+            row["comm_end_ms"] = med(lambda x: max(b["done_ms"] for b in x["buckets"]))
+            row["exposed_tail_ms"] = med(lambda x: max(0.0, max(b["done_ms"] for b in x["buckets"]) - x["ready"][-1][1]))
+        rows.append(row)
+    return pd.DataFrame(rows).set_index("plan")
+
+
+def _robust_spread(values) -> float:
+    """The run-to-run spread: 1.4826 x the median absolute deviation (the standard deviation for
+    normal noise, but one disturbed round does not inflate it)."""
+    if len(values) < 2:
+        return 0.0
+    m = statistics.median(values)
+    return 1.4826 * statistics.median(abs(v - m) for v in values)
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """The simulator's view of one machine and model, from the compute-only plan of a sweep."""
+
+    grads: list[Grad]          # in ready order
+    backward_ms: float
+    forward_ms: float
+    optimizer_ms: float
+
+    @property
+    def gradient_bytes(self) -> int:
+        return sum(g.bytes for g in self.grads)
+
+
+def inputs(run) -> Inputs:
+    """A collective starts when its last rank joins, so every time is the slowest rank's in each step
+    (the ranks start each step together), then the median over the compute-only steps."""
+    sweep, sizes = _sweep(run), run.ranks[0].raw["parameter_bytes"]
+    steps = _arm_steps(run, "compute-only")
+    ready: dict[str, list[float]] = {}
+    for s in steps:
+        per_rank = [dict(x["ready"]) for x in s]
+        for n in per_rank[0]:
+            ready.setdefault(n, []).append(max(r[n] for r in per_rank))
+    names = [n for n, _ in sweep["ready_order"]]
+    grads = schedule.grads_in_ready_order(names, [sizes[n] for n in names], [statistics.median(ready[n]) for n in names])
+    slowest = lambda k: statistics.median(max(x[k] for x in s) for s in steps)  # noqa: E731
+    return Inputs(grads, slowest("backward_ms"), slowest("forward_ms"), slowest("optimizer_ms"))
+
+
+def plan_for(run, name: str, ins: Inputs | None = None) -> list[list[str]]:
+    """The bucket plan a sweep plan used: observed where the probes saw it, else DDP's rule."""
+    arm = next(a for a in _sweep(run)["arms"] if a["name"] == name)
+    if arm["layout"]:
+        return [list(b) for b in arm["layout"]]
+    return ddp_rule(ins or inputs(run), cap_of(name))
+
+
+def ddp_rule(ins: Inputs, cap_mb: float | None) -> list[list[str]]:
+    """DDP's buckets for `cap_mb` (None: its default, 25 MiB with a 1 MiB first bucket)."""
+    if cap_mb is None:
+        return schedule.ddp_plan(ins.grads, DDP_DEFAULT_CAP_MB * MIB, DDP_DEFAULT_FIRST_CAP_MB * MIB)
+    return schedule.ddp_plan(ins.grads, cap_mb * MIB)
+
+
+def predict(ins: Inputs, plan, cost: Cost) -> schedule.Schedule:
+    return schedule.simulate(ins.grads, plan, cost, ins.backward_ms, ins.forward_ms, ins.optimizer_ms)
+
+
+MODELS = ("textbook", "shared_core", "calibrated")
+
+
+def calibrate(ins: Inputs, plan, base: Cost, measured_step_ms: float, knob: str = "alpha_ms") -> Cost:
+    """`base` with `knob` fitted so that `plan`'s predicted step equals `measured_step_ms`."""
+    value = schedule.calibrate(lambda v: predict(ins, plan, schedule.with_knob(base, knob, v)).step_ms,
+                               measured_step_ms)
+    return schedule.with_knob(base, knob, value)
+
+
+def calibration_plan(layouts: dict) -> str:
+    """The plan to calibrate on: the one with the most buckets, where the per-bucket start-up cost
+    dominates (so its fitted value is best determined)."""
+    return max(layouts, key=lambda p: len(layouts[p]))
+
+
+def costs(run, link: AlphaBeta, calibrate_on: str | None = None, plans=None) -> dict[str, Cost]:
+    """The three cost models compared in notebook 05:
+    - textbook: the isolated alpha-beta line, perfect overlap, no copies (no fitted parameter);
+    - shared_core: the same line, but communication and backward share each rank's core
+      (interference 1) and every bucket's copies in and out are priced at the copy bandwidth the
+      ranks measured (no fitted parameter);
+    - calibrated: shared_core with the start-up cost alpha of an all-reduce launched during backward
+      fitted on ONE plan (`calibrate_on`, default `calibration_plan`)."""
+    table, ins = measured(run), inputs(run)
+    plans = [p for p in (plans or table.index) if p != "compute-only"]
+    layouts = {p: plan_for(run, p, ins) for p in plans}
+    calibrate_on = calibrate_on or calibration_plan(layouts)
+    shared = Cost(link, interference=1.0, copy_bytes_per_s=_sweep(run)["copy_bytes_per_s"])
+    return {"textbook": Cost(link), "shared_core": shared,
+            "calibrated": calibrate(ins, layouts[calibrate_on], shared, table.loc[calibrate_on, "step_ms"])}
+
+
+def compare(run, link: AlphaBeta, calibrate_on: str | None = None, plans=None) -> tuple[pd.DataFrame, dict]:
+    """Measured step time per plan beside the three models' predictions (see `costs`) and their
+    relative errors (predicted - measured) / measured; returns (table, costs)."""
+    table, ins = measured(run), inputs(run)
+    plans = [p for p in (plans or table.index) if p != "compute-only"]
+    layouts = {p: plan_for(run, p, ins) for p in plans}
+    calibrate_on = calibrate_on or calibration_plan(layouts)
+    models = costs(run, link, calibrate_on, plans)
+    rows = []
+    for p in plans:
+        m = table.loc[p, "step_ms"]
+        row = {"plan": p, "buckets": len(layouts[p]), "measured_ms": m, "spread_ms": table.loc[p, "spread_ms"]}
+        for name, cost in models.items():
+            pred = predict(ins, layouts[p], cost).step_ms
+            row[f"{name}_ms"], row[f"{name}_error"] = pred, (pred - m) / m
+        row["calibration_point"] = p == calibrate_on
+        rows.append(row)
+    return pd.DataFrame(rows).set_index("plan"), models
+
+
+def error_summary(table: pd.DataFrame, column: str = "calibrated_error", include_calibration: bool = False) -> dict:
+    """Mean and max absolute relative error over the plans (without the calibration point by default)."""
+    part = table if include_calibration else table[~table["calibration_point"]]
+    errs = part[column].abs()
+    return {"mean_abs_error": float(errs.mean()), "max_abs_error": float(errs.max()), "worst": errs.idxmax()}
+
+
+def ordering(table: pd.DataFrame, predicted: str = "calibrated_ms", k: float = 2.0) -> pd.DataFrame:
+    """Every pair of plans: measured difference, the tie threshold k x the larger spread, and whether
+    the prediction orders the pair as measured (None for a tie)."""
+    rows = []
+    for a, b in itertools.combinations(table.index, 2):
+        diff = table.loc[b, "measured_ms"] - table.loc[a, "measured_ms"]
+        threshold = k * max(table.loc[a, "spread_ms"], table.loc[b, "spread_ms"])
+        resolved = abs(diff) > threshold
+        pdiff = table.loc[b, predicted] - table.loc[a, predicted]
+        rows.append({"a": a, "b": b, "measured_diff_ms": diff, "threshold_ms": threshold,
+                     "predicted_diff_ms": pdiff, "verdict": "ordered" if resolved else "tie",
+                     "agrees": (diff > 0) == (pdiff > 0) if resolved else None})
+    return pd.DataFrame(rows)
+
+
+def summary(s: schedule.Schedule) -> dict:
+    """What the bucket slider shows for one schedule."""
+    last = max(s.buckets, key=lambda b: b.ready_ms)
+    return {"buckets": len(s.buckets), "first_launch_ms": s.first_launch_ms, "last_ready_ms": last.ready_ms,
+            "last_bucket_mib": last.bytes / MIB, "exposed_tail_ms": s.exposed_tail_ms, "step_ms": s.step_ms}
+
+
+def bucket_table(s: schedule.Schedule) -> pd.DataFrame:
+    """Per bucket: when it is ready, its cost alone, how much backward is still to run then (the
+    time it can hide behind), when the channel takes it and when it finishes."""
+    rows = [{"bucket": b.index, "tensors": len(b.params), "mib": b.bytes / MIB, "ready_ms": b.ready_ms,
+             "cost_ms": b.cost_ms, "backward_left_ms": max(0.0, s.backward_ms - b.ready_ms),
+             "start_ms": b.start_ms, "finish_ms": b.finish_ms} for b in s.buckets]
+    return pd.DataFrame(rows).set_index("bucket")
+
+
+def candidates(ins: Inputs, cost: Cost, caps_mb, split_cap_mb: float | None = None) -> pd.DataFrame:
+    """The worked example's table: for each cap, DDP's plan from the measured ready order, and (if
+    given) the plan at `split_cap_mb` with its last bucket cut in two; the last bucket's ready time,
+    cost and the backward left to hide it, the exposed tail and the predicted step."""
+    plans = {f"ddp:{c:g}": ddp_rule(ins, c) for c in caps_mb}
+    if split_cap_mb is not None:
+        plans[f"split:{split_cap_mb:g}"] = schedule.split_bucket(ddp_rule(ins, split_cap_mb), ins.grads)
+    rows = []
+    for name, plan in plans.items():
+        s = predict(ins, plan, cost)
+        last = max(s.buckets, key=lambda b: b.ready_ms)
+        rows.append({"plan": name, "buckets": len(plan), "first_launch_ms": s.first_launch_ms,
+                     "last_ready_ms": last.ready_ms, "last_cost_ms": last.cost_ms,
+                     "backward_left_ms": max(0.0, s.backward_ms - last.ready_ms),
+                     "exposed_tail_ms": s.exposed_tail_ms, "step_ms": s.step_ms})
+    return pd.DataFrame(rows).set_index("plan")
+
+
+def measured_timeline(run, plan: str, step: int = -1, rank: int = 0) -> dict:
+    """One measured step of `plan` on `rank`: bucket launch/done, last gradient ready and backward's
+    return, in ms after backward started (to overlay on a simulated timeline)."""
+    arm = next(a for a in run.ranks[rank].raw["bucket_sweep"]["arms"] if a["name"] == plan)
+    st = arm["steps"][step]
+    return {"buckets": st.get("buckets", []), "last_ready_ms": st["ready"][-1][1] if st.get("ready") else None,
+            "backward_ms": st["backward_ms"]}

@@ -1,0 +1,83 @@
+"""BucketedSync: plan validation, in-process behaviour on a 1-rank group, and real 2- and 4-rank
+sweeps where its reduced gradients and updates are compared with torch DDP's."""
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import ddplab
+from ddplab import overlap
+from ddplab.bucketed_sync import BucketedSync
+from tests.conftest import leftovers
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.a, self.b, self.unused = torch.nn.Linear(4, 8), torch.nn.Linear(8, 2), torch.nn.Linear(2, 2)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x)))
+
+
+def test_plan_must_cover_every_parameter_once_before_any_communication():
+    net = Net()
+    with pytest.raises(ValueError, match=r"plan: .*missing: \['unused.bias', 'unused.weight'\]"):
+        BucketedSync(net, [["a.weight", "a.bias", "b.weight", "b.bias"]])
+    with pytest.raises(ValueError, match=r"twice: \['a.bias'\]"):
+        BucketedSync(net, [["a.weight", "a.bias", "a.bias", "b.weight", "b.bias", "unused.weight", "unused.bias"]])
+
+
+@pytest.fixture(scope="module")
+def one_rank_group(tmp_path_factory):
+    store = dist.FileStore(str(tmp_path_factory.mktemp("store") / "f"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def test_one_rank_gradients_unchanged_and_an_unused_parameter_is_named(one_rank_group):
+    net, ref = Net(), Net()
+    x = torch.randn(5, 4)
+    ref(x).square().sum().backward()
+    plan = [["b.bias", "b.weight"], ["a.bias", "a.weight"], ["unused.weight", "unused.bias"]]
+    no_unused = BucketedSync(net, [plan[0], plan[1] + plan[2]])
+    with pytest.raises(RuntimeError, match="unused.bias"):
+        no_unused(x).square().sum().backward()
+    net2 = Net()
+    net2.unused.requires_grad_(False)
+    sync = BucketedSync(net2, plan[:2])
+    sync(x).square().sum().backward()
+    for (n, p), (_, q) in zip(net2.named_parameters(), ref.named_parameters()):
+        if q.grad is not None:
+            assert torch.equal(p.grad, q.grad), n
+    events = sync.take()
+    assert [e["index"] for e in events] == [0, 1]            # b's gradients are ready first
+    assert all(e["done_ns"] >= e["launch_ns"] for e in events)
+
+
+SMALL = dict(task="bucket-sweep", vocab_size=64, d_model=32, n_layers=2, n_heads=4, local_batch=2, seq_len=8,
+             repeats=2, steps=1, plans=("ddp:0.004", "plan:0.004", "split:0.004", "bare:default", "ddp:default"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_bucketed_sync_matches_ddp_in_a_real_sweep(runs_dir, world_size):
+    exp = ddplab.Experiment(name=f"bsync-{world_size}", world_size=world_size, **SMALL)
+    run = ddplab.run(exp, runs_dir / exp.name, progress=False)
+    assert not leftovers(run.path)
+    arms = {a["name"]: a for a in run.ranks[0].raw["bucket_sweep"]["arms"]}
+    for name in SMALL["plans"]:  # first step from identical states: same reduced gradient, same update
+        assert arms[name]["check"]["grad_rel_diff"] <= 1e-6, name
+        assert arms[name]["check"]["param_rel_diff"] <= 1e-6, name
+    ins = overlap.inputs(run)
+    # DDP's own buckets, as observed by the probe, are the simulator's rule applied to the ready order
+    assert overlap.plan_for(run, "ddp:0.004") == overlap.ddp_rule(ins, 0.004)
+    assert overlap.plan_for(run, "ddp:default") == overlap.ddp_rule(ins, None)
+    assert overlap.plan_for(run, "plan:0.004") == overlap.plan_for(run, "ddp:0.004")
+    split = overlap.plan_for(run, "split:0.004")
+    assert len(split) == len(overlap.plan_for(run, "plan:0.004")) + 1
+    table = overlap.measured(run)
+    assert list(table.index) == ["compute-only", *SMALL["plans"]]
+    assert (table["step_ms"] > 0).all() and table.loc["ddp:0.004", "buckets"] == len(overlap.ddp_rule(ins, 0.004))
