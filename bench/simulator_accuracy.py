@@ -1,6 +1,6 @@
 """How well does the bucket simulator predict a measured bucket sweep on this machine?
 
-    python bench/simulator_accuracy.py [--world-size 2] [--rounds 5] [--steps 4] [--no-pin]
+    python bench/simulator_accuracy.py [--world-size 2] [--rounds 7] [--steps 4] [--no-pin]
 
 One launch: an all-reduce sweep (alpha-beta fit) and a bucket sweep (DDP at caps from one tensor per
 bucket to a single bucket, DDP's default, and an explicit plan with its last bucket split). Prints,
@@ -25,7 +25,7 @@ from ddplab import overlap, recipes, traces
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--world-size", type=int, default=2)
-    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--no-pin", action="store_true", help="do not pin ranks to cores")
     args = p.parse_args()
@@ -54,7 +54,7 @@ def main() -> None:
     agree = int(resolved["agrees"].sum())
     print(f"\nordering: {len(resolved)} of {len(order)} pairs resolved (differ by > 2 x spread), "
           f"{agree} ordered as measured; {len(order) - len(resolved)} ties")
-    for _, r in resolved[~resolved["agrees"].astype(bool)].iterrows():
+    for _, r in resolved[resolved["agrees"].eq(False)].iterrows():
         print(f"  disagrees: {r['a']} vs {r['b']}: measured {r['measured_diff_ms']:+.1f} ms, "
               f"predicted {r['predicted_diff_ms']:+.1f} ms")
     e = overlap.error_summary(table)

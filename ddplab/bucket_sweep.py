@@ -113,6 +113,9 @@ def run(exp: Experiment, env, device: torch.device, log, group=None):
             return _Arm(name, module, wrapper, ready, buckets)
         plan = schedule.ddp_plan(grads, cap * MIB)
         if kind == "split":
+            if len(plan[-1]) < 2:
+                raise ValueError(f"Experiment.plans: {name!r}: at this cap the last bucket is one tensor "
+                                 f"({plan[-1][0]}), so there is nothing to split; use a larger cap")
             plan = schedule.split_bucket(plan, grads)
         log.enter("bucketed-sync-construct", collective="broadcast of rank 0's parameters")
         wrapper = BucketedSync(module, plan, group)

@@ -210,8 +210,10 @@ def ordering(table: pd.DataFrame, predicted: str = "calibrated_ms", k: float = 2
         pdiff = table.loc[b, predicted] - table.loc[a, predicted]
         rows.append({"a": a, "b": b, "measured_diff_ms": diff, "threshold_ms": threshold,
                      "predicted_diff_ms": pdiff, "verdict": "ordered" if resolved else "tie",
-                     "agrees": (diff > 0) == (pdiff > 0) if resolved else None})
-    return pd.DataFrame(rows)
+                     "agrees": bool((diff > 0) == (pdiff > 0)) if resolved else None})
+    df = pd.DataFrame(rows, columns=["a", "b", "measured_diff_ms", "threshold_ms", "predicted_diff_ms", "verdict", "agrees"])
+    df["agrees"] = df["agrees"].astype("boolean")  # True / False, <NA> for a tie
+    return df
 
 
 def summary(s: schedule.Schedule) -> dict:
@@ -248,10 +250,25 @@ def candidates(ins: Inputs, cost: Cost, caps_mb, split_cap_mb: float | None = No
     return pd.DataFrame(rows).set_index("plan")
 
 
-def measured_timeline(run, plan: str, step: int = -1, rank: int = 0) -> dict:
-    """One measured step of `plan` on `rank`: bucket launch/done, last gradient ready and backward's
-    return, in ms after backward started (to overlay on a simulated timeline)."""
+def measured_timeline(run, plan: str, step: int | None = None, rank: int = 0) -> dict:
+    """One measured step of `plan` on `rank` (default: its median step by step time): bucket
+    launch/done, last gradient ready and backward's return, in ms after backward started (to overlay
+    on a simulated timeline)."""
     arm = next(a for a in run.ranks[rank].raw["bucket_sweep"]["arms"] if a["name"] == plan)
+    if step is None:
+        order = sorted(range(len(arm["steps"])), key=lambda i: arm["steps"][i]["step_ms"])
+        step = order[len(order) // 2]
     st = arm["steps"][step]
     return {"buckets": st.get("buckets", []), "last_ready_ms": st["ready"][-1][1] if st.get("ready") else None,
             "backward_ms": st["backward_ms"]}
+
+
+def in_flight(run, name: str, link: AlphaBeta, rank: int = 0) -> pd.DataFrame:
+    """Every bucket of every timed step of plan `name` on `rank`: its bytes, how long its all-reduce
+    took in flight (launch to done), what the isolated alpha-beta fit predicts, and their ratio."""
+    arm = next(a for a in run.ranks[rank].raw["bucket_sweep"]["arms"] if a["name"] == name)
+    rows = [{"step": i, "bucket": b["index"], "bytes": b["bytes"], "in_flight_ms": b["done_ms"] - b["launch_ms"],
+             "isolated_ms": link.predict(b["bytes"]) * 1e3} for i, st in enumerate(arm["steps"]) for b in st.get("buckets", [])]
+    df = pd.DataFrame(rows)
+    df["ratio"] = df["in_flight_ms"] / df["isolated_ms"]
+    return df

@@ -29,8 +29,8 @@ def _draw(ax, s, measured=None, title: str = ""):
         ax.broken_barh([(b.start_ms, b.finish_ms - b.start_ms)], (lane - 0.35, 0.7), facecolors=c, edgecolor="white")
     if s.exposed_tail_ms > 0:
         ax.axvspan(s.backward_ms, s.comm_end_ms, color=TAIL_COLOR, alpha=0.15)
-        ax.text(s.comm_end_ms, len(lanes) - 0.45, f" exposed tail {s.exposed_tail_ms:.1f} ms", color=TAIL_COLOR,
-                fontsize=8, va="top", ha="right")
+        ax.text(s.comm_end_ms, y["backward"], f" exposed tail {s.exposed_tail_ms:.1f} ms", color=TAIL_COLOR,
+                fontsize=8, va="center", ha="left")
     if measured:
         lane = y["all-reduce\n(measured)"]
         for b in measured["buckets"]:
@@ -121,7 +121,7 @@ def ready_curve(ins, title: str = ""):
     ax.axvline(ins.backward_ms, color="black", ls="--", lw=1)
     ax.text(ins.backward_ms, 0.02 * mib[-1], " backward ends", fontsize=8, va="bottom")
     first, last = ins.grads[0], ins.grads[-1]
-    ax.annotate(f"first: {first.name}", (first.ready_ms, mib[1]), textcoords="offset points", xytext=(8, 8), fontsize=8)
+    ax.annotate(f"first: {first.name}", (first.ready_ms, mib[1]), textcoords="offset points", xytext=(10, -14), fontsize=8)
     ax.annotate(f"last: {last.name}", (last.ready_ms, mib[-1]), textcoords="offset points", xytext=(-10, -16),
                 ha="right", fontsize=8)
     ax.set_xlabel("ms after backward started (no communication)")

@@ -79,7 +79,7 @@ def memory_explorer(exp):
     return box
 
 
-def bucket_slider(sweep_run, link, model: str = "calibrated"):
+def bucket_slider(sweep_run, link, model: str = "calibrated", cap_mb: float = 4.0):
     """A bucket-cap slider (log scale, MiB) and a "split the last bucket" switch redraw the simulated
     step (timeline and summary row) from the sweep's readiness trace and the chosen cost model, with
     no launch; "measure" runs that plan for real on the sweep's ranks and model (one launch) and
@@ -94,22 +94,23 @@ def bucket_slider(sweep_run, link, model: str = "calibrated"):
 
     ins, costs = overlap.inputs(sweep_run), overlap.costs(sweep_run, link)
     smallest = min(g.bytes for g in ins.grads) / overlap.MIB
-    cap = w.FloatLogSlider(value=4, base=10, min=round(_log10(smallest / 2), 1),
-                           max=round(_log10(1.5 * ins.gradient_bytes / overlap.MIB), 1), step=0.05,
+    lo, hi = round(_log10(smallest / 2), 1), round(_log10(1.5 * ins.gradient_bytes / overlap.MIB), 1)
+    cap = w.FloatLogSlider(value=min(max(cap_mb, 10 ** lo), 10 ** hi), base=10, min=lo, max=hi, step=0.05,
                            description="cap (MiB)", readout_format=".3g", continuous_update=False,
                            layout=w.Layout(width="480px"))
     split = w.Checkbox(value=False, description="split the last bucket in two")
-    which = w.ToggleButtons(options=list(costs), value=model, description="model", style={"button_width": "90px"})
+    which = w.ToggleButtons(options=list(costs), value=model, description="model", style={"button_width": "110px"})
     button = w.Button(description="measure", icon="play", tooltip="run this plan for real (one launch)")
     out, status = w.Output(), w.Output()
     measured: dict = {}
 
     def current():
         plan = overlap.ddp_rule(ins, cap.value)
-        if split.value and len(plan[-1]) > 1:
+        splits = split.value and len(plan[-1]) > 1   # a one-tensor bucket cannot be split
+        if splits:
             plan = schedule.split_bucket(plan, ins.grads)
-        name = f"{'split' if split.value else 'ddp'}:{cap.value:.3g}"
-        return name, plan
+        split.description = "split the last bucket in two" + ("" if splits or not split.value else " (one tensor: no split)")
+        return f"{'split' if splits else 'ddp'}:{cap.value:.3g}", plan
 
     def redraw(_=None):
         name, plan = current()

@@ -46,6 +46,11 @@ NOTEBOOKS = {
     "memory_explorer.ipynb": ["from ddplab import recipes, widgets\n"
                               "widgets.memory_explorer(recipes.replicated_memory(world_size=2, steps=2))"],
     "rank_weights.ipynb": ["from ddplab import widgets\nwidgets.rank_weights_explorer()"],
+    "bucket_slider.ipynb": ["import ddplab\nfrom ddplab import widgets\nfrom ddplab.comm import AlphaBeta\n"
+                            "exp = ddplab.Experiment(name='slider-sweep', task='bucket-sweep', plans=('ddp:0.004',),\n"
+                            "    vocab_size=64, d_model=32, n_layers=2, n_heads=4, local_batch=2, seq_len=8, repeats=1, steps=2)\n"
+                            "sweep = ddplab.run(exp, progress=False)\n"
+                            "widgets.bucket_slider(sweep, AlphaBeta(1e-3, 1e-9))"],
 }
 
 
@@ -176,3 +181,30 @@ def test_rank_weights_sliders_redraw_the_plot(page, lab):
     page.keyboard.press("Home")
     page.wait_for_function("([sel, old]) => { const i = document.querySelector(sel); return i && i.src !== old; }",
                            arg=[f"{PANEL} .ddplab-rank-weights img", first])
+
+
+def test_bucket_slider_redraws_the_schedule_and_measures_for_real(page, lab):
+    open_and_run_all(page, lab, "bucket_slider.ipynb")
+    box = page.locator(f"{PANEL} .ddplab-bucket-slider")
+    table = box.locator(".widget-output table")
+    expect(table).to_contain_text("ddp:")                       # starts at 4 MiB, clamped to this model's largest cap
+    start = table.locator("tbody tr th").first.inner_text()
+    img = box.locator(".widget-output img")
+    expect(img).to_have_attribute("src", re.compile("^data:image/png;base64,"))
+    first = img.get_attribute("src")
+    handle = box.locator(".noUi-handle").first
+    handle.focus()
+    page.keyboard.press("Home")                                 # the smallest cap: one tensor per bucket
+    expect(table).not_to_contain_text(start)
+    page.wait_for_function("([sel, old]) => { const i = document.querySelector(sel); return i && i.src !== old; }",
+                           arg=[f"{PANEL} .ddplab-bucket-slider .widget-output img", first])
+    buckets = int(table.locator("tbody tr td").first.inner_text())
+    assert buckets > 1
+    box.locator("label:has-text('split the last bucket') input").check()
+    expect(box).to_contain_text("(one tensor: no split)")         # one tensor per bucket: nothing to split
+    handle.focus()
+    page.keyboard.press("End")                                  # the largest cap: a single bucket
+    expect(table).to_contain_text("split:")
+    box.locator("button:has-text('measure')").click()           # launches 2 ranks
+    expect(box.locator(".widget-output").first).to_contain_text("measured split:", timeout=120_000)
+    expect(table).to_contain_text("measured_step_ms")
