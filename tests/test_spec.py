@@ -121,3 +121,31 @@ def test_sweep_and_model_fields_are_validated(kwargs, field):
 def test_values_that_would_only_fail_inside_the_ranks_are_refused(kwargs, field):
     with pytest.raises(ValueError, match=rf"Experiment\.{field}"):
         Experiment(**{"world_size": 2, **kwargs})
+
+
+SWEEP = dict(task="bucket-sweep", plans=("ddp:1", "split:4"))
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    (dict(task="bucket-sweep"), "plans"),                                   # no plans
+    (dict(SWEEP, plans=("ddp:1", "ddp:1")), "plans"),                       # twice
+    (dict(SWEEP, plans=("fsdp:1",)), "plans"),                              # unknown kind
+    (dict(SWEEP, plans=("ddp:0",)), "plans"),                               # cap 0
+    (dict(SWEEP, plans=("split:default",)), "plans"),                       # explicit plans need a cap
+    (dict(SWEEP, plans=("ddp:-1",)), "plans"),
+    (dict(plans=("ddp:1",)), "plans"),                                      # plans on a train task
+    (dict(SWEEP, probes=("readiness",)), "task"),
+    (dict(SWEEP, accum_steps=2), "task"),
+    (dict(SWEEP, local_batch=(2, 4)), "local_batch"),
+])
+def test_bucket_sweep_plans_are_validated(kwargs, field):
+    with pytest.raises(ValueError, match=rf"^Experiment\.{field}:"):
+        Experiment(**kwargs)
+
+
+def test_bucket_sweep_plans_parse_and_round_trip():
+    from ddplab.spec import parse_plan
+
+    e = Experiment(task="bucket-sweep", plans=["ddp:default", "bare:0.25", "plan:4", "split:1e-4"])
+    assert Experiment.from_json(e.to_json()) == e and e.plans[0] == "ddp:default"
+    assert [parse_plan(p) for p in e.plans] == [("ddp", None), ("bare", 0.25), ("plan", 4.0), ("split", 1e-4)]
