@@ -7,9 +7,10 @@ Every plan gets its own copy of the same model (same seed), its own wrapper and 
 - "bare:<cap>": torch DDP with its own C++ all-reduce and no probe (to price the probes);
 - "plan:<cap>" / "split:<cap>": `BucketedSync` with DDP's bucketing rule applied to the measured
   ready order, as is or with the last bucket cut in two.
-Each plan first takes 2 warm-up steps (DDP rebuilds its buckets after the first), all from the same
-parameters and the same batch, so the first step's reduced gradients and updated parameters of every
-synchronized plan can be compared with each other. Then `repeats` rounds run every plan for `steps`
+Each plan first takes 2 warm-up steps (DDP rebuilds its buckets after the first), then goes back to
+the common starting parameters for one check step with its real buckets: the reduced gradients and
+updated parameters of every synchronized plan are compared with the first plan's, and so are the
+final parameters after the timed steps (every plan takes the same steps on the same batch). Then `repeats` rounds run every plan for `steps`
 timed steps in a row, in alternating order, with the compute-only baseline at both ends of each round
 (so drift on a shared machine hits every plan alike); every step starts with an untimed barrier, so
 the ranks run in lock-step in every plan.
@@ -132,21 +133,25 @@ def run(exp: Experiment, env, device: torch.device, log, group=None):
     grads = schedule.grads_in_ready_order([n for n, _ in shared[0]], [sizes[n] for n, _ in shared[0]],
                                           [t for _, t in shared[0]])
     copy_bytes_per_s = _copy_bandwidth(sum(sizes.values()), device, dtype=DTYPES[exp.dtype])
-    checks, first_grads, first_params = {}, None, None
+    checks, first = {}, None
     for name in exp.plans:
         a = arm(name)
         arms.append(a)
         log.enter(f"warm-up {name}", collective="gradient all-reduce")
-        # the first step starts every plan from the same parameters and batch: keep its reduced
-        # gradient and its updated parameters
-        a.step(x, y, device, group, before_optimizer=lambda: checks.__setitem__(name, [_flat(a.module, "grad")]))
-        checks[name].append(_flat(a.module, "data"))
-        for _ in range(WARMUP_STEPS - 1):
+        for _ in range(WARMUP_STEPS):   # DDP rebuilds its buckets at the start of the second step
             a.step(x, y, device, group)
-        g, p = checks[name]
-        if first_grads is None:
-            first_grads, first_params = g, p
-        checks[name] = {"grad_rel_diff": _rel(g, first_grads), "param_rel_diff": _rel(p, first_params)}
+        # the check step: back to the common starting parameters, then one step with the plan's real
+        # buckets; keep its reduced gradient and its updated parameters
+        with torch.no_grad():
+            for p, q in zip(a.module.parameters(), base.parameters()):
+                p.copy_(q)
+        grads_of = {}
+        a.step(x, y, device, group, before_optimizer=lambda: grads_of.setdefault("g", _flat(a.module, "grad")))
+        state = (grads_of["g"], _flat(a.module, "data"))
+        if first is None:
+            first = state
+        checks[name] = {"grad_rel_diff": _rel(state[0], first[0]), "param_rel_diff": _rel(state[1], first[1])}
+        del grads_of, state
 
     # rounds of blocks: each plan runs `steps` steps in a row (its caches warm, as in training), the
     # order alternates from round to round, and the compute-only baseline runs at both ends of every
@@ -158,6 +163,11 @@ def run(exp: Experiment, env, device: torch.device, log, group=None):
             for _ in range(exp.steps):
                 a.steps.append({"round": r, **a.step(x, y, device, group)})
 
+    # every synchronized plan took the same steps from the same state on the same batch: its final
+    # parameters must match the first plan's (the mathematics is the same; only the schedule differs)
+    final = _flat(arms[1].module, "data") if len(arms) > 1 else None
+    for a in arms[1:]:
+        checks[a.name]["final_param_rel_diff"] = _rel(_flat(a.module, "data"), final)
     layout = {a.name: [b["params"] for b in a.steps[-1].get("buckets", [])] for a in arms}
     record = {"steps": [], "param_checksum": {}, "parameter_names": names, "parameter_bytes": sizes,
               "model": {"parameter_count": models.parameter_count(base),

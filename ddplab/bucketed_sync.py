@@ -6,14 +6,18 @@ cannot express (for example its last bucket split in two).
     optimizer.step()                # .grad now holds the average over the ranks, as with DDP
 
 It does what DDP's reducer does, in plain Python: at construction it broadcasts rank 0's parameters
-and gives each bucket one flat buffer; during backward a post-accumulate-grad hook counts each
-bucket's gradients, and when the last one arrives copies them into the buffer, divides by the world
-size and launches an asynchronous all-reduce. A callback queued on the autograd engine runs when
+(not buffers: the lab's models have none) and gives each bucket one flat buffer; during backward a
+post-accumulate-grad hook counts each bucket's gradients, and when a bucket is complete and every
+bucket before it in the plan has started, copies its gradients into the buffer, divides by the world
+size and launches an asynchronous all-reduce (in plan order, as DDP does, so every rank issues the
+same sequence of collectives). A callback queued on the autograd engine runs when
 backward ends: it waits for every bucket and copies the averages back into `.grad`. A bucket whose
 gradients never all arrived (a parameter unused in this forward) is an error naming them.
 
 Every bucket's launch and completion time is recorded (`take()`), in the format of
-`readiness.BucketLog`, so measured timelines read the same for DDP and for this. Checked against
+`readiness.BucketLog`, so measured timelines read the same for DDP and for this. On gloo the
+completion callback runs when the all-reduce is done; on NCCL it runs when the work is enqueued, so
+GPU timelines would need CUDA events. Checked against
 DDP's gradients in tests/test_bucketed_sync.py. Used by the bucket sweep (notebook 05).
 """
 
@@ -39,6 +43,9 @@ class BucketedSync(torch.nn.Module):
         if twice or unknown or missing or any(not b for b in plan):
             raise ValueError(f"plan: every trainable parameter must be in exactly one non-empty bucket "
                              f"(twice: {twice}, unknown: {unknown}, missing: {missing})")
+        mixed = [j for j, b in enumerate(plan) if len({(params[n].dtype, params[n].device) for n in b}) > 1]
+        if mixed:
+            raise ValueError(f"plan: bucket(s) {mixed} mix dtypes or devices; one flat buffer needs one of each")
         self.plan = [list(b) for b in plan]
         src = dist.get_global_rank(group, 0) if group is not None else 0
         with torch.no_grad():
@@ -62,6 +69,7 @@ class BucketedSync(torch.nn.Module):
     def _reset(self):
         self._pending = [len(b) for b in self.plan]
         self._futures: list = [None] * len(self.plan)
+        self._next = 0        # buckets start in plan order, like DDP's: every rank issues the same sequence
         self._armed = False
 
     def _hook_for(self, name):
@@ -71,8 +79,14 @@ class BucketedSync(torch.nn.Module):
                 torch.autograd.Variable._execution_engine.queue_callback(self._finish)
             j = self._bucket_of[name]
             self._pending[j] -= 1
-            if self._pending[j] == 0:
-                self._launch(j)
+            if self._pending[j] < 0:
+                raise RuntimeError(f"BucketedSync: {name}'s gradient was ready twice in one backward "
+                                   f"(a parameter used twice needs its gradient accumulated once)")
+            # launch every complete bucket from the next one in order: a complete bucket whose
+            # predecessor is not complete waits, so collectives never cross between ranks
+            while self._next < len(self.plan) and self._pending[self._next] == 0:
+                self._launch(self._next)
+                self._next += 1
         return hook
 
     def _launch(self, j: int):
@@ -93,19 +107,20 @@ class BucketedSync(torch.nn.Module):
         self._futures[j] = fut.then(done)
 
     def _finish(self):
-        late = [n for j, b in enumerate(self.plan) if self._pending[j] for n in b]
-        if late:
-            self._reset()
-            raise RuntimeError(f"BucketedSync: backward ended before these parameters' gradients were ready "
-                               f"(unused in this forward?): {sorted(set(late))[:8]}")
-        for j, fut in enumerate(self._futures):
-            fut.wait()
-            offset = 0
-            for p in self._params[j]:
-                n = p.numel()
-                p.grad.copy_(self._buffers[j][offset:offset + n].view_as(p.grad))
-                offset += n
-        self._reset()
+        try:
+            late = [n for j, b in enumerate(self.plan) if self._pending[j] for n in b]
+            if late:
+                raise RuntimeError(f"BucketedSync: backward ended before every gradient of these buckets was "
+                                   f"ready (a parameter unused in this forward?): {sorted(set(late))[:8]}")
+            for j, fut in enumerate(self._futures):
+                fut.wait()
+                offset = 0
+                for p in self._params[j]:
+                    n = p.numel()
+                    p.grad.copy_(self._buffers[j][offset:offset + n].view_as(p.grad))
+                    offset += n
+        finally:
+            self._reset()  # the next backward starts clean, even after an error
 
     def take(self) -> list[dict]:
         """The buckets launched since the last call (index, bytes, params, launch_ns, done_ns)."""

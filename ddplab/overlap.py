@@ -8,7 +8,8 @@
 - `costs(...)` / `compare(...)`: the simulator's step time for every plan under three cost models
   (textbook; shared core; shared core with alpha calibrated on one plan); errors per plan.
 - `ordering(...)`: for every pair of plans, does the prediction order them as the measurement does?
-  Pairs whose medians differ by less than twice the run-to-run spread are ties, not verdicts.
+  Pairs whose medians differ by less than twice the run-to-run spread are ties, not verdicts; a
+  prediction of equal times for a resolved pair counts as not ordered.
 Numbers in, DataFrames out (pure: no processes). Used by notebook 05 and bench/simulator_accuracy.py.
 """
 
@@ -63,10 +64,15 @@ def measured(run) -> pd.DataFrame:
     rows = []
     for name in arm_names(run):
         steps = _arm_steps(run, name)
-        medians = [statistics.median(v) for v in step_times(run, name).values()]
+        rounds = step_times(run, name)
+        medians = [statistics.median(v) for v in rounds.values()]
+        every = [t for v in rounds.values() for t in v]
+        per_round = max(1, round(len(every) / len(rounds)))
         med = lambda f: statistics.median(f(x) for s in steps for x in s)  # noqa: E731 - over steps and ranks
         row = {"plan": name, "cap_mb": cap_of(name), "step_ms": statistics.median(medians),
-               "spread_ms": _robust_spread(medians),
+               # a few rounds can agree by luck: the spread is at least what step-to-step noise
+               # implies for a median of that many steps
+               "spread_ms": max(_robust_spread(medians), _robust_spread(every) / per_round ** 0.5),
                "round_min_ms": min(medians), "round_max_ms": max(medians),
                "forward_ms": med(lambda x: x["forward_ms"]), "backward_ms": med(lambda x: x["backward_ms"]),
                "optimizer_ms": med(lambda x: x["optimizer_ms"])}
@@ -105,19 +111,19 @@ class Inputs:
 
 
 def inputs(run) -> Inputs:
-    """A collective starts when its last rank joins, so every time is the slowest rank's in each step
-    (the ranks start each step together), then the median over the compute-only steps."""
+    """A collective starts when its last rank joins, so each compute-only step is represented by its
+    slowest rank (the ranks start every step together): that rank's ready times, backward, forward
+    and optimizer; then the median of each over the steps."""
     sweep, sizes = _sweep(run), run.ranks[0].raw["parameter_bytes"]
-    steps = _arm_steps(run, "compute-only")
+    slowest = [max(s, key=lambda x: x["step_ms"]) for s in _arm_steps(run, "compute-only")]
     ready: dict[str, list[float]] = {}
-    for s in steps:
-        per_rank = [dict(x["ready"]) for x in s]
-        for n in per_rank[0]:
-            ready.setdefault(n, []).append(max(r[n] for r in per_rank))
+    for x in slowest:
+        for n, t in x["ready"]:
+            ready.setdefault(n, []).append(t)
     names = [n for n, _ in sweep["ready_order"]]
     grads = schedule.grads_in_ready_order(names, [sizes[n] for n in names], [statistics.median(ready[n]) for n in names])
-    slowest = lambda k: statistics.median(max(x[k] for x in s) for s in steps)  # noqa: E731
-    return Inputs(grads, slowest("backward_ms"), slowest("forward_ms"), slowest("optimizer_ms"))
+    med = lambda k: statistics.median(x[k] for x in slowest)  # noqa: E731
+    return Inputs(grads, med("backward_ms"), med("forward_ms"), med("optimizer_ms"))
 
 
 def plan_for(run, name: str, ins: Inputs | None = None) -> list[list[str]]:
@@ -210,7 +216,8 @@ def ordering(table: pd.DataFrame, predicted: str = "calibrated_ms", k: float = 2
         pdiff = table.loc[b, predicted] - table.loc[a, predicted]
         rows.append({"a": a, "b": b, "measured_diff_ms": diff, "threshold_ms": threshold,
                      "predicted_diff_ms": pdiff, "verdict": "ordered" if resolved else "tie",
-                     "agrees": bool((diff > 0) == (pdiff > 0)) if resolved else None})
+                     # a model that predicts the same time for both cannot order them
+                     "agrees": bool(abs(pdiff) > 1e-6 and (diff > 0) == (pdiff > 0)) if resolved else None})
     df = pd.DataFrame(rows, columns=["a", "b", "measured_diff_ms", "threshold_ms", "predicted_diff_ms", "verdict", "agrees"])
     df["agrees"] = df["agrees"].astype("boolean")  # True / False, <NA> for a tie
     return df
@@ -272,3 +279,18 @@ def in_flight(run, name: str, link: AlphaBeta, rank: int = 0) -> pd.DataFrame:
     df = pd.DataFrame(rows)
     df["ratio"] = df["in_flight_ms"] / df["isolated_ms"]
     return df
+
+
+def trustworthy(table: pd.DataFrame, max_baseline_spread: float = 0.10) -> tuple[bool, str]:
+    """Can this sweep judge timing claims at all? No if any synchronized plan measured no slower than
+    the compute-only step (impossible, so noise exceeded what is being measured), or if the
+    compute-only baseline scattered between rounds by more than `max_baseline_spread`."""
+    base = table.loc["compute-only"]
+    faster = [p for p in table.index if p != "compute-only" and table.loc[p, "step_ms"] <= base["step_ms"]]
+    if faster:
+        return False, (f"{', '.join(faster)} measured no slower than the compute-only step ({base['step_ms']:.1f} ms): "
+                       f"this machine's noise exceeded the communication being measured; run the sweep again")
+    scatter = base["spread_ms"] / base["step_ms"]
+    if scatter > max_baseline_spread:
+        return False, f"the compute-only baseline scattered by {scatter:.0%} between rounds; run the sweep again"
+    return True, f"every plan slower than compute-only, baseline scatter {scatter:.1%}: timing claims can be judged"

@@ -155,14 +155,14 @@ def overlap(bucket_cap_mb: float = 0.5, local_batch: int = 16, steps: int = 8, *
             Experiment(name="overlap-no-sync", sync="none", **base)]
 
 
-# 4.2 M parameters, 16 MiB of float32 gradients in 50 tensors: on 2 CPU ranks backward takes about as
+# 4.2 M parameters, 16 MiB of float32 gradients in 53 tensors: on 2 CPU ranks backward takes about as
 # long as one flat all-reduce of the gradient takes 3-4 times over, so bucket size visibly matters
 BUCKET_MODEL = dict(vocab_size=2048, d_model=256, n_layers=4, n_heads=4, local_batch=4, seq_len=64)
 ONE_PER_PARAMETER_MB = 1e-4     # below every tensor's size: DDP closes a bucket after each tensor
 
 
 def bucket_sweep(world_size: int = 2, caps_mb=(ONE_PER_PARAMETER_MB, 0.25, 1, 2, 4, 8, 64), split_cap_mb: float = 4,
-                 rounds: int = 5, steps: int = 4, allreduce_repeats: int = 30, pin_cpus: bool = True,
+                 rounds: int = 5, steps: int = 4, allreduce_repeats: int = 50, pin_cpus: bool = True,
                  **overrides) -> list[Experiment]:
     """Notebook 05: [the all-reduce sweep that fits alpha-beta, the bucket sweep], for one launch
     (`ddplab.run_many`). The bucket sweep times DDP at every cap in `caps_mb` (from one tensor per

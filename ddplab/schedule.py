@@ -10,7 +10,9 @@ Inputs, all measured on the learner's machine:
   slow each other down when they run at the same time.
 
 `simulate` plays the step forward in time. A bucket is launched the moment its last gradient is
-ready; buckets go through one communication channel in launch order (one all-reduce at a time).
+ready, but never before the bucket ahead of it in the plan (DDP starts buckets in order); buckets go
+through one communication channel in launch order, one all-reduce at a time (NCCL's picture; gloo
+can run two at once, which the channel does not model).
 Backward compute and communication each progress at full speed when alone; while both run, each
 progresses at 1 / (1 + interference) of its speed:
 - interference = 0 is the textbook picture (perfect overlap, communication is free while backward
@@ -20,7 +22,9 @@ progresses at 1 / (1 + interference) of its speed:
   ranks as cores is in this regime).
 `comm_scale` multiplies every all-reduce's isolated cost, and `copy_bytes_per_s`, when given, adds
 the copy of each bucket's gradients into its flat buffer and back (DDP's default,
-gradient_as_bucket_view=False) to the bucket's cost. `calibrate` fits one knob (interference,
+gradient_as_bucket_view=False; True removes it) to the bucket's cost. DDP really copies in on the
+autograd thread and out after the last all-reduce; charging both to the channel is exact for the
+step time when interference is 1 (then the total work is what counts), an approximation otherwise. `calibrate` fits one knob (interference,
 comm_scale or the link's alpha) on one measured point. Used by notebook 05 and the bucket slider, where it must redraw in well under 50 ms.
 """
 
@@ -73,10 +77,10 @@ class BucketTime:
     index: int
     params: tuple[str, ...]
     bytes: int
-    ready_ms: float      # its last gradient is ready: the all-reduce is launched
+    ready_ms: float      # launched: its last gradient is ready, and every bucket before it has been launched
     start_ms: float      # the channel takes it up (after the buckets launched before it)
     finish_ms: float
-    cost_ms: float       # what it would take alone: comm_scale x alpha-beta
+    cost_ms: float       # what it would take alone: comm_scale x alpha-beta, plus its copies if priced
 
 
 @dataclass(frozen=True)
@@ -137,8 +141,9 @@ def ddp_plan(grads: list[Grad], cap_bytes: float, first_cap_bytes: float | None 
 
 
 def split_bucket(plan: list[list[str]], grads: list[Grad], index: int = -1, parts: int = 2) -> list[list[str]]:
-    """Cut bucket `index` into `parts` buckets of consecutive ready order, as even in bytes as whole
-    tensors allow (the default: the last bucket, the one most likely to be exposed)."""
+    """Cut bucket `index` into `parts` buckets of consecutive ready order, each cut placed where the
+    bytes before it come closest to an even share (a tensor is never split). The default cuts the
+    last bucket, the one most likely to be exposed."""
     if parts < 1:
         raise ValueError(f"parts: must be >= 1 (got {parts!r})")
     index = index % len(plan)
@@ -146,16 +151,18 @@ def split_bucket(plan: list[list[str]], grads: list[Grad], index: int = -1, part
     members = sorted(plan[index], key=lambda n: by_name[n].ready_ms)
     if len(members) < parts:
         raise ValueError(f"index: bucket {index} holds {len(members)} tensor(s), cannot split it into {parts}")
-    total = sum(by_name[n].bytes for n in members)
-    pieces, current, done = [], [], 0
-    for i, n in enumerate(members):
-        current.append(n)
-        done += by_name[n].bytes
-        left_members, left_parts = len(members) - i - 1, parts - len(pieces) - 1
-        if left_parts and (done >= total * (len(pieces) + 1) / parts or left_members == left_parts):
-            pieces.append(current)
-            current = []
-    pieces.append(current)
+    sizes = [by_name[n].bytes for n in members]
+    total, cuts, done, i = sum(sizes), [], 0, 0
+    for k in range(1, parts):
+        target = total * k / parts
+        # take at least one tensor, and leave at least one for each piece still to come
+        lo, hi = i + 1, len(members) - (parts - k)
+        best = min(range(lo, hi + 1), key=lambda c: abs(done + sum(sizes[i:c]) - target))
+        done += sum(sizes[i:best])
+        cuts.append(best)
+        i = best
+    bounds = [0, *cuts, len(members)]
+    pieces = [members[a:b] for a, b in zip(bounds, bounds[1:])]
     return plan[:index] + pieces + plan[index + 1:]
 
 
@@ -181,8 +188,12 @@ def simulate(grads: list[Grad], plan, cost: Cost, backward_ms: float | None = No
     by_name = {g.name: g for g in grads}
     last_ready = max(g.ready_ms for g in grads)
     work_total = last_ready if backward_ms is None else max(backward_ms, last_ready)
-    # each bucket: the compute work after which it is ready, its bytes and cost; launched in ready order
-    spec = sorted(((max(by_name[n].ready_ms for n in b), j, sum(by_name[n].bytes for n in b)) for j, b in enumerate(plan)))
+    # each bucket: the compute work after which it is launched (its last gradient is ready and every
+    # bucket before it in the plan has been launched: DDP starts buckets in order), its index and bytes
+    spec, launch_at = [], 0.0
+    for j, b in enumerate(plan):
+        launch_at = max(launch_at, max(by_name[n].ready_ms for n in b))
+        spec.append((launch_at, j, sum(by_name[n].bytes for n in b)))
     slow = 1.0 / (1.0 + cost.interference)
     t = work = 0.0
     backward_end = 0.0 if work_total <= 0 else None

@@ -29,6 +29,8 @@ def test_ordering_calls_close_pairs_ties_and_grades_the_rest():
     assert o.loc[("plan1", "plan2"), "agrees"]
     wrong = overlap.ordering(table([100, 130], [1, 1], [125, 110]))
     assert wrong["agrees"].tolist() == [False]
+    same = overlap.ordering(table([100, 130], [1, 1], [120, 120]))  # predicted equal: not ordered
+    assert same["agrees"].tolist() == [False]
     resolved = o[o["verdict"] == "ordered"]
     assert int(resolved["agrees"].sum()) == 2 and resolved["agrees"].mean() == 1.0
 
@@ -68,3 +70,13 @@ def test_candidates_and_summary_describe_the_last_bucket():
     bt = overlap.bucket_table(s)
     assert bt.loc[0, "backward_left_ms"] == pytest.approx(42.0 - 20.0)
     assert schedule.simulate(INS.grads, overlap.ddp_rule(INS, 4), Cost(LINK), 42.0).buckets == s.buckets
+
+
+def test_a_sweep_where_synchronization_looks_free_cannot_judge_timing():
+    ok = pd.DataFrame({"step_ms": [100.0, 120.0, 130.0], "spread_ms": [3.0, 4.0, 4.0]},
+                      index=["compute-only", "ddp:1", "ddp:64"])
+    assert overlap.trustworthy(ok)[0]
+    impossible = ok.assign(step_ms=[125.0, 120.0, 130.0])
+    good, why = overlap.trustworthy(impossible)
+    assert not good and "ddp:1" in why
+    assert not overlap.trustworthy(ok.assign(spread_ms=[15.0, 4.0, 4.0]))[0]

@@ -32,14 +32,17 @@ def test_ddp_plan_follows_ready_order_not_list_order():
         schedule.ddp_plan(g, 0)
 
 
-def test_split_bucket_cuts_the_last_bucket_into_even_halves_in_ready_order():
+def test_split_bucket_cuts_the_last_bucket_as_evenly_as_whole_tensors_allow():
     g = grads((100, 1), (100, 2), (300, 3), (300, 4), (100, 5), (100, 6))
     plan = [["p0", "p1"], ["p2", "p3", "p4", "p5"]]
-    assert schedule.split_bucket(plan, g) == [["p0", "p1"], ["p2", "p3"], ["p4", "p5"]]
+    assert schedule.split_bucket(plan, g) == [["p0", "p1"], ["p2"], ["p3", "p4", "p5"]]   # 300 | 500 beats 600 | 200
     assert schedule.split_bucket(plan, g, index=0) == [["p0"], ["p1"], ["p2", "p3", "p4", "p5"]]
     assert schedule.split_bucket(plan, g, parts=4) == [["p0", "p1"], ["p2"], ["p3"], ["p4"], ["p5"]]
     with pytest.raises(ValueError, match="index"):
         schedule.split_bucket([["p0"], ["p1", "p2", "p3", "p4", "p5"]], g, index=0)
+    # 40/30/30: the cut closest to half is after the first tensor (40 | 60), not after two (70 | 30)
+    h = grads((40, 1), (30, 2), (30, 3))
+    assert schedule.split_bucket([["p0", "p1", "p2"]], h) == [["p0"], ["p1", "p2"]]
 
 
 def test_check_plan_names_what_is_wrong():
@@ -127,3 +130,11 @@ def test_copies_priced_per_bucket_and_alpha_recovered_by_calibration():
     assert fitted == pytest.approx(2.5, rel=1e-6)
     with pytest.raises(ValueError, match="knob"):
         schedule.with_knob(shared, "beta", 1.0)
+
+
+def test_buckets_launch_in_plan_order_like_ddp():
+    # bucket 1 is complete at 2 ms, but bucket 0 only at 10 ms: bucket 1 waits for it
+    g = grads((1000, 10.0), (1000, 2.0))
+    s = schedule.simulate(g, [["p0"], ["p1"]], Cost(LINK), backward_ms=20.0)
+    assert [b.ready_ms for b in s.buckets] == pytest.approx([10.0, 10.0])
+    assert s.buckets[1].start_ms == pytest.approx(s.buckets[0].finish_ms)
