@@ -35,11 +35,12 @@ def main() -> None:
             med = {kind: statistics.median(overlap.step_times(run, f"{kind}:{c}")[r]) for kind in ("bare", "ddp")}
             per_round.append(med["ddp"] / med["bare"] - 1)
         overall += per_round
-        print(f"cap {c:>7}: per round " + " ".join(f"{v:+.1%}" for v in per_round)
-              + f" | median {statistics.median(per_round):+.1%}")
-    m = statistics.median(overall)
-    print(f"\nprobe overhead, median over {len(overall)} paired rounds: {m:+.1%} "
-          f"(target at most 2%: {'met' if m <= 0.02 else 'NOT met'})")
+        m = statistics.median(per_round)
+        q = statistics.quantiles(per_round, n=4)
+        print(f"cap {c:>7}: per round " + " ".join(f"{v:+.1%}" for v in per_round))
+        print(f"cap {c:>7}: median {m:+.1%} (quartiles {q[0]:+.1%} .. {q[2]:+.1%}); target at most 2%: "
+              f"{'met' if m <= 0.02 else 'NOT met'}\n")
+    print(f"all caps together, median over {len(overall)} paired rounds: {statistics.median(overall):+.1%}")
 
 
 if __name__ == "__main__":
