@@ -294,3 +294,18 @@ def trustworthy(table: pd.DataFrame, max_baseline_spread: float = 0.10) -> tuple
     if scatter > max_baseline_spread:
         return False, f"the compute-only baseline scattered by {scatter:.0%} between rounds; run the sweep again"
     return True, f"every plan slower than compute-only, baseline scatter {scatter:.1%}: timing claims can be judged"
+
+
+def tail_difference(run, a: str, b: str, k: float = 2.0) -> dict:
+    """Is plan `b`'s exposed tail (per step and rank: last all-reduce done minus last gradient ready)
+    shorter than plan `a`'s? Medians, their difference, and a tie threshold of k standard errors
+    (robust: 1.4826 x MAD / sqrt(n), the larger of the two); verdict "shorter", "longer" or "tie"."""
+    def tails(name):
+        arm_steps = [x for s in _arm_steps(run, name) for x in s]
+        return [max(bk["done_ms"] for bk in x["buckets"]) - x["ready"][-1][1] for x in arm_steps]
+    ta, tb = tails(a), tails(b)
+    ma, mb = statistics.median(ta), statistics.median(tb)
+    threshold = k * max(_robust_spread(ta) / len(ta) ** 0.5, _robust_spread(tb) / len(tb) ** 0.5)
+    diff = mb - ma
+    verdict = "tie" if abs(diff) <= threshold else ("shorter" if diff < 0 else "longer")
+    return {"tail_a_ms": ma, "tail_b_ms": mb, "diff_ms": diff, "threshold_ms": threshold, "verdict": verdict}

@@ -89,6 +89,8 @@ def test_bucketed_sync_matches_ddp_in_a_real_sweep(runs_dir, world_size):
     assert overlap.plan_for(run, "plan:0.004") == overlap.plan_for(run, "ddp:0.004")
     split = overlap.plan_for(run, "split:0.004")
     assert len(split) == len(overlap.plan_for(run, "plan:0.004")) + 1
+    tails = overlap.tail_difference(run, "plan:0.004", "split:0.004")
+    assert tails["verdict"] in ("shorter", "longer", "tie") and tails["threshold_ms"] >= 0
     table = overlap.measured(run)
     assert list(table.index) == ["compute-only", *SMALL["plans"]]
     assert (table["step_ms"] > 0).all() and table.loc["ddp:0.004", "buckets"] == len(overlap.ddp_rule(ins, 0.004))
