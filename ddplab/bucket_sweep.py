@@ -31,7 +31,7 @@ from . import data, models, schedule
 from .bucketed_sync import BucketedSync
 from .readiness import BucketLog, ReadyLog
 from .spec import Experiment, parse_plan
-from .training import DTYPES, token_losses
+from .training import DTYPES, flat_parameters, token_losses
 
 WARMUP_STEPS = 2
 MIB = 2 ** 20
@@ -79,9 +79,9 @@ class _Arm:
         return entry
 
 
-def _flat(module, attr: str) -> torch.Tensor:
-    """Every parameter's .grad or .data, flattened into one float64 vector."""
-    return torch.cat([getattr(p, attr).detach().reshape(-1).double() for p in module.parameters()])
+def _flat_grads(module) -> torch.Tensor:
+    """Every parameter's gradient as one float64 vector on the CPU (beside training.flat_parameters)."""
+    return torch.cat([p.grad.detach().double().cpu().flatten() for p in module.parameters()])
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -127,8 +127,7 @@ def run(exp: Experiment, env, device: torch.device, log, group=None):
     arms = [arm("compute-only")]
     log.enter("warm-up compute-only")
     warm = [arms[0].step(x, y, device, group) for _ in range(WARMUP_STEPS)]
-    order = [[n, t] for n, t in warm[-1]["ready"]]
-    shared = [order]
+    shared = [warm[-1]["ready"]]
     dist.broadcast_object_list(shared, src=dist.get_global_rank(group, 0) if group is not None else 0, group=group)
     grads = schedule.grads_in_ready_order([n for n, _ in shared[0]], [sizes[n] for n, _ in shared[0]],
                                           [t for _, t in shared[0]])
@@ -146,8 +145,8 @@ def run(exp: Experiment, env, device: torch.device, log, group=None):
             for p, q in zip(a.module.parameters(), base.parameters()):
                 p.copy_(q)
         grads_of = {}
-        a.step(x, y, device, group, before_optimizer=lambda: grads_of.setdefault("g", _flat(a.module, "grad")))
-        state = (grads_of["g"], _flat(a.module, "data"))
+        a.step(x, y, device, group, before_optimizer=lambda: grads_of.setdefault("g", _flat_grads(a.module)))
+        state = (grads_of["g"], flat_parameters(a.module))
         if first is None:
             first = state
         checks[name] = {"grad_rel_diff": _rel(state[0], first[0]), "param_rel_diff": _rel(state[1], first[1])}
@@ -165,9 +164,9 @@ def run(exp: Experiment, env, device: torch.device, log, group=None):
 
     # every synchronized plan took the same steps from the same state on the same batch: its final
     # parameters must match the first plan's (the mathematics is the same; only the schedule differs)
-    final = _flat(arms[1].module, "data") if len(arms) > 1 else None
+    final = flat_parameters(arms[1].module) if len(arms) > 1 else None
     for a in arms[1:]:
-        checks[a.name]["final_param_rel_diff"] = _rel(_flat(a.module, "data"), final)
+        checks[a.name]["final_param_rel_diff"] = _rel(flat_parameters(a.module), final)
     layout = {a.name: [b["params"] for b in a.steps[-1].get("buckets", [])] for a in arms}
     record = {"steps": [], "param_checksum": {}, "parameter_names": names, "parameter_bytes": sizes,
               "model": {"parameter_count": models.parameter_count(base),
@@ -197,8 +196,9 @@ def _copy_bandwidth(n_bytes: int, device, dtype, repeats: int = 9) -> float:
 
 
 def _strip(step: dict) -> dict:
-    """Per timed step keep timings, ready times (names once, in the arm's layout) and bucket times."""
-    out = {k: v for k, v in step.items() if k not in ("buckets",)}
+    """Per timed step keep timings, ready times and bucket times; bucket membership is kept once per
+    plan (its layout), not per step."""
+    out = {k: v for k, v in step.items() if k != "buckets"}
     if "buckets" in step:
         out["buckets"] = [{k: v for k, v in b.items() if k != "params"} for b in step["buckets"]]
     return out

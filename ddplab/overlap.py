@@ -36,10 +36,20 @@ def _sweep(run) -> dict:
     return run.ranks[0].raw["bucket_sweep"]
 
 
+def _arm(run, name: str, rank: int = 0) -> dict:
+    """What `rank` recorded for plan `name`."""
+    return next(a for a in run.ranks[rank].raw["bucket_sweep"]["arms"] if a["name"] == name)
+
+
 def _arm_steps(run, name: str) -> list[list[dict]]:
     """Per timed step, every rank's record of it."""
-    per_rank = [next(a for a in r.raw["bucket_sweep"]["arms"] if a["name"] == name)["steps"] for r in run.ranks]
+    per_rank = [_arm(run, name, i)["steps"] for i in range(len(run.ranks))]
     return [list(s) for s in zip(*per_rank)]
+
+
+def _after_last_ready_ms(x: dict) -> float:
+    """One step's communication after its last gradient was ready: last all-reduce done minus last ready."""
+    return max(b["done_ms"] for b in x["buckets"]) - x["ready"][-1][1]
 
 
 def step_times(run, name: str) -> dict[int, list[float]]:
@@ -82,7 +92,7 @@ def measured(run) -> pd.DataFrame:
             row["buckets"] = len(steps[0][0]["buckets"])
             row["first_launch_ms"] = med(lambda x: min(b["launch_ms"] for b in x["buckets"]))
             row["comm_end_ms"] = med(lambda x: max(b["done_ms"] for b in x["buckets"]))
-            row["exposed_tail_ms"] = med(lambda x: max(0.0, max(b["done_ms"] for b in x["buckets"]) - x["ready"][-1][1]))
+            row["exposed_tail_ms"] = med(lambda x: max(0.0, _after_last_ready_ms(x)))
         rows.append(row)
     return pd.DataFrame(rows).set_index("plan")
 
@@ -128,7 +138,7 @@ def inputs(run) -> Inputs:
 
 def plan_for(run, name: str, ins: Inputs | None = None) -> list[list[str]]:
     """The bucket plan a sweep plan used: observed where the probes saw it, else DDP's rule."""
-    arm = next(a for a in _sweep(run)["arms"] if a["name"] == name)
+    arm = _arm(run, name)
     if arm["layout"]:
         return [list(b) for b in arm["layout"]]
     return ddp_rule(ins or inputs(run), cap_of(name))
@@ -169,10 +179,18 @@ def costs(run, link: AlphaBeta, calibrate_on: str | None = None, plans=None) -> 
       ranks measured (no fitted parameter);
     - calibrated: shared_core with the start-up cost alpha of an all-reduce launched during backward
       fitted on ONE plan (`calibrate_on`, default `calibration_plan`)."""
+    return _costs(run, link, *_prepare(run, plans, calibrate_on))
+
+
+def _prepare(run, plans, calibrate_on):
+    """The measured table, the simulator inputs, each plan's buckets and the calibration plan."""
     table, ins = measured(run), inputs(run)
     plans = [p for p in (plans or table.index) if p != "compute-only"]
     layouts = {p: plan_for(run, p, ins) for p in plans}
-    calibrate_on = calibrate_on or calibration_plan(layouts)
+    return table, ins, layouts, calibrate_on or calibration_plan(layouts)
+
+
+def _costs(run, link, table, ins, layouts, calibrate_on) -> dict[str, Cost]:
     shared = Cost(link, interference=1.0, copy_bytes_per_s=_sweep(run)["copy_bytes_per_s"])
     return {"textbook": Cost(link), "shared_core": shared,
             "calibrated": calibrate(ins, layouts[calibrate_on], shared, table.loc[calibrate_on, "step_ms"])}
@@ -181,13 +199,10 @@ def costs(run, link: AlphaBeta, calibrate_on: str | None = None, plans=None) -> 
 def compare(run, link: AlphaBeta, calibrate_on: str | None = None, plans=None) -> tuple[pd.DataFrame, dict]:
     """Measured step time per plan beside the three models' predictions (see `costs`) and their
     relative errors (predicted - measured) / measured; returns (table, costs)."""
-    table, ins = measured(run), inputs(run)
-    plans = [p for p in (plans or table.index) if p != "compute-only"]
-    layouts = {p: plan_for(run, p, ins) for p in plans}
-    calibrate_on = calibrate_on or calibration_plan(layouts)
-    models = costs(run, link, calibrate_on, plans)
+    table, ins, layouts, calibrate_on = _prepare(run, plans, calibrate_on)
+    models = _costs(run, link, table, ins, layouts, calibrate_on)
     rows = []
-    for p in plans:
+    for p in layouts:
         m = table.loc[p, "step_ms"]
         row = {"plan": p, "buckets": len(layouts[p]), "measured_ms": m, "spread_ms": table.loc[p, "spread_ms"]}
         for name, cost in models.items():
@@ -225,7 +240,7 @@ def ordering(table: pd.DataFrame, predicted: str = "calibrated_ms", k: float = 2
 
 def summary(s: schedule.Schedule) -> dict:
     """What the bucket slider shows for one schedule."""
-    last = max(s.buckets, key=lambda b: b.ready_ms)
+    last = s.last_bucket
     return {"buckets": len(s.buckets), "first_launch_ms": s.first_launch_ms, "last_ready_ms": last.ready_ms,
             "last_bucket_mib": last.bytes / MIB, "exposed_tail_ms": s.exposed_tail_ms, "step_ms": s.step_ms}
 
@@ -249,7 +264,7 @@ def candidates(ins: Inputs, cost: Cost, caps_mb, split_cap_mb: float | None = No
     rows = []
     for name, plan in plans.items():
         s = predict(ins, plan, cost)
-        last = max(s.buckets, key=lambda b: b.ready_ms)
+        last = s.last_bucket
         rows.append({"plan": name, "buckets": len(plan), "first_launch_ms": s.first_launch_ms,
                      "last_ready_ms": last.ready_ms, "last_cost_ms": last.cost_ms,
                      "backward_left_ms": max(0.0, s.backward_ms - last.ready_ms),
@@ -261,7 +276,7 @@ def measured_timeline(run, plan: str, step: int | None = None, rank: int = 0) ->
     """One measured step of `plan` on `rank` (default: its median step by step time): bucket
     launch/done, last gradient ready and backward's return, in ms after backward started (to overlay
     on a simulated timeline)."""
-    arm = next(a for a in run.ranks[rank].raw["bucket_sweep"]["arms"] if a["name"] == plan)
+    arm = _arm(run, plan, rank)
     if step is None:
         order = sorted(range(len(arm["steps"])), key=lambda i: arm["steps"][i]["step_ms"])
         step = order[len(order) // 2]
@@ -273,7 +288,7 @@ def measured_timeline(run, plan: str, step: int | None = None, rank: int = 0) ->
 def in_flight(run, name: str, link: AlphaBeta, rank: int = 0) -> pd.DataFrame:
     """Every bucket of every timed step of plan `name` on `rank`: its bytes, how long its all-reduce
     took in flight (launch to done), what the isolated alpha-beta fit predicts, and their ratio."""
-    arm = next(a for a in run.ranks[rank].raw["bucket_sweep"]["arms"] if a["name"] == name)
+    arm = _arm(run, name, rank)
     rows = [{"step": i, "bucket": b["index"], "bytes": b["bytes"], "in_flight_ms": b["done_ms"] - b["launch_ms"],
              "isolated_ms": link.predict(b["bytes"]) * 1e3} for i, st in enumerate(arm["steps"]) for b in st.get("buckets", [])]
     df = pd.DataFrame(rows)
@@ -301,8 +316,7 @@ def tail_difference(run, a: str, b: str, k: float = 2.0) -> dict:
     shorter than plan `a`'s? Medians, their difference, and a tie threshold of k standard errors
     (robust: 1.4826 x MAD / sqrt(n), the larger of the two); verdict "shorter", "longer" or "tie"."""
     def tails(name):
-        arm_steps = [x for s in _arm_steps(run, name) for x in s]
-        return [max(bk["done_ms"] for bk in x["buckets"]) - x["ready"][-1][1] for x in arm_steps]
+        return [_after_last_ready_ms(x) for s in _arm_steps(run, name) for x in s]
     ta, tb = tails(a), tails(b)
     ma, mb = statistics.median(ta), statistics.median(tb)
     threshold = k * max(_robust_spread(ta) / len(ta) ** 0.5, _robust_spread(tb) / len(tb) ** 0.5)

@@ -96,6 +96,11 @@ class Schedule:
         return min(b.ready_ms for b in self.buckets)
 
     @property
+    def last_bucket(self) -> BucketTime:
+        """The bucket launched last (the one left to run after backward, if any is)."""
+        return max(self.buckets, key=lambda b: b.ready_ms)
+
+    @property
     def exposed_tail_ms(self) -> float:
         """Communication still running after backward compute has ended."""
         return max(0.0, self.comm_end_ms - self.backward_ms)

@@ -186,8 +186,7 @@ def _validate(e: Experiment) -> None:
     if e.task == "bucket-sweep":
         plans = list(e.plans)
         bad_plans = [p for p in plans if not isinstance(p, str) or not _PLAN.match(p)
-                     or (p.endswith(":default") and p.split(":")[0] in ("plan", "split"))
-                     or (not p.endswith(":default") and not float(p.split(":")[1]) > 0)]
+                     or not _plan_cap_ok(*parse_plan(p))]
         if not plans or bad_plans or len(set(plans)) != len(plans):
             bad("plans", f"a bucket sweep needs distinct plans '<kind>:<cap MiB>' with kind one of "
                          f"{', '.join(PLAN_KINDS)} and a cap > 0 ('default' for ddp and bare) (got {plans!r})")
@@ -284,6 +283,11 @@ def _validate(e: Experiment) -> None:
         bad("probes", "'memory-snapshot' needs CUDA (the caching allocator records it); device is 'cpu'")
     if not all(isinstance(p, str) and p in PROBES for p in e.probes):
         bad("probes", f"each probe must be one of {', '.join(PROBES)} (got {list(e.probes)!r})")
+
+
+def _plan_cap_ok(kind: str, cap: float | None) -> bool:
+    """A cap > 0, or DDP's default (None) for the kinds that are torch DDP."""
+    return cap > 0 if cap is not None else kind in ("ddp", "bare")
 
 
 def parse_plan(plan: str) -> tuple[str, float | None]:

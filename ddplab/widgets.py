@@ -84,6 +84,8 @@ def bucket_slider(sweep_run, link, model: str = "calibrated", cap_mb: float = 4.
     step (timeline and summary row) from the sweep's readiness trace and the chosen cost model, with
     no launch; "measure" runs that plan for real on the sweep's ranks and model (one launch) and
     overlays the measured buckets (notebook 05)."""
+    import math
+
     import ipywidgets as w
     import matplotlib.pyplot as plt
     import pandas as pd
@@ -94,7 +96,7 @@ def bucket_slider(sweep_run, link, model: str = "calibrated", cap_mb: float = 4.
 
     ins, costs = overlap.inputs(sweep_run), overlap.costs(sweep_run, link)
     smallest = min(g.bytes for g in ins.grads) / overlap.MIB
-    lo, hi = round(_log10(smallest / 2), 1), round(_log10(1.5 * ins.gradient_bytes / overlap.MIB), 1)
+    lo, hi = round(math.log10(smallest / 2), 1), round(math.log10(1.5 * ins.gradient_bytes / overlap.MIB), 1)
     cap = w.FloatLogSlider(value=min(max(cap_mb, 10 ** lo), 10 ** hi), base=10, min=lo, max=hi, step=0.05,
                            description="cap (MiB)", readout_format=".3g", continuous_update=False,
                            layout=w.Layout(width="480px"))
@@ -144,9 +146,3 @@ def bucket_slider(sweep_run, link, model: str = "calibrated", cap_mb: float = 4.
     box = w.VBox([w.HBox([cap, split]), w.HBox([which, button]), status, out])
     box.add_class("ddplab-bucket-slider")
     return box
-
-
-def _log10(x: float) -> float:
-    import math
-
-    return math.log10(x)
