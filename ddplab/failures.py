@@ -2,7 +2,8 @@
 
 A failed run leaves per-rank files behind (see `rundir.py`): progress logs of the phases each rank
 entered, and an error file with a traceback from each rank that raised. `diagnose` is pure: it
-reads those records and decides between
+reads those records, orders them by the phases the task declared (`spec/tasks.py`), and decides
+between
 - a crash: a rank raised; the earliest error that is not a lost peer or a timeout is the cause;
 - a hang: ranks timed out in a collective, or stopped making progress; the ranks that never
   reached the collective the others wait in are named (notes/ddp-internals.md, section 5);
@@ -14,11 +15,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-# order of the phases inside one (step, micro-step); a rank further along has a larger key
-PHASE_ORDER = {"start": 0, "init-process-group": 1, "ddp-construct": 2, "fsdp-construct": 2, "reference": 2, "count": 3, "forward": 4, "backward": 5,
-               "skip-backward": 5, "all-reduce sweep": 5, "optimizer": 6, "teardown": 7, "done": 8}
-# phases that a healthy rank goes through; anything else is a deviation from the common script
-CANONICAL = set(PHASE_ORDER) - {"skip-backward"}
 _LOST_PEER = ("connection closed", "connection reset", "broken pipe", "socket closed")
 
 
@@ -59,12 +55,17 @@ def is_lost_peer(error: dict) -> bool:
     return any(s in text for s in _LOST_PEER)
 
 
-def phase_key(rec: dict) -> tuple:
-    return rec.get("step", -1), rec.get("micro", 0), PHASE_ORDER.get(rec["phase"], 0)
+def phase_key(rec: dict, phases: dict) -> tuple:
+    """How far a rank is: (step, micro-step or position, the phase's order); larger is further along.
+    Setup (step -1) comes before every step and teardown after."""
+    phase = phases.get(rec["phase"])
+    order = phase.order if phase else 0
+    step = rec.get("step", -1)
+    return (step if order < 90 else 10 ** 9), rec.get("micro", 0), order
 
 
 def _where(rec: dict) -> str:
-    where = f"'{rec['phase']}'"
+    where = f"'{rec['phase']}'" + (f" ({rec['detail']})" if rec.get("detail") else "")
     if rec.get("step", -1) >= 0:
         where += f" of step {rec['step']}" + (f", micro-step {rec['micro']}" if rec.get("micro") else "")
     return where
@@ -75,7 +76,8 @@ def rank_list(ranks) -> str:
     return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
 
 
-def diagnose_hang(progress: dict[int, list[dict]], world_size: int, timeout_s: float, watchdog: bool) -> Diagnosis:
+def diagnose_hang(progress: dict[int, list[dict]], world_size: int, timeout_s: float, watchdog: bool,
+                  phases: dict) -> Diagnosis:
     """Name the ranks that never reached the collective the others are waiting in."""
     last = {r: progress[r][-1] for r in range(world_size) if progress.get(r)}
     silent = [r for r in range(world_size) if r not in last]
@@ -83,8 +85,9 @@ def diagnose_hang(progress: dict[int, list[dict]], world_size: int, timeout_s: f
            else f"the collective timed out after timeout_s={timeout_s:g} s")
     if not last:
         return Diagnosis("hang", list(range(world_size)), f"No rank recorded any progress; {how}.")
-    lead = max(phase_key(rec) for rec in last.values())
-    waiting = [r for r, rec in last.items() if phase_key(rec) == lead and rec["phase"] in CANONICAL]
+    lead = max(phase_key(rec, phases) for rec in last.values())
+    healthy = {name for name, p in phases.items() if not p.deviation}
+    waiting = [r for r, rec in last.items() if phase_key(rec, phases) == lead and rec["phase"] in healthy]
     behind = sorted(set(range(world_size)) - set(waiting))
     if not waiting or not behind:
         rec = last[min(last)]
@@ -109,7 +112,7 @@ def _last_phases(progress: dict[int, list[dict]], ranks) -> str:
 
 
 def diagnose(progress: dict[int, list[dict]], errors: dict[int, dict], finished: set[int], world_size: int,
-             timeout_s: float, watchdog: bool = False) -> Diagnosis:
+             timeout_s: float, watchdog: bool, phases: dict) -> Diagnosis:
     """Explain a failed run from its per-rank records (pure; the launcher gathers the records)."""
     causes = sorted((e for e in errors.values() if not is_timeout(e) and not is_lost_peer(e)), key=lambda e: e["t_ns"])
     if causes:
@@ -120,7 +123,7 @@ def diagnose(progress: dict[int, list[dict]], errors: dict[int, dict], finished:
             text += f" Then {rank_list(others)} failed too, having lost a peer or been stopped."
         return Diagnosis("crash", [first["rank"]], text, {first["rank"]: first["traceback"]})
     if watchdog or any(is_timeout(e) for e in errors.values()):
-        d = diagnose_hang(progress, world_size, timeout_s, watchdog)
+        d = diagnose_hang(progress, world_size, timeout_s, watchdog, phases)
         timed_out = [r for r, e in errors.items() if is_timeout(e)]
         if timed_out:
             first = errors[min(timed_out)]

@@ -1,7 +1,10 @@
 """`Run` and `RankResult`: a finished run directory, loaded and cross-checked.
 
-`load_run(path)` accepts a run only if every rank wrote a well-formed `rank{r}.json` for the same
-spec; anything less raises `RunFailed` naming the rank. Used by every notebook, `tables` and `plots`.
+`load_run(path)` accepts a run only if every rank wrote a `rank{r}.json` that matches the record
+schema (`record.py`) for the same spec and launch; anything less raises `RunFailed` naming the rank.
+A `RankResult` is the rank's envelope and its task's typed record (`result`): a `TrainRecord` for
+training, with `steps`, `param_checksum`, `model`, `reference` and `memory` at hand. Used by every
+notebook, the tables and the plots.
 """
 
 from __future__ import annotations
@@ -10,43 +13,41 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import rundir
+from . import record, rundir
 from .failures import Diagnosis, RunFailed
 from .spec import Experiment
-
-REQUIRED = ("rank", "world_size", "backend", "device", "pid", "steps", "param_checksum", "spec_hash")
 
 
 @dataclass(frozen=True)
 class RankResult:
-    """What one rank recorded. `steps` holds one dict per optimizer step (timings in ms, sample ids, loss)."""
+    """What one rank recorded: its envelope (who, where, which launch) and its task's record."""
 
-    rank: int
-    world_size: int
-    backend: str
-    device: str
-    pid: int
-    host: str
-    steps: list[dict]
-    param_checksum: dict
-    model: dict
-    reference: dict | None = None
-    raw: dict = field(default_factory=dict, repr=False)
+    envelope: record.Envelope
+    result: object
 
-    @classmethod
-    def from_dict(cls, d: dict) -> "RankResult":
-        return cls(rank=d["rank"], world_size=d["world_size"], backend=d["backend"], device=d["device"],
-                   pid=d["pid"], host=d.get("host", ""), steps=d["steps"], param_checksum=d["param_checksum"],
-                   model=d.get("model", {}), reference=d.get("reference"), raw=d)
+    rank = property(lambda self: self.envelope.rank)
+    world_size = property(lambda self: self.envelope.world_size)
+    backend = property(lambda self: self.envelope.backend)
+    device = property(lambda self: self.envelope.device)
+    pid = property(lambda self: self.envelope.pid)
+    host = property(lambda self: self.envelope.host)
+
+    # the train task's record, at hand
+    steps = property(lambda self: self.result.steps)
+    param_checksum = property(lambda self: self.result.param_checksum)
+    model = property(lambda self: self.result.model)
+    reference = property(lambda self: self.result.reference)
+    memory = property(lambda self: self.result.memory)
+    parameter_names = property(lambda self: self.result.parameter_names)
 
     @property
     def sample_ids(self) -> list[int]:
         """Every global sample id this rank consumed, in order, over all steps."""
-        return [i for s in self.steps for i in s["sample_ids"]]
+        return [i for s in self.steps for i in s.sample_ids]
 
     def step_ms(self, phase: str = "step") -> list[float]:
         """Per-step time of one phase ("data", "forward", "backward", "optimizer" or "step")."""
-        return [s.get(f"{phase}_ms", 0.0) for s in self.steps]
+        return [s.step_ms if phase == "step" else s.phase_ms.get(phase, 0.0) for s in self.steps]
 
 
 @dataclass(frozen=True)
@@ -65,11 +66,11 @@ class Run:
     def step_ms(self, warmup: int = 0) -> list[float]:
         """Wall time of each step after `warmup` steps: the slowest rank's, since a synchronous step
         is done only when every rank is."""
-        return [max(r.steps[i]["step_ms"] for r in self.ranks) for i in range(warmup, self.spec.steps)]
+        return [max(r.steps[i].step_ms for r in self.ranks) for i in range(warmup, self.spec.steps)]
 
     def global_loss(self) -> list[float]:
         """Per step, the mean token loss over the whole global batch (all ranks' tokens)."""
-        return [sum(r.steps[i]["loss_sum"] for r in self.ranks) / sum(r.steps[i]["tokens"] for r in self.ranks)
+        return [sum(r.steps[i].loss_sum for r in self.ranks) / sum(r.steps[i].tokens for r in self.ranks)
                 for i in range(self.spec.steps)]
 
     def tensors(self, rank: int) -> dict:
@@ -92,23 +93,21 @@ def load_rank(path: Path, rank: int, spec: Experiment) -> RankResult:
     if not f.exists():
         raise RunFailed(Diagnosis("missing-result", [rank], f"Rank {rank} wrote no result ({f.name} is missing)."), path)
     try:
-        d = json.loads(f.read_text())
+        rec = record.load(json.loads(f.read_text()), spec.task.record)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise _invalid(rank, f"is not valid JSON ({e})", path) from e
-    if not isinstance(d, dict) or any(k not in d for k in REQUIRED):
-        missing = [k for k in REQUIRED if not isinstance(d, dict) or k not in d]
-        raise _invalid(rank, f"lacks the field(s) {', '.join(missing)}", path)
-    if d.get("schema_version") != rundir.SCHEMA_VERSION:
-        raise _invalid(rank, f"has schema version {d.get('schema_version')}, expected {rundir.SCHEMA_VERSION}", path)
-    if d["rank"] != rank or d["world_size"] != spec.world_size:
-        raise _invalid(rank, f"claims rank {d['rank']} of {d['world_size']}, expected rank {rank} of "
+    except record.RecordError as e:
+        raise _invalid(rank, str(e), path) from e
+    env = rec.envelope
+    if env.rank != rank or env.world_size != spec.world_size:
+        raise _invalid(rank, f"claims rank {env.rank} of {env.world_size}, expected rank {rank} of "
                              f"{spec.world_size}", path)
-    if d["spec_hash"] != spec.hash:
-        raise _invalid(rank, f"belongs to spec {d['spec_hash']}, not to this run's spec {spec.hash}", path)
-    expected_steps = spec.steps if spec.task == "train" else 0
-    if len(d["steps"]) != expected_steps:
-        raise _invalid(rank, f"has {len(d['steps'])} steps, expected {expected_steps}", path)
-    return RankResult.from_dict(d)
+    if env.spec_hash != spec.hash:
+        raise _invalid(rank, f"belongs to spec {env.spec_hash}, not to this run's spec {spec.hash}", path)
+    steps = getattr(rec.result, "steps", None)
+    if isinstance(rec.result, record.TrainRecord) and len(steps) != spec.steps:
+        raise _invalid(rank, f"has {len(steps)} steps, expected {spec.steps}", path)
+    return RankResult(env, rec.result)
 
 
 def load_run(path) -> Run:
@@ -125,7 +124,7 @@ def load_run(path) -> Run:
     for r in ranks:
         if rundir.error_file(path, r.rank).exists():
             raise _invalid(r.rank, f"sits beside {rundir.error_file(path, r.rank).name}: the rank failed after writing it", path)
-        if launch.get("launch_id") and r.raw.get("launch_id") != launch["launch_id"]:
+        if launch.get("launch_id") and r.envelope.launch_id != launch["launch_id"]:
             raise _invalid(r.rank, "comes from another launch than the run's launch.json (two launches wrote here)", path)
         if "gradients" in spec.probes and not rundir.tensor_file(path, r.rank).exists():
             raise _invalid(r.rank, f"has no {rundir.tensor_file(path, r.rank).name}, though the gradients probe was on", path)

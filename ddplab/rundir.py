@@ -11,7 +11,8 @@
         launch.json            the launcher's record: command, exit status, wall time
 
 Every stage hands the next a file, so a notebook can reload an old run, and a failed run keeps
-whatever its ranks managed to write.
+whatever its ranks managed to write. The schema of `rank{r}.json` is `record.py`; the phases a
+progress log may name are the task's (`spec.tasks`). Used by the launcher, the ranks and `results`.
 """
 
 from __future__ import annotations
@@ -20,8 +21,6 @@ import json
 import os
 import time
 from pathlib import Path
-
-SCHEMA_VERSION = 1
 
 SPEC = "spec.json"
 LOG = "launch.log"
@@ -42,6 +41,10 @@ def progress_file(run_dir: Path, rank: int) -> Path:
 
 def error_file(run_dir: Path, rank: int) -> Path:
     return Path(run_dir) / f"rank{rank}.error.json"
+
+
+def snapshot_file(run_dir: Path, rank: int) -> Path:
+    return Path(run_dir) / f"rank{rank}.memory.pickle"
 
 
 def write_json_atomic(path: Path, obj) -> None:
@@ -71,17 +74,27 @@ def clear(run_dir: Path) -> None:
 
 
 class ProgressLog:
-    """Append-only log of the phases a rank enters; the launcher reads it for progress and hangs."""
+    """Append-only log of the phases a rank enters; the launcher reads it for progress and hangs.
 
-    def __init__(self, run_dir: Path, rank: int):
+    `phases` maps each phase name the task declared to its Phase; entering any other is a bug."""
+
+    def __init__(self, run_dir: Path, rank: int, phases: dict):
         self.run_dir = Path(run_dir)
+        self.phases = phases
         self._f = open(progress_file(run_dir, rank), "a", buffering=1)
         self.last = {"phase": "start", "step": -1, "micro": 0}
 
-    def enter(self, phase: str, step: int = -1, micro: int = 0, collective: str | None = None) -> None:
+    def enter(self, phase: str, step: int = -1, micro: int = 0, collective: str | None = None,
+              detail: str | None = None) -> None:
+        """Record that this rank enters `phase` (of step `step`, micro-step or position `micro`); the
+        collective it will wait in defaults to the phase's own; `detail` names what it works on."""
+        assert phase in self.phases, f"phase {phase!r} is not declared by the task"
         rec = {"t_ns": time.time_ns(), "phase": phase, "step": step, "micro": micro}
+        collective = collective if collective is not None else self.phases[phase].collective
         if collective:
             rec["collective"] = collective
+        if detail:
+            rec["detail"] = detail
         self.last = rec
         self._f.write(json.dumps(rec) + "\n")
 

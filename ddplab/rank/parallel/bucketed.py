@@ -15,7 +15,7 @@ backward ends: it waits for every bucket and copies the averages back into `.gra
 gradients never all arrived (a parameter unused in this forward) is an error naming them.
 
 Every bucket's launch and completion time is recorded (`take()`), in the format of
-`readiness.BucketLog`, so measured timelines read the same for DDP and for this. On gloo the
+`rank/probes/buckets.BucketLog`, so measured timelines read the same for DDP and for this. On gloo the
 completion callback runs when the all-reduce is done; on NCCL it runs when the work is enqueued, so
 GPU timelines would need CUDA events. Checked against
 DDP's gradients in tests/test_bucketed_sync.py. Used by the bucket sweep (notebook 05).
@@ -27,6 +27,8 @@ import time
 
 import torch
 import torch.distributed as dist
+
+from ...record import BucketEvent
 
 
 class BucketedSync(torch.nn.Module):
@@ -122,7 +124,7 @@ class BucketedSync(torch.nn.Module):
         finally:
             self._reset()  # the next backward starts clean, even after an error
 
-    def take(self) -> list[dict]:
-        """The buckets launched since the last call (index, bytes, params, launch_ns, done_ns)."""
+    def take(self) -> list[BucketEvent]:
+        """The buckets launched since the last call."""
         events, self.events = self.events, []
-        return events
+        return [BucketEvent(**e) for e in events]

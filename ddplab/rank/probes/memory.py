@@ -4,12 +4,13 @@ The ledger counts bytes from tensor metadata, each storage once:
 - parameters, gradients and optimizer state: the rank's local tensors (a shard, under FSDP2);
 - DDP buckets: the flat buffers DDP all-reduces, counted only where no gradient lives inside them
   (with `gradient_as_bucket_view=True` the gradients *are* views into the buckets);
-- activations: what autograd saved during the forward for backward (`SavedTensorMeter`), each storage
-  once, parameters excluded (a Linear saves its weight too; that memory is the parameters').
+- activations: what autograd saved during the forward for backward (the activations probe's
+  `SavedTensorMeter`), each storage once, parameters excluded.
 `PeakTracker` follows every tensor the step allocates (a dispatch mode), so its peak includes what
 the phases miss: gradients of activations during backward, gathered FSDP layers, temporaries. Process
 RSS is a rough cross-check only (the allocator keeps freed memory). On CUDA the caching allocator's own
-figures are recorded beside the ledger. See notes/ddp-internals.md, section 6. Used by notebook 02.
+figures are recorded beside the ledger, and the memory-snapshot probe dumps the allocator's history.
+See notes/ddp-internals.md, section 6. Used by notebook 02.
 """
 
 from __future__ import annotations
@@ -21,6 +22,11 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from ...record import MemoryRecord, MemoryStep
+from ...rundir import snapshot_file
+from ..parallel.ddp import construction_bucket_bytes
+from . import Probe
+
 CATEGORIES = ("parameters", "gradients", "ddp_buckets", "optimizer_state", "activations")
 
 
@@ -29,7 +35,7 @@ def local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if hasattr(t, "to_local") else t
 
 
-def _storages(tensors) -> dict[int, int]:
+def storages(tensors) -> dict[int, int]:
     out = {}
     for t in tensors:
         s = local(t).untyped_storage()
@@ -47,11 +53,11 @@ def ledger(module, optimizer, bucket_buffers=(), unseen_bucket_bytes: int = 0,
            activation_bytes: int = 0) -> dict[str, int]:
     """Bytes per category held by this rank right now. `unseen_bucket_bytes`: DDP's own report of
     buckets no communication hook has handed out yet (before the first backward)."""
-    grads = _storages(p.grad for p in module.parameters() if p.grad is not None)
-    buckets = {ptr: n for ptr, n in _storages(bucket_buffers).items() if ptr not in grads}
-    return {"parameters": sum(_storages(module.parameters()).values()), "gradients": sum(grads.values()),
+    grads = storages(p.grad for p in module.parameters() if p.grad is not None)
+    buckets = {ptr: n for ptr, n in storages(bucket_buffers).items() if ptr not in grads}
+    return {"parameters": sum(storages(module.parameters()).values()), "gradients": sum(grads.values()),
             "ddp_buckets": sum(buckets.values()) + unseen_bucket_bytes,
-            "optimizer_state": sum(_storages(optimizer_state(optimizer)).values()), "activations": activation_bytes}
+            "optimizer_state": sum(storages(optimizer_state(optimizer)).values()), "activations": activation_bytes}
 
 
 def rss_bytes() -> int:
@@ -67,33 +73,6 @@ def cuda_figures(device) -> dict[str, int]:
     """The CUDA caching allocator's own view: allocated, reserved, and peak allocated bytes."""
     return {"cuda_allocated": torch.cuda.memory_allocated(device), "cuda_reserved": torch.cuda.memory_reserved(device),
             "cuda_peak_allocated": torch.cuda.max_memory_allocated(device)}
-
-
-class SavedTensorMeter:
-    """Context manager: `with meter: loss = model(x)...`; then `meter.bytes`."""
-
-    def __init__(self, parameters):
-        self._param_storages = set(_storages(parameters))
-        self.bytes = 0
-        self._saved: dict[int, int] = {}
-
-    def _pack(self, t: torch.Tensor) -> torch.Tensor:
-        storage = t.untyped_storage()
-        ptr = storage.data_ptr()
-        if ptr not in self._param_storages:
-            self._saved[ptr] = storage.nbytes()
-        return t
-
-    def __enter__(self):
-        self._saved = {}
-        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
-        self._hooks.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        self._hooks.__exit__(*exc)
-        self.bytes = sum(self._saved.values())
-        return False
 
 
 class PeakTracker(TorchDispatchMode):
@@ -133,30 +112,33 @@ def _storage(t: torch.Tensor):
         return 0, None
 
 
-def ddp_bucket_bytes(ddp) -> int:
-    """Total bytes of the buckets DDP allocated at construction, from DDP's own logging data."""
-    sizes = ddp._get_ddp_logging_data().get("bucket_sizes", "")
-    return sum(int(x) for x in str(sizes).replace(",", " ").split())
+class MemoryProbe(Probe):
+    """Fills `TrainRecord.memory`: the ledger at construction, after every forward, backward and
+    optimizer step, and each step's peak. Reads the buckets DDP handed to the buckets probe and the
+    activations probe's meter."""
 
+    name = "memory"
+    needs = ("buckets", "activations")
 
-class MemoryProbe:
-    """The memory probe of one rank: the ledger at each phase of every step, and each step's peak."""
-
-    def __init__(self, module, optimizer, device, bucket_log=None, ddp=None):
-        self.module, self.optimizer, self.device, self.bucket_log = module, optimizer, device, bucket_log
-        self.construction_buckets = ddp_bucket_bytes(ddp) if ddp is not None else 0
-        self.phases: dict[str, dict] = {}
+    def __init__(self, at, attached):
+        super().__init__(at, attached)
+        self.buckets = attached["buckets"].log
+        self.meter = attached["activations"].meter
+        self.construction_buckets = construction_bucket_bytes(at.ddp) if at.ddp is not None else 0
+        self.device = at.ctx.device
         self.constructed = self.sample()
+        self.steps: list[MemoryStep] = []
 
     def sample(self, activation_bytes: int = 0) -> dict:
-        seen = list(self.bucket_log.buffers.values()) if self.bucket_log else []
-        row = ledger(self.module, self.optimizer, seen, 0 if seen else self.construction_buckets, activation_bytes)
+        seen = list(self.buckets.buffers.values()) if self.buckets else []
+        row = ledger(self.at.module, self.at.optimizer, seen, 0 if seen else self.construction_buckets,
+                     activation_bytes)
         row["rss"] = rss_bytes()
         if self.device.type == "cuda":
             row.update(cuda_figures(self.device))
         return row
 
-    def start_step(self) -> None:
+    def start_step(self, step: int) -> None:
         self.phases = {}
         held = self.sample()
         self.held_at_start = sum(held[c] for c in CATEGORIES)
@@ -165,10 +147,32 @@ class MemoryProbe:
         self.tracker = PeakTracker()
         self.tracker.__enter__()
 
-    def phase(self, name: str, activation_bytes: int = 0) -> None:
-        self.phases[name] = self.sample(activation_bytes)
+    def after_forward(self, step: int, micro: int) -> None:
+        self.phases["forward"] = self.sample(self.meter.bytes)
 
-    def end_step(self) -> dict:
+    def after_backward(self, step: int, micro: int) -> None:
+        self.phases["backward"] = self.sample()
+
+    def after_optimizer(self, step: int) -> None:
+        self.phases["step"] = self.sample()
         self.tracker.__exit__(None, None, None)
-        return {"phases": self.phases, "held_at_start": self.held_at_start,
-                "peak": self.held_at_start + self.tracker.peak}
+        self.steps.append(MemoryStep(self.phases, self.held_at_start, self.held_at_start + self.tracker.peak))
+
+    def sections(self) -> dict:
+        return {"memory": MemoryRecord(self.constructed, self.steps)}
+
+
+class MemorySnapshotProbe(Probe):
+    """CUDA only: the caching allocator's history over training, dumped to rank{r}.memory.pickle
+    (open it at https://pytorch.org/memory_viz)."""
+
+    name = "memory-snapshot"
+    needs = ("memory",)
+
+    def __init__(self, at, attached):
+        super().__init__(at, attached)
+        torch.cuda.memory._record_memory_history(max_entries=100_000)
+
+    def finish(self, run_dir) -> None:
+        torch.cuda.memory._dump_snapshot(str(snapshot_file(run_dir, self.at.ctx.rank)))
+        torch.cuda.memory._record_memory_history(enabled=None)

@@ -1,7 +1,6 @@
-"""Where a rank runs: its identity from torchrun's environment, backend and device, setup and teardown.
-
-`choose_backend` is pure, so the launcher can refuse an impossible request (more NCCL ranks than
-GPUs) before any process starts. `teardown` holds the fix for the gloo exit-time SIGABRT
+"""Where a rank runs: its identity from torchrun's environment, its device, setup and teardown, and
+the clock that times a step's phases. The backend choice is `host.choose_backend`, shared with the
+launcher. `teardown` holds the fix for the gloo exit-time SIGABRT
 (notes/ddp-internals.md, section 0): drop every object that references the process group, collect,
 destroy the group; the worker then leaves with `os._exit` so no interpreter finalization can race
 gloo's threads.
@@ -9,11 +8,8 @@ gloo's threads.
 
 from __future__ import annotations
 
-import ctypes
 import gc
 import os
-import signal
-import sys
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -30,27 +26,6 @@ def rank_env() -> RankEnv:
     """This process's rank, local rank and world size, as torchrun set them."""
     env = os.environ
     return RankEnv(int(env["RANK"]), int(env["LOCAL_RANK"]), int(env["WORLD_SIZE"]))
-
-
-def choose_backend(backend: str, device: str, world_size: int, cuda_devices: int) -> tuple[str, str]:
-    """(backend, device type) for a request; ValueError if it cannot run on `cuda_devices` GPUs."""
-    if backend == "auto":
-        backend = "nccl" if device != "cpu" and cuda_devices >= world_size else "gloo"
-    if device == "auto":
-        device = "cuda" if backend == "nccl" else "cpu"
-    if backend == "nccl" and cuda_devices < world_size:
-        raise ValueError(f"Experiment.backend: NCCL needs one GPU per rank; world_size is {world_size} "
-                         f"but this machine has {cuda_devices} CUDA device(s). Use backend='gloo'.")
-    if device == "cuda" and cuda_devices == 0:
-        raise ValueError("Experiment.device: 'cuda' was asked for but this machine has no CUDA device")
-    return backend, device
-
-
-def die_with_parent() -> None:
-    """Ask Linux to SIGKILL this process when its parent (the torchrun agent) dies: no orphans."""
-    if sys.platform.startswith("linux"):
-        PR_SET_PDEATHSIG = 1
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def pin_to_core(local_rank: int) -> None:
@@ -88,23 +63,6 @@ def subgroups(world_sizes: list[int], world_size: int, timeout_s: float) -> dict
         if w not in groups:
             groups[w] = None if w == world_size else dist.new_group(list(range(w)), timeout=timedelta(seconds=timeout_s))
     return groups
-
-
-def fully_shard_layers(model, group, device) -> None:
-    """FSDP2: shard every layer (each element of a ModuleList or Sequential child, else each child
-    with parameters), then the root, over the ranks of `group` (None = all ranks)."""
-    import torch.distributed as dist
-    import torch.nn as nn
-    from torch.distributed.device_mesh import DeviceMesh
-    from torch.distributed.fsdp import fully_shard
-
-    mesh = DeviceMesh.from_group(group or dist.group.WORLD, device.type)
-    for child in model.children():
-        layers = list(child) if isinstance(child, (nn.ModuleList, nn.Sequential)) else [child]
-        for layer in layers:
-            if any(True for _ in layer.parameters()):
-                fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
 
 
 def teardown() -> None:

@@ -158,17 +158,3 @@ def check_model(model: nn.Module, exp) -> None:
 def parameter_count(model: nn.Module) -> int:
     """Number of distinct parameter elements (a tied weight counts once)."""
     return sum(p.numel() for p in model.parameters())
-
-
-def parameter_numels(exp) -> list[int]:
-    """Element count of every parameter tensor of a built-in model, in `parameters()` order, from the
-    spec alone (pure: the memory model predicts without building anything)."""
-    v, d, n = exp.vocab_size, exp.d_model, exp.n_layers
-    if exp.model == "transformer":
-        block = [d, d, 3 * d * d, 3 * d, d * d, d, d, d, 4 * d * d, 4 * d, 4 * d * d, d]
-        return [v * d, max(exp.seq_lens) * d, *block * n, d, d] + ([] if exp.tie_weights else [v * d])
-    if exp.model == "mlp":
-        return [v * d, *[d * d, d] * n, v * d, v]
-    if exp.model == "branchy":
-        return [v * d, v, v * d, *[d * d, d] * 4]
-    raise ValueError(f"Experiment.model: {exp.model} is not built in; its parameter count is known only by building it")

@@ -1,7 +1,8 @@
 """Show a running experiment's progress: one live line in a terminal, an updating line in a notebook.
 
-The launcher reads the ranks' progress logs (`rundir.ProgressLog`) and hands this module the
-slowest rank's position; nothing here talks to the ranks.
+The launcher reads the ranks' progress logs (`rundir.ProgressLog`, through `launch/watch.py`) and
+hands this module the slowest rank's position; nothing here talks to the ranks. Used by every
+notebook's launches and by `ddplab run`.
 """
 
 from __future__ import annotations
@@ -18,11 +19,12 @@ def _in_notebook() -> bool:
     return shell is not None and "IPKernelApp" in getattr(shell, "config", {})
 
 
-def describe(name: str, world_size: int, steps_done: list[int], steps: int, phase: str, elapsed_s: float) -> str:
-    """One line: how far the slowest rank is."""
+def describe(name: str, world_size: int, steps_done: list[int], steps: int, phase: str, elapsed_s: float,
+             unit: str = "steps") -> str:
+    """One line: how far the slowest rank is (`unit`: what the task counts, steps, rounds or repeats)."""
     slowest = min(steps_done) if steps_done else 0
     ranks = f"{len(steps_done)}/{world_size} ranks up" if len(steps_done) < world_size else f"{world_size} ranks"
-    return f"ddplab {name}: {ranks}, {slowest}/{steps} steps done, slowest rank in '{phase}' ({elapsed_s:.1f} s)"
+    return f"ddplab {name}: {ranks}, {slowest}/{steps} {unit} done, slowest rank in '{phase}' ({elapsed_s:.1f} s)"
 
 
 class Reporter:

@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import torch
 
+from ..record import Distance
+from ..spec.sharding import shard_ids
 from . import data, models
-from .training import DTYPES, flat_parameters, make_optimizer, parameter_checksum, sample_loss_sum, token_loss_sum
+from .training import flat_parameters, make_optimizer, parameter_checksum, sample_loss_sum, token_loss_sum, torch_dtype
 
 
 def objective(exp) -> str:
@@ -30,7 +32,7 @@ def global_batch(exp, step: int, ranks=None):
     parts = []
     for micro in range(exp.accum_steps):
         for rank in range(exp.world_size) if ranks is None else ranks:
-            ids = data.shard_ids(exp.local_batches, exp.accum_steps, step, micro, rank)
+            ids = shard_ids(exp.local_batches, exp.accum_steps, step, micro, rank)
             parts.append(data.batch(exp.seed, ids, exp.seq_len_of(rank), exp.vocab_size))
     return parts
 
@@ -46,7 +48,7 @@ def backward_on(model, exp, parts, device) -> None:
 
 def fresh_model(exp, device):
     """The model every rank starts from, in the run's dtype."""
-    return models.build(exp).to(device=device, dtype=DTYPES[exp.dtype])
+    return models.build(exp).to(device=device, dtype=torch_dtype(exp.dtype))
 
 
 def reference_gradients(exp, device) -> dict[str, torch.Tensor]:
@@ -66,9 +68,7 @@ def reference_step(exp, device, ranks=None) -> tuple[torch.Tensor, torch.Tensor,
     return before, flat_parameters(model), parameter_checksum(model)
 
 
-def distance(mine: torch.Tensor, before: torch.Tensor, after: torch.Tensor) -> dict:
+def distance(mine: torch.Tensor, before: torch.Tensor, after: torch.Tensor) -> Distance:
     """How far parameters `mine` are from the reference `after`, absolutely and per unit of update."""
-    return {
-        "max_abs_diff": float((mine - after).abs().max()),
-        "update_rel_error": float((mine - after).norm() / (after - before).norm()),
-    }
+    return Distance(max_abs_diff=float((mine - after).abs().max()),
+                    update_rel_error=float((mine - after).norm() / (after - before).norm()))

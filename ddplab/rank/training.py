@@ -1,7 +1,7 @@
 """The pieces of one training step that the ranks and the single-process reference share.
 
 Loss (and its normalization), optimizer and a parameter checksum, so "the same update" means the
-same code everywhere. Used by the worker and `reference.py`; notebooks 00, 01 and 06.
+same code everywhere. Used by the tasks and `reference.py`; notebooks 00, 01 and 06.
 """
 
 from __future__ import annotations
@@ -12,7 +12,13 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-DTYPES = {"float32": torch.float32, "float64": torch.float64}
+from ..tensors import flat_float64
+
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """"float32" -> torch.float32 (the spec names dtypes; see spec.DTYPES)."""
+    return getattr(torch, name)
 
 
 def token_losses(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -50,9 +56,9 @@ def make_optimizer(exp, params, group=None) -> torch.optim.Optimizer:
     cls = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}[exp.optimizer]
     kwargs = {"lr": exp.lr, **({"momentum": exp.momentum} if exp.optimizer == "sgd" else {})}
     if exp.sharding == "zero1":
-        from torch.distributed.optim import ZeroRedundancyOptimizer
+        from .parallel.zero import sharded_optimizer
 
-        return ZeroRedundancyOptimizer(params, optimizer_class=cls, process_group=group, **kwargs)
+        return sharded_optimizer(params, cls, group, **kwargs)
     return cls(params, **kwargs)
 
 
@@ -71,4 +77,4 @@ def parameter_checksum(model: nn.Module) -> str:
 
 def flat_parameters(model: nn.Module) -> torch.Tensor:
     """All parameters as one float64 vector on the CPU."""
-    return torch.cat([_full(p.detach()).double().cpu().flatten() for p in model.parameters()])
+    return flat_float64(_full(p.detach()) for p in model.parameters())

@@ -1,0 +1,42 @@
+"""What this machine offers a run, decided the same way in the launcher and in every rank (pure:
+torch is imported only to count GPUs).
+
+`choose_backend` lets the launcher refuse an impossible request (more NCCL ranks than GPUs) before
+any process starts; `die_with_parent` is the Linux hook that keeps a process from outliving the one
+that started it (torchrun under the launcher, each rank under torchrun): no orphans.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import signal
+import sys
+
+PR_SET_PDEATHSIG = 1
+
+
+def cuda_device_count() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def choose_backend(backend: str, device: str, world_size: int, cuda_devices: int) -> tuple[str, str]:
+    """(backend, device type) for a request; ValueError if it cannot run on `cuda_devices` GPUs."""
+    if backend == "auto":
+        backend = "nccl" if device != "cpu" and cuda_devices >= world_size else "gloo"
+    if device == "auto":
+        device = "cuda" if backend == "nccl" else "cpu"
+    if backend == "nccl" and cuda_devices < world_size:
+        raise ValueError(f"Experiment.backend: NCCL needs one GPU per rank; world_size is {world_size} "
+                         f"but this machine has {cuda_devices} CUDA device(s). Use backend='gloo'.")
+    if device == "cuda" and cuda_devices == 0:
+        raise ValueError("Experiment.device: 'cuda' was asked for but this machine has no CUDA device")
+    return backend, device
+
+
+def die_with_parent() -> None:
+    """Ask Linux to SIGKILL this process when its parent dies (PR_SET_PDEATHSIG). Called by every
+    rank, and in the launcher's child between fork and exec of torchrun."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)

@@ -1,0 +1,136 @@
+"""The cold launch: `run(exp)` starts real torchrun ranks for an Experiment, watches them, and loads
+what they wrote; `run_many(exps)` runs several experiments in one launch.
+
+A launch costs seconds, mostly `import torch` on every rank, so a sweep should pay it once: torchrun
+starts as many ranks as the largest experiment needs, and the ranks work through the list, each
+experiment on ranks 0..world_size-1 of its own process group, each into its own run directory (the
+command is in `launch/torchrun.py`).
+
+Every run is bounded twice: each rank's process group times out a collective after `timeout_s`,
+and the launcher stops a run whose ranks record no progress for `timeout_s + STALL_GRACE_S`
+(or that does not start within `startup_timeout_s`). On timeout, error or KeyboardInterrupt it
+kills the whole process tree, torchrun and every rank, and turns the ranks' files into a diagnosis
+naming the rank (`failures.py`). Used by every notebook and by `ddplab run`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+import uuid
+from pathlib import Path
+
+from .. import failures, rundir
+from ..results import Run, load_run
+from ..spec import Experiment
+from .preflight import preflight
+from .progress import Reporter
+from .torchrun import kill_tree, start, worker_argv, worker_env
+from .watch import Watch, collect
+
+STARTUP_TIMEOUT_S = 120.0
+POLL_S = 0.1
+LOG_TAIL_LINES = 25
+
+
+def default_runs_dir() -> Path:
+    """Where runs go unless told: $DDPLAB_RUNS, else ./runs."""
+    return Path(os.environ.get("DDPLAB_RUNS", "runs"))
+
+
+def run_dir_for(exp: Experiment, runs_dir: Path | None = None) -> Path:
+    return Path(runs_dir or default_runs_dir()) / f"{exp.name}-{exp.hash}"
+
+
+def run(exp: Experiment, out=None, *, progress: bool = True, startup_timeout_s: float = STARTUP_TIMEOUT_S) -> Run:
+    """Run `exp` on real torchrun ranks and return the loaded `Run`; raise `RunFailed` naming the rank.
+
+    `out` is the run directory (default `runs/<name>-<hash>`, under $DDPLAB_RUNS if set).
+    """
+    if not isinstance(exp, Experiment):
+        raise TypeError(f"run() takes an Experiment, got {type(exp).__name__}")
+    run_dir = Path(out) if out is not None else run_dir_for(exp)
+    return _launch([exp], [run_dir], run_dir, exp.name, progress, startup_timeout_s)[0]
+
+
+def run_many(exps: list[Experiment], out=None, *, name: str = "sweep", progress: bool = True,
+             startup_timeout_s: float = STARTUP_TIMEOUT_S) -> list[Run]:
+    """Run several experiments in ONE torchrun launch, in order; return their `Run`s.
+
+    `out` is the launch directory (default `runs/<name>-<hash of all specs>`); each experiment gets
+    the run directory `<out>/<exp.name>-<exp.hash>` inside it. The first failure raises `RunFailed`.
+    Every process group of the launch uses the largest `timeout_s`; a rank outside a smaller
+    experiment waits in the next experiment's first collective, so each smaller experiment must
+    finish within that timeout.
+    """
+    exps = list(exps)
+    if not exps or not all(isinstance(e, Experiment) for e in exps):
+        raise ValueError("experiments: give a non-empty list of Experiment objects")
+    hashes = [e.hash for e in exps]
+    for i, h in enumerate(hashes):
+        if h in hashes[:i]:
+            raise ValueError(f"experiments: experiment {i} is identical to experiment {hashes.index(h)}")
+    launch_dir = Path(out) if out is not None else (
+        default_runs_dir() / f"{name}-{hashlib.sha256(''.join(hashes).encode()).hexdigest()[:10]}")
+    return _launch(exps, [run_dir_for(e, launch_dir) for e in exps], launch_dir, name, progress, startup_timeout_s)
+
+
+def _launch(exps, run_dirs, launch_dir: Path, name: str, progress: bool, startup_timeout_s: float) -> list[Run]:
+    backend, device = preflight(exps)
+    for run_dir, exp in zip(run_dirs, exps):
+        run_dir.mkdir(parents=True, exist_ok=True)
+        rundir.clear(run_dir)
+        (run_dir / rundir.SPEC).write_text(exp.to_json())
+    launch_dir.mkdir(parents=True, exist_ok=True)
+    spec_paths = [(d / rundir.SPEC).resolve() for d in run_dirs]
+    launch_id = uuid.uuid4().hex[:12]
+    world_size = max(e.world_size for e in exps)
+    argv = worker_argv(world_size, spec_paths)
+    reporter = Reporter(progress)
+    watch = Watch(list(zip(exps, run_dirs)))
+    t0 = time.monotonic()
+    watchdog = False
+    with open(launch_dir / rundir.LOG, "w") as log:
+        env = {**worker_env(), "DDPLAB_LAUNCH_ID": launch_id}
+        proc = start(argv, env, log)
+        try:
+            while proc.poll() is None:
+                time.sleep(POLL_S)
+                if watch.poll():
+                    reporter.update(watch.line(time.monotonic() - t0))
+                if watch.stalled(startup_timeout_s):
+                    watchdog = True
+                    break
+        finally:
+            # reached on success, on a stall, and on KeyboardInterrupt or any other exception
+            if proc.poll() is None or watchdog:
+                kill_tree(proc, spec_paths[0])
+    wall_s = time.monotonic() - t0
+    record = {"argv": argv, "returncode": proc.returncode, "wall_s": wall_s, "backend": backend, "device": device,
+              "stopped_by_watchdog": watchdog, "launch_dir": str(launch_dir), "experiments": len(exps),
+              "launch_id": launch_id}
+    for run_dir in {launch_dir, *run_dirs}:
+        rundir.write_json_atomic(run_dir / rundir.LAUNCH, record)
+
+    timeout_s = max(e.timeout_s for e in exps)  # what every process group of this launch waited (runtime.setup)
+    for exp, run_dir in zip(exps, run_dirs):
+        prog, errors, finished = collect(run_dir, exp.world_size)
+        if errors or len(finished) < exp.world_size:  # the first incomplete experiment is the one to explain
+            if proc.returncode not in (0, None):
+                kill_tree(proc, spec_paths[0])  # torchrun stopped its ranks; sweep for any that escaped
+            diagnosis = failures.diagnose(prog, errors, finished, exp.world_size, timeout_s, watchdog,
+                                          exp.task.all_phases())
+            if diagnosis.kind == "missing-result":  # no rank could explain itself: show what torchrun saw
+                diagnosis.log_tail = "\n".join((launch_dir / rundir.LOG).read_text().splitlines()[-LOG_TAIL_LINES:])
+            reporter.finish(f"ddplab {exp.name}: FAILED after {wall_s:.1f} s "
+                            f"({diagnosis.kind}, {failures.rank_list(diagnosis.ranks)})")
+            raise failures.RunFailed(diagnosis, run_dir)
+    runs = [load_run(d) for d in run_dirs]
+    if len(exps) == 1:
+        total, unit = exps[0].task.total_steps(exps[0]), exps[0].task.step_unit
+        what = f"{world_size} ranks x {total} {unit[:-1] if total == 1 else unit}"
+    else:
+        what = f"{len(exps)} experiments on up to {world_size} ranks"
+    reporter.finish(f"ddplab {name}: {what} on {backend}/{device} in {wall_s:.1f} s -> {launch_dir}")
+    return runs

@@ -1,0 +1,93 @@
+"""The torchrun process tree: the command that starts the ranks, their environment, and killing it all.
+
+For a 4-rank experiment the command is
+
+    python -m torch.distributed.run --standalone --nnodes=1 --nproc-per-node=4 --max-restarts=0 \\
+        -m ddplab.rank.worker --spec runs/<name>-<hash>/spec.json
+
+`--standalone` lets torchrun pick a free port for its rendezvous; nothing here hard-codes one.
+torchrun dies with the launcher (PR_SET_PDEATHSIG, `host.die_with_parent`) and each rank with
+torchrun, and `kill_tree` reaps every process of a launch: no orphans. Used by the cold launch and
+`ddplab doctor`.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from .. import host
+
+WORKER = "ddplab.rank.worker"
+
+
+def torchrun_argv(world_size: int, module_args: list, python: str | None = None, module: str = WORKER) -> list[str]:
+    """The exact command that starts `world_size` ranks of `python -m module *module_args` (pure)."""
+    return [python or sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
+            f"--nproc-per-node={world_size}", "--max-restarts=0", "-m", module, *map(str, module_args)]
+
+
+def worker_argv(world_size: int, spec_paths: list, python: str | None = None) -> list[str]:
+    """torchrun of the ddplab worker over these specs."""
+    return torchrun_argv(world_size, ["--spec", *spec_paths], python)
+
+
+def worker_env(base: dict | None = None) -> dict:
+    """The ranks' environment: the caller's, plus the current directory on PYTHONPATH (for a
+    user's `module:factory` model or task) and one OpenMP thread per rank unless the caller chose."""
+    env = dict(os.environ if base is None else base)
+    paths = [os.getcwd(), str(Path(__file__).resolve().parent.parent.parent)]
+    if env.get("PYTHONPATH"):
+        paths.append(env["PYTHONPATH"])
+    env["PYTHONPATH"] = os.pathsep.join(paths)
+    env.setdefault("OMP_NUM_THREADS", "1")  # torchrun's own default for several ranks, without its banner
+    return env
+
+
+def start(argv: list[str], env: dict, stdout, text: bool = False) -> subprocess.Popen:
+    """Start torchrun in its own session, to die with this process (Linux)."""
+    return subprocess.Popen(argv, stdout=stdout, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                            start_new_session=True, text=text,
+                            preexec_fn=host.die_with_parent if sys.platform.startswith("linux") else None)
+
+
+def _procs_of(proc: subprocess.Popen, spec_path: Path) -> list:
+    """torchrun (unless already reaped: its pid may be reused), its descendants, and any process,
+    re-parented or not, whose command line carries this launch's absolute spec path."""
+    import psutil
+
+    found = {}
+    if proc.returncode is None:
+        try:
+            root = psutil.Process(proc.pid)
+            for p in [root, *root.children(recursive=True)]:
+                found[p.pid] = p
+        except psutil.Error:
+            pass
+    needle = str(Path(spec_path).resolve())
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if needle in " ".join(p.info["cmdline"] or []) and p.pid != os.getpid():
+                found.setdefault(p.pid, p)
+        except psutil.Error:
+            pass
+    return list(found.values())
+
+
+def kill_tree(proc: subprocess.Popen, spec_path: Path) -> None:
+    """SIGKILL torchrun and every rank of this run, and reap them: no orphans survive."""
+    import psutil
+
+    procs = _procs_of(proc, spec_path)
+    for p in procs:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(procs, timeout=10)
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        pass

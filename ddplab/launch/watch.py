@@ -1,0 +1,86 @@
+"""Follow a launch from its ranks' files: how far each rank is, when the launch last moved, and what
+every rank left behind when it ends (progress logs, error files, results). Reads files only."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from .. import failures, rundir
+from ..spec import Experiment
+from .progress import describe
+
+STALL_GRACE_S = 10.0
+
+
+class Watch:
+    """Reads every rank's progress log incrementally; knows how far the ranks are and when the launch
+    last moved. A rank's steps done: the step of its latest phase, plus one if that phase ends a step."""
+
+    def __init__(self, runs: list[tuple[Experiment, Path]]):
+        self.runs = runs
+        self.phases = [e.task.all_phases() for e, _ in runs]
+        self.offsets: dict[Path, int] = {}
+        self.last: dict[int, dict[int, dict]] = {i: {} for i in range(len(runs))}   # run index -> rank -> record
+        self.steps_done: dict[int, dict[int, int]] = {i: {} for i in range(len(runs))}
+        self.current = 0
+        self.last_move = time.monotonic()
+        self.started = False
+
+    def poll(self) -> bool:
+        """Read what the ranks appended since the last poll; True if anything was."""
+        moved = False
+        for i, (exp, run_dir) in enumerate(self.runs):
+            for r in range(exp.world_size):
+                f = rundir.progress_file(run_dir, r)
+                if not f.exists():
+                    continue
+                with open(f, "rb") as fh:
+                    fh.seek(self.offsets.get(f, 0))
+                    chunk = fh.read()
+                complete = chunk[: chunk.rfind(b"\n") + 1]  # a half-written last line waits for the next poll
+                if not complete:
+                    continue
+                self.offsets[f] = self.offsets.get(f, 0) + len(complete)
+                for line in complete.decode().splitlines():
+                    rec = json.loads(line)
+                    self.last[i][r] = rec
+                    phase = self.phases[i].get(rec["phase"])
+                    done = rec.get("step", -1) + (1 if phase is not None and phase.ends_step else 0)
+                    self.steps_done[i][r] = max(self.steps_done[i].get(r, 0), done)
+                self.current, moved = max(self.current, i), True
+        if moved:
+            self.last_move, self.started = time.monotonic(), True
+        return moved
+
+    def line(self, elapsed_s: float) -> str:
+        exp, _ = self.runs[self.current]
+        last, done = self.last[self.current], self.steps_done[self.current]
+        phase = "starting"
+        if last:
+            rec = min(last.values(), key=lambda rec: failures.phase_key(rec, self.phases[self.current]))
+            phase = rec["phase"] + (f" {rec['detail']}" if rec.get("detail") else "")
+        name = exp.name if len(self.runs) == 1 else f"{self.current + 1}/{len(self.runs)} {exp.name}"
+        return describe(name, exp.world_size, [done.get(r, 0) for r in sorted(last)], exp.task.total_steps(exp),
+                        phase, elapsed_s, exp.task.step_unit)
+
+    def stalled(self, startup_timeout_s: float) -> bool:
+        limit = max(e.timeout_s for e, _ in self.runs) + STALL_GRACE_S if self.started else startup_timeout_s
+        return time.monotonic() - self.last_move > limit
+
+
+def collect(run_dir: Path, world_size: int) -> tuple[dict, dict, set]:
+    """Every rank's progress records, its error record (a rank that raised), and the ranks that
+    wrote a result."""
+    progress = {r: rundir.read_progress(run_dir, r) for r in range(world_size)}
+    errors = {}
+    for r in range(world_size):
+        f = rundir.error_file(run_dir, r)
+        if f.exists():
+            try:
+                errors[r] = json.loads(f.read_text())
+            except json.JSONDecodeError:
+                pass
+    finished = {r for r in range(world_size) if rundir.rank_file(run_dir, r).exists()}
+    return progress, errors, finished

@@ -1,0 +1,24 @@
+"""torch DDP, built one way for every task: rank 0's parameters broadcast at construction, gradients
+averaged bucket by bucket during backward (notes/ddp-internals.md, sections 1-2).
+
+`bucket_cap_mb=None` keeps DDP's default (25 MiB, and a 1 MiB first bucket after the rebuild); any
+explicit value sets the first bucket too. Used by the train task and the bucket sweep.
+"""
+
+from __future__ import annotations
+
+from torch.nn.parallel import DistributedDataParallel
+
+
+def wrap(module, device, group=None, bucket_cap_mb: float | None = None,
+         gradient_as_bucket_view: bool = False) -> DistributedDataParallel:
+    """DDP over the ranks of `group` (None: all ranks); a collective: every rank must call it."""
+    return DistributedDataParallel(module, device_ids=[device] if device.type == "cuda" else None,
+                                   bucket_cap_mb=bucket_cap_mb, gradient_as_bucket_view=gradient_as_bucket_view,
+                                   process_group=group)
+
+
+def construction_bucket_bytes(ddp) -> int:
+    """Total bytes of the buckets DDP allocated at construction, from DDP's own logging data."""
+    sizes = ddp._get_ddp_logging_data().get("bucket_sizes", "")
+    return sum(int(x) for x in str(sizes).replace(",", " ").split())

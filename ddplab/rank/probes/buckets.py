@@ -1,0 +1,65 @@
+"""When DDP's buckets are launched and finished: a pass-through communication hook.
+
+`BucketLog` records every bucket DDP launches (index, bytes, member parameters, launch time) and,
+from the future's callback on a gloo thread, when the all-reduce finished; it reduces the bucket
+exactly as DDP's default hook does (divide by the world size, sum). The bucket layout is therefore
+DDP's real one, observed: one bucket for everything in the first iteration, then buckets rebuilt from
+the order gradients became ready (notes/ddp-internals.md, sections 1-3; the hook's parameters must be
+named `state` and `bucket`). It also keeps each bucket's flat buffer, which the memory probe counts.
+Used by notebooks 02, 04, 05 and 06.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch.distributed as dist
+
+from ...record import BucketEvent
+from . import Probe
+
+
+class BucketLog:
+    """Register with `ddp.register_comm_hook(None, log.hook)`; read `log.take()` after each step."""
+
+    def __init__(self, group=None, names: dict[int, str] | None = None):
+        self.group = group
+        self.names = names or {}
+        self.events: list[dict] = []
+        self.buffers = {}  # bucket index -> the flat buffer DDP handed over last
+
+    def hook(self, state, bucket):
+        buf = bucket.buffer()
+        self.buffers[bucket.index()] = buf
+        event = {"index": bucket.index(), "bytes": buf.numel() * buf.element_size(),
+                 "params": [self.names.get(id(p), "?") for p in bucket.parameters()],
+                 "launch_ns": time.perf_counter_ns()}
+        self.events.append(event)
+        buf.div_(dist.get_world_size(self.group))
+        fut = dist.all_reduce(buf, group=self.group, async_op=True).get_future()
+
+        def done(f):  # runs on a gloo worker thread when the all-reduce completes
+            event["done_ns"] = time.perf_counter_ns()
+            return f.value()[0]
+        return fut.then(done)
+
+    def take(self) -> list[BucketEvent]:
+        """The buckets launched since the last call."""
+        events, self.events = self.events, []
+        return [BucketEvent(**e) for e in events]
+
+
+class BucketsProbe(Probe):
+    """Fills `TrainStep.buckets`: every bucket of the step (needs DDP; without it, nothing)."""
+
+    name = "buckets"
+
+    def __init__(self, at, attached):
+        super().__init__(at, attached)
+        self.log = None
+        if at.ddp is not None:
+            self.log = BucketLog(at.ctx.group, {id(p): n for n, p in at.module.named_parameters()})
+            at.ddp.register_comm_hook(None, self.log.hook)
+
+    def step_fields(self, step: int) -> dict:
+        return {"buckets": self.log.take()} if self.log else {}

@@ -1,0 +1,36 @@
+"""Bytes this rank really sends: what the process wrote during its synchronized backward.
+
+Linux `/proc/self/io` `wchar` counts every byte written by every thread of the process, gloo's
+`writev` to the other ranks included; on one host that is the traffic the ring all-reduce formula
+2(D-1)/D x payload predicts (notes/ddp-internals.md, section 2). Used by notebook 03.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from . import Probe
+
+
+def io_write_bytes() -> int:
+    """Bytes this process has written so far, by every thread (0 where /proc/self/io is missing)."""
+    try:
+        with open("/proc/self/io") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("wchar"))
+    except OSError:
+        return 0
+
+
+class BytesProbe(Probe):
+    """Fills `TrainStep.write_bytes`: bytes written during the step's last backward."""
+
+    name = "bytes"
+
+    @contextlib.contextmanager
+    def backward(self, micro: int, last: bool):
+        before = io_write_bytes()
+        yield
+        self.written = io_write_bytes() - before
+
+    def step_fields(self, step: int) -> dict:
+        return {"write_bytes": self.written}

@@ -1,0 +1,61 @@
+"""When gradients become ready: a post-accumulate-grad hook on every parameter.
+
+The hook fires when the parameter's gradient has been accumulated into `.grad` (and before DDP's own
+hook copies it into its bucket), so its timestamp is the moment the gradient is ready. All times are
+`time.perf_counter_ns()`, one clock for every rank on a host (`units.py`). Used by notebooks 04 and
+05 (the bucket sweep's compute-only backward is the simulator's input).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+from ...record import Backward, ReadyEvent
+from . import Probe
+
+
+class ReadyLog:
+    """Records (parameter name, time) each time a parameter's gradient is ready, while `active`."""
+
+    def __init__(self, module):
+        self.active = False
+        self.events: list[ReadyEvent] = []
+        for name, p in module.named_parameters():
+            p.register_post_accumulate_grad_hook(self._hook_for(name))
+
+    def _hook_for(self, name):
+        def hook(param):
+            if self.active:
+                self.events.append(ReadyEvent(name, time.perf_counter_ns()))
+        return hook
+
+    def take(self) -> list[ReadyEvent]:
+        events, self.events = self.events, []
+        return events
+
+
+class ReadinessProbe(Probe):
+    """Fills `TrainStep.backward`: the last micro-step's backward, with every gradient's ready time
+    (and, through the buckets probe it needs, every bucket)."""
+
+    name = "readiness"
+    needs = ("buckets",)
+
+    def __init__(self, at, attached):
+        super().__init__(at, attached)
+        self.log = ReadyLog(at.module)
+        self.start_ns = self.end_ns = 0
+
+    @contextlib.contextmanager
+    def backward(self, micro: int, last: bool):
+        self.log.active = last
+        self.start_ns = time.perf_counter_ns()
+        try:
+            yield
+        finally:
+            self.end_ns = time.perf_counter_ns()
+            self.log.active = False
+
+    def step_fields(self, step: int) -> dict:
+        return {"backward": Backward(self.start_ns, self.end_ns, self.log.take())}

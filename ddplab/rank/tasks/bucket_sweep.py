@@ -1,0 +1,195 @@
+"""The bucket sweep (`BucketSweep`): many bucket plans, timed in one launch (notebook 05).
+
+Every plan gets its own copy of the same model (same seed), its own wrapper and optimizer:
+- "compute-only": no synchronization at all; its readiness trace (when each gradient became ready,
+  with no communication competing) is what the simulator takes as backward's own timeline;
+- "ddp:<cap>": torch DDP with that `bucket_cap_mb`, traced by the readiness and bucket probes;
+- "bare:<cap>": torch DDP with its own C++ all-reduce and no probe (to price the probes);
+- "plan:<cap>" / "split:<cap>": `BucketedSync` with DDP's bucketing rule applied to the measured
+  ready order, as is or with the last bucket cut in two.
+Each plan first takes 2 warm-up steps (DDP rebuilds its buckets after the first), then goes back to
+the common starting parameters for one check step with its real buckets: the reduced gradients and
+updated parameters of every synchronized plan are compared with the first plan's, and so are the
+final parameters after the timed steps (every plan takes the same steps on the same batch). Then `rounds`
+rounds run every plan for its timed steps in a row (`steps_per_round`), in alternating order, with the compute-only baseline at both ends of each round
+(so drift on a shared machine hits every plan alike); every step starts with an untimed barrier, so
+the ranks run in lock-step in every plan.
+Per step the rank records forward, backward and optimizer time, and (probed plans) when each
+gradient became ready and each bucket was launched and finished, on the shared clock (`record.py`).
+Runs inside a rank.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import time
+
+import torch
+import torch.distributed as dist
+
+from ...predict import buckets as simulator
+from ...record import Backward, BucketSweepRecord, ModelInfo, PlanCheck, SweepArm, SweepStep
+from ...spec.sharding import shard_ids
+from ...spec.tasks import parse_plan
+from ...tensors import flat_float64, rel_max_diff
+from ...units import MIB
+from .. import data, models
+from ..parallel import ddp as ddp_wrapper
+from ..parallel.bucketed import BucketedSync
+from ..probes.buckets import BucketLog
+from ..probes.readiness import ReadyLog
+from ..training import flat_parameters, token_losses, torch_dtype
+
+WARMUP_STEPS = 2
+GRADIENT_ALL_REDUCE = "gradient all-reduce"
+
+
+class _Arm:
+    """One plan's model, wrapper, optimizer and probes."""
+
+    def __init__(self, name, module, wrapper, ready, buckets):
+        self.name, self.module, self.wrapper, self.ready, self.buckets = name, module, wrapper, ready, buckets
+        self.optimizer = torch.optim.SGD(module.parameters(), lr=1e-3)
+        self.steps: list[SweepStep] = []
+
+    def step(self, x, y, device, group, before_optimizer=None, round_: int = -1) -> SweepStep:
+        sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+        # every plan, compute-only included, starts its step on all ranks together (untimed): ranks in
+        # lock-step compete for memory bandwidth the same way in every plan
+        dist.barrier(group=group)
+        t0 = time.perf_counter_ns()
+        loss = token_losses(self.wrapper(x), y).mean()
+        sync()
+        t1 = time.perf_counter_ns()
+        if self.ready:
+            self.ready.active = True
+        loss.backward()
+        sync()
+        t2 = backward_end = time.perf_counter_ns()
+        if self.ready:
+            self.ready.active = False
+        if before_optimizer:
+            before_optimizer()
+            t2 = time.perf_counter_ns()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        sync()
+        t3 = time.perf_counter_ns()
+        return SweepStep(round=round_, forward_ms=(t1 - t0) / 1e6, backward_ms=(t2 - t1) / 1e6,
+                         optimizer_ms=(t3 - t2) / 1e6, step_ms=(t3 - t0) / 1e6,
+                         backward=Backward(t1, backward_end, self.ready.take() if self.ready else None),
+                         buckets=self.buckets.take() if self.buckets else None)
+
+
+def run(ctx):
+    """Run the sweep on this rank; return (BucketSweepRecord, no tensors)."""
+    exp, task, device, group, log = ctx.exp, ctx.exp.task, ctx.device, ctx.group, ctx.log
+    base = models.build(exp).to(device=device, dtype=torch_dtype(exp.dtype))
+    x, y = (t.to(device) for t in data.batch(exp.seed, shard_ids(exp.local_batches, 1, 0, 0, ctx.rank),
+                                             exp.seq_len_of(ctx.rank), exp.vocab_size))
+    sizes = {n: p.numel() * p.element_size() for n, p in base.named_parameters()}
+
+    # compute-only first: its warm-up gives the ready order that plan/split buckets follow (rank 0's, so
+    # every rank builds the same buckets)
+    arms = [_arm(ctx, "compute-only", 0, base, None)]
+    log.enter("warm-up", micro=0, collective="", detail="compute-only")
+    warm = [arms[0].step(x, y, device, group) for _ in range(WARMUP_STEPS)]
+    shared = [warm[-1].ready_ms()]
+    dist.broadcast_object_list(shared, src=dist.get_global_rank(group, 0) if group is not None else 0, group=group)
+    grads = simulator.grads_in_ready_order([n for n, _ in shared[0]], [sizes[n] for n, _ in shared[0]],
+                                           [t for _, t in shared[0]])
+    copy_bytes_per_s = _copy_bandwidth(sum(sizes.values()), device, dtype=torch_dtype(exp.dtype))
+    checks, first = {}, None
+    for i, name in enumerate(task.plans, start=1):
+        a = _arm(ctx, name, i, base, grads)
+        arms.append(a)
+        log.enter("warm-up", micro=i, collective=GRADIENT_ALL_REDUCE, detail=name)
+        for _ in range(WARMUP_STEPS):   # DDP rebuilds its buckets at the start of the second step
+            a.step(x, y, device, group)
+        # the check step: back to the common starting parameters, then one step with the plan's real
+        # buckets; keep its reduced gradient and its updated parameters
+        with torch.no_grad():
+            for p, q in zip(a.module.parameters(), base.parameters()):
+                p.copy_(q)
+        grads_of = {}
+        a.step(x, y, device, group,
+               before_optimizer=lambda: grads_of.setdefault("g", flat_float64(p.grad for p in a.module.parameters())))
+        state = (grads_of["g"], flat_parameters(a.module))
+        if first is None:
+            first = state
+        checks[name] = (rel_max_diff(state[0], first[0]), rel_max_diff(state[1], first[1]))
+        del grads_of, state
+
+    # rounds of blocks: each plan runs `steps_per_round` steps in a row (its caches warm, as in
+    # training), the order alternates from round to round, and the compute-only baseline runs at both
+    # ends of every round (a shared machine drifts by tens of percent within seconds; the baseline
+    # must see it all)
+    for r in range(task.rounds):
+        plans = arms[1:] if r % 2 == 0 else arms[:0:-1]
+        for position, a in enumerate([arms[0], *plans, arms[0]]):
+            log.enter("round", r, position, collective="" if a is arms[0] else GRADIENT_ALL_REDUCE, detail=a.name)
+            for _ in range(task.steps_per_round):
+                a.steps.append(a.step(x, y, device, group, round_=r))
+
+    # every synchronized plan took the same steps from the same state on the same batch: its final
+    # parameters must match the first plan's (the mathematics is the same; only the schedule differs)
+    final = flat_parameters(arms[1].module) if len(arms) > 1 else None
+    record = BucketSweepRecord(
+        parameter_names=list(sizes), parameter_bytes=sizes,
+        model=ModelInfo(models.parameter_count(base), sum(sizes.values())), warmup_steps=WARMUP_STEPS,
+        ready_order=[n for n, _ in shared[0]], copy_bytes_per_s=copy_bytes_per_s,
+        arms=[SweepArm(a.name, [b.params for b in a.steps[-1].buckets or []],
+                       PlanCheck(*checks[a.name], rel_max_diff(flat_parameters(a.module), final))
+                       if a.name in checks else None,
+                       [_strip(st) for st in a.steps]) for a in arms])
+    return record, {}
+
+
+def _arm(ctx, name: str, index: int, base, grads) -> _Arm:
+    """Plan `name`'s own copy of the model, its wrapper and its probes."""
+    module = copy.deepcopy(base)
+    kind, cap = ("compute", None) if name == "compute-only" else parse_plan(name)
+    ready = ReadyLog(module) if kind != "bare" else None
+    if kind == "compute":
+        return _Arm(name, module, module, ready, None)
+    ctx.log.enter("construct", micro=index, detail=name)
+    if kind in ("ddp", "bare"):
+        wrapper = ddp_wrapper.wrap(module, ctx.device, ctx.group, bucket_cap_mb=cap)
+        buckets = None
+        if kind == "ddp":
+            buckets = BucketLog(ctx.group, {id(p): n for n, p in module.named_parameters()})
+            wrapper.register_comm_hook(None, buckets.hook)
+        return _Arm(name, module, wrapper, ready, buckets)
+    plan = simulator.ddp_plan(grads, cap * MIB)
+    if kind == "split":
+        if len(plan[-1]) < 2:
+            raise ValueError(f"Experiment.task.plans: {name!r}: at this cap the last bucket is one tensor "
+                             f"({plan[-1][0]}), so there is nothing to split; use a larger cap")
+        plan = simulator.split_bucket(plan, grads)
+    wrapper = BucketedSync(module, plan, ctx.group)
+    return _Arm(name, module, wrapper, ready, wrapper)
+
+
+def _copy_bandwidth(n_bytes: int, device, dtype, repeats: int = 9) -> float:
+    """Bytes per second of one tensor copy the size of the whole gradient (what DDP pays to copy
+    gradients into its buckets and back); the median of `repeats`."""
+    src = torch.ones(n_bytes // torch.finfo(dtype).bits * 8, device=device, dtype=dtype)
+    dst = torch.empty_like(src)
+    times = []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter_ns()
+        dst.copy_(src)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        times.append(time.perf_counter_ns() - t0)
+    return src.numel() * src.element_size() / (sorted(times)[repeats // 2] / 1e9)
+
+
+def _strip(step: SweepStep) -> SweepStep:
+    """Bucket membership is kept once per plan (its layout), not per timed step."""
+    if not step.buckets:
+        return step
+    return dataclasses.replace(step, buckets=[dataclasses.replace(b, params=[]) for b in step.buckets])

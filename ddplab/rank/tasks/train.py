@@ -1,0 +1,134 @@
+"""The train task: a short DDP training script, run on every rank (`Train`; notebooks 00-02, 04, 06).
+
+Build the same model from the same seed on every rank, wrap it (DDP, FSDP2 or nothing), then for
+each optimizer step: for each micro-step take this rank's shard of the global batch, forward,
+backward (DDP averages the gradients during the last micro-step's backward; `no_sync` skips the
+all-reduce before), then one optimizer step. Probes (`rank/probes/`) record what the lab measures
+beyond the timings, attached by name; an injected fault (`spec/fault.py`) misbehaves on one rank.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import nullcontext
+
+import torch
+import torch.distributed as dist
+
+from ...record import Checksums, ModelInfo, TrainRecord, TrainStep
+from ...spec.sharding import shard_ids
+from ...spec.tasks import GRADIENT_ALL_REDUCE
+from .. import data, models
+from ..parallel import ddp as ddp_wrapper
+from ..parallel.fsdp import fully_shard_layers
+from ..probes import Attachment, attach
+from ..runtime import Clock
+from ..training import make_optimizer, micro_loss, parameter_checksum, token_losses, torch_dtype
+
+
+def run(ctx):
+    """Build, wrap, train on the ranks of `ctx.group`; return (TrainRecord, tensors for rank{r}.pt).
+    The DDP model dies with this frame (see runtime.teardown)."""
+    exp, rank, device, log = ctx.exp, ctx.rank, ctx.device, ctx.log
+    # seed_per_rank: deliberately different starting points, to watch DDP's construction broadcast
+    model = models.build(exp.replace(seed=exp.seed + rank) if exp.seed_per_rank else exp)
+    model = model.to(device=device, dtype=torch_dtype(exp.dtype))
+    built = parameter_checksum(model)
+    model, ddp = wrap(ctx, model)
+    module = ddp.module if ddp else model
+    optimizer = make_optimizer(exp, model.parameters(), ctx.group)
+    probes = attach(exp.probes, Attachment(ctx, module, ddp, optimizer))
+    initial = parameter_checksum(module)
+    clock = Clock(device)
+    steps = []
+    for step in range(exp.steps):
+        clock.mark("start")
+        scale, global_count = loss_scale(ctx, step, clock)
+        probes.start_step(step)
+        sample_ids, loss_sum, tokens = [], 0.0, 0
+        for micro in range(exp.accum_steps):
+            ids = shard_ids(exp.local_batches, exp.accum_steps, step, micro, rank)
+            x, y = (t.to(device) for t in data.batch(exp.seed, ids, exp.seq_len_of(rank), exp.vocab_size))
+            sample_ids += ids
+            clock.mark("data")
+            last = micro == exp.accum_steps - 1
+            synced = ddp is not None and (last or not exp.no_sync)
+            with ddp.no_sync() if ddp is not None and not synced else nullcontext():
+                log.enter("forward", step, micro)
+                with probes.forward(micro):
+                    losses = token_losses(model(x), y)
+                    loss = micro_loss(exp.loss_norm, losses, exp.accum_steps, scale, global_count)
+                probes.after_forward(step, micro)
+                clock.mark("forward")
+                if exp.fault and exp.fault.hits(rank, step) and inject_fault(ctx, step, micro, synced):
+                    continue
+                log.enter("backward", step, micro, collective=GRADIENT_ALL_REDUCE if synced else None)
+                with probes.backward(micro, last):
+                    loss.backward()
+                probes.after_backward(step, micro)
+                clock.mark("backward")
+            loss_sum += losses.detach().sum().item()
+            tokens += y.numel()
+        probes.before_optimizer(step)
+        log.enter("optimizer", step)
+        optimizer.step()
+        probes.after_optimizer(step)
+        optimizer.zero_grad(set_to_none=True)
+        clock.mark("optimizer")
+        times = clock.durations_ms()
+        steps.append(TrainStep(step=step, sample_ids=sample_ids, loss=loss_sum / tokens, loss_sum=loss_sum,
+                               tokens=tokens, phase_ms=times, step_ms=sum(times.values()),
+                               param_checksum=parameter_checksum(module), **probes.step_fields(step)))
+    record = TrainRecord(parameter_names=[n for n, _ in module.named_parameters()],
+                         model=ModelInfo(models.parameter_count(module),
+                                         sum(p.numel() * p.element_size() for p in module.parameters())),
+                         param_checksum=Checksums(built, initial, parameter_checksum(module)),
+                         steps=steps, **probes.sections())
+    probes.finish(ctx.run_dir)
+    return record, probes.tensors()
+
+
+def wrap(ctx, model):
+    """(the model to call, the DDP wrapper or None): DDP averages gradients; FSDP2 shards in place."""
+    exp = ctx.exp
+    if exp.sync == "ddp" and exp.sharding != "fsdp2":
+        ctx.log.enter("ddp-construct")
+        ddp = ddp_wrapper.wrap(model, ctx.device, ctx.group, exp.bucket_cap_mb, exp.gradient_as_bucket_view)
+        return ddp, ddp
+    if exp.sharding == "fsdp2":
+        ctx.log.enter("fsdp-construct")
+        fully_shard_layers(model, ctx.group, ctx.device)
+    return model, None
+
+
+def loss_scale(ctx, step: int, clock) -> tuple[float, float]:
+    """(scale, global count) for `micro_loss`: a global mean needs the global count of examples
+    (tokens), the sum of every rank's count; scale = world size undoes DDP's division by it."""
+    exp = ctx.exp
+    if exp.loss_norm == "rank-mean":
+        return 1.0, 1.0
+    per_example = 1 if exp.loss_norm == "global-sample" else exp.seq_len_of(ctx.rank)
+    count = torch.tensor([float(exp.local_batch_of(ctx.rank) * per_example * exp.accum_steps)],
+                         device=ctx.device, dtype=torch.float64)
+    scale = 1.0
+    if exp.sync == "ddp":  # DDP and FSDP2 both average gradients over the ranks
+        ctx.log.enter("count", step)
+        dist.all_reduce(count, group=ctx.group)
+        scale = exp.world_size
+    clock.mark("count")
+    return scale, count.item()
+
+
+def inject_fault(ctx, step: int, micro: int, synced: bool) -> bool:
+    """Misbehave as `exp.fault` says, on the faulty rank and step; True if the backward is skipped."""
+    kind = ctx.exp.fault.kind
+    if kind == "crash":
+        raise RuntimeError(f"injected fault: rank {ctx.rank} crashed in step {step} (fault='crash')")
+    if kind == "stall":
+        time.sleep(10 ** 6)  # a rank that stops making progress outside any collective
+    if kind == "skip-backward" and synced:
+        # this rank goes on to the next collective while its peers wait in the all-reduce
+        ctx.log.enter("skip-backward", step, micro)
+        dist.barrier(group=ctx.group)
+        return True
+    return False

@@ -1,0 +1,11 @@
+"""The spec stage: `Experiment` and its sections, validated and JSON round-tripping (no torch).
+
+    from ddplab.spec import Experiment, Fault, AllReduceSweep, BucketSweep, Train
+"""
+
+from .experiment import Experiment
+from .fault import Fault
+from .tasks import AllReduceSweep, BucketSweep, Phase, TaskSpec, Train, parse_plan, register
+
+__all__ = ["AllReduceSweep", "BucketSweep", "Experiment", "Fault", "Phase", "TaskSpec", "Train", "parse_plan",
+           "register"]

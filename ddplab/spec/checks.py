@@ -1,0 +1,18 @@
+"""The small validators every spec section uses: a ValueError that names the field (pure)."""
+
+from __future__ import annotations
+
+import math
+
+
+def bad(field_name: str, why: str):
+    raise ValueError(f"Experiment.{field_name}: {why}")
+
+
+def is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def is_number(v) -> bool:
+    """A finite int or float (not a bool, not inf or nan)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)

@@ -1,0 +1,219 @@
+"""What the ranks do: one spec section per task, each declaring its settings, its phases and its runner.
+
+A task is declared once, here or in a module of your own, and runs unchanged through every stage:
+
+    @register
+    @dataclass(frozen=True, kw_only=True)
+    class AllReduceSweep(TaskSpec):
+        kind = "allreduce-sweep"                                  # its name in spec.json
+        runner = "ddplab.rank.tasks.allreduce_sweep:run"           # called in every rank with a TaskContext
+        record = AllReduceSweepRecord                              # its part of rank{r}.json (record.py)
+        phases = (Phase("all-reduce sweep", order=5, collective="all_reduce"),)
+        reads = frozenset({"world_size", ...})                     # Experiment fields it uses
+        sweep_bytes: tuple[int, ...] = ()                          # its own settings, validated in check()
+
+- `phases` are what the rank logs as it goes (`rundir.ProgressLog`): the launcher's progress line and the
+  hang diagnosis (`failures.py`) order the ranks by (step, micro, phase order) and name the collective a
+  phase waits in. A phase with `ends_step` completes a step (the progress counter); one with `deviation`
+  is never part of a healthy run (an injected fault).
+- `reads`: an Experiment field outside it that differs from its default is refused with a ValueError
+  naming it, so no setting is silently ignored.
+- A task declared outside ddplab is found again in every rank through the module named in spec.json.
+Pure: no torch. Used by `Experiment` (spec/experiment.py), the launcher, the worker and `results`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import re
+from dataclasses import dataclass
+from typing import ClassVar
+
+from ..record import AllReduceSweepRecord, BucketSweepRecord, TrainRecord
+from .checks import bad, is_int
+
+
+@dataclass(frozen=True)
+class Phase:
+    name: str
+    order: int                      # position inside one (step, micro-step): a rank further along has more
+    collective: str | None = None   # the collective a rank in this phase waits in, if any
+    ends_step: bool = False         # entering it means the step is done (the progress counter)
+    deviation: bool = False         # not part of a healthy run (an injected fault)
+
+
+# every task's rank goes through these, around the task's own phases
+COMMON_PHASES = (Phase("start", 0), Phase("init-process-group", 1, "rendezvous of all ranks"),
+                 Phase("teardown", 90), Phase("done", 91))
+
+_REGISTRY: dict[str, type] = {}
+
+
+def register(cls):
+    """Make a task known by its `kind` (a class decorator); ddplab's own are registered below."""
+    if not (isinstance(getattr(cls, "kind", None), str) and isinstance(getattr(cls, "runner", None), str)
+            and re.fullmatch(r"[\w.]+:\w+", cls.runner)):
+        raise ValueError(f"task {cls.__name__}: needs a `kind` and a `runner` 'package.module:function'")
+    taken = _REGISTRY.get(cls.kind)
+    if taken is not None and taken.__qualname__ != cls.__qualname__:
+        raise ValueError(f"task kind {cls.kind!r} is already taken by {taken.__module__}.{taken.__qualname__}")
+    _REGISTRY[cls.kind] = cls
+    return cls
+
+
+def kinds() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TaskSpec:
+    """The base of every task section (see the module docstring)."""
+
+    kind: ClassVar[str]
+    runner: ClassVar[str]
+    record: ClassVar[type]
+    phases: ClassVar[tuple[Phase, ...]]
+    reads: ClassVar[frozenset[str] | None]   # None: every Experiment field
+    step_unit: ClassVar[str] = "steps"
+
+    def check(self, exp) -> None:
+        """Validate this section against the whole experiment; ValueError naming the field."""
+
+    def total_steps(self, exp) -> int:
+        """How many `ends_step` phases a rank goes through (the progress line's denominator)."""
+        return exp.steps
+
+    def all_phases(self) -> dict[str, Phase]:
+        return {p.name: p for p in (*COMMON_PHASES, *self.phases)}
+
+    def to_dict(self) -> dict:
+        d = {"kind": self.kind, **{k: list(v) if isinstance(v, tuple) else v
+                                   for k, v in dataclasses.asdict(self).items()}}
+        if not type(self).__module__.startswith("ddplab."):
+            d["module"] = type(self).__module__
+        return d
+
+    @staticmethod
+    def from_dict(d) -> "TaskSpec":
+        if isinstance(d, TaskSpec):
+            return d
+        if isinstance(d, str):
+            d = {"kind": d}
+        if not isinstance(d, dict) or "kind" not in d:
+            bad("task", f"must be a task section such as Train() or AllReduceSweep(...) (got {d!r})")
+        d = dict(d)
+        kind, module = d.pop("kind"), d.pop("module", None)
+        if kind not in _REGISTRY and module:
+            importlib.import_module(module)  # a task declared outside ddplab registers itself on import
+        if kind not in _REGISTRY:
+            bad("task", f"must be one of {', '.join(kinds())} (got {kind!r})")
+        cls = _REGISTRY[kind]
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            bad("task", f"{kind} has no setting(s) {', '.join(unknown)}")
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
+
+
+RUN_FIELDS = frozenset({"name", "task", "world_size", "backend", "device", "timeout_s", "pin_cpus"})
+MODEL_FIELDS = frozenset({"model", "vocab_size", "d_model", "n_layers", "n_heads", "tie_weights", "checkpointing",
+                          "seed", "dtype", "local_batch", "seq_len"})
+GRADIENT_ALL_REDUCE = "DDP gradient all-reduce"
+
+
+@register
+@dataclass(frozen=True, kw_only=True)
+class Train(TaskSpec):
+    """DDP training steps (or FSDP2, ZeRO-1, no synchronization): every Experiment field applies."""
+
+    kind = "train"
+    runner = "ddplab.rank.tasks.train:run"
+    record = TrainRecord
+    phases = (Phase("ddp-construct", 2, "broadcast of rank 0's parameters"),
+              Phase("fsdp-construct", 2, "sharding of the parameters"), Phase("reference", 2),
+              Phase("count", 3, "all-reduce of the example or token counts"), Phase("forward", 4),
+              Phase("backward", 5), Phase("skip-backward", 5, f"barrier instead of the {GRADIENT_ALL_REDUCE}",
+                                          deviation=True),
+              Phase("optimizer", 6, ends_step=True))
+    reads = None          # every field
+
+
+@register
+@dataclass(frozen=True, kw_only=True)
+class AllReduceSweep(TaskSpec):
+    """Time all_reduce of every size in `sweep_bytes`, `repeats` times, sizes in alternating order."""
+
+    kind = "allreduce-sweep"
+    runner = "ddplab.rank.tasks.allreduce_sweep:run"
+    record = AllReduceSweepRecord
+    phases = (Phase("all-reduce sweep", 5, "all_reduce"),)
+    reads = RUN_FIELDS
+    step_unit = "repeats"
+    sweep_bytes: tuple[int, ...] = ()
+    repeats: int = 20
+
+    def check(self, exp) -> None:
+        sizes = list(self.sweep_bytes)
+        if not sizes or not all(is_int(n) and n >= 4 and n % 4 == 0 for n in sizes) or len(set(sizes)) != len(sizes):
+            bad("task.sweep_bytes", f"an all-reduce sweep needs distinct message sizes, multiples of 4 bytes "
+                                    f"(float32 elements) (got {sizes!r})")
+        if not is_int(self.repeats) or self.repeats < 1:
+            bad("task.repeats", f"must be a positive integer (got {self.repeats!r})")
+
+    def total_steps(self, exp) -> int:
+        return self.repeats
+
+
+# a bucket-sweep plan: "<kind>:<cap in MiB>"; ddp = torch DDP with the readiness and bucket probes,
+# bare = torch DDP without probes, plan = BucketedSync with DDP's rule, split = the same with its last
+# bucket cut in two; "ddp:default" and "bare:default" leave bucket_cap_mb at None
+PLAN_KINDS = ("ddp", "bare", "plan", "split")
+_PLAN = re.compile(r"^(ddp|bare|plan|split):(default|\d+(\.\d+)?(e-?\d+)?)$")
+
+
+def parse_plan(plan: str) -> tuple[str, float | None]:
+    """"split:4" -> ("split", 4.0); "ddp:default" -> ("ddp", None)."""
+    kind, cap = plan.split(":")
+    return kind, None if cap == "default" else float(cap)
+
+
+def _plan_ok(plan) -> bool:
+    if not isinstance(plan, str) or not _PLAN.match(plan):
+        return False
+    kind, cap = parse_plan(plan)
+    return cap > 0 if cap is not None else kind in ("ddp", "bare")
+
+
+@register
+@dataclass(frozen=True, kw_only=True)
+class BucketSweep(TaskSpec):
+    """Time `steps_per_round` steps of every plan in `plans` (and of a compute-only step) in each of
+    `rounds` interleaved rounds, after 2 warm-up steps each (`rank/tasks/bucket_sweep.py`). Its own
+    optimizer is plain SGD with a small step: the sweep times synchronization, not training."""
+
+    kind = "bucket-sweep"
+    runner = "ddplab.rank.tasks.bucket_sweep:run"
+    record = BucketSweepRecord
+    phases = (Phase("construct", 1, "broadcast of rank 0's parameters"), Phase("warm-up", 2),
+              Phase("round", 3, ends_step=True))
+    reads = RUN_FIELDS | MODEL_FIELDS
+    step_unit = "rounds"
+    plans: tuple[str, ...] = ()
+    rounds: int = 5
+    steps_per_round: int = 4
+
+    def check(self, exp) -> None:
+        plans = list(self.plans)
+        if not plans or not all(_plan_ok(p) for p in plans) or len(set(plans)) != len(plans):
+            bad("task.plans", f"a bucket sweep needs distinct plans '<kind>:<cap MiB>' with kind one of "
+                              f"{', '.join(PLAN_KINDS)} and a cap > 0 ('default' for ddp and bare) (got {plans!r})")
+        for name in ("rounds", "steps_per_round"):
+            v = getattr(self, name)
+            if not is_int(v) or v < 1:
+                bad(f"task.{name}", f"must be a positive integer (got {v!r})")
+        if any(isinstance(v, tuple) for v in (exp.local_batch, exp.seq_len)):
+            bad("local_batch", "a bucket sweep gives every rank the same work: one local_batch and one seq_len")
+
+    def total_steps(self, exp) -> int:
+        return self.rounds

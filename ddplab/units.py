@@ -1,0 +1,31 @@
+"""Units and the one time base, shared by every stage (pure: no torch).
+
+GiB and MiB are powers of 1024. Every event a rank records (a gradient ready, a bucket launched or
+done, backward's start and end) is an integer `time.perf_counter_ns()`: CLOCK_MONOTONIC, one clock for
+every process on a host, so events of different ranks compare directly (notes/ddp-internals.md,
+section 2). Views turn them into milliseconds after some origin with `ms_after`.
+"""
+
+from __future__ import annotations
+
+MIB = 2 ** 20
+KIB = 2 ** 10
+DTYPE_BYTES = {"float32": 4, "float64": 8}
+
+
+def ms_after(t_ns: int, origin_ns: int) -> float:
+    """Milliseconds from `origin_ns` to `t_ns` on the shared monotonic clock."""
+    return (t_ns - origin_ns) / 1e6
+
+
+def rel_error(predicted: float, measured: float) -> float:
+    """(predicted - measured) / measured: the sign says which way the prediction misses."""
+    return (predicted - measured) / measured
+
+
+def size_label(n: int) -> str:
+    """4096 -> '4 KiB'; 3 * 2**20 -> '3 MiB'; 12 -> '12 B'."""
+    for unit, scale in (("MiB", MIB), ("KiB", KIB)):
+        if n >= scale:
+            return f"{n / scale:g} {unit}"
+    return f"{n} B"
