@@ -22,15 +22,15 @@ __all__ = ["Experiment", "RunFailed", "load_run", "run", "run_many"]
 
 
 def run(exp, out=None, **kwargs):
-    """Run `exp` on real torchrun ranks; see `ddplab.launch.run`."""
-    from .launch import run as _run
+    """Run `exp` on real torchrun ranks; see `ddplab.launch.cold.run`."""
+    from .launch.cold import run as _run
 
     return _run(exp, out, **kwargs)
 
 
 def run_many(exps, out=None, **kwargs):
-    """Run several experiments in one torchrun launch; see `ddplab.launch.run_many`."""
-    from .launch import run_many as _run_many
+    """Run several experiments in one torchrun launch; see `ddplab.launch.cold.run_many`."""
+    from .launch.cold import run_many as _run_many
 
     return _run_many(exps, out, **kwargs)
 

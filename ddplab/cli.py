@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .spec import Experiment
+from .spec import Experiment, Fault
 
 
 def _ints(text: str):
@@ -44,21 +44,29 @@ RUN_FLAGS = {
     "--backend": ("backend", str, "auto, gloo or nccl"),
     "--device": ("device", str, "auto, cpu or cuda"),
     "--timeout": ("timeout_s", float, "seconds a rank may wait in one collective"),
-    "--fault": ("fault", str, "inject a failure: crash or skip-backward"),
-    "--fault-rank": ("fault_rank", int, "rank that fails (default: the last)"),
-    "--fault-step": ("fault_step", int, "step in which it fails"),
+}
+# flag -> (Fault field, type, help)
+FAULT_FLAGS = {
+    "--fault": ("kind", str, "inject a failure: crash, skip-backward or stall"),
+    "--fault-rank": ("rank", int, "rank that fails (default: the last)"),
+    "--fault-step": ("step", int, "step in which it fails"),
 }
 
 
 def experiment_from_args(args: argparse.Namespace) -> Experiment:
-    given = {field: getattr(args, flag[2:].replace("-", "_")) for flag, (field, _, _) in RUN_FLAGS.items()}
-    return Experiment(**{k: v for k, v in given.items() if v is not None})
+    def given(flags):
+        values = {field: getattr(args, flag[2:].replace("-", "_")) for flag, (field, _, _) in flags.items()}
+        return {k: v for k, v in values.items() if v is not None}
+    fault = given(FAULT_FLAGS)
+    if fault and "kind" not in fault:
+        raise ValueError("Experiment.fault: --fault-rank and --fault-step need --fault")
+    return Experiment(**given(RUN_FLAGS), **({"fault": Fault(**fault)} if fault else {}))
 
 
 def _cmd_run(args) -> int:
     from . import tables
     from .failures import RunFailed
-    from .launch import run
+    from .launch.cold import run
 
     try:
         exp = experiment_from_args(args)
@@ -88,7 +96,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="ddplab", description="A hands-on lab for data-parallel training.")
     sub = parser.add_subparsers(dest="command", required=True)
     p_run = sub.add_parser("run", help="run an experiment on real torchrun ranks and print a per-rank table")
-    for flag, (_, kind, help_text) in RUN_FLAGS.items():
+    for flag, (_, kind, help_text) in {**RUN_FLAGS, **FAULT_FLAGS}.items():
         p_run.add_argument(flag, type=kind, default=None, help=help_text)
     p_run.add_argument("--out", default=None, help="run directory (default runs/<name>-<hash>)")
     p_run.set_defaults(func=_cmd_run)

@@ -1,7 +1,8 @@
 """`ddplab doctor`: can ranks talk on this machine, and over which backend?
 
 Reports versions, the backends torch was built with and the GPUs it sees, then starts two real
-ranks with torchrun; rank r all-reduces the tensor [r + 1], so both must end with 1 + 2 = 3.
+ranks with torchrun (`rank/smoke.py`); rank r all-reduces the tensor [r + 1], so both must end with
+1 + 2 = 3.
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ import json
 import platform
 import socket
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -18,27 +18,6 @@ from pathlib import Path
 
 EXPECTED = 3.0  # sum over ranks r = 0, 1 of (r + 1)
 TIMEOUT_S = 120
-
-
-def _rank_main(out_dir: str) -> None:
-    """Runs inside each rank: one all-reduce, its result written to out_dir/rank{r}.json."""
-    import os
-    from datetime import timedelta
-
-    import torch
-    import torch.distributed as dist
-
-    from .runtime import die_with_parent
-
-    die_with_parent()
-    dist.init_process_group("gloo", timeout=timedelta(seconds=30))
-    rank = dist.get_rank()
-    t = torch.tensor([rank + 1.0])
-    dist.all_reduce(t)
-    Path(out_dir, f"rank{rank}.json").write_text(json.dumps({"rank": rank, "value": t.item()}))
-    dist.destroy_process_group()
-    sys.stdout.flush()
-    os._exit(0)
 
 
 def loopback_bandwidth_bytes_per_s(total_bytes: int = 128 * 2**20, chunk: int = 2**20, tries: int = 3) -> float:
@@ -80,7 +59,8 @@ def doctor(say=print) -> bool:
     import torch
     import torch.distributed as dist
 
-    from .launch import kill_tree, worker_env
+    from .host import choose_backend
+    from .launch.torchrun import kill_tree, start, torchrun_argv, worker_env
 
     say(f"python {platform.python_version()}, torch {torch.__version__}, {platform.system()} {platform.machine()}")
     backends = [b for b, ok in (("gloo", dist.is_gloo_available()), ("nccl", dist.is_nccl_available()),
@@ -89,14 +69,11 @@ def doctor(say=print) -> bool:
     n_gpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
     names = [torch.cuda.get_device_name(i) for i in range(n_gpu)]
     say(f"CUDA devices: {n_gpu}" + (f" ({', '.join(names)})" if names else ""))
-    say(f"default backend for 2 ranks: {'nccl' if n_gpu >= 2 else 'gloo'}")
+    say(f"default backend for 2 ranks: {choose_backend('auto', 'auto', 2, n_gpu)[0]}")
     say(f"loopback TCP (gloo's transport on one host): {loopback_bandwidth_bytes_per_s() / 1e9:.2f} GB/s")
     say(f"2-rank gloo all-reduce: rank r contributes [r + 1]; expected on every rank: {EXPECTED}")
     with tempfile.TemporaryDirectory(prefix="ddplab-doctor-") as tmp:
-        argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1", "--nproc-per-node=2",
-                "--max-restarts=0", "-m", "ddplab.doctor", tmp]
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=worker_env(),
-                                start_new_session=True, text=True)
+        proc = start(torchrun_argv(2, [tmp], module="ddplab.rank.smoke"), worker_env(), subprocess.PIPE, text=True)
         try:
             log, _ = proc.communicate(timeout=TIMEOUT_S)
         except BaseException:
@@ -116,6 +93,3 @@ def doctor(say=print) -> bool:
         say("OK: ranks can talk" if ok else "NOT OK")
         return ok
 
-
-if __name__ == "__main__":
-    _rank_main(sys.argv[1])

@@ -1,11 +1,12 @@
-"""matplotlib figures for notebook 05: simulated (and measured) bucket timelines, and a bucket sweep
-measured against the simulator. Each function returns the Figure; nothing here launches ranks.
-"""
+"""Figures of buckets and overlap (notebook 05): simulated (and measured) bucket timelines, a bucket
+sweep measured against the simulator, and the ready curve every plan is cut from."""
 
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
 from matplotlib.patches import Patch
+
+from ..units import MIB
 
 BUCKET_COLORS = ("#1f77b4", "#6baed6")
 MEASURED_COLORS = ("#2ca02c", "#98df8a")
@@ -47,7 +48,7 @@ def _draw(ax, s, measured=None, title: str = ""):
 def timeline(s, measured=None, title: str = ""):
     """One simulated step from the start of backward: backward compute (grey; triangles: a bucket's
     last gradient is ready), each bucket's all-reduce on the channel, the exposed tail in red; with
-    `measured` (overlap.measured_timeline) the real buckets and backward's return (dashed) below."""
+    `measured` (tables.bucket_sweep.measured_timeline) the real buckets and backward's return (dashed) below."""
     fig, ax = plt.subplots(figsize=(9, 2.6 if measured else 2.1))
     _draw(ax, s, measured, title)
     ax.set_xlabel("ms after backward started")
@@ -115,7 +116,7 @@ def ready_curve(ins, title: str = ""):
     t = [0.0] + [g.ready_ms for g in ins.grads]
     mib = [0.0]
     for g in ins.grads:
-        mib.append(mib[-1] + g.bytes / 2 ** 20)
+        mib.append(mib[-1] + g.bytes / MIB)
     ax.step(t, mib, where="post", color="#1f77b4")
     ax.plot(t[1:], mib[1:], "o", ms=3, color="#1f77b4")
     ax.axvline(ins.backward_ms, color="black", ls="--", lw=1)

@@ -1,5 +1,5 @@
-"""matplotlib figures of the per-rank memory ledger (notebook 02): measured beside predicted, and
-sweeps over world size, optimizer, bucket views and sharding. Each function returns the Figure."""
+"""Figures of the per-rank memory ledger (notebook 02): measured beside predicted, and sweeps over
+world size, optimizer, bucket views and sharding. Each function returns the Figure."""
 
 from __future__ import annotations
 

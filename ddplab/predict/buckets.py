@@ -25,7 +25,8 @@ the copy of each bucket's gradients into its flat buffer and back (DDP's default
 gradient_as_bucket_view=False; True removes it) to the bucket's cost. DDP really copies in on the
 autograd thread and out after the last all-reduce; charging both to the channel is exact for the
 step time when interference is 1 (then the total work is what counts), an approximation otherwise. `calibrate` fits one knob (interference,
-comm_scale or the link's alpha) on one measured point. Used by notebook 05 and the bucket slider, where it must redraw in well under 50 ms.
+comm_scale or the link's alpha) on one measured point. Used by notebook 05 and the bucket slider,
+where it must redraw in well under 50 ms.
 """
 
 from __future__ import annotations

@@ -14,11 +14,26 @@ meter); tests compare every category with real runs. Used by notebook 02 and its
 
 from __future__ import annotations
 
-from .models import parameter_numels
+from ..units import DTYPE_BYTES
 
 PHASES = ("forward", "backward", "step")
-DTYPE_BYTES = {"float32": 4, "float64": 8}
+# what the ledger counts, measured (rank/probes/memory.py) and predicted (here)
+CATEGORIES = ("parameters", "gradients", "ddp_buckets", "optimizer_state", "activations")
 INDEX_BYTES = 8  # token ids and targets are int64
+
+
+def parameter_numels(exp) -> list[int]:
+    """Element count of every parameter tensor of a built-in model (`rank/models.py`), in
+    `parameters()` order, from the spec alone."""
+    v, d, n = exp.vocab_size, exp.d_model, exp.n_layers
+    if exp.model == "transformer":
+        block = [d, d, 3 * d * d, 3 * d, d * d, d, d, d, 4 * d * d, 4 * d, 4 * d * d, d]
+        return [v * d, max(exp.seq_lens) * d, *block * n, d, d] + ([] if exp.tie_weights else [v * d])
+    if exp.model == "mlp":
+        return [v * d, *[d * d, d] * n, v * d, v]
+    if exp.model == "branchy":
+        return [v * d, v, v * d, *[d * d, d] * 4]
+    raise ValueError(f"Experiment.model: {exp.model} is not built in; its parameter count is known only by building it")
 
 
 def activation_bytes(exp, rank: int = 0) -> int:

@@ -1,146 +1,36 @@
-"""A measured bucket sweep against the bucket simulator: tables, calibration, the ordering check.
+"""Bucket plans predicted by the simulator (`predict/buckets.py`) and compared with a measured sweep.
 
-- `measured(run)`: per plan, the step time (each step timed by its slowest rank; the median of each
-  round's median, and the spread of those round medians), backward, first launch, last gradient
-  ready, communication end and exposed tail, as the ranks recorded them.
-- `inputs(run)`: what the simulator takes from the same run: every gradient's median ready time in
-  the compute-only backward, that backward's length, forward and optimizer time.
+- `ddp_rule`, `predict`: DDP's buckets for a cap, and the simulated step, from a sweep's `inputs`;
 - `costs(...)` / `compare(...)`: the simulator's step time for every plan under three cost models
-  (textbook; shared core; shared core with alpha calibrated on one plan); errors per plan.
+  (textbook; shared core; shared core with alpha calibrated on one plan); errors per plan;
 - `ordering(...)`: for every pair of plans, does the prediction order them as the measurement does?
   Pairs whose medians differ by less than twice the run-to-run spread are ties, not verdicts; a
-  prediction of equal times for a resolved pair counts as not ordered.
-Numbers in, DataFrames out (pure: no processes). Used by notebook 05 and bench/simulator_accuracy.py.
+  prediction of equal times for a resolved pair counts as not ordered;
+- `candidates`, `bucket_table`, `summary`: the worked example's tables of one schedule or a few.
+Numbers in, DataFrames out (no processes). Used by notebook 05, its bucket slider and
+bench/simulator_accuracy.py.
 """
 
 from __future__ import annotations
 
 import itertools
-import statistics
-from dataclasses import dataclass
 
 import pandas as pd
 
-from . import schedule
-from .comm import AlphaBeta
-from .schedule import Cost, Grad
-from .spec import parse_plan
+from ..predict import buckets as schedule
+from ..predict.buckets import Cost
+from ..predict.comm import AlphaBeta
+from ..units import MIB, rel_error
+from .bucket_sweep import Inputs, sweep_record, cap_of, inputs, measured
 
-MIB = 2 ** 20
 DDP_DEFAULT_CAP_MB, DDP_DEFAULT_FIRST_CAP_MB = 25, 1
-
-
-def _sweep(run) -> dict:
-    if run.spec.task != "bucket-sweep":
-        raise ValueError("this run is not a bucket sweep: use recipes.bucket_sweep()")
-    return run.ranks[0].raw["bucket_sweep"]
-
-
-def _arm(run, name: str, rank: int = 0) -> dict:
-    """What `rank` recorded for plan `name`."""
-    return next(a for a in run.ranks[rank].raw["bucket_sweep"]["arms"] if a["name"] == name)
-
-
-def _arm_steps(run, name: str) -> list[list[dict]]:
-    """Per timed step, every rank's record of it."""
-    per_rank = [_arm(run, name, i)["steps"] for i in range(len(run.ranks))]
-    return [list(s) for s in zip(*per_rank)]
-
-
-def _after_last_ready_ms(x: dict) -> float:
-    """One step's communication after its last gradient was ready: last all-reduce done minus last ready."""
-    return max(b["done_ms"] for b in x["buckets"]) - x["ready"][-1][1]
-
-
-def step_times(run, name: str) -> dict[int, list[float]]:
-    """Per round, `name`'s timed steps, each timed by its slowest rank (ms)."""
-    rounds: dict[int, list[float]] = {}
-    for s in _arm_steps(run, name):
-        rounds.setdefault(s[0]["round"], []).append(max(x["step_ms"] for x in s))
-    return rounds
-
-
-def arm_names(run) -> list[str]:
-    return [a["name"] for a in _sweep(run)["arms"]]
-
-
-def cap_of(name: str) -> float | None:
-    """The bucket cap (MiB) of a plan name; None for DDP's default and for compute-only."""
-    return None if name == "compute-only" else parse_plan(name)[1]
-
-
-def measured(run) -> pd.DataFrame:
-    """One row per plan (see the module docstring); times in ms."""
-    rows = []
-    for name in arm_names(run):
-        steps = _arm_steps(run, name)
-        rounds = step_times(run, name)
-        medians = [statistics.median(v) for v in rounds.values()]
-        every = [t for v in rounds.values() for t in v]
-        per_round = max(1, round(len(every) / len(rounds)))
-        med = lambda f: statistics.median(f(x) for s in steps for x in s)  # noqa: E731 - over steps and ranks
-        row = {"plan": name, "cap_mb": cap_of(name), "step_ms": statistics.median(medians),
-               # a few rounds can agree by luck: the spread is at least what step-to-step noise
-               # implies for a median of that many steps
-               "spread_ms": max(_robust_spread(medians), _robust_spread(every) / per_round ** 0.5),
-               "round_min_ms": min(medians), "round_max_ms": max(medians),
-               "forward_ms": med(lambda x: x["forward_ms"]), "backward_ms": med(lambda x: x["backward_ms"]),
-               "optimizer_ms": med(lambda x: x["optimizer_ms"])}
-        if steps[0][0].get("ready"):
-            row["last_ready_ms"] = med(lambda x: x["ready"][-1][1])
-        if steps[0][0].get("buckets"):
-            row["buckets"] = len(steps[0][0]["buckets"])
-            row["first_launch_ms"] = med(lambda x: min(b["launch_ms"] for b in x["buckets"]))
-            row["comm_end_ms"] = med(lambda x: max(b["done_ms"] for b in x["buckets"]))
-            row["exposed_tail_ms"] = med(lambda x: max(0.0, _after_last_ready_ms(x)))
-        rows.append(row)
-    return pd.DataFrame(rows).set_index("plan")
-
-
-def _robust_spread(values) -> float:
-    """The run-to-run spread: 1.4826 x the median absolute deviation (the standard deviation for
-    normal noise, but one disturbed round does not inflate it)."""
-    if len(values) < 2:
-        return 0.0
-    m = statistics.median(values)
-    return 1.4826 * statistics.median(abs(v - m) for v in values)
-
-
-@dataclass(frozen=True)
-class Inputs:
-    """The simulator's view of one machine and model, from the compute-only plan of a sweep."""
-
-    grads: list[Grad]          # in ready order
-    backward_ms: float
-    forward_ms: float
-    optimizer_ms: float
-
-    @property
-    def gradient_bytes(self) -> int:
-        return sum(g.bytes for g in self.grads)
-
-
-def inputs(run) -> Inputs:
-    """A collective starts when its last rank joins, so each compute-only step is represented by its
-    slowest rank (the ranks start every step together): that rank's ready times, backward, forward
-    and optimizer; then the median of each over the steps."""
-    sweep, sizes = _sweep(run), run.ranks[0].raw["parameter_bytes"]
-    slowest = [max(s, key=lambda x: x["step_ms"]) for s in _arm_steps(run, "compute-only")]
-    ready: dict[str, list[float]] = {}
-    for x in slowest:
-        for n, t in x["ready"]:
-            ready.setdefault(n, []).append(t)
-    names = [n for n, _ in sweep["ready_order"]]
-    grads = schedule.grads_in_ready_order(names, [sizes[n] for n in names], [statistics.median(ready[n]) for n in names])
-    med = lambda k: statistics.median(x[k] for x in slowest)  # noqa: E731
-    return Inputs(grads, med("backward_ms"), med("forward_ms"), med("optimizer_ms"))
 
 
 def plan_for(run, name: str, ins: Inputs | None = None) -> list[list[str]]:
     """The bucket plan a sweep plan used: observed where the probes saw it, else DDP's rule."""
-    arm = _arm(run, name)
-    if arm["layout"]:
-        return [list(b) for b in arm["layout"]]
+    arm = sweep_record(run).arm(name)
+    if arm.layout:
+        return [list(b) for b in arm.layout]
     return ddp_rule(ins or inputs(run), cap_of(name))
 
 
@@ -191,7 +81,7 @@ def _prepare(run, plans, calibrate_on):
 
 
 def _costs(run, link, table, ins, layouts, calibrate_on) -> dict[str, Cost]:
-    shared = Cost(link, interference=1.0, copy_bytes_per_s=_sweep(run)["copy_bytes_per_s"])
+    shared = Cost(link, interference=1.0, copy_bytes_per_s=sweep_record(run).copy_bytes_per_s)
     return {"textbook": Cost(link), "shared_core": shared,
             "calibrated": calibrate(ins, layouts[calibrate_on], shared, table.loc[calibrate_on, "step_ms"])}
 
@@ -207,7 +97,7 @@ def compare(run, link: AlphaBeta, calibrate_on: str | None = None, plans=None) -
         row = {"plan": p, "buckets": len(layouts[p]), "measured_ms": m, "spread_ms": table.loc[p, "spread_ms"]}
         for name, cost in models.items():
             pred = predict(ins, layouts[p], cost).step_ms
-            row[f"{name}_ms"], row[f"{name}_error"] = pred, (pred - m) / m
+            row[f"{name}_ms"], row[f"{name}_error"] = pred, rel_error(pred, m)
         row["calibration_point"] = p == calibrate_on
         rows.append(row)
     return pd.DataFrame(rows).set_index("plan"), models
@@ -270,56 +160,3 @@ def candidates(ins: Inputs, cost: Cost, caps_mb, split_cap_mb: float | None = No
                      "backward_left_ms": max(0.0, s.backward_ms - last.ready_ms),
                      "exposed_tail_ms": s.exposed_tail_ms, "step_ms": s.step_ms})
     return pd.DataFrame(rows).set_index("plan")
-
-
-def measured_timeline(run, plan: str, step: int | None = None, rank: int = 0) -> dict:
-    """One measured step of `plan` on `rank` (default: its median step by step time): bucket
-    launch/done, last gradient ready and backward's return, in ms after backward started (to overlay
-    on a simulated timeline)."""
-    arm = _arm(run, plan, rank)
-    if step is None:
-        order = sorted(range(len(arm["steps"])), key=lambda i: arm["steps"][i]["step_ms"])
-        step = order[len(order) // 2]
-    st = arm["steps"][step]
-    return {"buckets": st.get("buckets", []), "last_ready_ms": st["ready"][-1][1] if st.get("ready") else None,
-            "backward_ms": st["backward_ms"]}
-
-
-def in_flight(run, name: str, link: AlphaBeta, rank: int = 0) -> pd.DataFrame:
-    """Every bucket of every timed step of plan `name` on `rank`: its bytes, how long its all-reduce
-    took in flight (launch to done), what the isolated alpha-beta fit predicts, and their ratio."""
-    arm = _arm(run, name, rank)
-    rows = [{"step": i, "bucket": b["index"], "bytes": b["bytes"], "in_flight_ms": b["done_ms"] - b["launch_ms"],
-             "isolated_ms": link.predict(b["bytes"]) * 1e3} for i, st in enumerate(arm["steps"]) for b in st.get("buckets", [])]
-    df = pd.DataFrame(rows)
-    df["ratio"] = df["in_flight_ms"] / df["isolated_ms"]
-    return df
-
-
-def trustworthy(table: pd.DataFrame, max_baseline_spread: float = 0.10) -> tuple[bool, str]:
-    """Can this sweep judge timing claims at all? No if any synchronized plan measured no slower than
-    the compute-only step (impossible, so noise exceeded what is being measured), or if the
-    compute-only baseline scattered between rounds by more than `max_baseline_spread`."""
-    base = table.loc["compute-only"]
-    faster = [p for p in table.index if p != "compute-only" and table.loc[p, "step_ms"] <= base["step_ms"]]
-    if faster:
-        return False, (f"{', '.join(faster)} measured no slower than the compute-only step ({base['step_ms']:.1f} ms): "
-                       f"this machine's noise exceeded the communication being measured; run the sweep again")
-    scatter = base["spread_ms"] / base["step_ms"]
-    if scatter > max_baseline_spread:
-        return False, f"the compute-only baseline scattered by {scatter:.0%} between rounds; run the sweep again"
-    return True, f"every plan slower than compute-only, baseline scatter {scatter:.1%}: timing claims can be judged"
-
-
-def tail_difference(run, a: str, b: str, k: float = 2.0) -> dict:
-    """Is plan `b`'s exposed tail (per step and rank: last all-reduce done minus last gradient ready)
-    shorter than plan `a`'s? Medians, their difference, and a tie threshold of k standard errors
-    (robust: 1.4826 x MAD / sqrt(n), the larger of the two); verdict "shorter", "longer" or "tie"."""
-    def tails(name):
-        return [_after_last_ready_ms(x) for s in _arm_steps(run, name) for x in s]
-    ta, tb = tails(a), tails(b)
-    ma, mb = statistics.median(ta), statistics.median(tb)
-    threshold = k * max(_robust_spread(ta) / len(ta) ** 0.5, _robust_spread(tb) / len(tb) ** 0.5)
-    diff = mb - ma
-    verdict = "tie" if abs(diff) <= threshold else ("shorter" if diff < 0 else "longer")
-    return {"tail_a_ms": ma, "tail_b_ms": mb, "diff_ms": diff, "threshold_ms": threshold, "verdict": verdict}

@@ -1,6 +1,6 @@
-"""Tables of what the communication and readiness probes recorded: all-reduce sweeps, bytes on
-the wire, gradient-ready order and bucket timelines. Numbers in, DataFrames out; notebooks 03 and 04.
-"""
+"""Tables of communication (notebooks 03 and 05): all-reduce sweeps with bus bandwidth, the
+alpha-beta fit (`predict/comm.py`), bytes each rank wrote against the ring formula, and compute
+against communication as the local batch grows."""
 
 from __future__ import annotations
 
@@ -8,22 +8,21 @@ import statistics
 
 import pandas as pd
 
-from . import comm
-
-MIB = 2 ** 20
+from ..predict import comm
+from ..units import MIB
 
 
 def allreduce_sweep(run) -> pd.DataFrame:
     """Per message size: the all-reduce time (each repeat timed by its slowest rank; median, min and
     max over repeats), algorithm and bus bandwidth, and bytes each rank wrote against the ring formula."""
-    if run.spec.task != "allreduce-sweep":
+    if run.spec.task.kind != "allreduce-sweep":
         raise ValueError("this run is not an all-reduce sweep: use recipes.allreduce_sweep()")
     w = run.world_size
     rows = []
-    for per_rank in zip(*[r.raw["allreduce"] for r in run.ranks]):
-        n = per_rank[0]["bytes"]
-        ms = [max(t) for t in zip(*[c["ms"] for c in per_rank])]
-        written = statistics.median(b for c in per_rank for b in c["write_bytes"])
+    for per_rank in zip(*[r.result.sizes for r in run.ranks]):
+        n = per_rank[0].bytes
+        ms = [max(t) for t in zip(*[c.ms for c in per_rank])]
+        written = statistics.median(b for c in per_rank for b in c.write_bytes)
         med = statistics.median(ms)
         rows.append({"bytes": n, "ms": med, "ms_min": min(ms), "ms_max": max(ms),
                      "algbw_gb_s": comm.algbw(n, med / 1e3) / 1e9, "busbw_gb_s": comm.busbw(n, med / 1e3, w) / 1e9,
@@ -51,8 +50,8 @@ def bytes_on_wire(runs) -> pd.DataFrame:
     bytes probe), and the ring formula 2(D-1)/D x payload."""
     rows = []
     for run in runs:
-        payload = run.ranks[0].model["parameter_bytes"]
-        written = statistics.median(st["backward_write_bytes"] for r in run.ranks for st in r.steps)
+        payload = run.ranks[0].model.parameter_bytes
+        written = statistics.median(st.write_bytes for r in run.ranks for st in r.steps)
         formula = comm.ring_bytes_per_rank(payload, run.world_size)
         rows.append({"world_size": run.world_size, "payload_mib": payload / MIB,
                      "written_mib_per_rank": written / MIB, "ring_formula_mib": formula / MIB,
@@ -65,50 +64,10 @@ def compute_vs_comm(runs_alone, model: comm.AlphaBeta, warmup: int = 1) -> pd.Da
     payload, and the all-reduce time the fitted model predicts for it; their ratio."""
     rows = []
     for run in runs_alone:
-        compute = statistics.median(max(r.steps[i]["forward_ms"] + r.steps[i]["backward_ms"] for r in run.ranks)
+        compute = statistics.median(max(r.steps[i].phase_ms["forward"] + r.steps[i].phase_ms["backward"] for r in run.ranks)
                                     for i in range(warmup, run.spec.steps))
-        payload = run.ranks[0].model["parameter_bytes"]
+        payload = run.ranks[0].model.parameter_bytes
         comm_ms = model.predict(payload) * 1e3
         rows.append({"local_batch": run.spec.local_batch_of(0), "payload_mib": payload / MIB,
                      "compute_ms": compute, "allreduce_ms_predicted": comm_ms, "compute_to_comm": compute / comm_ms})
     return pd.DataFrame(rows).set_index("local_batch").round(3)
-
-
-def ready_order(run, step: int = -1, rank: int = 0) -> pd.DataFrame:
-    """Per parameter, in source order (`parameters()`): its position in the order gradients became
-    ready, the position the naive "reverse source order" assumption gives it, and its bucket."""
-    st = run.ranks[rank].steps[step]
-    ready = [name for name, _ in st["readiness"]["ready"]]
-    bucket_of = {p: b["index"] for b in st["buckets"] for p in b["params"]}
-    source = run.ranks[rank].raw["parameter_names"]
-    n = len(source)
-    rows = [{"parameter": name, "source_position": i, "reverse_source_position": n - 1 - i,
-             "ready_position": ready.index(name), "bucket": bucket_of.get(name)} for i, name in enumerate(source)]
-    df = pd.DataFrame(rows).set_index("parameter")
-    df["as_assumed"] = df["ready_position"] == df["reverse_source_position"]
-    return df
-
-
-def bucket_timeline(run, step: int = -1) -> pd.DataFrame:
-    """Per rank and bucket: launch and completion, ms after the earliest backward start of the step."""
-    t0 = min(r.steps[step]["readiness"]["backward_start_ns"] for r in run.ranks)
-    rows = []
-    for r in run.ranks:
-        st = r.steps[step]
-        for b in st["buckets"]:
-            rows.append({"rank": r.rank, "bucket": b["index"], "bytes": b["bytes"], "params": len(b["params"]),
-                         "launch_ms": (b["launch_ns"] - t0) / 1e6, "done_ms": (b["done_ns"] - t0) / 1e6,
-                         "duration_ms": (b["done_ns"] - b["launch_ns"]) / 1e6,
-                         "last_grad_ready_ms": (st["readiness"]["ready"][-1][1] - t0) / 1e6,
-                         "backward_return_ms": (st["readiness"]["backward_end_ns"] - t0) / 1e6})
-    return pd.DataFrame(rows).set_index(["rank", "bucket"]).round(3)
-
-
-def exposed_vs_summed(run_ddp, run_alone, warmup: int = 2) -> pd.Series:
-    """The common error, measured: the sum of every bucket's all-reduce duration against the
-    communication actually exposed, T(step with DDP) - T(step without synchronization)."""
-    summed = statistics.median(sum((b["done_ns"] - b["launch_ns"]) / 1e6 for b in r.steps[i]["buckets"])
-                               for r in run_ddp.ranks for i in range(warmup, run_ddp.spec.steps))
-    with_ddp, without = statistics.median(run_ddp.step_ms(warmup)), statistics.median(run_alone.step_ms(warmup))
-    return pd.Series({"summed_bucket_durations_ms": summed, "exposed_ms": with_ddp - without,
-                      "step_ms_ddp": with_ddp, "step_ms_no_sync": without}).round(3)

@@ -22,12 +22,12 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from ...predict.memory import CATEGORIES
 from ...record import MemoryRecord, MemoryStep
 from ...rundir import snapshot_file
 from ..parallel.ddp import construction_bucket_bytes
 from . import Probe
 
-CATEGORIES = ("parameters", "gradients", "ddp_buckets", "optimizer_state", "activations")
 
 
 def local(t: torch.Tensor) -> torch.Tensor:

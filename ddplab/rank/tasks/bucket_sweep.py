@@ -112,14 +112,11 @@ def run(ctx):
         with torch.no_grad():
             for p, q in zip(a.module.parameters(), base.parameters()):
                 p.copy_(q)
-        grads_of = {}
-        a.step(x, y, device, group,
-               before_optimizer=lambda: grads_of.setdefault("g", flat_float64(p.grad for p in a.module.parameters())))
-        state = (grads_of["g"], flat_parameters(a.module))
-        if first is None:
-            first = state
+        reduced = []
+        a.step(x, y, device, group, before_optimizer=lambda: reduced.append(flat_float64(p.grad for p in a.module.parameters())))
+        state = (reduced[0], flat_parameters(a.module))
+        first = first or state
         checks[name] = (rel_max_diff(state[0], first[0]), rel_max_diff(state[1], first[1]))
-        del grads_of, state
 
     # rounds of blocks: each plan runs `steps_per_round` steps in a row (its caches warm, as in
     # training), the order alternates from round to round, and the compute-only baseline runs at both

@@ -1,0 +1,4 @@
+"""Pure models, numbers in and numbers out (no torch, no processes): `comm` (cost formulas and the
+alpha-beta fit), `buckets` (the bucket-schedule simulator), `memory` (per-rank memory of DDP),
+`loss_weights` (how much each rank's gradient counts). Notebooks put them beside measurements;
+tests use real runs as their oracle."""

@@ -1,0 +1,28 @@
+"""Notebook 05, buckets and overlap: the all-reduce fit and the bucket sweep, in one launch."""
+
+from __future__ import annotations
+
+from ..spec import BucketSweep, Experiment
+from ..units import MIB
+from .communication import allreduce_sweep
+
+
+# 4.2 M parameters, 16 MiB of float32 gradients in 53 tensors: on 2 CPU ranks backward takes about as
+# long as one flat all-reduce of the gradient takes 3-4 times over, so bucket size visibly matters
+BUCKET_MODEL = dict(vocab_size=2048, d_model=256, n_layers=4, n_heads=4, local_batch=4, seq_len=64)
+ONE_PER_PARAMETER_MB = 1e-4     # below every tensor's size: DDP closes a bucket after each tensor
+
+
+def bucket_sweep(world_size: int = 2, caps_mb=(ONE_PER_PARAMETER_MB, 0.25, 1, 2, 4, 8, 64), split_cap_mb: float = 4,
+                 rounds: int = 5, steps: int = 4, allreduce_repeats: int = 50, pin_cpus: bool = True,
+                 **overrides) -> list[Experiment]:
+    """Notebook 05: [the all-reduce sweep that fits alpha-beta, the bucket sweep], for one launch
+    (`ddplab.run_many`). The bucket sweep times DDP at every cap in `caps_mb` (from one tensor per
+    bucket to a single bucket), DDP's default, and `BucketedSync` with DDP's plan at `split_cap_mb`,
+    as is and with its last bucket split in two; `rounds` interleaved rounds of `steps` steps each.
+    Ranks are pinned one per core by default: the timings are steadier (notes: performance anchors)."""
+    plans = tuple(f"ddp:{c:g}" for c in caps_mb) + ("ddp:default", f"plan:{split_cap_mb:g}", f"split:{split_cap_mb:g}")
+    task = BucketSweep(plans=plans, rounds=rounds, steps_per_round=steps)
+    sweep = Experiment(**{**dict(name=f"bucket-sweep-w{world_size}", task=task, world_size=world_size,
+                                 pin_cpus=pin_cpus, **BUCKET_MODEL), **overrides})
+    return [allreduce_sweep(world_size, max_bytes=32 * MIB, repeats=allreduce_repeats, pin_cpus=pin_cpus), sweep]

@@ -1,0 +1,24 @@
+"""Notebook 04, gradient readiness: ready order against source order, and one backward traced."""
+
+from __future__ import annotations
+
+from ..spec import Experiment
+from .communication import COMM_MODEL
+
+
+def readiness_cases(bucket_cap_mb: float = 0.001, **overrides) -> list[Experiment]:
+    """Notebook 04: ready order against source order, with tiny buckets (one parameter or a Linear's
+    pair each): a plain transformer, tied embedding/head, the branchy model, activation checkpointing."""
+    base = dict(world_size=2, steps=3, probes=("readiness",), bucket_cap_mb=bucket_cap_mb, n_layers=2)
+    base.update(overrides)
+    return [Experiment(name="ready-plain", **base), Experiment(name="ready-tied", tie_weights=True, **base),
+            Experiment(name="ready-branchy", model="branchy", **base),
+            Experiment(name="ready-checkpointing", checkpointing=True, **base)]
+
+
+def backward_trace(bucket_cap_mb: float = 0.5, local_batch: int = 16, steps: int = 8, **overrides) -> list[Experiment]:
+    """Notebook 04: a DDP step traced bucket by bucket, and the same step without synchronization."""
+    base = dict(world_size=2, local_batch=local_batch, steps=steps, **COMM_MODEL)
+    base.update(overrides)
+    return [Experiment(name="overlap-ddp", bucket_cap_mb=bucket_cap_mb, probes=("readiness",), **base),
+            Experiment(name="overlap-no-sync", sync="none", **base)]

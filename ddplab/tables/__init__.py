@@ -1,0 +1,20 @@
+"""Views: pandas tables of finished runs, one module per concept, in the lab's vocabulary and units.
+Nothing here launches ranks or imports rank code; torch loads only to read saved tensors.
+
+    ranks (00), gradients (01, 06), memory (02), comm (03, 05), readiness (04),
+    bucket_sweep and buckets (05: the sweep as measured; the simulator beside it), global_batch (06)
+
+The chapters' tables are at hand as `tables.<name>(run)`:
+"""
+
+from .comm import allreduce_sweep, bytes_on_wire, compute_vs_comm, fit_summary, fit_sweep
+from .global_batch import accumulation, batch_size_study, loss_by_examples, scaling
+from .gradients import gradient_check, gradient_values, normalization
+from .memory import memory, memory_cuda, memory_sweep, sharding
+from .ranks import id_ranges, ranks, reference, steps
+from .readiness import bucket_timeline, exposed_vs_summed, ready_order
+
+__all__ = ["accumulation", "allreduce_sweep", "batch_size_study", "bucket_timeline", "bytes_on_wire",
+           "compute_vs_comm", "exposed_vs_summed", "fit_summary", "fit_sweep", "gradient_check", "gradient_values",
+           "id_ranges", "loss_by_examples", "memory", "memory_cuda", "memory_sweep", "normalization", "ranks",
+           "ready_order", "reference", "scaling", "sharding", "steps"]

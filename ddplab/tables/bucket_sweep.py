@@ -1,0 +1,176 @@
+"""What a bucket sweep measured (`BucketSweep`, `rank/tasks/bucket_sweep.py`), as tables.
+
+- `measured(run)`: per plan, the step time (each step timed by its slowest rank; the median of each
+  round's median, and the spread of those round medians), backward, first launch, last gradient
+  ready, communication end and exposed tail, as the ranks recorded them;
+- `inputs(run)`: what the simulator takes from the same run: every gradient's median ready time in
+  the compute-only backward, that backward's length, forward and optimizer time;
+- `trustworthy`, `tail_difference`: whether this machine's noise lets the sweep judge a timing claim.
+Numbers in, DataFrames out (no processes); `tables/buckets.py` puts the simulator beside them.
+Used by notebook 05, its bucket slider and bench/simulator_accuracy.py.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+import pandas as pd
+
+from ..predict import buckets as schedule
+from ..predict.buckets import Grad
+from ..predict.comm import AlphaBeta
+from ..spec.tasks import parse_plan
+
+
+def sweep_record(run, rank: int = 0):
+    """What `rank` recorded (`record.BucketSweepRecord`)."""
+    if run.spec.task.kind != "bucket-sweep":
+        raise ValueError("this run is not a bucket sweep: use recipes.bucket_sweep()")
+    return run.ranks[rank].result
+
+
+def _arm_steps(run, name: str) -> list[list]:
+    """Per timed step, every rank's record of it (`record.SweepStep`)."""
+    per_rank = [sweep_record(run, i).arm(name).steps for i in range(len(run.ranks))]
+    return [list(s) for s in zip(*per_rank)]
+
+
+def step_times(run, name: str) -> dict[int, list[float]]:
+    """Per round, `name`'s timed steps, each timed by its slowest rank (ms)."""
+    rounds: dict[int, list[float]] = {}
+    for s in _arm_steps(run, name):
+        rounds.setdefault(s[0].round, []).append(max(x.step_ms for x in s))
+    return rounds
+
+
+def arm_names(run) -> list[str]:
+    return [a.name for a in sweep_record(run).arms]
+
+
+def cap_of(name: str) -> float | None:
+    """The bucket cap (MiB) of a plan name; None for DDP's default and for compute-only."""
+    return None if name == "compute-only" else parse_plan(name)[1]
+
+
+def measured(run) -> pd.DataFrame:
+    """One row per plan (see the module docstring); times in ms."""
+    rows = []
+    for name in arm_names(run):
+        steps = _arm_steps(run, name)
+        rounds = step_times(run, name)
+        medians = [statistics.median(v) for v in rounds.values()]
+        every = [t for v in rounds.values() for t in v]
+        per_round = max(1, round(len(every) / len(rounds)))
+        med = lambda f: statistics.median(f(x) for s in steps for x in s)  # noqa: E731 - over steps and ranks
+        row = {"plan": name, "cap_mb": cap_of(name), "step_ms": statistics.median(medians),
+               # a few rounds can agree by luck: the spread is at least what step-to-step noise
+               # implies for a median of that many steps
+               "spread_ms": max(_robust_spread(medians), _robust_spread(every) / per_round ** 0.5),
+               "round_min_ms": min(medians), "round_max_ms": max(medians),
+               "forward_ms": med(lambda x: x.forward_ms), "backward_ms": med(lambda x: x.backward_ms),
+               "optimizer_ms": med(lambda x: x.optimizer_ms)}
+        if steps[0][0].backward.ready:
+            row["last_ready_ms"] = med(lambda x: x.last_ready_ms)
+        if steps[0][0].buckets:
+            row["buckets"] = len(steps[0][0].buckets)
+            row["first_launch_ms"] = med(lambda x: x.first_launch_ms)
+            row["comm_end_ms"] = med(lambda x: x.comm_end_ms)
+            row["exposed_tail_ms"] = med(lambda x: max(0.0, x.after_last_ready_ms))
+        rows.append(row)
+    return pd.DataFrame(rows).set_index("plan")
+
+
+def _robust_spread(values) -> float:
+    """The run-to-run spread: 1.4826 x the median absolute deviation (the standard deviation for
+    normal noise, but one disturbed round does not inflate it)."""
+    if len(values) < 2:
+        return 0.0
+    m = statistics.median(values)
+    return 1.4826 * statistics.median(abs(v - m) for v in values)
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """The simulator's view of one machine and model, from the compute-only plan of a sweep."""
+
+    grads: list[Grad]          # in ready order
+    backward_ms: float
+    forward_ms: float
+    optimizer_ms: float
+
+    @property
+    def gradient_bytes(self) -> int:
+        return sum(g.bytes for g in self.grads)
+
+
+def inputs(run) -> Inputs:
+    """A collective starts when its last rank joins, so each compute-only step is represented by its
+    slowest rank (the ranks start every step together): that rank's ready times, backward, forward
+    and optimizer; then the median of each over the steps."""
+    sweep = sweep_record(run)
+    sizes = sweep.parameter_bytes
+    slowest = [max(s, key=lambda x: x.step_ms) for s in _arm_steps(run, "compute-only")]
+    ready: dict[str, list[float]] = {}
+    for x in slowest:
+        for n, t in x.ready_ms():
+            ready.setdefault(n, []).append(t)
+    names = sweep.ready_order
+    grads = schedule.grads_in_ready_order(names, [sizes[n] for n in names], [statistics.median(ready[n]) for n in names])
+    med = lambda k: statistics.median(getattr(x, k) for x in slowest)  # noqa: E731
+    return Inputs(grads, med("backward_ms"), med("forward_ms"), med("optimizer_ms"))
+
+
+def measured_timeline(run, plan: str, step: int | None = None, rank: int = 0) -> dict:
+    """One measured step of `plan` on `rank` (default: its median step by step time): bucket
+    launch/done, last gradient ready and backward's return, in ms after backward started (to overlay
+    on a simulated timeline)."""
+    steps = sweep_record(run, rank).arm(plan).steps
+    if step is None:
+        order = sorted(range(len(steps)), key=lambda i: steps[i].step_ms)
+        step = order[len(order) // 2]
+    st = steps[step]
+    ms = st.backward.ms
+    return {"buckets": [{"index": b.index, "launch_ms": ms(b.launch_ns), "done_ms": ms(b.done_ns)}
+                        for b in st.buckets or []],
+            "last_ready_ms": st.last_ready_ms if st.backward.ready else None, "backward_ms": st.backward_ms}
+
+
+def in_flight(run, name: str, link: AlphaBeta, rank: int = 0) -> pd.DataFrame:
+    """Every bucket of every timed step of plan `name` on `rank`: its bytes, how long its all-reduce
+    took in flight (launch to done), what the isolated alpha-beta fit predicts, and their ratio."""
+    steps = sweep_record(run, rank).arm(name).steps
+    rows = [{"step": i, "bucket": b.index, "bytes": b.bytes, "in_flight_ms": st.backward.ms(b.done_ns) - st.backward.ms(b.launch_ns),
+             "isolated_ms": link.predict(b.bytes) * 1e3} for i, st in enumerate(steps) for b in st.buckets or []]
+    df = pd.DataFrame(rows)
+    df["ratio"] = df["in_flight_ms"] / df["isolated_ms"]
+    return df
+
+
+def trustworthy(table: pd.DataFrame, max_baseline_spread: float = 0.10) -> tuple[bool, str]:
+    """Can this sweep judge timing claims at all? No if any synchronized plan measured no slower than
+    the compute-only step (impossible, so noise exceeded what is being measured), or if the
+    compute-only baseline scattered between rounds by more than `max_baseline_spread`."""
+    base = table.loc["compute-only"]
+    faster = [p for p in table.index if p != "compute-only" and table.loc[p, "step_ms"] <= base["step_ms"]]
+    if faster:
+        return False, (f"{', '.join(faster)} measured no slower than the compute-only step ({base['step_ms']:.1f} ms): "
+                       f"this machine's noise exceeded the communication being measured; run the sweep again")
+    scatter = base["spread_ms"] / base["step_ms"]
+    if scatter > max_baseline_spread:
+        return False, f"the compute-only baseline scattered by {scatter:.0%} between rounds; run the sweep again"
+    return True, f"every plan slower than compute-only, baseline scatter {scatter:.1%}: timing claims can be judged"
+
+
+def tail_difference(run, a: str, b: str, k: float = 2.0) -> dict:
+    """Is plan `b`'s exposed tail (per step and rank: last all-reduce done minus last gradient ready)
+    shorter than plan `a`'s? Medians, their difference, and a tie threshold of k standard errors
+    (robust: 1.4826 x MAD / sqrt(n), the larger of the two); verdict "shorter", "longer" or "tie"."""
+    def tails(name):
+        return [x.after_last_ready_ms for s in _arm_steps(run, name) for x in s]
+    ta, tb = tails(a), tails(b)
+    ma, mb = statistics.median(ta), statistics.median(tb)
+    threshold = k * max(_robust_spread(ta) / len(ta) ** 0.5, _robust_spread(tb) / len(tb) ** 0.5)
+    diff = mb - ma
+    verdict = "tie" if abs(diff) <= threshold else ("shorter" if diff < 0 else "longer")
+    return {"tail_a_ms": ma, "tail_b_ms": mb, "diff_ms": diff, "threshold_ms": threshold, "verdict": verdict}

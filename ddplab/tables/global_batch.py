@@ -1,0 +1,79 @@
+"""Tables of global-batch semantics (notebook 06): accumulation with and without no_sync, strong and
+weak scaling, and two global batch sizes at a matched example budget."""
+
+from __future__ import annotations
+
+import statistics
+
+import pandas as pd
+
+from ..units import MIB
+from .gradients import check
+
+
+def accumulation(runs, warmup: int = 1) -> pd.DataFrame:
+    """Per run: the batch arithmetic, gradient all-reduces per optimizer step (counted by the bucket
+    probe, after DDP's first-iteration single bucket), and saved activations per micro-step."""
+    rows = []
+    for run in runs:
+        s, r0 = run.spec, run.ranks[0]
+        calls = [len(st.buckets) for st in r0.steps[warmup:]]
+        rows.append({"run": s.name, "local_batch": s.local_batch_of(0), "world_size": s.world_size,
+                     "accum_steps": s.accum_steps, "global_batch": s.global_batch,
+                     "buckets": len({b.index for st in r0.steps[warmup:] for b in st.buckets}),
+                     "all_reduces_per_step": statistics.median(calls),
+                     "activation_mib_per_micro_step": max(max(st.activation_bytes) for st in r0.steps) / MIB,
+                     "reduced_rel_error": check(run)[0]["reduced_rel_error"]})
+    return pd.DataFrame(rows).set_index("run")
+
+
+def scaling(runs, kind: str, warmup: int = 2) -> pd.DataFrame:
+    """Strong or weak scaling: per world size, median step time (slowest rank; min-max over steps),
+    examples/s, speed-up over one rank and scaling efficiency.
+
+    strong (global batch fixed): efficiency = T1 / (W x TW); weak (local batch fixed): T1 / TW.
+    """
+    if kind not in ("strong", "weak"):
+        raise ValueError(f"kind must be 'strong' or 'weak' (got {kind!r})")
+    rows = []
+    for run in sorted(runs, key=lambda r: r.world_size):
+        t = run.step_ms(warmup)
+        rows.append({"world_size": run.world_size, "local_batch": run.spec.local_batch_of(0),
+                     "global_batch": run.spec.global_batch, "step_ms": statistics.median(t),
+                     "step_ms_min": min(t), "step_ms_max": max(t)})
+    df = pd.DataFrame(rows).set_index("world_size")
+    df["examples_per_s"] = df["global_batch"] / (df["step_ms"] / 1e3)
+    t1 = df["step_ms"].iloc[0]
+    df["speedup"] = df["examples_per_s"] / df["examples_per_s"].iloc[0]
+    df["efficiency"] = t1 / (df.index * df["step_ms"]) if kind == "strong" else t1 / df["step_ms"]
+    df.attrs["kind"] = kind
+    return df.round(3)
+
+
+def loss_by_examples(run, bin_examples: int = 64) -> pd.Series:
+    """Global training loss averaged over bins of `bin_examples` examples seen (every example is new,
+    so this is also a held-out loss); indexed by examples seen at the end of each bin."""
+    g = run.spec.global_batch
+    if bin_examples % g:
+        raise ValueError(f"bin_examples={bin_examples} must be a multiple of the global batch {g}")
+    per_bin = bin_examples // g
+    losses = run.global_loss()
+    bins = [losses[i:i + per_bin] for i in range(0, len(losses) - per_bin + 1, per_bin)]
+    return pd.Series([sum(b) / len(b) for b in bins], index=[(i + 1) * bin_examples for i in range(len(bins))],
+                     name=f"global batch {g}")
+
+
+def batch_size_study(runs, target_loss: float, bin_examples: int = 64) -> pd.DataFrame:
+    """Per global batch: steps, examples/s, and examples, steps and seconds to reach `target_loss`."""
+    rows = []
+    for run in runs:
+        curve = loss_by_examples(run, bin_examples)
+        hit = curve[curve <= target_loss]
+        examples = int(hit.index[0]) if len(hit) else None
+        step_s = statistics.median(run.step_ms(warmup=2)) / 1e3
+        g = run.spec.global_batch
+        rows.append({"global_batch": g, "steps": run.spec.steps, "examples_per_s": g / step_s,
+                     "examples_to_target": examples, "steps_to_target": examples // g if examples else None,
+                     "seconds_to_target": examples / g * step_s if examples else None,
+                     "final_loss": float(curve.iloc[-1])})
+    return pd.DataFrame(rows).set_index("global_batch").round(3)

@@ -1,0 +1,50 @@
+"""Tables of gradient readiness (notebook 04): the order gradients became ready against source order,
+each bucket's launch and completion on every rank, and summed against exposed communication."""
+
+from __future__ import annotations
+
+import statistics
+
+import pandas as pd
+
+from ..units import ms_after
+
+
+def ready_order(run, step: int = -1, rank: int = 0) -> pd.DataFrame:
+    """Per parameter, in source order (`parameters()`): its position in the order gradients became
+    ready, the position the naive "reverse source order" assumption gives it, and its bucket."""
+    st = run.ranks[rank].steps[step]
+    ready = [e.param for e in st.backward.ready]
+    bucket_of = {p: b.index for b in st.buckets for p in b.params}
+    source = run.ranks[rank].parameter_names
+    n = len(source)
+    rows = [{"parameter": name, "source_position": i, "reverse_source_position": n - 1 - i,
+             "ready_position": ready.index(name), "bucket": bucket_of.get(name)} for i, name in enumerate(source)]
+    df = pd.DataFrame(rows).set_index("parameter")
+    df["as_assumed"] = df["ready_position"] == df["reverse_source_position"]
+    return df
+
+
+def bucket_timeline(run, step: int = -1) -> pd.DataFrame:
+    """Per rank and bucket: launch and completion, ms after the earliest backward start of the step."""
+    t0 = min(r.steps[step].backward.start_ns for r in run.ranks)
+    rows = []
+    for r in run.ranks:
+        st = r.steps[step]
+        for b in st.buckets:
+            rows.append({"rank": r.rank, "bucket": b.index, "bytes": b.bytes, "params": len(b.params),
+                         "launch_ms": ms_after(b.launch_ns, t0), "done_ms": ms_after(b.done_ns, t0),
+                         "duration_ms": ms_after(b.done_ns, b.launch_ns),
+                         "last_grad_ready_ms": ms_after(st.backward.last_ready_ns, t0),
+                         "backward_return_ms": ms_after(st.backward.end_ns, t0)})
+    return pd.DataFrame(rows).set_index(["rank", "bucket"]).round(3)
+
+
+def exposed_vs_summed(run_ddp, run_alone, warmup: int = 2) -> pd.Series:
+    """The common error, measured: the sum of every bucket's all-reduce duration against the
+    communication actually exposed, T(step with DDP) - T(step without synchronization)."""
+    summed = statistics.median(sum(ms_after(b.done_ns, b.launch_ns) for b in r.steps[i].buckets)
+                               for r in run_ddp.ranks for i in range(warmup, run_ddp.spec.steps))
+    with_ddp, without = statistics.median(run_ddp.step_ms(warmup)), statistics.median(run_alone.step_ms(warmup))
+    return pd.Series({"summed_bucket_durations_ms": summed, "exposed_ms": with_ddp - without,
+                      "step_ms_ddp": with_ddp, "step_ms_no_sync": without}).round(3)

@@ -1,0 +1,77 @@
+"""The bucket slider (notebook 05): a bucket cap and a split switch redraw the simulated step from a
+sweep's readiness trace in milliseconds; a button measures the chosen plan on real ranks."""
+
+from __future__ import annotations
+
+
+def bucket_slider(sweep_run, link, measure, model: str = "calibrated", cap_mb: float = 4.0):
+    """A bucket-cap slider (log scale, MiB) and a "split the last bucket" switch redraw the simulated
+    step (timeline and summary row) from the sweep's readiness trace and the chosen cost model, with
+    no launch; "measure" hands that plan, on the sweep's ranks and model, to `measure` (`ddplab.run`:
+    one launch) and overlays the measured buckets (notebook 05)."""
+    import dataclasses
+    import math
+
+    import ipywidgets as w
+    import matplotlib.pyplot as plt
+    import pandas as pd
+    from IPython.display import display
+
+    from ..plots import buckets as bucket_plots
+    from ..predict import buckets as schedule
+    from ..tables import bucket_sweep, buckets
+    from ..units import MIB
+
+    ins, costs = bucket_sweep.inputs(sweep_run), buckets.costs(sweep_run, link)
+    smallest = min(g.bytes for g in ins.grads) / MIB
+    lo, hi = round(math.log10(smallest / 2), 1), round(math.log10(1.5 * ins.gradient_bytes / MIB), 1)
+    cap = w.FloatLogSlider(value=min(max(cap_mb, 10 ** lo), 10 ** hi), base=10, min=lo, max=hi, step=0.05,
+                           description="cap (MiB)", readout_format=".3g", continuous_update=False,
+                           layout=w.Layout(width="480px"))
+    split = w.Checkbox(value=False, description="split the last bucket in two")
+    which = w.ToggleButtons(options=list(costs), value=model, description="model", style={"button_width": "110px"})
+    button = w.Button(description="measure", icon="play", tooltip="run this plan for real (one launch)")
+    out, status = w.Output(), w.Output()
+    measured: dict = {}
+
+    def current():
+        plan = buckets.ddp_rule(ins, cap.value)
+        splits = split.value and len(plan[-1]) > 1   # a one-tensor bucket cannot be split
+        if splits:
+            plan = schedule.split_bucket(plan, ins.grads)
+        split.description = "split the last bucket in two" + ("" if splits or not split.value else " (one tensor: no split)")
+        return f"{'split' if splits else 'ddp'}:{cap.value:.3g}", plan
+
+    def redraw(_=None):
+        name, plan = current()
+        s = buckets.predict(ins, plan, costs[which.value])
+        row = {"plan": name, **buckets.summary(s)}
+        if name in measured:
+            row["measured_step_ms"] = measured[name]["step_ms"]
+        with out:
+            out.clear_output(wait=True)
+            display(pd.DataFrame([row]).set_index("plan").round(2))
+            fig = bucket_plots.timeline(s, measured.get(name, {}).get("timeline"),
+                                         f"{name}: {len(plan)} bucket(s), {which.value} model")
+            display(fig)
+            plt.close(fig)
+
+    def measure(_):
+        name, _plan = current()
+        task = dataclasses.replace(sweep_run.spec.task, plans=(name,), rounds=1, steps_per_round=3)
+        exp = sweep_run.spec.replace(name="slider-measure", task=task)
+        with status:
+            status.clear_output()
+            r = measure(exp)
+            measured[name] = {"step_ms": bucket_sweep.measured(r).loc[name, "step_ms"],
+                              "timeline": bucket_sweep.measured_timeline(r, name)}
+            print(f"measured {name}: {measured[name]['step_ms']:.1f} ms per step (median of 3 steps, 2 ranks)")
+        redraw()
+
+    for control in (cap, split, which):
+        control.observe(redraw, names="value")
+    button.on_click(measure)
+    redraw()
+    box = w.VBox([w.HBox([cap, split]), w.HBox([which, button]), status, out])
+    box.add_class("ddplab-bucket-slider")
+    return box
