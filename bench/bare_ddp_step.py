@@ -26,4 +26,4 @@ opt.step()
 del model, opt
 gc.collect()
 dist.destroy_process_group()
-os._exit(0)  # same exit as ddplab.worker: no interpreter finalization racing gloo threads
+os._exit(0)  # same exit as ddplab.rank.worker: no interpreter finalization racing gloo threads

@@ -16,7 +16,10 @@ import argparse
 import statistics
 
 import ddplab
-from ddplab import overlap, recipes
+import dataclasses
+
+from ddplab import recipes
+from ddplab.tables import bucket_sweep
 
 
 def main() -> None:
@@ -27,12 +30,13 @@ def main() -> None:
     args = p.parse_args()
     plans = tuple(f"{kind}:{c}" for c in args.caps for kind in ("bare", "ddp"))
     _, sweep = recipes.bucket_sweep(rounds=args.rounds, steps=args.steps)
-    run = ddplab.run(sweep.replace(name="bench-probe-overhead", plans=plans), progress=True)
+    run = ddplab.run(sweep.replace(name="bench-probe-overhead", task=dataclasses.replace(sweep.task, plans=plans)),
+                     progress=True)
     overall = []
     for c in args.caps:
         per_round = []
         for r in range(args.rounds):
-            med = {kind: statistics.median(overlap.step_times(run, f"{kind}:{c}")[r]) for kind in ("bare", "ddp")}
+            med = {kind: statistics.median(bucket_sweep.step_times(run, f"{kind}:{c}")[r]) for kind in ("bare", "ddp")}
             per_round.append(med["ddp"] / med["bare"] - 1)
         overall += per_round
         m = statistics.median(per_round)

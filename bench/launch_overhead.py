@@ -13,14 +13,13 @@ from __future__ import annotations
 import argparse
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import ddplab
 from ddplab import rundir
-from ddplab.launch import worker_env
+from ddplab.launch.torchrun import torchrun_argv, worker_env
 
 BARE = Path(__file__).with_name("bare_ddp_step.py")
 
@@ -32,8 +31,7 @@ def time_ddplab(exp, out: Path) -> float:
 
 
 def time_bare(world_size: int) -> float:
-    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
-            f"--nproc-per-node={world_size}", "--max-restarts=0", str(BARE)]
+    argv = torchrun_argv(world_size, [], script=BARE)
     t0 = time.perf_counter()
     subprocess.run(argv, check=True, env=worker_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return time.perf_counter() - t0

@@ -19,7 +19,8 @@ import time
 import pandas as pd
 
 import ddplab
-from ddplab import overlap, recipes, traces
+from ddplab import recipes, tables
+from ddplab.tables import bucket_sweep, buckets
 
 
 def main() -> None:
@@ -33,10 +34,10 @@ def main() -> None:
     ar, bs = ddplab.run_many(recipes.bucket_sweep(args.world_size, rounds=args.rounds, steps=args.steps,
                                                   pin_cpus=not args.no_pin), name="bench-simulator")
     wall = time.monotonic() - t0
-    link, q = traces.fit_sweep(traces.allreduce_sweep(ar))
-    sweep = [name for name in overlap.arm_names(bs) if name.startswith("ddp:")]
-    calibrated_on = overlap.calibration_plan({p: overlap.plan_for(bs, p) for p in sweep})
-    extra, costs = overlap.compare(bs, link, calibrated_on)  # every plan, the explicit ones included
+    link, q = tables.fit_sweep(tables.allreduce_sweep(ar))
+    sweep = [name for name in bucket_sweep.arm_names(bs) if name.startswith("ddp:")]
+    calibrated_on = buckets.calibration_plan({p: buckets.plan_for(bs, p) for p in sweep})
+    extra, costs = buckets.compare(bs, link, calibrated_on)  # every plan, the explicit ones included
     table = extra.loc[sweep]                                 # graded: the DDP caps
     pd.set_option("display.width", 200)
     cols = ["buckets", "measured_ms", "spread_ms", "textbook_ms", "textbook_error", "shared_core_ms",
@@ -46,12 +47,12 @@ def main() -> None:
           f"alpha in flight {costs['calibrated'].link.alpha_s * 1e3:.2f} ms (on {calibrated_on}); copies at "
           f"{costs['shared_core'].copy_bytes_per_s / 1e9:.1f} GB/s\n")
     print(extra[cols].round(3).to_string(), "\n")
-    judge, why = overlap.trustworthy(overlap.measured(bs))
+    judge, why = bucket_sweep.trustworthy(bucket_sweep.measured(bs))
     print(f"can this sweep judge timing? {why}\n")
-    for model in overlap.MODELS:
-        e = overlap.error_summary(table, f"{model}_error", include_calibration=model != "calibrated")
+    for model in buckets.MODELS:
+        e = buckets.error_summary(table, f"{model}_error", include_calibration=model != "calibrated")
         print(f"{model:12s} mean |error| {e['mean_abs_error']:6.1%}  max {e['max_abs_error']:6.1%}  (worst {e['worst']})")
-    order = overlap.ordering(table)
+    order = buckets.ordering(table)
     resolved = order[order["verdict"] == "ordered"]
     agree = int(resolved["agrees"].sum())
     print(f"\nordering: {len(resolved)} of {len(order)} pairs resolved (differ by > 2 x spread), "
@@ -59,7 +60,7 @@ def main() -> None:
     for _, r in resolved[resolved["agrees"].eq(False)].iterrows():
         print(f"  disagrees: {r['a']} vs {r['b']}: measured {r['measured_diff_ms']:+.1f} ms, "
               f"predicted {r['predicted_diff_ms']:+.1f} ms")
-    e = overlap.error_summary(table)
+    e = buckets.error_summary(table)
     limit = 0.10 if args.world_size == 2 else 0.12
     ok = judge and e["mean_abs_error"] <= 0.05 and e["max_abs_error"] <= limit and agree == len(resolved)
     print(f"\ntarget (calibrated: mean <= 5%, max <= {limit:.0%}, every resolved pair ordered): "

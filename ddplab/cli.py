@@ -3,6 +3,7 @@
     ddplab run --world-size 4 --local-batch 16 --steps 3     # real torchrun ranks, per-rank table
     ddplab run --world-size 2 --fault crash --fault-rank 1   # a failure, diagnosed
     ddplab doctor                                            # versions, backends, GPUs, a 2-rank all-reduce
+Used by the README's first command and notebook-free use; every notebook can do the same from Python.
 """
 
 from __future__ import annotations

@@ -3,6 +3,7 @@
 Reports versions, the backends torch was built with and the GPUs it sees, then starts two real
 ranks with torchrun (`rank/smoke.py`); rank r all-reduces the tensor [r + 1], so both must end with
 1 + 2 = 3.
+Used by `ddplab doctor` and notebook 03 (the loopback ceiling).
 """
 
 from __future__ import annotations

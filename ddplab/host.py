@@ -4,6 +4,7 @@ torch is imported only to count GPUs).
 `choose_backend` lets the launcher refuse an impossible request (more NCCL ranks than GPUs) before
 any process starts; `die_with_parent` is the Linux hook that keeps a process from outliving the one
 that started it (torchrun under the launcher, each rank under torchrun): no orphans.
+Used by the launcher and the worker of every notebook's runs.
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@ GiB and MiB are powers of 1024. Every event a rank records (a gradient ready, a 
 done, backward's start and end) is an integer `time.perf_counter_ns()`: CLOCK_MONOTONIC, one clock for
 every process on a host, so events of different ranks compare directly (notes/ddp-internals.md,
 section 2). Views turn them into milliseconds after some origin with `ms_after`.
+Used by every stage, so by every notebook.
 """
 
 from __future__ import annotations

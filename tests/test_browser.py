@@ -43,14 +43,15 @@ LAB_SETTINGS = {
                                                                    "autoStartDefaultKernel": True},
 }
 NOTEBOOKS = {
-    "memory_explorer.ipynb": ["from ddplab import recipes, widgets\n"
-                              "widgets.memory_explorer(recipes.replicated_memory(world_size=2, steps=2))"],
+    "memory_explorer.ipynb": ["import ddplab\nfrom ddplab import recipes, widgets\n"
+                              "widgets.memory_explorer(recipes.replicated_memory(world_size=2, steps=2), measure=ddplab.run)"],
     "rank_weights.ipynb": ["from ddplab import widgets\nwidgets.rank_weights_explorer()"],
-    "bucket_slider.ipynb": ["import ddplab\nfrom ddplab import widgets\nfrom ddplab.comm import AlphaBeta\n"
-                            "exp = ddplab.Experiment(name='slider-sweep', task='bucket-sweep', plans=('ddp:0.004',),\n"
-                            "    vocab_size=64, d_model=32, n_layers=2, n_heads=4, local_batch=2, seq_len=8, repeats=1, steps=2)\n"
+    "bucket_slider.ipynb": ["import ddplab\nfrom ddplab import widgets\nfrom ddplab.predict.comm import AlphaBeta\n"
+                            "from ddplab.spec import BucketSweep\n"
+                            "exp = ddplab.Experiment(name='slider-sweep', task=BucketSweep(plans=('ddp:0.004',), rounds=1,\n"
+                            "    steps_per_round=2), vocab_size=64, d_model=32, n_layers=2, n_heads=4, local_batch=2, seq_len=8)\n"
                             "sweep = ddplab.run(exp, progress=False)\n"
-                            "widgets.bucket_slider(sweep, AlphaBeta(1e-3, 1e-9))"],
+                            "widgets.bucket_slider(sweep, AlphaBeta(1e-3, 1e-9), measure=ddplab.run)"],
 }
 
 

@@ -1,5 +1,7 @@
 """Refuse what cannot run here before any process starts: one backend and device per launch, no NCCL
-rank without a GPU, CUDA-only probes on CUDA, a user's model that maps token ids to logits."""
+rank without a GPU, CUDA-only probes on CUDA, a user's model that maps token ids to logits.
+Used by every launch (every notebook).
+"""
 
 from __future__ import annotations
 

@@ -23,10 +23,12 @@ from .. import host
 WORKER = "ddplab.rank.worker"
 
 
-def torchrun_argv(world_size: int, module_args: list, python: str | None = None, module: str = WORKER) -> list[str]:
-    """The exact command that starts `world_size` ranks of `python -m module *module_args` (pure)."""
+def torchrun_argv(world_size: int, args: list, python: str | None = None, module: str = WORKER,
+                  script: str | None = None) -> list[str]:
+    """The exact command that starts `world_size` ranks of `python -m module *args` (or of `script`) (pure)."""
+    target = [str(script)] if script else ["-m", module]
     return [python or sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
-            f"--nproc-per-node={world_size}", "--max-restarts=0", "-m", module, *map(str, module_args)]
+            f"--nproc-per-node={world_size}", "--max-restarts=0", *target, *map(str, args)]
 
 
 def worker_argv(world_size: int, spec_paths: list, python: str | None = None) -> list[str]:

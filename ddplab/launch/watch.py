@@ -1,5 +1,7 @@
 """Follow a launch from its ranks' files: how far each rank is, when the launch last moved, and what
-every rank left behind when it ends (progress logs, error files, results). Reads files only."""
+every rank left behind when it ends (progress logs, error files, results). Reads files only.
+Used by every launch (every notebook).
+"""
 
 from __future__ import annotations
 

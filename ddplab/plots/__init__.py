@@ -2,6 +2,7 @@
 function returns the Figure; nothing here launches ranks or imports rank code.
 
     ranks (00), gradients (01), memory (02), comm (03, 05), readiness (04), buckets (05), global_batch (06)
+Used by every notebook.
 """
 
 from .buckets import ready_curve, sweep_comparison, timeline, timelines

@@ -4,6 +4,7 @@ launcher. `teardown` holds the fix for the gloo exit-time SIGABRT
 (notes/ddp-internals.md, section 0): drop every object that references the process group, collect,
 destroy the group; the worker then leaves with `os._exit` so no interpreter finalization can race
 gloo's threads.
+Used by every notebook's runs.
 """
 
 from __future__ import annotations

@@ -2,6 +2,7 @@
 end with 1 + 2 = 3, and write what they got to out_dir/rank{r}.json. Runs inside a rank.
 
     torchrun --standalone --nnodes=1 --nproc-per-node=2 -m ddplab.rank.smoke <out_dir>
+Used by `ddplab doctor` only.
 """
 
 from __future__ import annotations

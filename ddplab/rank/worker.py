@@ -1,4 +1,4 @@
-"""One rank of a ddplab run: a short DDP training script, started once per rank by torchrun.
+"""One rank of a ddplab run: the entry point torchrun starts once per rank.
 
     torchrun --standalone --nnodes=1 --nproc-per-node=4 -m ddplab.rank.worker --spec runs/<name>-<hash>/spec.json
 
@@ -12,6 +12,7 @@ task's record, `record.py`) and `rank{r}.pt` (tensors) into the run directory. T
 phase it enters to `rank{r}.progress`, so the launcher can show progress and, if the ranks hang, say
 which rank never reached which collective. A rank that fails writes `rank{r}.error.json` with its
 traceback.
+Used by every notebook's runs.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """The spec stage: `Experiment` and its sections, validated and JSON round-tripping (no torch).
 
     from ddplab.spec import Experiment, Fault, AllReduceSweep, BucketSweep, Train
+Used by every notebook, through `recipes`.
 """
 
 from .experiment import Experiment

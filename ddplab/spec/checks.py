@@ -1,4 +1,6 @@
-"""The small validators every spec section uses: a ValueError that names the field (pure)."""
+"""The small validators every spec section uses: a ValueError that names the field (pure).
+Used by every spec section, so by every notebook.
+"""
 
 from __future__ import annotations
 

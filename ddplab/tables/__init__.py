@@ -4,7 +4,7 @@ Nothing here launches ranks or imports rank code; torch loads only to read saved
     ranks (00), gradients (01, 06), memory (02), comm (03, 05), readiness (04),
     bucket_sweep and buckets (05: the sweep as measured; the simulator beside it), global_batch (06)
 
-The chapters' tables are at hand as `tables.<name>(run)`:
+The chapters' tables are at hand as `tables.<name>(run)`. Used by every notebook.
 """
 
 from .comm import allreduce_sweep, bytes_on_wire, compute_vs_comm, fit_summary, fit_sweep

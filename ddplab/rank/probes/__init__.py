@@ -9,6 +9,7 @@
 Each probe is one module: a mechanism (a hook, a meter) and a `Probe` subclass that says when it acts
 and which field of the step (`record.TrainStep`) or section of the record (`record.TrainRecord`) it
 fills. `needs` names the probes it reads from, attached before it. Runs inside a rank.
+Used by notebooks 00-04 and 06.
 """
 
 from __future__ import annotations
