@@ -166,12 +166,9 @@ def _validate(e: Experiment) -> None:
     if ignored:
         also = f" (also set but unread: {', '.join(ignored[1:])})" if ignored[1:] else ""
         bad(ignored[0], f"a {e.task.kind} task does not read it; leave it at its default{also}")
-    if not isinstance(e.seed_per_rank, bool):
-        bad("seed_per_rank", f"must be True or False (got {e.seed_per_rank!r})")
-    if not isinstance(e.pin_cpus, bool):
-        bad("pin_cpus", f"must be True or False (got {e.pin_cpus!r})")
-    if not isinstance(e.checkpointing, bool):
-        bad("checkpointing", f"must be True or False (got {e.checkpointing!r})")
+    for name in ("seed_per_rank", "pin_cpus", "checkpointing", "tie_weights", "no_sync", "gradient_as_bucket_view"):
+        if not isinstance(getattr(e, name), bool):
+            bad(name, f"must be True or False (got {getattr(e, name)!r})")
     if not isinstance(e.name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]+", e.name):
         bad("name", f"use letters, digits, '_', '.' or '-' (got {e.name!r}); it names the run directory")
     if not isinstance(e.model, str) or not (e.model in BUILTIN_MODELS or _FACTORY.match(e.model)):
@@ -184,8 +181,16 @@ def _validate(e: Experiment) -> None:
         bad("vocab_size", f"needs at least 2 tokens (got {e.vocab_size})")
     if e.model == "transformer" and e.d_model % e.n_heads:
         bad("n_heads", f"must divide d_model={e.d_model} (got {e.n_heads})")
-    if not isinstance(e.tie_weights, bool):
-        bad("tie_weights", f"must be True or False (got {e.tie_weights!r})")
+    _validate_data_parallel(e)
+    _validate_optimization(e)
+    _validate_placement(e)
+    if e.fault is not None:
+        e.fault.check(e)
+    _validate_probes(e)
+    e.task.check(e)
+
+
+def _validate_data_parallel(e: Experiment) -> None:
     for name in ("local_batch", "seq_len"):
         v = getattr(e, name)
         values = v if isinstance(v, tuple) else (v,)
@@ -193,8 +198,6 @@ def _validate(e: Experiment) -> None:
             bad(name, f"has {len(v)} entries but world_size is {e.world_size}; give one value or one per rank")
         if not values or not all(is_int(x) and x >= 1 for x in values):
             bad(name, f"must be a positive integer or a list of them, one per rank (got {v!r})")
-    if not isinstance(e.no_sync, bool):
-        bad("no_sync", f"must be True or False (got {e.no_sync!r})")
     if e.loss_norm not in LOSS_NORMS:
         bad("loss_norm", f"must be one of {', '.join(LOSS_NORMS)} (got {e.loss_norm!r})")
     if e.dtype not in DTYPES:
@@ -214,8 +217,9 @@ def _validate(e: Experiment) -> None:
         bad("sync", f"must be one of {SYNC_MODES} (got {e.sync!r})")
     if e.bucket_cap_mb is not None and (not is_number(e.bucket_cap_mb) or not e.bucket_cap_mb > 0):
         bad("bucket_cap_mb", f"must be a positive number of MiB, or None for DDP's default (got {e.bucket_cap_mb!r})")
-    if not isinstance(e.gradient_as_bucket_view, bool):
-        bad("gradient_as_bucket_view", f"must be True or False (got {e.gradient_as_bucket_view!r})")
+
+
+def _validate_optimization(e: Experiment) -> None:
     if e.optimizer not in OPTIMIZERS:
         bad("optimizer", f"must be one of {', '.join(OPTIMIZERS)} (got {e.optimizer!r})")
     if not is_number(e.lr) or not e.lr > 0:
@@ -226,6 +230,9 @@ def _validate(e: Experiment) -> None:
         bad("momentum", f"applies to optimizer='sgd' only (optimizer is {e.optimizer!r})")
     if not is_int(e.seed) or e.seed < 0:
         bad("seed", f"must be a non-negative integer (got {e.seed!r})")
+
+
+def _validate_placement(e: Experiment) -> None:
     if e.backend not in BACKENDS:
         bad("backend", f"must be one of {', '.join(BACKENDS)} (got {e.backend!r})")
     if e.device not in DEVICES:
@@ -234,12 +241,12 @@ def _validate(e: Experiment) -> None:
         bad("device", "NCCL needs CUDA tensors; use device='cuda' or 'auto', or backend='gloo' for the CPU")
     if not is_number(e.timeout_s) or not e.timeout_s > 0:
         bad("timeout_s", f"must be a positive number of seconds (got {e.timeout_s!r})")
-    if e.fault is not None:
-        e.fault.check(e)
+
+
+def _validate_probes(e: Experiment) -> None:
     if "memory-snapshot" in e.probes and "memory" not in e.probes:
         bad("probes", "'memory-snapshot' records the CUDA allocator beside the ledger: add 'memory' too")
     if "memory-snapshot" in e.probes and e.device == "cpu":
         bad("probes", "'memory-snapshot' needs CUDA (the caching allocator records it); device is 'cpu'")
     if not all(isinstance(p, str) and p in PROBES for p in e.probes):
         bad("probes", f"each probe must be one of {', '.join(PROBES)} (got {list(e.probes)!r})")
-    e.task.check(e)

@@ -10,7 +10,6 @@ def bucket_slider(sweep_run, link, measure, model: str = "calibrated", cap_mb: f
     no launch; "measure" hands that plan, on the sweep's ranks and model, to `measure` (`ddplab.run`:
     one launch) and overlays the measured buckets (notebook 05)."""
     import dataclasses
-    import math
 
     import ipywidgets as w
     import matplotlib.pyplot as plt
@@ -20,14 +19,9 @@ def bucket_slider(sweep_run, link, measure, model: str = "calibrated", cap_mb: f
     from ..plots import buckets as bucket_plots
     from ..predict import buckets as schedule
     from ..tables import bucket_sweep, buckets
-    from ..units import MIB
 
     ins, costs = bucket_sweep.inputs(sweep_run), buckets.costs(sweep_run, link)
-    smallest = min(g.bytes for g in ins.grads) / MIB
-    lo, hi = round(math.log10(smallest / 2), 1), round(math.log10(1.5 * ins.gradient_bytes / MIB), 1)
-    cap = w.FloatLogSlider(value=min(max(cap_mb, 10 ** lo), 10 ** hi), base=10, min=lo, max=hi, step=0.05,
-                           description="cap (MiB)", readout_format=".3g", continuous_update=False,
-                           layout=w.Layout(width="480px"))
+    cap = _cap_slider(ins, cap_mb)
     split = w.Checkbox(value=False, description="split the last bucket in two")
     which = w.ToggleButtons(options=list(costs), value=model, description="model", style={"button_width": "110px"})
     button = w.Button(description="measure", icon="play", tooltip="run this plan for real (one launch)")
@@ -56,7 +50,7 @@ def bucket_slider(sweep_run, link, measure, model: str = "calibrated", cap_mb: f
             display(fig)
             plt.close(fig)
 
-    def measure(_):
+    def on_measure(_):
         name, _plan = current()
         task = dataclasses.replace(sweep_run.spec.task, plans=(name,), rounds=1, steps_per_round=3)
         exp = sweep_run.spec.replace(name="slider-measure", task=task)
@@ -70,8 +64,23 @@ def bucket_slider(sweep_run, link, measure, model: str = "calibrated", cap_mb: f
 
     for control in (cap, split, which):
         control.observe(redraw, names="value")
-    button.on_click(measure)
+    button.on_click(on_measure)
     redraw()
     box = w.VBox([w.HBox([cap, split]), w.HBox([which, button]), status, out])
     box.add_class("ddplab-bucket-slider")
     return box
+
+
+def _cap_slider(ins, cap_mb: float):
+    """A log-scale cap slider from half the smallest gradient to 1.5 x all of them (MiB)."""
+    import math
+
+    import ipywidgets as w
+
+    from ..units import MIB
+
+    smallest = min(g.bytes for g in ins.grads) / MIB
+    lo, hi = round(math.log10(smallest / 2), 1), round(math.log10(1.5 * ins.gradient_bytes / MIB), 1)
+    return w.FloatLogSlider(value=min(max(cap_mb, 10 ** lo), 10 ** hi), base=10, min=lo, max=hi, step=0.05,
+                            description="cap (MiB)", readout_format=".3g", continuous_update=False,
+                            layout=w.Layout(width="480px"))

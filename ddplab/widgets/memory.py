@@ -36,14 +36,14 @@ def memory_explorer(exp, measure):
             print(f"predicted MiB on each of the {e.world_size} ranks (the same on every rank):")
             display(pd.DataFrame([rows] * e.world_size, index=pd.Index(range(e.world_size), name="rank")).round(3))
 
-    def measure(_):
+    def on_measure(_):
         with measured:
             measured.clear_output()
             display(tables.memory(measure(current())))
 
     for control in (world, opt, views):
         control.observe(redraw, names="value")
-    button.on_click(measure)
+    button.on_click(on_measure)
     redraw()
     box = w.VBox([w.HBox([world, opt, views, button]), predicted, measured])
     box.add_class("ddplab-memory-explorer")
