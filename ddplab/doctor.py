@@ -17,11 +17,13 @@ import threading
 import time
 from pathlib import Path
 
+from .units import MIB
+
 EXPECTED = 3.0  # sum over ranks r = 0, 1 of (r + 1)
 TIMEOUT_S = 120
 
 
-def loopback_bandwidth_bytes_per_s(total_bytes: int = 128 * 2**20, chunk: int = 2**20, tries: int = 3) -> float:
+def loopback_bandwidth_bytes_per_s(total_bytes: int = 128 * MIB, chunk: int = MIB, tries: int = 3) -> float:
     """What one TCP connection over loopback carries per second here, best of `tries`: the ceiling
     for gloo between ranks on one host (one sender thread, one receiver thread)."""
     return max(_loopback_once(total_bytes, chunk) for _ in range(tries))

@@ -20,6 +20,8 @@ import math
 import statistics
 from dataclasses import dataclass
 
+from ..units import rel_error
+
 
 def payload_bytes(parameter_count: int, grad_bytes_per_element: int = 4) -> int:
     """Bytes of one full gradient: one value per parameter."""
@@ -67,7 +69,7 @@ class FitQuality:
 
 def quality(model: AlphaBeta, sizes, times) -> FitQuality:
     """How well `model` matches measured (size, time) points."""
-    res = [(model.predict(n) - t) / t for n, t in zip(sizes, times)]
+    res = [rel_error(model.predict(n), t) for n, t in zip(sizes, times)]
     logs = [math.log(t) for t in times]
     mean = statistics.fmean(logs)
     ss_tot = sum((y - mean) ** 2 for y in logs)

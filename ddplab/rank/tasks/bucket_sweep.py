@@ -33,7 +33,7 @@ from ...record import Backward, BucketSweepRecord, ModelInfo, PlanCheck, SweepAr
 from ...spec.sharding import shard_ids
 from ...spec.tasks import parse_plan
 from ...tensors import flat_float64, rel_max_diff
-from ...units import MIB
+from ...units import MIB, ms_after
 from .. import data, models
 from ..parallel import ddp as ddp_wrapper
 from ..parallel.bucketed import BucketedSync
@@ -76,8 +76,8 @@ class _Arm:
         self.optimizer.zero_grad(set_to_none=True)
         sync()
         t3 = time.perf_counter_ns()
-        return SweepStep(round=round_, forward_ms=(t1 - t0) / 1e6, backward_ms=(t2 - t1) / 1e6,
-                         optimizer_ms=(t3 - t2) / 1e6, step_ms=(t3 - t0) / 1e6,
+        return SweepStep(round=round_, forward_ms=ms_after(t1, t0), backward_ms=ms_after(t2, t1),
+                         optimizer_ms=ms_after(t3, t2), step_ms=ms_after(t3, t0),
                          backward=Backward(t1, backward_end, self.ready.take() if self.ready else None),
                          buckets=self.buckets.take() if self.buckets else None)
 
