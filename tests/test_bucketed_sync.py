@@ -6,8 +6,9 @@ import torch
 import torch.distributed as dist
 
 import ddplab
-from ddplab import overlap
-from ddplab.bucketed_sync import BucketedSync
+from ddplab.rank.parallel.bucketed import BucketedSync
+from ddplab.spec import BucketSweep
+from ddplab.tables import bucket_sweep, buckets
 from tests.conftest import leftovers
 
 
@@ -53,22 +54,24 @@ def test_one_rank_gradients_unchanged_and_an_unused_parameter_is_named(one_rank_
         if q.grad is not None:
             assert torch.equal(p.grad, q.grad), n
     events = sync.take()
-    assert [e["index"] for e in events] == [0, 1]            # b's gradients are ready first
-    assert all(e["done_ns"] >= e["launch_ns"] for e in events)
+    assert [e.index for e in events] == [0, 1]            # b's gradients are ready first
+    assert all(e.done_ns >= e.launch_ns for e in events)
+    assert [e.params for e in events] == plan[:2] and [e.bytes for e in events] == [(2 + 2 * 8) * 4, (8 + 8 * 4) * 4]
     # a plan whose first bucket completes last: the second, complete earlier, still starts after it
     net3 = Net()
     net3.unused.requires_grad_(False)
     backwards = BucketedSync(net3, [plan[1], plan[0]])
     backwards(x).square().sum().backward()
     events = backwards.take()
-    assert [e["index"] for e in events] == [0, 1] and events[0]["launch_ns"] <= events[1]["launch_ns"]
+    assert [e.index for e in events] == [0, 1] and events[0].launch_ns <= events[1].launch_ns
     for (n, p), (_, q) in zip(net3.named_parameters(), ref.named_parameters()):
         if q.grad is not None:
             assert torch.equal(p.grad, q.grad), n
 
 
-SMALL = dict(task="bucket-sweep", vocab_size=64, d_model=32, n_layers=2, n_heads=4, local_batch=2, seq_len=8,
-             repeats=2, steps=1, plans=("ddp:0.004", "plan:0.004", "split:0.004", "bare:default", "ddp:default"))
+PLANS = ("ddp:0.004", "plan:0.004", "split:0.004", "bare:default", "ddp:default")
+SMALL = dict(task=BucketSweep(plans=PLANS, rounds=2, steps_per_round=1), vocab_size=64, d_model=32, n_layers=2,
+             n_heads=4, local_batch=2, seq_len=8)
 
 
 @pytest.mark.slow
@@ -77,20 +80,20 @@ def test_bucketed_sync_matches_ddp_in_a_real_sweep(runs_dir, world_size):
     exp = ddplab.Experiment(name=f"bsync-{world_size}", world_size=world_size, **SMALL)
     run = ddplab.run(exp, runs_dir / exp.name, progress=False)
     assert not leftovers(run.path)
-    arms = {a["name"]: a for a in run.ranks[0].raw["bucket_sweep"]["arms"]}
-    for name in SMALL["plans"]:  # a step from identical states with each plan's real buckets: same gradient, same update
-        assert arms[name]["check"]["grad_rel_diff"] <= 1e-6, name
-        assert arms[name]["check"]["param_rel_diff"] <= 1e-6, name
-        assert arms[name]["check"]["final_param_rel_diff"] <= 1e-5, name
-    ins = overlap.inputs(run)
+    sweep = run.ranks[0].result
+    for name in PLANS:  # a step from identical states with each plan's real buckets: same gradient, same update
+        assert sweep.arm(name).check.grad_rel_diff <= 1e-6, name
+        assert sweep.arm(name).check.param_rel_diff <= 1e-6, name
+        assert sweep.arm(name).check.final_param_rel_diff <= 1e-5, name
+    ins = bucket_sweep.inputs(run)
     # DDP's own buckets, as observed by the probe, are the simulator's rule applied to the ready order
-    assert overlap.plan_for(run, "ddp:0.004") == overlap.ddp_rule(ins, 0.004)
-    assert overlap.plan_for(run, "ddp:default") == overlap.ddp_rule(ins, None)
-    assert overlap.plan_for(run, "plan:0.004") == overlap.plan_for(run, "ddp:0.004")
-    split = overlap.plan_for(run, "split:0.004")
-    assert len(split) == len(overlap.plan_for(run, "plan:0.004")) + 1
-    tails = overlap.tail_difference(run, "plan:0.004", "split:0.004")
+    assert buckets.plan_for(run, "ddp:0.004") == buckets.ddp_rule(ins, 0.004)
+    assert buckets.plan_for(run, "ddp:default") == buckets.ddp_rule(ins, None)
+    assert buckets.plan_for(run, "plan:0.004") == buckets.plan_for(run, "ddp:0.004")
+    split = buckets.plan_for(run, "split:0.004")
+    assert len(split) == len(buckets.plan_for(run, "plan:0.004")) + 1
+    tails = bucket_sweep.tail_difference(run, "plan:0.004", "split:0.004")
     assert tails["verdict"] in ("shorter", "longer", "tie") and tails["threshold_ms"] >= 0
-    table = overlap.measured(run)
-    assert list(table.index) == ["compute-only", *SMALL["plans"]]
-    assert (table["step_ms"] > 0).all() and table.loc["ddp:0.004", "buckets"] == len(overlap.ddp_rule(ins, 0.004))
+    table = bucket_sweep.measured(run)
+    assert list(table.index) == ["compute-only", *PLANS]
+    assert (table["step_ms"] > 0).all() and table.loc["ddp:0.004", "buckets"] == len(buckets.ddp_rule(ins, 0.004))

@@ -2,7 +2,7 @@
 
 import pytest
 
-from ddplab import comm
+from ddplab.predict import comm
 
 
 def test_ring_all_reduce_bytes_per_rank():

@@ -1,12 +1,14 @@
 import torch
 
-from ddplab import Experiment, data
-from ddplab.reference import global_batch
+from ddplab import Experiment
+from ddplab.rank import data
+from ddplab.rank.reference import global_batch
+from ddplab.spec import sharding
 
 
 def all_ids(exp, step):
     return [i for m in range(exp.accum_steps) for r in range(exp.world_size)
-            for i in data.shard_ids(exp.local_batches, exp.accum_steps, step, m, r)]
+            for i in sharding.shard_ids(exp.local_batches, exp.accum_steps, step, m, r)]
 
 
 def test_shards_are_disjoint_and_cover_the_global_batch_every_step():
@@ -40,5 +42,5 @@ def test_batch_shapes_with_per_rank_sequence_lengths():
 
 
 def test_contiguous_spans_of_sample_ids():
-    assert data.contiguous_spans([9, 0, 1, 2, 3, 8]) == [(0, 3), (8, 9)]
-    assert data.contiguous_spans([5]) == [(5, 5)] and data.contiguous_spans([]) == []
+    assert sharding.contiguous_spans([9, 0, 1, 2, 3, 8]) == [(0, 3), (8, 9)]
+    assert sharding.contiguous_spans([5]) == [(5, 5)] and sharding.contiguous_spans([]) == []

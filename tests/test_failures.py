@@ -1,8 +1,10 @@
 """The diagnosis is pure: these tests feed it per-rank records like the ones ranks write."""
 
-from ddplab.failures import diagnose
+from ddplab.failures import diagnose, phase_key
+from ddplab.spec import Train
 
 T = 10.0
+PHASES = Train().all_phases()   # the train task's phases, which these records name
 
 
 def rec(phase, step=-1, micro=0, collective=None, t=0):
@@ -25,7 +27,7 @@ def test_crash_blames_the_earliest_real_error_not_the_peers_that_lost_it():
     errors = {0: err(0, "Connection closed by peer [127.0.0.1]:4242", t=5),
               1: err(1, "injected fault: rank 1 crashed", t=3),
               2: err(2, "Connection reset by peer", t=4)}
-    d = diagnose({r: UP for r in range(3)}, errors, set(), 3, T)
+    d = diagnose({r: UP for r in range(3)}, errors, set(), 3, T, False, PHASES)
     assert d.kind == "crash" and d.ranks == [1]
     assert "Rank 1 failed" in d.summary and "injected fault" in d.summary
     assert "ranks 0, 2 failed too" in d.summary
@@ -37,7 +39,7 @@ def test_hang_names_the_rank_that_went_to_another_collective():
                 1: UP + [rec("forward", 1), rec("skip-backward", 1, collective="barrier")],
                 2: UP + [rec("forward", 1), rec("backward", 1, collective="DDP gradient all-reduce")]}
     errors = {0: err(0, "Timed out waiting 10000ms for recv operation to complete", t=9)}
-    d = diagnose(progress, errors, set(), 3, T)
+    d = diagnose(progress, errors, set(), 3, T, False, PHASES)
     assert d.kind == "hang" and d.ranks == [1]
     assert "Ranks 0, 2 waited in the DDP gradient all-reduce" in d.summary
     assert "Rank 1 never arrived" in d.summary and "barrier" in d.summary
@@ -47,24 +49,32 @@ def test_hang_names_the_rank_that_went_to_another_collective():
 def test_hang_names_a_rank_that_is_behind_outside_any_collective():
     progress = {0: UP + [rec("forward", 1), rec("backward", 1, collective="AR")],
                 1: UP + [rec("forward", 1)]}
-    d = diagnose(progress, {}, set(), 2, T, watchdog=True)
+    d = diagnose(progress, {}, set(), 2, T, True, PHASES)
     assert d.ranks == [1] and "outside any collective" in d.summary
     assert "ddplab stopped the run" in d.summary
 
 
 def test_hang_with_a_rank_that_never_started():
-    d = diagnose({0: [rec("init-process-group", collective="rendezvous")]}, {}, set(), 2, T, watchdog=True)
+    d = diagnose({0: [rec("init-process-group", collective="rendezvous")]}, {}, set(), 2, T, True, PHASES)
     assert d.ranks == [1] and "never started" in d.summary
 
 
 def test_rank_that_vanished_without_a_file_is_a_missing_result():
-    d = diagnose({0: UP, 1: UP[:3]}, {}, {0}, 2, T)
+    d = diagnose({0: UP, 1: UP[:3]}, {}, {0}, 2, T, False, PHASES)
     assert d.kind == "missing-result" and d.ranks == [1]
     assert "'forward' of step 0" in d.summary
 
 
 def test_a_rank_killed_by_a_signal_is_blamed_not_the_peer_that_lost_it():
     errors = {0: err(0, "Connection closed by peer [127.0.0.1]:4242", t=5)}
-    d = diagnose({0: UP, 1: UP[:3]}, errors, set(), 2, T)
+    d = diagnose({0: UP, 1: UP[:3]}, errors, set(), 2, T, False, PHASES)
     assert d.kind == "missing-result" and d.ranks == [1]
     assert "rank 0 then lost the connection" in d.summary
+
+
+def test_phase_key_orders_setup_steps_and_teardown_by_the_tasks_phases():
+    keys = [phase_key(r, PHASES) for r in (rec("init-process-group"), rec("ddp-construct"), rec("forward", 0),
+                                           rec("backward", 0), rec("optimizer", 0), rec("forward", 1),
+                                           rec("forward", 1, micro=1), rec("teardown"))]
+    assert keys == sorted(keys) and len(set(keys)) == len(keys)
+    assert phase_key(rec("skip-backward", 1), PHASES) == phase_key(rec("backward", 1), PHASES)

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import ddplab
-from ddplab.runtime import choose_backend
+from ddplab.host import choose_backend
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -36,7 +36,7 @@ def test_one_nccl_rank_on_a_gpu(tmp_path):
     run = ddplab.run(ddplab.Experiment(world_size=1, backend="nccl", steps=3), tmp_path / "nccl", progress=False)
     r = run.ranks[0]
     assert r.backend == "nccl" and r.device.startswith("cuda")
-    assert all(s["step_ms"] > 0 for s in r.steps)  # timed with CUDA events
+    assert all(s.step_ms > 0 for s in r.steps)  # timed with CUDA events
 
 
 @pytest.mark.gpu
@@ -46,8 +46,8 @@ def test_two_gloo_ranks_share_one_gpu(tmp_path):
     exp = ddplab.Experiment(world_size=2, backend="gloo", device="cuda", steps=2, probes=("reference",))
     run = ddplab.run(exp, tmp_path / "gloo-cuda", progress=False)
     assert all(r.backend == "gloo" and r.device.startswith("cuda") for r in run.ranks)
-    assert len({r.param_checksum["final"] for r in run.ranks}) == 1
-    assert all(r.reference["update_rel_error"] < 1e-5 for r in run.ranks)
+    assert len({r.param_checksum.final for r in run.ranks}) == 1
+    assert all(r.reference.ddp.update_rel_error < 1e-5 for r in run.ranks)
 
 
 @pytest.mark.gpu

@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ddplab import Experiment, gradients, launch, recipes, tables
+from ddplab import Experiment, launch, recipes, tables
+from ddplab.predict.loss_weights import rank_weights
+from ddplab.tables import gradients
 
 pytestmark = pytest.mark.slow
 
@@ -52,17 +54,17 @@ def test_float64_reduced_gradient_matches_to_1e_12(grad_runs):
 def test_rank_weights_model_explains_both_naive_and_weighted_results(grad_runs):
     run = grad_runs["unequal-rank-mean"]
     spec, tensors = run.spec, gradients.load(run)
-    naive = gradients.combine(run, gradients.rank_weights(spec.local_batches, spec.seq_lens, "rank-mean"))
-    fair = gradients.combine(run, gradients.rank_weights(spec.local_batches, spec.seq_lens, "global-token"))
+    naive = gradients.combine(run, rank_weights(spec.local_batches, spec.seq_lens, "rank-mean"))
+    fair = gradients.combine(run, rank_weights(spec.local_batches, spec.seq_lens, "global-token"))
     for name, ref in tensors[0]["reference"].items():
         assert torch.allclose(naive[name], tensors[0]["reduced"][name].double(), rtol=1e-5, atol=1e-7)
         assert torch.allclose(fair[name], ref.double(), rtol=1e-4, atol=1e-6)
 
 
 def test_rank_weights_are_pure_and_sum_to_one():
-    assert gradients.rank_weights([2, 6], [8, 8], "rank-mean") == [0.5, 0.5]
-    assert gradients.rank_weights([2, 6], [8, 8], "global-sample") == [0.25, 0.75]
-    assert gradients.rank_weights([2, 6], [16, 8], "global-token") == [32 / 80, 48 / 80]
+    assert rank_weights([2, 6], [8, 8], "rank-mean") == [0.5, 0.5]
+    assert rank_weights([2, 6], [8, 8], "global-sample") == [0.25, 0.75]
+    assert rank_weights([2, 6], [16, 8], "global-token") == [32 / 80, 48 / 80]
 
 
 @pytest.fixture(scope="module")

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from ddplab import launch, memory_model, recipes, tables
-from ddplab.memory import CATEGORIES
+from ddplab import launch, recipes, tables
+from ddplab.predict import memory as memory_model
+from ddplab.predict.memory import CATEGORIES
 
 pytestmark = pytest.mark.slow
 
@@ -25,11 +26,11 @@ def test_measured_model_state_equals_the_prediction_exactly_on_every_rank(memory
         if run.spec.sharding != "none":
             continue
         for r in run.ranks:
-            for step, measured in enumerate(r.raw["memory"]["steps"]):
+            for step, measured in enumerate(r.memory.steps):
                 predicted = memory_model.predict(run.spec, r.rank, step)
                 for phase in memory_model.PHASES:
                     for c in MODEL_STATE:
-                        assert measured["phases"][phase][c] == predicted[phase][c], (name, r.rank, step, phase, c)
+                        assert measured.phases[phase][c] == predicted[phase][c], (name, r.rank, step, phase, c)
 
 
 def test_measured_activations_are_within_10_percent_of_the_prediction(memory_runs):
@@ -37,7 +38,7 @@ def test_measured_activations_are_within_10_percent_of_the_prediction(memory_run
         if run.spec.sharding != "none":
             continue
         for r in run.ranks:
-            got = r.raw["memory"]["steps"][1]["phases"]["forward"]["activations"]
+            got = r.memory.steps[1].phases["forward"]["activations"]
             assert got == pytest.approx(memory_model.activation_bytes(run.spec, r.rank), rel=0.10)
 
 
@@ -49,8 +50,8 @@ def test_adding_ranks_does_not_divide_model_state(memory_runs):
 
 def test_peak_is_at_least_the_largest_phase(memory_runs):
     for run in memory_runs.values():
-        st = run.ranks[0].raw["memory"]["steps"][1]
-        assert st["peak"] >= max(sum(p[c] for c in CATEGORIES) for p in st["phases"].values())
+        st = run.ranks[0].memory.steps[1]
+        assert st.peak >= max(sum(p[c] for c in CATEGORIES) for p in st.phases.values())
 
 
 def test_sharding_divides_what_it_shards_and_checkpoint_over_world_size_underestimates_the_peak(memory_runs):

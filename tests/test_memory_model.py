@@ -3,9 +3,12 @@
 import pytest
 import torch
 
-from ddplab import Experiment, data, memory_model, models
-from ddplab.memory import PeakTracker, SavedTensorMeter
-from ddplab.training import micro_loss, token_losses
+from ddplab import Experiment
+from ddplab.predict import memory as memory_model
+from ddplab.rank import data, models
+from ddplab.rank.probes.activations import SavedTensorMeter
+from ddplab.rank.probes.memory import PeakTracker
+from ddplab.rank.training import micro_loss, token_losses
 
 SHAPES = [dict(model="transformer", local_batch=8, seq_len=16, d_model=64, n_layers=2, vocab_size=64),
           dict(model="transformer", local_batch=3, seq_len=32, d_model=96, n_layers=3, n_heads=6, vocab_size=100),

@@ -4,7 +4,9 @@ import textwrap
 import pytest
 import torch
 
-from ddplab import Experiment, models
+from ddplab import Experiment
+from ddplab.predict.memory import parameter_numels
+from ddplab.rank import models
 
 
 @pytest.mark.parametrize("name", ["transformer", "mlp"])
@@ -66,7 +68,7 @@ def test_branchy_defines_its_head_first_and_counts_its_parameters_analytically()
     exp = Experiment(model="branchy", vocab_size=20, d_model=8)
     model = models.build(exp)
     assert [n for n, _ in model.named_parameters()][:2] == ["head.weight", "head.bias"]
-    assert models.parameter_numels(exp) == [p.numel() for p in model.parameters()]
+    assert parameter_numels(exp) == [p.numel() for p in model.parameters()]
     models.check_model(model, exp)
 
 

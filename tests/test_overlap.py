@@ -1,16 +1,18 @@
-"""overlap.py's pure parts: the ordering check, error summaries, calibration and the worked-example
-tables, on hand-made inputs (the real-run parts are covered in test_bucketed_sync.py)."""
+"""The pure parts of tables/buckets.py and tables/bucket_sweep.py (once overlap.py): the ordering
+check, error summaries, calibration and the worked-example tables, on hand-made inputs (the real-run
+parts are covered in test_bucketed_sync.py)."""
 
 import pandas as pd
 import pytest
 
-from ddplab import overlap, schedule
-from ddplab.comm import AlphaBeta
-from ddplab.schedule import Cost, Grad
+from ddplab.predict import buckets as schedule
+from ddplab.predict.buckets import Cost, Grad
+from ddplab.predict.comm import AlphaBeta
+from ddplab.tables import bucket_sweep, buckets
 
 LINK = AlphaBeta(1e-3, 1e-9)   # 1 ms + 1 ms per MB
-INS = overlap.Inputs([Grad(f"p{i}", 2 ** 20, 5.0 * (i + 1)) for i in range(8)], backward_ms=42.0,
-                     forward_ms=20.0, optimizer_ms=3.0)
+INS = bucket_sweep.Inputs([Grad(f"p{i}", 2 ** 20, 5.0 * (i + 1)) for i in range(8)], backward_ms=42.0,
+                          forward_ms=20.0, optimizer_ms=3.0)
 
 
 def table(measured, spread, predicted, calibration=None):
@@ -22,14 +24,14 @@ def table(measured, spread, predicted, calibration=None):
 
 def test_ordering_calls_close_pairs_ties_and_grades_the_rest():
     t = table([100, 103, 130], [2, 2, 5], [101, 99, 120])
-    o = overlap.ordering(t).set_index(["a", "b"])
+    o = buckets.ordering(t).set_index(["a", "b"])
     assert o.loc[("plan0", "plan1"), "verdict"] == "tie"          # 3 ms apart, threshold 4 ms
     assert pd.isna(o.loc[("plan0", "plan1"), "agrees"])
     assert o.loc[("plan0", "plan2"), "verdict"] == "ordered" and o.loc[("plan0", "plan2"), "agrees"]
     assert o.loc[("plan1", "plan2"), "agrees"]
-    wrong = overlap.ordering(table([100, 130], [1, 1], [125, 110]))
+    wrong = buckets.ordering(table([100, 130], [1, 1], [125, 110]))
     assert wrong["agrees"].tolist() == [False]
-    same = overlap.ordering(table([100, 130], [1, 1], [120, 120]))  # predicted equal: not ordered
+    same = buckets.ordering(table([100, 130], [1, 1], [120, 120]))  # predicted equal: not ordered
     assert same["agrees"].tolist() == [False]
     resolved = o[o["verdict"] == "ordered"]
     assert int(resolved["agrees"].sum()) == 2 and resolved["agrees"].mean() == 1.0
@@ -37,46 +39,46 @@ def test_ordering_calls_close_pairs_ties_and_grades_the_rest():
 
 def test_error_summary_leaves_out_the_calibration_point_unless_asked():
     t = table([100, 100, 100], [1, 1, 1], [100, 104, 90], calibration=0)
-    s = overlap.error_summary(t)
+    s = buckets.error_summary(t)
     assert s["mean_abs_error"] == pytest.approx(0.07) and s["max_abs_error"] == pytest.approx(0.10)
     assert s["worst"] == "plan2"
-    assert overlap.error_summary(t, include_calibration=True)["mean_abs_error"] == pytest.approx(0.14 / 3)
+    assert buckets.error_summary(t, include_calibration=True)["mean_abs_error"] == pytest.approx(0.14 / 3)
 
 
 def test_calibrating_alpha_reproduces_the_calibration_point_exactly():
-    plan = overlap.ddp_rule(INS, 1)                    # one tensor per bucket
+    plan = buckets.ddp_rule(INS, 1)                    # one tensor per bucket
     shared = Cost(LINK, interference=1.0, copy_bytes_per_s=1e10)
-    cost = overlap.calibrate(INS, plan, shared, measured_step_ms=100.0)
-    assert overlap.predict(INS, plan, cost).step_ms == pytest.approx(100.0)
+    cost = buckets.calibrate(INS, plan, shared, measured_step_ms=100.0)
+    assert buckets.predict(INS, plan, cost).step_ms == pytest.approx(100.0)
     # interference 1: step = forward + backward + sum of bucket costs + optimizer
     per_bucket = (100.0 - 20 - 42 - 3) / len(plan)
     assert cost.allreduce_ms(2 ** 20) == pytest.approx(per_bucket)
 
 
 def test_ddp_rule_default_cap_has_a_1_mib_first_bucket():
-    assert [len(b) for b in overlap.ddp_rule(INS, None)] == [1, 7]
-    assert [len(b) for b in overlap.ddp_rule(INS, 4)] == [4, 4]
+    assert [len(b) for b in buckets.ddp_rule(INS, None)] == [1, 7]
+    assert [len(b) for b in buckets.ddp_rule(INS, 4)] == [4, 4]
 
 
 def test_candidates_and_summary_describe_the_last_bucket():
-    cand = overlap.candidates(INS, Cost(LINK), [1, 4, 64], split_cap_mb=4)
+    cand = buckets.candidates(INS, Cost(LINK), [1, 4, 64], split_cap_mb=4)
     assert cand["buckets"].tolist() == [8, 2, 1, 3]
     assert (cand["last_ready_ms"] == 40.0).all()
     assert cand.loc["ddp:64", "first_launch_ms"] == 40.0
     assert cand.loc["ddp:64", "exposed_tail_ms"] > cand.loc["split:4", "exposed_tail_ms"] > 0
-    s = overlap.predict(INS, overlap.ddp_rule(INS, 4), Cost(LINK))
-    row = overlap.summary(s)
+    s = buckets.predict(INS, buckets.ddp_rule(INS, 4), Cost(LINK))
+    row = buckets.summary(s)
     assert row["buckets"] == 2 and row["last_bucket_mib"] == pytest.approx(4.0)
-    bt = overlap.bucket_table(s)
+    bt = buckets.bucket_table(s)
     assert bt.loc[0, "backward_left_ms"] == pytest.approx(42.0 - 20.0)
-    assert schedule.simulate(INS.grads, overlap.ddp_rule(INS, 4), Cost(LINK), 42.0).buckets == s.buckets
+    assert schedule.simulate(INS.grads, buckets.ddp_rule(INS, 4), Cost(LINK), 42.0).buckets == s.buckets
 
 
 def test_a_sweep_where_synchronization_looks_free_cannot_judge_timing():
     ok = pd.DataFrame({"step_ms": [100.0, 120.0, 130.0], "spread_ms": [3.0, 4.0, 4.0]},
                       index=["compute-only", "ddp:1", "ddp:64"])
-    assert overlap.trustworthy(ok)[0]
+    assert bucket_sweep.trustworthy(ok)[0]
     impossible = ok.assign(step_ms=[125.0, 120.0, 130.0])
-    good, why = overlap.trustworthy(impossible)
+    good, why = bucket_sweep.trustworthy(impossible)
     assert not good and "ddp:1" in why
-    assert not overlap.trustworthy(ok.assign(spread_ms=[15.0, 4.0, 4.0]))[0]
+    assert not bucket_sweep.trustworthy(ok.assign(spread_ms=[15.0, 4.0, 4.0]))[0]

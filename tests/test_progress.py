@@ -1,8 +1,8 @@
 import json
 
 from ddplab import Experiment, rundir
-from ddplab.launch import _Watch
-from ddplab.progress import describe
+from ddplab.launch.progress import describe
+from ddplab.launch.watch import Watch
 
 
 def test_progress_line_names_the_slowest_rank():
@@ -13,7 +13,7 @@ def test_progress_line_names_the_slowest_rank():
 
 def test_watch_reads_progress_incrementally_and_waits_for_whole_lines(tmp_path):
     exp = Experiment(world_size=2, steps=3)
-    watch = _Watch([(exp, tmp_path)])
+    watch = Watch([(exp, tmp_path)])
     assert not watch.poll()
     rec = lambda phase, step: json.dumps({"t_ns": 0, "phase": phase, "step": step, "micro": 0}) + "\n"
     rundir.progress_file(tmp_path, 0).write_text(rec("forward", 0) + rec("optimizer", 0) + '{"t_ns": 1, "pha')

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ddplab import comm, launch, recipes, traces
+from ddplab import launch, recipes, tables
 
 pytestmark = pytest.mark.slow
 
@@ -17,16 +17,19 @@ def comm_runs(runs_dir):
 
 
 def test_bytes_each_rank_writes_match_the_ring_formula_for_2_3_and_4_ranks(comm_runs):
-    table = traces.bytes_on_wire(comm_runs[1:])
+    table = tables.bytes_on_wire(comm_runs[1:])
     assert list(table.index) == [2, 3, 4]
     assert ((table["ratio"] - 1).abs() < 0.02).all(), table
 
 
 def test_sweep_records_every_size_and_the_fit_is_graded(comm_runs):
-    table = traces.allreduce_sweep(comm_runs[0])
+    table = tables.allreduce_sweep(comm_runs[0])
     assert list(table.index) == [2**k for k in range(16, 23)]
+    for r in comm_runs[0].ranks:  # every rank timed every size, once per repeat
+        assert [c.bytes for c in r.result.sizes] == list(table.index)
+        assert all(len(c.ms) == len(c.write_bytes) == 5 for c in r.result.sizes)
     assert ((table["written_over_ring_formula"] - 1).abs() < 0.05).all()
-    model, q = traces.fit_sweep(table)
+    model, q = tables.fit_sweep(table)
     assert model.bandwidth_bytes_per_s > 0 and len(q.residuals) == len(table)
     assert (table["busbw_gb_s"] == table["algbw_gb_s"]).all()  # 2 ranks: 2(D-1)/D = 1
 
@@ -38,25 +41,25 @@ def ready_runs(runs_dir):
 
 def test_first_iteration_uses_one_bucket_in_source_order_then_ddp_rebuilds(ready_runs):
     r = ready_runs["ready-plain"].ranks[0]
-    assert len(r.steps[0]["buckets"]) == 1 and r.steps[0]["buckets"][0]["params"] == r.raw["parameter_names"]
-    assert len(r.steps[-1]["buckets"]) > 1
+    assert len(r.steps[0].buckets) == 1 and r.steps[0].buckets[0].params == r.parameter_names
+    assert len(r.steps[-1].buckets) > 1
 
 
 def test_rebuilt_buckets_follow_the_observed_ready_order(ready_runs):
     st = ready_runs["ready-branchy"].ranks[0].steps[-1]
-    ready = [n for n, _ in st["readiness"]["ready"]]
-    in_buckets = [p for b in sorted(st["buckets"], key=lambda b: b["index"]) for p in b["params"]]
+    ready = [e.param for e in st.backward.ready]
+    in_buckets = [p for b in sorted(st.buckets, key=lambda b: b.index) for p in b.params]
     assert in_buckets == ready
 
 
 def test_tied_weight_is_ready_last_though_defined_first(ready_runs):
-    order = traces.ready_order(ready_runs["ready-tied"])
+    order = tables.ready_order(ready_runs["ready-tied"])
     assert order.loc["tok_emb.weight", "source_position"] == 0
     assert order.loc["tok_emb.weight", "ready_position"] == len(order) - 1
 
 
 def test_branchy_ready_order_differs_from_reverse_source_order(ready_runs):
-    order = traces.ready_order(ready_runs["ready-branchy"])
+    order = tables.ready_order(ready_runs["ready-branchy"])
     assert order.loc["head.weight", "ready_position"] <= 1 and not order["as_assumed"].all()
     assert order.loc["b2.weight", "ready_position"] < order.loc["b1.weight", "ready_position"]
 
@@ -65,7 +68,7 @@ def test_every_bucket_completes_before_backward_returns(ready_runs):
     for run in ready_runs.values():
         for r in run.ranks:
             st = r.steps[-1]
-            assert all(b["launch_ns"] <= b["done_ns"] <= st["readiness"]["backward_end_ns"] for b in st["buckets"])
+            assert all(b.launch_ns <= b.done_ns <= st.backward.end_ns for b in st.buckets)
 
 
 def test_loopback_ceiling_is_measured():

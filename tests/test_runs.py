@@ -13,7 +13,10 @@ import time
 import pytest
 
 import ddplab
-from ddplab import Experiment, RunFailed, launch, recipes, rundir
+from ddplab import Experiment, RunFailed, launch, recipes, record, rundir
+from ddplab.launch.cold import run_dir_for
+from ddplab.launch.watch import STALL_GRACE_S
+from ddplab.spec import Fault
 
 from .conftest import leftovers
 
@@ -34,10 +37,10 @@ def test_every_rank_is_its_own_process_with_identical_parameters(fixture, reques
     assert [r.rank for r in run.ranks] == list(range(w))
     assert len({r.pid for r in run.ranks}) == w
     assert all(r.world_size == w and r.backend == "gloo" and r.device == "cpu" for r in run.ranks)
-    assert len({r.param_checksum["built"] for r in run.ranks}) == 1
-    assert len({r.param_checksum["initial"] for r in run.ranks}) == 1
-    assert len({r.param_checksum["final"] for r in run.ranks}) == 1
-    assert run.ranks[0].param_checksum["final"] != run.ranks[0].param_checksum["initial"]
+    assert len({r.param_checksum.built for r in run.ranks}) == 1
+    assert len({r.param_checksum.initial for r in run.ranks}) == 1
+    assert len({r.param_checksum.final for r in run.ranks}) == 1
+    assert run.ranks[0].param_checksum.final != run.ranks[0].param_checksum.initial
     check_shards(run)
     assert not leftovers(run.path)
 
@@ -45,35 +48,47 @@ def test_every_rank_is_its_own_process_with_identical_parameters(fixture, reques
 @pytest.mark.parametrize("fixture", ["run2", "run4"])
 def test_ddp_update_equals_the_single_process_global_batch_update(fixture, request):
     for r in request.getfixturevalue(fixture).ranks:
-        assert r.reference["update_rel_error"] < 1e-5
-        assert r.reference["independent"]["update_rel_error"] > 1e-2
+        assert r.reference.ddp.update_rel_error < 1e-5
+        assert r.reference.independent.update_rel_error > 1e-2
 
 
 def test_independent_updates_differ_from_rank_to_rank(run4):
-    assert len({r.reference["independent"]["param_checksum"] for r in run4.ranks}) == 4
+    assert len({r.reference.independent.param_checksum for r in run4.ranks}) == 4
     assert run4.spec.global_batch == 64 and run4.spec.local_batches == [16] * 4
 
 
 def test_sync_none_rank_takes_exactly_the_independent_update(run2, runs_dir):
     alone = ddplab.run(run2.spec.replace(name="t2-none", sync="none"), runs_dir / "t2-none", progress=False)
     for r_ddp, r_alone in zip(run2.ranks, alone.ranks):
-        assert r_alone.steps[0]["param_checksum"] == r_ddp.reference["independent"]["param_checksum"]
-    assert len({r.param_checksum["final"] for r in alone.ranks}) == 2
+        assert r_alone.steps[0].param_checksum == r_ddp.reference.independent.param_checksum
+    assert len({r.param_checksum.final for r in alone.ranks}) == 2
 
 
 def test_load_run_reloads_the_same_results(run2):
     again = ddplab.load_run(run2.path)
-    assert again.spec == run2.spec and [r.raw for r in again.ranks] == [r.raw for r in run2.ranks]
+    assert again.spec == run2.spec and again.ranks == run2.ranks
+    assert [record.dump(record.RankRecord(r.envelope, r.result)) for r in again.ranks] == \
+        [json.loads(rundir.rank_file(run2.path, r.rank).read_text()) for r in run2.ranks]
     assert again.launch["returncode"] == 0 and again.launch["argv"][-1].endswith("spec.json")
+
+
+def edit(f, section, **changes):
+    """Rewrite one section (envelope or result) of a rank file with `changes`."""
+    d = json.loads(f.read_text())
+    d[section] = {**d[section], **changes}
+    f.write_text(json.dumps(d))
 
 
 @pytest.mark.parametrize("damage,match", [
     (lambda f: f.unlink(), "Rank 1 wrote no result"),
     (lambda f: f.write_text('{"rank": 1, "world_'), "Rank 1's result file is not valid JSON"),
-    (lambda f: f.write_text(json.dumps({**json.loads(f.read_text()), "spec_hash": "0000000000"})),
-     "belongs to spec 0000000000"),
-    (lambda f: f.write_text(json.dumps({**json.loads(f.read_text()), "steps": []})), "has 0 steps"),
-    (lambda f: f.write_text(json.dumps({**json.loads(f.read_text()), "launch_id": "another"})), "another launch"),
+    (lambda f: edit(f, "envelope", spec_hash="0000000000"), "belongs to spec 0000000000"),
+    (lambda f: edit(f, "result", steps=[]), "has 0 steps"),
+    (lambda f: edit(f, "envelope", launch_id="another"), "another launch"),
+    (lambda f: edit(f, "envelope", rank=0), "claims rank 0 of 2, expected rank 1 of 2"),
+    (lambda f: f.write_text(json.dumps({**json.loads(f.read_text()), "schema_version": 1})), "schema version 1"),
+    (lambda f: edit(f, "result", model={"parameter_count": "many", "parameter_bytes": 4}),
+     "result.model.parameter_count: expected int"),
     (lambda f: f.with_name("rank1.error.json").write_text("{}"), "failed after writing it"),
 ])
 def test_missing_or_corrupt_rank_file_is_a_failed_run(run2, tmp_path, damage, match):
@@ -112,14 +127,14 @@ def test_skipped_backward_hang_names_the_rank_within_timeout_plus_15_s(runs_dir)
 
 
 def test_stalled_rank_is_stopped_by_the_launcher_watchdog(runs_dir):
-    exp = Experiment(name="stall", world_size=1, steps=2, fault="stall", fault_step=1, timeout_s=2)
+    exp = Experiment(name="stall", world_size=1, steps=2, fault=Fault("stall", step=1), timeout_s=2)
     with pytest.raises(RunFailed, match="ddplab stopped the run") as info:
         ddplab.run(exp, runs_dir / "stall", progress=False)
     stopped_at_ns = time.time_ns()
     assert info.value.diagnosis.kind == "hang"
     stalled_at_ns = rundir.read_progress(runs_dir / "stall", 0)[-1]["t_ns"]
     latency_s = (stopped_at_ns - stalled_at_ns) / 1e9
-    assert exp.timeout_s + launch.STALL_GRACE_S <= latency_s < exp.timeout_s + launch.STALL_GRACE_S + 10
+    assert exp.timeout_s + STALL_GRACE_S <= latency_s < exp.timeout_s + STALL_GRACE_S + 10
     assert json.loads((runs_dir / "stall" / rundir.LAUNCH).read_text())["stopped_by_watchdog"]
     assert not leftovers(runs_dir / "stall")
 
@@ -128,7 +143,8 @@ def test_keyboard_interrupt_kills_the_whole_process_tree(tmp_path):
     run_dir = tmp_path / "interrupted"
     script = textwrap.dedent(f"""
         import ddplab
-        ddplab.run(ddplab.Experiment(world_size=2, steps=2, fault="stall", fault_step=1, timeout_s=300),
+        from ddplab.spec import Fault
+        ddplab.run(ddplab.Experiment(world_size=2, steps=2, fault=Fault("stall", step=1), timeout_s=300),
                    {str(run_dir)!r}, progress=False)
     """)
     proc = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE, text=True)
@@ -154,8 +170,8 @@ def test_user_model_factory_runs_on_every_rank(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
     run = ddplab.run(Experiment(model="lab_user_nets:bigram", world_size=2), tmp_path / "run", progress=False)
-    assert run.ranks[0].model["parameter_count"] == 64 * 16 + 16 * 64 + 64
-    assert len({r.param_checksum["final"] for r in run.ranks}) == 1
+    assert run.ranks[0].model.parameter_count == 64 * 16 + 16 * 64 + 64
+    assert len({r.param_checksum.final for r in run.ranks}) == 1
 
 
 def cli(*args, timeout=180):
@@ -190,11 +206,11 @@ def test_doctor_runs_a_two_rank_all_reduce():
 
 def test_run_many_runs_each_experiment_on_its_own_ranks_and_stops_at_a_failure(tmp_path):
     ok = [Experiment(name="one", world_size=1, local_batch=6), Experiment(name="two", world_size=2, local_batch=3)]
-    bad = Experiment(name="bad", world_size=2, steps=2, fault="crash", fault_rank=0, fault_step=1)
+    bad = Experiment(name="bad", world_size=2, steps=2, fault=Fault("crash", rank=0, step=1))
     with pytest.raises(RunFailed, match="Rank 0 failed in 'forward' of step 1") as info:
         launch.run_many([*ok, bad], tmp_path / "sweep", progress=False)
-    assert info.value.run_dir == launch.run_dir_for(bad, tmp_path / "sweep")
-    one, two = (ddplab.load_run(launch.run_dir_for(e, tmp_path / "sweep")) for e in ok)
+    assert info.value.run_dir == run_dir_for(bad, tmp_path / "sweep")
+    one, two = (ddplab.load_run(run_dir_for(e, tmp_path / "sweep")) for e in ok)
     assert [r.sample_ids for r in one.ranks] == [list(range(6))]
     assert [r.sample_ids for r in two.ranks] == [[0, 1, 2], [3, 4, 5]]
     assert one.launch["argv"] == two.launch["argv"], "one launch for all experiments"
@@ -203,6 +219,6 @@ def test_run_many_runs_each_experiment_on_its_own_ranks_and_stops_at_a_failure(t
 
 def test_ddp_construction_broadcasts_rank_0s_parameters(tmp_path):
     run = ddplab.run(Experiment(world_size=2, seed_per_rank=True), tmp_path / "seeds", progress=False)
-    built = [r.param_checksum["built"] for r in run.ranks]
+    built = [r.param_checksum.built for r in run.ranks]
     assert built[0] != built[1]
-    assert [r.param_checksum["initial"] for r in run.ranks] == [built[0], built[0]]
+    assert [r.param_checksum.initial for r in run.ranks] == [built[0], built[0]]

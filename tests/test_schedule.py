@@ -4,9 +4,9 @@ import time
 
 import pytest
 
-from ddplab import schedule
-from ddplab.comm import AlphaBeta
-from ddplab.schedule import Cost, Grad
+from ddplab.predict import buckets as schedule
+from ddplab.predict.comm import AlphaBeta
+from ddplab.predict.buckets import Cost, Grad
 
 MS = 1e-3
 # alpha 1 ms, 1 ms per 1000 bytes

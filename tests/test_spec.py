@@ -1,10 +1,12 @@
 import json
+import re
 import subprocess
 import sys
 
 import pytest
 
 from ddplab import Experiment
+from ddplab.spec import AllReduceSweep, BucketSweep, Fault, Train
 
 
 def test_defaults_are_valid_and_round_trip_through_json():
@@ -26,9 +28,9 @@ def test_global_batch_is_local_batch_times_world_size_times_accum_steps():
 
 
 def test_hash_is_short_and_stable_across_processes():
-    e = Experiment(world_size=4, bucket_cap_mb=1.5, fault="crash")
-    code = ("from ddplab import Experiment; "
-            "print(Experiment(world_size=4, bucket_cap_mb=1.5, fault='crash').hash)")
+    e = Experiment(world_size=4, bucket_cap_mb=1.5, fault=Fault("crash"))
+    code = ("from ddplab.spec import Experiment, Fault; "
+            "print(Experiment(world_size=4, bucket_cap_mb=1.5, fault=Fault('crash')).hash)")
     other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert other == e.hash and len(e.hash) == 10
 
@@ -39,7 +41,8 @@ def test_hash_changes_with_any_field():
 
 
 def test_fault_rank_defaults_to_the_last_rank():
-    assert Experiment(world_size=4, fault="crash").fault_rank == 3
+    assert Experiment(world_size=4, fault=Fault("crash")).fault.rank == 3
+    assert Experiment(world_size=4, fault=Fault("crash")) == Experiment(world_size=4, fault=Fault("crash", rank=3))
 
 
 def test_experiment_is_frozen():
@@ -55,7 +58,7 @@ INVALID = [
     ("sync", "allreduce"), ("bucket_cap_mb", -1), ("bucket_cap_mb", 0), ("bucket_cap_mb", "25"),
     ("gradient_as_bucket_view", 1), ("tie_weights", "yes"), ("optimizer", "lamb"), ("lr", 0),
     ("momentum", 1.0), ("seed", -1), ("backend", "mpi"), ("device", "tpu"), ("timeout_s", 0),
-    ("fault", "explode"), ("probes", ("telepathy",)), ("sharding", "zero3"), ("loss_norm", "mean"),
+    ("fault", Fault("explode")), ("probes", ("telepathy",)), ("sharding", "zero3"), ("loss_norm", "mean"),
     ("dtype", "float16"), ("no_sync", 1),
 ]
 
@@ -72,11 +75,12 @@ def test_per_rank_list_of_wrong_length_says_both_lengths():
 
 
 @pytest.mark.parametrize("kwargs,field", [
-    (dict(fault="crash", fault_rank=2), "fault_rank"),
-    (dict(fault="crash", fault_rank=-1), "fault_rank"),
-    (dict(fault="crash", steps=2, fault_step=2), "fault_step"),
-    (dict(fault="skip-backward", world_size=1, fault_rank=0), "fault"),
-    (dict(fault="skip-backward", sync="none"), "fault"),
+    (dict(fault=Fault("crash", rank=2)), "fault.rank"),
+    (dict(fault=Fault("crash", rank=-1)), "fault.rank"),
+    (dict(fault=Fault("crash", step=2), steps=2), "fault.step"),
+    (dict(fault=Fault("explode")), "fault.kind"),
+    (dict(fault=Fault("skip-backward", rank=0), world_size=1), "fault"),
+    (dict(fault=Fault("skip-backward"), sync="none"), "fault"),
     (dict(momentum=0.9, optimizer="adam"), "momentum"),
     (dict(backend="nccl", device="cpu"), "device"),
     (dict(sharding="zero1", sync="none"), "sharding"),
@@ -86,7 +90,7 @@ def test_per_rank_list_of_wrong_length_says_both_lengths():
     (dict(probes=("memory", "memory-snapshot"), device="cpu"), "probes"),
 ])
 def test_inconsistent_combinations_name_the_field(kwargs, field):
-    with pytest.raises(ValueError, match=rf"Experiment\.{field}"):
+    with pytest.raises(ValueError, match=rf"^Experiment\.{re.escape(field)}:"):
         Experiment(**{"world_size": 2, **kwargs})
 
 
@@ -98,54 +102,106 @@ def test_unknown_field_in_json_is_refused():
 
 
 @pytest.mark.parametrize("kwargs,field", [
-    (dict(task="allreduce-sweep"), "sweep_bytes"),
-    (dict(task="allreduce-sweep", sweep_bytes=(2,)), "sweep_bytes"),
+    (dict(task=AllReduceSweep()), "task.sweep_bytes"),
+    (dict(task=AllReduceSweep(sweep_bytes=(2,))), "task.sweep_bytes"),
     (dict(task="bench"), "task"),
-    (dict(repeats=0), "repeats"),
+    (dict(task={"kind": "bench"}), "task"),
+    (dict(task=AllReduceSweep(sweep_bytes=(4096,), repeats=0)), "task.repeats"),
     (dict(checkpointing="yes"), "checkpointing"),
 ])
 def test_sweep_and_model_fields_are_validated(kwargs, field):
-    with pytest.raises(ValueError, match=rf"Experiment\.{field}"):
+    with pytest.raises(ValueError, match=rf"^Experiment\.{re.escape(field)}:"):
         Experiment(**kwargs)
 
 
 @pytest.mark.parametrize("kwargs,field", [
     (dict(timeout_s=float("inf")), "timeout_s"),
     (dict(bucket_cap_mb=float("nan")), "bucket_cap_mb"),
-    (dict(task="allreduce-sweep", sweep_bytes=(4096, 4096)), "sweep_bytes"),
-    (dict(task="allreduce-sweep", sweep_bytes=(4098,)), "sweep_bytes"),
-    (dict(task="allreduce-sweep", sweep_bytes=(4096,), probes=("memory",)), "task"),
+    (dict(task=AllReduceSweep(sweep_bytes=(4096, 4096))), "task.sweep_bytes"),
+    (dict(task=AllReduceSweep(sweep_bytes=(4098,))), "task.sweep_bytes"),
+    (dict(task=AllReduceSweep(sweep_bytes=(4096,)), probes=("memory",)), "probes"),
     (dict(sharding="fsdp2", tie_weights=True), "tie_weights"),
     (dict(sharding="fsdp2", probes=("readiness",)), "probes"),
 ])
 def test_values_that_would_only_fail_inside_the_ranks_are_refused(kwargs, field):
-    with pytest.raises(ValueError, match=rf"Experiment\.{field}"):
+    with pytest.raises(ValueError, match=rf"^Experiment\.{re.escape(field)}:"):
         Experiment(**{"world_size": 2, **kwargs})
 
 
-SWEEP = dict(task="bucket-sweep", plans=("ddp:1", "split:4"))
+SWEEP = dict(task=BucketSweep(plans=("ddp:1", "split:4")))
 
 
 @pytest.mark.parametrize("kwargs, field", [
-    (dict(task="bucket-sweep"), "plans"),                                   # no plans
-    (dict(SWEEP, plans=("ddp:1", "ddp:1")), "plans"),                       # twice
-    (dict(SWEEP, plans=("fsdp:1",)), "plans"),                              # unknown kind
-    (dict(SWEEP, plans=("ddp:0",)), "plans"),                               # cap 0
-    (dict(SWEEP, plans=("split:default",)), "plans"),                       # explicit plans need a cap
-    (dict(SWEEP, plans=("ddp:-1",)), "plans"),
-    (dict(plans=("ddp:1",)), "plans"),                                      # plans on a train task
-    (dict(SWEEP, probes=("readiness",)), "task"),
-    (dict(SWEEP, accum_steps=2), "task"),
+    (dict(task=BucketSweep()), "task.plans"),                                       # no plans
+    (dict(task=BucketSweep(plans=("ddp:1", "ddp:1"))), "task.plans"),               # twice
+    (dict(task=BucketSweep(plans=("fsdp:1",))), "task.plans"),                      # unknown kind
+    (dict(task=BucketSweep(plans=("ddp:0",))), "task.plans"),                       # cap 0
+    (dict(task=BucketSweep(plans=("split:default",))), "task.plans"),               # explicit plans need a cap
+    (dict(task=BucketSweep(plans=("ddp:-1",))), "task.plans"),
+    (dict(task=BucketSweep(plans=("ddp:1",), rounds=0)), "task.rounds"),
+    (dict(task=BucketSweep(plans=("ddp:1",), steps_per_round=0)), "task.steps_per_round"),
+    (dict(task={"kind": "train", "plans": ["ddp:1"]}), "task"),                     # plans on a train task
+    (dict(SWEEP, probes=("readiness",)), "probes"),
+    (dict(SWEEP, accum_steps=2), "accum_steps"),
     (dict(SWEEP, local_batch=(2, 4)), "local_batch"),
 ])
 def test_bucket_sweep_plans_are_validated(kwargs, field):
-    with pytest.raises(ValueError, match=rf"^Experiment\.{field}:"):
+    with pytest.raises(ValueError, match=rf"^Experiment\.{re.escape(field)}:"):
         Experiment(**kwargs)
 
 
 def test_bucket_sweep_plans_parse_and_round_trip():
     from ddplab.spec import parse_plan
 
-    e = Experiment(task="bucket-sweep", plans=["ddp:default", "bare:0.25", "plan:4", "split:1e-4"])
-    assert Experiment.from_json(e.to_json()) == e and e.plans[0] == "ddp:default"
-    assert [parse_plan(p) for p in e.plans] == [("ddp", None), ("bare", 0.25), ("plan", 4.0), ("split", 1e-4)]
+    e = Experiment(task=BucketSweep(plans=["ddp:default", "bare:0.25", "plan:4", "split:1e-4"]))
+    assert Experiment.from_json(e.to_json()) == e and e.task.plans[0] == "ddp:default"
+    assert [parse_plan(p) for p in e.task.plans] == [("ddp", None), ("bare", 0.25), ("plan", 4.0), ("split", 1e-4)]
+
+
+# ---- fields a task does not read ---------------------------------------------------------------
+@pytest.mark.parametrize("field,value", [("optimizer", "adam"), ("gradient_as_bucket_view", True), ("lr", 0.5)])
+def test_a_bucket_sweep_refuses_a_training_field_it_does_not_read(field, value):
+    with pytest.raises(ValueError, match=rf"^Experiment\.{field}: the bucket-sweep task does not read it; "
+                                         rf"leave it at its default"):
+        Experiment(**SWEEP, **{field: value})
+
+
+@pytest.mark.parametrize("field,value", [("probes", ("memory",)), ("fault", Fault("crash"))])
+def test_an_allreduce_sweep_refuses_probes_and_faults(field, value):
+    with pytest.raises(ValueError, match=rf"^Experiment\.{field}: the allreduce-sweep task does not read it"):
+        Experiment(task=AllReduceSweep(sweep_bytes=(4096,)), **{field: value})
+
+
+def test_a_refusal_names_every_unread_field_set():
+    with pytest.raises(ValueError, match=r"^Experiment\.optimizer: .*also set but unread: lr\)$"):
+        Experiment(**SWEEP, lr=0.5, optimizer="adam")
+
+
+def test_fields_the_task_reads_are_accepted():
+    e = Experiment(task=BucketSweep(plans=("ddp:1",)), world_size=4, d_model=32, local_batch=2, seed=3, pin_cpus=True)
+    assert e.ignored_fields() == [] and e.task.kind == "bucket-sweep"
+    assert Experiment(task=AllReduceSweep(sweep_bytes=(4096,)), world_size=3, timeout_s=5).task.kind == "allreduce-sweep"
+
+
+# ---- every task section round-trips ----------------------------------------------------------------
+SECTIONS = [Train(), AllReduceSweep(sweep_bytes=(4096, 8192, 2 ** 20), repeats=3),
+            BucketSweep(plans=("ddp:default", "bare:0.25", "plan:4", "split:4"), rounds=2, steps_per_round=3)]
+
+
+@pytest.mark.parametrize("task", SECTIONS, ids=lambda t: t.kind)
+def test_every_task_section_round_trips_through_json_and_keeps_its_hash(task):
+    e = Experiment(name="sections", task=task, world_size=3)
+    back = Experiment.from_json(e.to_json())
+    assert back == e and back.hash == e.hash
+    assert type(back.task) is type(task) and back.task.kind == task.kind
+    assert json.loads(e.to_json())["task"]["kind"] == task.kind
+    assert Experiment.from_json(back.to_json()).hash == e.hash
+    # a section that differs from the default task changes the hash
+    assert (e.hash == Experiment(name="sections", world_size=3).hash) == (task == Train())
+
+
+def test_the_fault_section_round_trips_and_keeps_its_hash():
+    e = Experiment(world_size=3, steps=2, fault=Fault("skip-backward", rank=1, step=1), timeout_s=5)
+    back = Experiment.from_json(e.to_json())
+    assert back == e and back.hash == e.hash and back.fault == Fault("skip-backward", rank=1, step=1)
+    assert Experiment(world_size=3, steps=2, fault=Fault("crash", rank=1, step=1)).hash != e.hash

@@ -22,7 +22,7 @@ def test_a_task_from_another_module_round_trips_through_spec_json():
 def test_a_task_validates_its_own_settings_and_refuses_fields_it_does_not_read():
     with pytest.raises(ValueError, match=r"Experiment\.task\.hang_rank"):
         Experiment(task=Toy(hang_rank=5), world_size=2)
-    with pytest.raises(ValueError, match=r"Experiment\.optimizer: a toy task does not read it"):
+    with pytest.raises(ValueError, match=r"Experiment\.optimizer: the toy task does not read it"):
         Experiment(task=Toy(), optimizer="adam")
 
 

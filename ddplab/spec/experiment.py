@@ -165,7 +165,7 @@ def _validate(e: Experiment) -> None:
     ignored = e.ignored_fields() if isinstance(e.world_size, int) else []
     if ignored:
         also = f" (also set but unread: {', '.join(ignored[1:])})" if ignored[1:] else ""
-        bad(ignored[0], f"a {e.task.kind} task does not read it; leave it at its default{also}")
+        bad(ignored[0], f"the {e.task.kind} task does not read it; leave it at its default{also}")
     for name in ("seed_per_rank", "pin_cpus", "checkpointing", "tie_weights", "no_sync", "gradient_as_bucket_view"):
         if not isinstance(getattr(e, name), bool):
             bad(name, f"must be True or False (got {getattr(e, name)!r})")

@@ -77,6 +77,11 @@ class TaskSpec:
     reads: ClassVar[frozenset[str] | None]   # None: every Experiment field
     step_unit: ClassVar[str] = "steps"
 
+    def __post_init__(self):
+        for f in dataclasses.fields(self):   # lists from a caller or from JSON: tuples, so the spec hashes
+            if isinstance(getattr(self, f.name), list):
+                object.__setattr__(self, f.name, tuple(getattr(self, f.name)))
+
     def check(self, exp) -> None:
         """Validate this section against the whole experiment; ValueError naming the field."""
 
@@ -113,7 +118,7 @@ class TaskSpec:
         unknown = sorted(set(d) - known)
         if unknown:
             bad("task", f"{kind} has no setting(s) {', '.join(unknown)}")
-        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
+        return cls(**d)
 
 
 RUN_FIELDS = frozenset({"name", "task", "world_size", "backend", "device", "timeout_s", "pin_cpus"})
