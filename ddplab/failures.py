@@ -60,8 +60,8 @@ def phase_key(rec: dict, phases: dict) -> tuple:
     Setup (step -1) comes before every step and teardown after."""
     phase = phases.get(rec["phase"])
     order = phase.order if phase else 0
-    step = rec.get("step", -1)
-    return (step if order < 90 else 10 ** 9), rec.get("micro", 0), order
+    step = 10 ** 9 if phase is not None and phase.after_steps else rec.get("step", -1)
+    return step, rec.get("micro", 0), order
 
 
 def _where(rec: dict) -> str:

@@ -87,7 +87,7 @@ class ProgressLog:
     def enter(self, phase: str, step: int = -1, micro: int = 0, collective: str | None = None,
               detail: str | None = None) -> None:
         """Record that this rank enters `phase` (of step `step`, micro-step or position `micro`); the
-        collective it will wait in defaults to the phase's own; `detail` names what it works on."""
+        collective it will wait in (None: the phase's own, if any); `detail` names what it works on."""
         assert phase in self.phases, f"phase {phase!r} is not declared by the task"
         rec = {"t_ns": time.time_ns(), "phase": phase, "step": step, "micro": micro}
         collective = collective if collective is not None else self.phases[phase].collective

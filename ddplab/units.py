@@ -1,6 +1,6 @@
 """Units and the one time base, shared by every stage (pure: no torch).
 
-GiB and MiB are powers of 1024. Every event a rank records (a gradient ready, a bucket launched or
+MiB and KiB are powers of 1024. Every event a rank records (a gradient ready, a bucket launched or
 done, backward's start and end) is an integer `time.perf_counter_ns()`: CLOCK_MONOTONIC, one clock for
 every process on a host, so events of different ranks compare directly (notes/ddp-internals.md,
 section 2). Views turn them into milliseconds after some origin with `ms_after`.

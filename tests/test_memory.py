@@ -61,3 +61,11 @@ def test_sharding_divides_what_it_shards_and_checkpoint_over_world_size_underest
     assert fsdp["parameters"] == pytest.approx(ddp["parameters"] / 4, rel=0.02)
     assert fsdp["ddp_buckets"] == 0 and fsdp["optimizer_state"] == pytest.approx(ddp["optimizer_state"] / 4, rel=0.02)
     assert (table["peak_over_estimate"] > 1).all()
+
+
+def test_a_memory_only_run_records_no_fields_of_the_probes_it_needs(memory_runs):
+    run = memory_runs["memory-w2-adam"]
+    assert run.spec.probes == ("memory",)
+    for r in run.ranks:
+        assert all(st.buckets is None and st.activation_bytes is None and st.backward is None for st in r.steps)
+        assert r.memory is not None

@@ -25,3 +25,16 @@ def test_watch_reads_progress_incrementally_and_waits_for_whole_lines(tmp_path):
         f.write('se": "forward", "step": 1, "micro": 0}\n')
     assert watch.poll() and watch.last[0][0] == {"t_ns": 1, "phase": "forward", "step": 1, "micro": 0}
     assert not watch.poll()
+
+
+def test_a_sweep_round_counts_as_done_only_once_the_next_one_starts(tmp_path):
+    from ddplab import recipes
+
+    exp = recipes.bucket_sweep(caps_mb=(1,), rounds=5)[1]
+    watch = Watch([(exp, tmp_path)])
+    rec = lambda step, plan: json.dumps({"t_ns": 0, "phase": "round", "step": step, "micro": 1, "detail": plan}) + "\n"
+    rundir.progress_file(tmp_path, 0).write_text(rec(0, "ddp:1"))
+    rundir.progress_file(tmp_path, 1).write_text(rec(0, "ddp:1") + rec(2, "plan:4"))
+    watch.poll()
+    assert watch.steps_done[0] == {0: 0, 1: 2}
+    assert "0/5 rounds done, slowest rank in 'round ddp:1'" in watch.line(1.0)

@@ -88,6 +88,11 @@ def test_per_rank_list_of_wrong_length_says_both_lengths():
     (dict(sharding="fsdp2", probes=("gradients",)), "probes"),
     (dict(probes=("memory-snapshot",)), "probes"),
     (dict(probes=("memory", "memory-snapshot"), device="cpu"), "probes"),
+    # settings the train task itself would ignore in this configuration
+    (dict(sync="none", bucket_cap_mb=1.0), "bucket_cap_mb"),
+    (dict(sharding="fsdp2", gradient_as_bucket_view=True), "gradient_as_bucket_view"),
+    (dict(sync="none", probes=("buckets",)), "probes"),
+    (dict(no_sync=False), "no_sync"),
 ])
 def test_inconsistent_combinations_name_the_field(kwargs, field):
     with pytest.raises(ValueError, match=rf"^Experiment\.{re.escape(field)}:"):
@@ -205,3 +210,31 @@ def test_the_fault_section_round_trips_and_keeps_its_hash():
     back = Experiment.from_json(e.to_json())
     assert back == e and back.hash == e.hash and back.fault == Fault("skip-backward", rank=1, step=1)
     assert Experiment(world_size=3, steps=2, fault=Fault("crash", rank=1, step=1)).hash != e.hash
+
+
+def test_a_task_must_be_registered_and_importable_by_the_ranks():
+    import dataclasses
+
+    from ddplab.spec import TaskSpec, Train
+
+    @dataclasses.dataclass(frozen=True, kw_only=True)
+    class Unregistered(Train):
+        kind = "unregistered"
+
+    with pytest.raises(ValueError, match=r"^Experiment\.task: Unregistered is not registered"):
+        Experiment(task=Unregistered())
+    main_task = type("InMain", (Train,), {"__module__": "__main__"})
+    from ddplab.spec import tasks
+    tasks._REGISTRY["train"], original = main_task, tasks._REGISTRY["train"]
+    try:
+        with pytest.raises(ValueError, match=r"^Experiment\.task: InMain is defined in __main__"):
+            Experiment(task=main_task())
+    finally:
+        tasks._REGISTRY["train"] = original
+    assert isinstance(Experiment().task, TaskSpec)
+
+
+def test_a_task_that_leaves_name_and_task_out_of_its_reads_still_accepts_them():
+    from tests.toy_task import Toy
+
+    assert Experiment(name="mine", task=Toy(), world_size=2).name == "mine"

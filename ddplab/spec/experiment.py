@@ -158,7 +158,8 @@ class Experiment:
             return []
         defaults = Experiment().to_dict()
         mine = self.to_dict()
-        return [k for k in mine if k not in self.task.reads and mine[k] != defaults[k]]
+        reads = self.task.reads | {"name", "task"}
+        return [k for k in mine if k not in reads and mine[k] != defaults[k]]
 
 
 def _validate(e: Experiment) -> None:
@@ -182,6 +183,8 @@ def _validate(e: Experiment) -> None:
     if e.model == "transformer" and e.d_model % e.n_heads:
         bad("n_heads", f"must divide d_model={e.d_model} (got {e.n_heads})")
     _validate_data_parallel(e)
+    if e.task.kind == "train":
+        _validate_unread_by_train(e)
     _validate_optimization(e)
     _validate_placement(e)
     if e.fault is not None:
@@ -217,6 +220,19 @@ def _validate_data_parallel(e: Experiment) -> None:
         bad("sync", f"must be one of {SYNC_MODES} (got {e.sync!r})")
     if e.bucket_cap_mb is not None and (not is_number(e.bucket_cap_mb) or not e.bucket_cap_mb > 0):
         bad("bucket_cap_mb", f"must be a positive number of MiB, or None for DDP's default (got {e.bucket_cap_mb!r})")
+
+
+def _validate_unread_by_train(e: Experiment) -> None:
+    """Settings the train task itself would ignore in this configuration."""
+    without_ddp = "sync='none'" if e.sync != "ddp" else ("sharding='fsdp2'" if e.sharding == "fsdp2" else None)
+    if without_ddp:
+        for name in ("bucket_cap_mb", "gradient_as_bucket_view"):
+            if getattr(e, name) not in (None, False):   # their defaults
+                bad(name, f"configures DDP's buckets, and with {without_ddp} there is no DDP; leave it at its default")
+        if "buckets" in e.probes:
+            bad("probes", f"'buckets' observes DDP's buckets, and with {without_ddp} there is no DDP")
+    if not e.no_sync and e.accum_steps == 1:
+        bad("no_sync", "no_sync=False changes nothing with accum_steps=1 (there is one micro-step); leave it True")
 
 
 def _validate_optimization(e: Experiment) -> None:

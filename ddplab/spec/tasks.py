@@ -14,8 +14,9 @@ A task is declared once, here or in a module of your own, and runs unchanged thr
 
 - `phases` are what the rank logs as it goes (`rundir.ProgressLog`): the launcher's progress line and the
   hang diagnosis (`failures.py`) order the ranks by (step, micro, phase order) and name the collective a
-  phase waits in. A phase with `ends_step` completes a step (the progress counter); one with `deviation`
-  is never part of a healthy run (an injected fault).
+  phase waits in. A rank in step s has finished s steps; entering a phase with `ends_step` finishes step
+  s too (the progress counter). A phase with `deviation` is never part of a healthy run (an injected
+  fault).
 - `reads`: an Experiment field outside it that differs from its default is refused with a ValueError
   naming it, so no setting is silently ignored.
 - A task declared outside ddplab is found again in every rank through the module named in spec.json.
@@ -41,11 +42,12 @@ class Phase:
     collective: str | None = None   # the collective a rank in this phase waits in, if any
     ends_step: bool = False         # entering it means the step is done (the progress counter)
     deviation: bool = False         # not part of a healthy run (an injected fault)
+    after_steps: bool = False       # comes after every step (teardown), whatever step it names
 
 
 # every task's rank goes through these, around the task's own phases
 COMMON_PHASES = (Phase("start", 0), Phase("init-process-group", 1, "rendezvous of all ranks"),
-                 Phase("teardown", 90), Phase("done", 91))
+                 Phase("teardown", 90, after_steps=True), Phase("done", 91, after_steps=True))
 
 _REGISTRY: dict[str, type] = {}
 
@@ -102,6 +104,12 @@ class TaskSpec:
     @staticmethod
     def from_dict(d) -> "TaskSpec":
         if isinstance(d, TaskSpec):
+            cls = type(d)
+            if _REGISTRY.get(getattr(cls, "kind", None)) is not cls:
+                bad("task", f"{cls.__name__} is not registered: decorate it with @register")
+            if cls.__module__ == "__main__":
+                bad("task", f"{cls.__name__} is defined in __main__ (a notebook or a script): every rank imports "
+                            f"a task from its module, so define it in an importable module")
             return d
         if isinstance(d, str):
             d = {"kind": d}
@@ -159,7 +167,7 @@ class AllReduceSweep(TaskSpec):
     repeats: int = 20
 
     def check(self, exp) -> None:
-        sizes = list(self.sweep_bytes)
+        sizes = list(self.sweep_bytes) if isinstance(self.sweep_bytes, tuple) else None
         if not sizes or not all(is_int(n) and n >= 4 and n % 4 == 0 for n in sizes) or len(set(sizes)) != len(sizes):
             bad("task.sweep_bytes", f"an all-reduce sweep needs distinct message sizes, multiples of 4 bytes "
                                     f"(float32 elements) (got {sizes!r})")
@@ -201,7 +209,7 @@ class BucketSweep(TaskSpec):
     runner = "ddplab.rank.tasks.bucket_sweep:run"
     record = BucketSweepRecord
     phases = (Phase("construct", 1, "broadcast of rank 0's parameters"), Phase("warm-up", 2),
-              Phase("round", 3, ends_step=True))
+              Phase("round", 3))
     reads = RUN_FIELDS | MODEL_FIELDS
     step_unit = "rounds"
     plans: tuple[str, ...] = ()
@@ -209,7 +217,7 @@ class BucketSweep(TaskSpec):
     steps_per_round: int = 4
 
     def check(self, exp) -> None:
-        plans = list(self.plans)
+        plans = list(self.plans) if isinstance(self.plans, tuple) else None
         if not plans or not all(_plan_ok(p) for p in plans) or len(set(plans)) != len(plans):
             bad("task.plans", f"a bucket sweep needs distinct plans '<kind>:<cap MiB>' with kind one of "
                               f"{', '.join(PLAN_KINDS)} and a cap > 0 ('default' for ddp and bare) (got {plans!r})")

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from ..predict import buckets as schedule
+from ..predict import buckets as simulator
 from ..predict.buckets import Grad
 from ..predict.comm import AlphaBeta
 from ..spec.tasks import parse_plan
@@ -116,7 +116,7 @@ def inputs(run) -> Inputs:
         for n, t in x.ready_ms():
             ready.setdefault(n, []).append(t)
     names = sweep.ready_order
-    grads = schedule.grads_in_ready_order(names, [sizes[n] for n in names], [statistics.median(ready[n]) for n in names])
+    grads = simulator.grads_in_ready_order(names, [sizes[n] for n in names], [statistics.median(ready[n]) for n in names])
     med = lambda k: statistics.median(getattr(x, k) for x in slowest)  # noqa: E731
     return Inputs(grads, med("backward_ms"), med("forward_ms"), med("optimizer_ms"))
 

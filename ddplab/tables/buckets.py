@@ -17,7 +17,7 @@ import itertools
 
 import pandas as pd
 
-from ..predict import buckets as schedule
+from ..predict import buckets as simulator
 from ..predict.buckets import Cost
 from ..predict.comm import AlphaBeta
 from ..units import MIB, rel_error
@@ -37,12 +37,12 @@ def plan_for(run, name: str, ins: Inputs | None = None) -> list[list[str]]:
 def ddp_rule(ins: Inputs, cap_mb: float | None) -> list[list[str]]:
     """DDP's buckets for `cap_mb` (None: its default, 25 MiB with a 1 MiB first bucket)."""
     if cap_mb is None:
-        return schedule.ddp_plan(ins.grads, DDP_DEFAULT_CAP_MB * MIB, DDP_DEFAULT_FIRST_CAP_MB * MIB)
-    return schedule.ddp_plan(ins.grads, cap_mb * MIB)
+        return simulator.ddp_plan(ins.grads, DDP_DEFAULT_CAP_MB * MIB, DDP_DEFAULT_FIRST_CAP_MB * MIB)
+    return simulator.ddp_plan(ins.grads, cap_mb * MIB)
 
 
-def predict(ins: Inputs, plan, cost: Cost) -> schedule.Schedule:
-    return schedule.simulate(ins.grads, plan, cost, ins.backward_ms, ins.forward_ms, ins.optimizer_ms)
+def predict(ins: Inputs, plan, cost: Cost) -> simulator.Schedule:
+    return simulator.simulate(ins.grads, plan, cost, ins.backward_ms, ins.forward_ms, ins.optimizer_ms)
 
 
 MODELS = ("textbook", "shared_core", "calibrated")
@@ -50,9 +50,9 @@ MODELS = ("textbook", "shared_core", "calibrated")
 
 def calibrate(ins: Inputs, plan, base: Cost, measured_step_ms: float, knob: str = "alpha_ms") -> Cost:
     """`base` with `knob` fitted so that `plan`'s predicted step equals `measured_step_ms`."""
-    value = schedule.calibrate(lambda v: predict(ins, plan, schedule.with_knob(base, knob, v)).step_ms,
+    value = simulator.calibrate(lambda v: predict(ins, plan, simulator.with_knob(base, knob, v)).step_ms,
                                measured_step_ms)
-    return schedule.with_knob(base, knob, value)
+    return simulator.with_knob(base, knob, value)
 
 
 def calibration_plan(layouts: dict) -> str:
@@ -128,14 +128,14 @@ def ordering(table: pd.DataFrame, predicted: str = "calibrated_ms", k: float = 2
     return df
 
 
-def summary(s: schedule.Schedule) -> dict:
+def summary(s: simulator.Schedule) -> dict:
     """What the bucket slider shows for one schedule."""
     last = s.last_bucket
     return {"buckets": len(s.buckets), "first_launch_ms": s.first_launch_ms, "last_ready_ms": last.ready_ms,
             "last_bucket_mib": last.bytes / MIB, "exposed_tail_ms": s.exposed_tail_ms, "step_ms": s.step_ms}
 
 
-def bucket_table(s: schedule.Schedule) -> pd.DataFrame:
+def bucket_table(s: simulator.Schedule) -> pd.DataFrame:
     """Per bucket: when it is ready, its cost alone, how much backward is still to run then (the
     time it can hide behind), when the channel takes it and when it finishes."""
     rows = [{"bucket": b.index, "tensors": len(b.params), "mib": b.bytes / MIB, "ready_ms": b.ready_ms,
@@ -150,7 +150,7 @@ def candidates(ins: Inputs, cost: Cost, caps_mb, split_cap_mb: float | None = No
     cost and the backward left to hide it, the exposed tail and the predicted step."""
     plans = {f"ddp:{c:g}": ddp_rule(ins, c) for c in caps_mb}
     if split_cap_mb is not None:
-        plans[f"split:{split_cap_mb:g}"] = schedule.split_bucket(ddp_rule(ins, split_cap_mb), ins.grads)
+        plans[f"split:{split_cap_mb:g}"] = simulator.split_bucket(ddp_rule(ins, split_cap_mb), ins.grads)
     rows = []
     for name, plan in plans.items():
         s = predict(ins, plan, cost)

@@ -17,7 +17,7 @@ def bucket_slider(sweep_run, link, measure, model: str = "calibrated", cap_mb: f
     from IPython.display import display
 
     from ..plots import buckets as bucket_plots
-    from ..predict import buckets as schedule
+    from ..predict import buckets as simulator
     from ..tables import bucket_sweep, buckets
 
     ins, costs = bucket_sweep.inputs(sweep_run), buckets.costs(sweep_run, link)
@@ -32,7 +32,7 @@ def bucket_slider(sweep_run, link, measure, model: str = "calibrated", cap_mb: f
         plan = buckets.ddp_rule(ins, cap.value)
         splits = split.value and len(plan[-1]) > 1   # a one-tensor bucket cannot be split
         if splits:
-            plan = schedule.split_bucket(plan, ins.grads)
+            plan = simulator.split_bucket(plan, ins.grads)
         split.description = "split the last bucket in two" + ("" if splits or not split.value else " (one tensor: no split)")
         return f"{'split' if splits else 'ddp'}:{cap.value:.3g}", plan
 

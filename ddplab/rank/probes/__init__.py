@@ -8,7 +8,10 @@
 
 Each probe is one module: a mechanism (a hook, a meter) and a `Probe` subclass that says when it acts
 and which field of the step (`record.TrainStep`) or section of the record (`record.TrainRecord`) it
-fills. `needs` names the probes it reads from, attached before it. Runs inside a rank.
+fills. `needs` names the probes it reads from, attached before it; a probe attached only because
+another needs it records nothing of its own, unless that one `shows` it (readiness shows the buckets).
+Probes are attached in one fixed order (`ORDER`), so their contexts nest the same way however the
+probes are listed: the ready-time window of a backward sits inside the bytes count. Runs inside a rank.
 Used by notebooks 00-04 and 06.
 """
 
@@ -31,7 +34,8 @@ class Attachment:
 
 class Probe:
     name: ClassVar[str]
-    needs: ClassVar[tuple[str, ...]] = ()
+    needs: ClassVar[tuple[str, ...]] = ()   # probes attached before this one, which it reads from
+    shows: ClassVar[tuple[str, ...]] = ()   # of those, the ones whose fields its record includes
 
     def __init__(self, at: Attachment, attached: dict[str, "Probe"]):
         self.at = at
@@ -59,14 +63,15 @@ class Probe:
         return {}
 
     def finish(self, run_dir) -> None:
-        """After the record is written (e.g. dump a snapshot)."""
+        """After training, before the record is written (e.g. dump a snapshot)."""
 
 
 class ProbeSet:
     """The attached probes, called in attachment order at every point of the lifecycle."""
 
-    def __init__(self, probes: list[Probe]):
+    def __init__(self, probes: list[Probe], recorded: set[str]):
         self.probes = probes
+        self.recorded = recorded   # the probes whose fields go into the record
 
     def _each(self, hook, *args) -> None:
         for p in self.probes:
@@ -106,7 +111,9 @@ class ProbeSet:
     def _merged(self, hook, *args) -> dict:
         out = {}
         for p in self.probes:
-            out.update(getattr(p, hook)(*args))
+            fields = getattr(p, hook)(*args)   # every probe is asked, so each drains what it collected
+            if p.name in self.recorded:
+                out.update(fields)
         return out
 
     def step_fields(self, step: int) -> dict:
@@ -117,6 +124,10 @@ class ProbeSet:
 
     def tensors(self) -> dict:
         return self._merged("tensors")
+
+
+# the order probes are attached and their contexts entered (outermost first)
+ORDER = ("reference", "gradients", "buckets", "activations", "memory", "memory-snapshot", "bytes", "readiness")
 
 
 def registry() -> dict[str, type]:
@@ -134,18 +145,23 @@ def registry() -> dict[str, type]:
     return {c.name: c for c in classes}
 
 
-def attach(names, at: Attachment) -> ProbeSet:
-    """Attach the named probes and the probes they need, each once, dependencies first."""
-    classes, order = registry(), []
+def attach_order(names, classes: dict[str, type]) -> tuple[list[str], set[str]]:
+    """(the probes to attach: the named ones and those they need, in `ORDER`, which lists every
+    probe after the ones it needs; the ones whose fields are recorded)."""
+    wanted, todo = set(), list(names)
+    while todo:
+        name = todo.pop()
+        if name not in wanted:
+            wanted.add(name)
+            todo += classes[name].needs
+    return sorted(wanted, key=ORDER.index), set(names) | {shown for name in names for shown in classes[name].shows}
 
-    def visit(name):
-        if name not in order:
-            for dep in classes[name].needs:
-                visit(dep)
-            order.append(name)
-    for name in names:
-        visit(name)
+
+def attach(names, at: Attachment) -> ProbeSet:
+    """Attach the named probes and the probes they need, each once (see `attach_order`)."""
+    classes = registry()
+    order, recorded = attach_order(names, classes)
     attached: dict[str, Probe] = {}
     for name in order:
         attached[name] = classes[name](at, attached)
-    return ProbeSet(list(attached.values()))
+    return ProbeSet(list(attached.values()), recorded)

@@ -25,6 +25,7 @@ class BytesProbe(Probe):
     """Fills `TrainStep.write_bytes`: bytes written during the step's last backward."""
 
     name = "bytes"
+    written: int | None = None   # None until a backward has run
 
     @contextlib.contextmanager
     def backward(self, micro: int, last: bool):

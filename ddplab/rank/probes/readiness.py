@@ -41,6 +41,7 @@ class ReadinessProbe(Probe):
 
     name = "readiness"
     needs = ("buckets",)
+    shows = ("buckets",)
 
     def __init__(self, at, attached):
         super().__init__(at, attached)

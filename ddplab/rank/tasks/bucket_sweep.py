@@ -42,7 +42,7 @@ from ..probes.readiness import ReadyLog
 from ..training import flat_parameters, token_losses, torch_dtype
 
 WARMUP_STEPS = 2
-GRADIENT_ALL_REDUCE = "gradient all-reduce"
+PLAN_ALL_REDUCE = "gradient all-reduce of the plan's buckets"
 
 
 class _Arm:
@@ -93,7 +93,7 @@ def run(ctx):
     # compute-only first: its warm-up gives the ready order that plan/split buckets follow (rank 0's, so
     # every rank builds the same buckets)
     arms = [_arm(ctx, "compute-only", 0, base, None)]
-    log.enter("warm-up", micro=0, collective="", detail="compute-only")
+    log.enter("warm-up", micro=0, detail="compute-only")
     warm = [arms[0].step(x, y, device, group) for _ in range(WARMUP_STEPS)]
     shared = [warm[-1].ready_ms()]
     dist.broadcast_object_list(shared, src=dist.get_global_rank(group, 0) if group is not None else 0, group=group)
@@ -104,7 +104,7 @@ def run(ctx):
     for i, name in enumerate(task.plans, start=1):
         a = _arm(ctx, name, i, base, grads)
         arms.append(a)
-        log.enter("warm-up", micro=i, collective=GRADIENT_ALL_REDUCE, detail=name)
+        log.enter("warm-up", micro=i, collective=PLAN_ALL_REDUCE, detail=name)
         for _ in range(WARMUP_STEPS):   # DDP rebuilds its buckets at the start of the second step
             a.step(x, y, device, group)
         # the check step: back to the common starting parameters, then one step with the plan's real
@@ -125,7 +125,7 @@ def run(ctx):
     for r in range(task.rounds):
         plans = arms[1:] if r % 2 == 0 else arms[:0:-1]
         for position, a in enumerate([arms[0], *plans, arms[0]]):
-            log.enter("round", r, position, collective="" if a is arms[0] else GRADIENT_ALL_REDUCE, detail=a.name)
+            log.enter("round", r, position, collective=None if a is arms[0] else PLAN_ALL_REDUCE, detail=a.name)
             for _ in range(task.steps_per_round):
                 a.steps.append(a.step(x, y, device, group, round_=r))
 
