@@ -16,5 +16,10 @@ def is_int(v) -> bool:
 
 
 def is_number(v) -> bool:
-    """A finite int or float (not a bool, not inf or nan)."""
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    """A finite int or float (not a bool, not inf or nan, not an int too large for a float)."""
+    if not isinstance(v, (int, float)) or isinstance(v, bool):
+        return False
+    try:
+        return math.isfinite(v)
+    except OverflowError:
+        return False

@@ -33,6 +33,13 @@ DTYPES = ("float32", "float64")
 PROBES = ("reference", "gradients", "buckets", "activations", "memory", "memory-snapshot", "readiness", "bytes")
 SHARDING = ("none", "zero1", "fsdp2")
 _FACTORY = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+# upper bounds that keep a spec inside what one machine can hold or run (refused beyond them, before
+# launch; what this machine's cores and memory allow is checked at launch, launch/preflight.py)
+LIMITS = {"vocab_size": 10 ** 6, "d_model": 2 ** 14, "n_layers": 1024, "n_heads": 1024, "world_size": 1024,
+          "accum_steps": 10 ** 4, "steps": 10 ** 6, "local_batch": 10 ** 5, "seq_len": 10 ** 5, "seed": 2 ** 31 - 1}
+TIMEOUT_RANGE_S = (0.5, 7 * 86400)   # a collective's timeout: at least a scheduling hiccup, at most a week
+MAX_BUCKET_CAP_MB = 2 ** 20          # 1 TiB: far beyond any model here
+MAX_NAME_CHARS = 100                 # the run directory's name is this plus a hash
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -172,12 +179,18 @@ def _validate(e: Experiment) -> None:
             bad(name, f"must be True or False (got {getattr(e, name)!r})")
     if not isinstance(e.name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]+", e.name):
         bad("name", f"use letters, digits, '_', '.' or '-' (got {e.name!r}); it names the run directory")
+    if len(e.name) > MAX_NAME_CHARS:
+        bad("name", f"at most {MAX_NAME_CHARS} characters (got {len(e.name)}); it names the run directory")
+    if not isinstance(e.probes, tuple) or not all(isinstance(p, str) and p in PROBES for p in e.probes):
+        bad("probes", f"must be a tuple of probe names from {', '.join(PROBES)} (got {e.probes!r})")
     if not isinstance(e.model, str) or not (e.model in BUILTIN_MODELS or _FACTORY.match(e.model)):
         bad("model", f"must be one of {', '.join(BUILTIN_MODELS)} or 'package.module:factory' (got {e.model!r})")
     for name in ("vocab_size", "d_model", "n_layers", "n_heads", "world_size", "accum_steps", "steps"):
         v = getattr(e, name)
         if not is_int(v) or v < 1:
             bad(name, f"must be a positive integer (got {v!r})")
+        if v > LIMITS[name]:
+            bad(name, f"at most {LIMITS[name]} in this lab (got {v})")
     if e.vocab_size < 2:
         bad("vocab_size", f"needs at least 2 tokens (got {e.vocab_size})")
     if e.model == "transformer" and e.d_model % e.n_heads:
@@ -201,6 +214,8 @@ def _validate_data_parallel(e: Experiment) -> None:
             bad(name, f"has {len(v)} entries but world_size is {e.world_size}; give one value or one per rank")
         if not values or not all(is_int(x) and x >= 1 for x in values):
             bad(name, f"must be a positive integer or a list of them, one per rank (got {v!r})")
+        if max(values) > LIMITS[name]:
+            bad(name, f"at most {LIMITS[name]} per rank in this lab (got {max(values)})")
     if e.loss_norm not in LOSS_NORMS:
         bad("loss_norm", f"must be one of {', '.join(LOSS_NORMS)} (got {e.loss_norm!r})")
     if e.dtype not in DTYPES:
@@ -218,8 +233,9 @@ def _validate_data_parallel(e: Experiment) -> None:
             bad("tie_weights", "fsdp2 shards each block separately and cannot shard one weight in two places")
     if e.sync not in SYNC_MODES:
         bad("sync", f"must be one of {SYNC_MODES} (got {e.sync!r})")
-    if e.bucket_cap_mb is not None and (not is_number(e.bucket_cap_mb) or not e.bucket_cap_mb > 0):
-        bad("bucket_cap_mb", f"must be a positive number of MiB, or None for DDP's default (got {e.bucket_cap_mb!r})")
+    if e.bucket_cap_mb is not None and (not is_number(e.bucket_cap_mb) or not 0 < e.bucket_cap_mb <= MAX_BUCKET_CAP_MB):
+        bad("bucket_cap_mb", f"must be a number of MiB in (0, {MAX_BUCKET_CAP_MB}], or None for DDP's default "
+                             f"(got {e.bucket_cap_mb!r})")
 
 
 def _validate_unread_by_train(e: Experiment) -> None:
@@ -244,8 +260,8 @@ def _validate_optimization(e: Experiment) -> None:
         bad("momentum", f"must be in [0, 1) (got {e.momentum!r})")
     if e.momentum and e.optimizer != "sgd":
         bad("momentum", f"applies to optimizer='sgd' only (optimizer is {e.optimizer!r})")
-    if not is_int(e.seed) or e.seed < 0:
-        bad("seed", f"must be a non-negative integer (got {e.seed!r})")
+    if not is_int(e.seed) or not 0 <= e.seed <= LIMITS["seed"]:
+        bad("seed", f"must be an integer in 0..{LIMITS['seed']} (got {e.seed!r})")
 
 
 def _validate_placement(e: Experiment) -> None:
@@ -255,8 +271,9 @@ def _validate_placement(e: Experiment) -> None:
         bad("device", f"must be one of {', '.join(DEVICES)} (got {e.device!r})")
     if e.backend == "nccl" and e.device == "cpu":
         bad("device", "NCCL needs CUDA tensors; use device='cuda' or 'auto', or backend='gloo' for the CPU")
-    if not is_number(e.timeout_s) or not e.timeout_s > 0:
-        bad("timeout_s", f"must be a positive number of seconds (got {e.timeout_s!r})")
+    lo, hi = TIMEOUT_RANGE_S
+    if not is_number(e.timeout_s) or not lo <= e.timeout_s <= hi:
+        bad("timeout_s", f"must be a number of seconds in [{lo:g}, {hi:g}] (got {e.timeout_s!r})")
 
 
 def _validate_probes(e: Experiment) -> None:
@@ -264,5 +281,3 @@ def _validate_probes(e: Experiment) -> None:
         bad("probes", "'memory-snapshot' records the CUDA allocator beside the ledger: add 'memory' too")
     if "memory-snapshot" in e.probes and e.device == "cpu":
         bad("probes", "'memory-snapshot' needs CUDA (the caching allocator records it); device is 'cpu'")
-    if not all(isinstance(p, str) and p in PROBES for p in e.probes):
-        bad("probes", f"each probe must be one of {', '.join(PROBES)} (got {list(e.probes)!r})")

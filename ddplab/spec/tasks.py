@@ -171,8 +171,10 @@ class AllReduceSweep(TaskSpec):
         if not sizes or not all(is_int(n) and n >= 4 and n % 4 == 0 for n in sizes) or len(set(sizes)) != len(sizes):
             bad("task.sweep_bytes", f"an all-reduce sweep needs distinct message sizes, multiples of 4 bytes "
                                     f"(float32 elements) (got {sizes!r})")
-        if not is_int(self.repeats) or self.repeats < 1:
-            bad("task.repeats", f"must be a positive integer (got {self.repeats!r})")
+        if not is_int(self.repeats) or not 1 <= self.repeats <= 10 ** 5:
+            bad("task.repeats", f"must be an integer in 1..100000 (got {self.repeats!r})")
+        if sum(self.sweep_bytes) > 2 ** 32:
+            bad("task.sweep_bytes", f"at most 4 GiB of buffers in all (got {sum(self.sweep_bytes)} bytes)")
 
     def total_steps(self, exp) -> int:
         return self.repeats
@@ -195,7 +197,7 @@ def _plan_ok(plan) -> bool:
     if not isinstance(plan, str) or not _PLAN.match(plan):
         return False
     kind, cap = parse_plan(plan)
-    return cap > 0 if cap is not None else kind in ("ddp", "bare")
+    return 0 < cap <= 2 ** 20 if cap is not None else kind in ("ddp", "bare")   # at most 1 TiB
 
 
 @register
@@ -223,8 +225,8 @@ class BucketSweep(TaskSpec):
                               f"{', '.join(PLAN_KINDS)} and a cap > 0 ('default' for ddp and bare) (got {plans!r})")
         for name in ("rounds", "steps_per_round"):
             v = getattr(self, name)
-            if not is_int(v) or v < 1:
-                bad(f"task.{name}", f"must be a positive integer (got {v!r})")
+            if not is_int(v) or not 1 <= v <= 10 ** 4:
+                bad(f"task.{name}", f"must be an integer in 1..10000 (got {v!r})")
         if any(isinstance(v, tuple) for v in (exp.local_batch, exp.seq_len)):
             bad("local_batch", "a bucket sweep gives every rank the same work: one local_batch and one seq_len")
 
