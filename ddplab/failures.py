@@ -20,7 +20,7 @@ _LOST_PEER = ("connection closed", "connection reset", "broken pipe", "socket cl
 
 @dataclass
 class Diagnosis:
-    kind: str                         # "crash", "hang", "missing-result" or "invalid-result"
+    kind: str                         # "crash", "hang", "missing-result", "invalid-result" or "diverged"
     ranks: list[int]                  # the rank(s) to blame
     summary: str                      # what happened, in one paragraph
     tracebacks: dict[int, str] = field(default_factory=dict)

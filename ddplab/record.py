@@ -151,6 +151,7 @@ class TrainRecord:
     model: ModelInfo
     param_checksum: Checksums
     steps: list[TrainStep]
+    unused_parameters: list[str]               # trainable, but without a gradient after step 0's backward
     reference: ReferenceRecord | None = None   # reference probe
     memory: MemoryRecord | None = None         # memory probe
 

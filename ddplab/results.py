@@ -1,7 +1,8 @@
 """`Run` and `RankResult`: a finished run directory, loaded and cross-checked.
 
 `load_run(path)` accepts a run only if every rank wrote a `rank{r}.json` that matches the record
-schema (`record.py`) for the same spec and launch; anything less raises `RunFailed` naming the rank.
+schema (`record.py`) for the same spec and launch, and, where DDP synchronizes, every rank holds the
+same parameters after every step; anything less raises `RunFailed` naming the rank or the step.
 A `RankResult` is the rank's envelope and its task's typed record (`result`): a `TrainRecord` for
 training, with `steps`, `param_checksum`, `model`, `reference` and `memory` at hand. Used by every
 notebook, the tables and the plots.
@@ -128,4 +129,24 @@ def load_run(path) -> Run:
             raise _invalid(r.rank, "comes from another launch than the run's launch.json (two launches wrote here)", path)
         if "gradients" in spec.probes and not rundir.tensor_file(path, r.rank).exists():
             raise _invalid(r.rank, f"has no {rundir.tensor_file(path, r.rank).name}, though the gradients probe was on", path)
+    if spec.task.kind == "train" and spec.sync == "ddp":
+        _check_replicas_agree(spec, ranks, path)
     return Run(path, spec, ranks, launch)
+
+
+def _check_replicas_agree(spec: Experiment, ranks: list[RankResult], path: Path) -> None:
+    """After every synchronized step all replicas must be bit-identical; a run where they are not
+    completed without synchronizing (DDP never reduced a bucket), which is a failure, not a result."""
+    for i in range(spec.steps):
+        checksums = [r.steps[i].param_checksum for r in ranks]
+        if len(set(checksums)) == 1:
+            continue
+        unused = list(dict.fromkeys(n for r in ranks for n in r.result.unused_parameters))  # in parameter order
+        why = (f"The parameter(s) {', '.join(unused[:6])}{' ...' if len(unused) > 6 else ''} got no gradient in "
+               f"step 0: no forward used them, so DDP never reduced the bucket holding them and each rank stepped "
+               f"on its own gradient. Use them in forward, freeze them (requires_grad=False), or set "
+               f"find_unused_parameters=True." if unused else
+               "Every parameter got a gradient, so something outside DDP changed one replica's parameters.")
+        raise RunFailed(Diagnosis("diverged", [r.rank for r in ranks],
+                                  f"The replicas differ after step {i} although DDP should have synchronized them "
+                                  f"(parameter checksums {', '.join(checksums)}). {why}"), path)

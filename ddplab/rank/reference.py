@@ -55,7 +55,7 @@ def reference_gradients(exp, device) -> dict[str, torch.Tensor]:
     """Name -> gradient of the objective on step 0's whole global batch, on the CPU."""
     model = fresh_model(exp, device)
     backward_on(model, exp, global_batch(exp, step=0), device)
-    return {n: p.grad.detach().cpu().clone() for n, p in model.named_parameters()}
+    return {n: p.grad.detach().cpu().clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
 def reference_step(exp, device, ranks=None) -> tuple[torch.Tensor, torch.Tensor, str]:

@@ -74,6 +74,7 @@ class Experiment:
     sharding: str = "none"
     bucket_cap_mb: float | None = None       # None = DDP's default (25 MiB, first bucket 1 MiB)
     gradient_as_bucket_view: bool = False
+    find_unused_parameters: bool = False     # DDP: find parameters a forward did not use (a graph walk per step)
     # optimization
     optimizer: str = "sgd"
     lr: float = 0.1
@@ -174,7 +175,8 @@ def _validate(e: Experiment) -> None:
     if ignored:
         also = f" (also set but unread: {', '.join(ignored[1:])})" if ignored[1:] else ""
         bad(ignored[0], f"the {e.task.kind} task does not read it; leave it at its default{also}")
-    for name in ("seed_per_rank", "pin_cpus", "checkpointing", "tie_weights", "no_sync", "gradient_as_bucket_view"):
+    for name in ("seed_per_rank", "pin_cpus", "checkpointing", "tie_weights", "no_sync", "gradient_as_bucket_view",
+                 "find_unused_parameters"):
         if not isinstance(getattr(e, name), bool):
             bad(name, f"must be True or False (got {getattr(e, name)!r})")
     if not isinstance(e.name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]+", e.name):
@@ -242,7 +244,7 @@ def _validate_unread_by_train(e: Experiment) -> None:
     """Settings the train task itself would ignore in this configuration."""
     without_ddp = "sync='none'" if e.sync != "ddp" else ("sharding='fsdp2'" if e.sharding == "fsdp2" else None)
     if without_ddp:
-        for name in ("bucket_cap_mb", "gradient_as_bucket_view"):
+        for name in ("bucket_cap_mb", "gradient_as_bucket_view", "find_unused_parameters"):
             if getattr(e, name) not in (None, False):   # their defaults
                 bad(name, f"configures DDP's buckets, and with {without_ddp} there is no DDP; leave it at its default")
         if "buckets" in e.probes:

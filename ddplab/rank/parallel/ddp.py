@@ -10,12 +10,12 @@ from __future__ import annotations
 from torch.nn.parallel import DistributedDataParallel
 
 
-def wrap(module, device, group=None, bucket_cap_mb: float | None = None,
-         gradient_as_bucket_view: bool = False) -> DistributedDataParallel:
+def wrap(module, device, group=None, bucket_cap_mb: float | None = None, gradient_as_bucket_view: bool = False,
+         find_unused_parameters: bool = False) -> DistributedDataParallel:
     """DDP over the ranks of `group` (None: all ranks); a collective: every rank must call it."""
     return DistributedDataParallel(module, device_ids=[device] if device.type == "cuda" else None,
                                    bucket_cap_mb=bucket_cap_mb, gradient_as_bucket_view=gradient_as_bucket_view,
-                                   process_group=group)
+                                   find_unused_parameters=find_unused_parameters, process_group=group)
 
 
 def construction_bucket_bytes(ddp) -> int:

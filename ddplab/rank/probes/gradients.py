@@ -22,7 +22,8 @@ class LocalGradients:
         self.active = False
         self.sums: dict[str, torch.Tensor] = {}
         for name, p in module.named_parameters():
-            p.register_hook(self._hook_for(name))
+            if p.requires_grad:   # a frozen parameter never gets a gradient
+                p.register_hook(self._hook_for(name))
 
     def _hook_for(self, name):
         def hook(grad):

@@ -22,7 +22,8 @@ class ReadyLog:
         self.active = False
         self.events: list[ReadyEvent] = []
         for name, p in module.named_parameters():
-            p.register_post_accumulate_grad_hook(self._hook_for(name))
+            if p.requires_grad:   # a frozen parameter never gets a gradient
+                p.register_post_accumulate_grad_hook(self._hook_for(name))
 
     def _hook_for(self, name):
         def hook(param):

@@ -69,6 +69,8 @@ def run(ctx):
                 clock.mark("backward")
             loss_sum += losses.detach().sum().item()
             tokens += y.numel()
+        if step == 0:  # a parameter no forward used gets no gradient, and DDP then never reduces its bucket
+            unused = [n for n, p in module.named_parameters() if p.requires_grad and p.grad is None]
         probes.before_optimizer(step)
         log.enter("optimizer", step)
         optimizer.step()
@@ -83,7 +85,7 @@ def run(ctx):
                          model=ModelInfo(models.parameter_count(module),
                                          sum(p.numel() * p.element_size() for p in module.parameters())),
                          param_checksum=Checksums(built, initial, parameter_checksum(module)),
-                         steps=steps, **probes.sections())
+                         steps=steps, unused_parameters=unused, **probes.sections())
     probes.finish(ctx.run_dir)
     return record, probes.tensors()
 
@@ -93,7 +95,8 @@ def wrap(ctx, model):
     exp = ctx.exp
     if exp.sync == "ddp" and exp.sharding != "fsdp2":
         ctx.log.enter("ddp-construct")
-        ddp = ddp_wrapper.wrap(model, ctx.device, ctx.group, exp.bucket_cap_mb, exp.gradient_as_bucket_view)
+        ddp = ddp_wrapper.wrap(model, ctx.device, ctx.group, exp.bucket_cap_mb, exp.gradient_as_bucket_view,
+                               exp.find_unused_parameters)
         return ddp, ddp
     if exp.sharding == "fsdp2":
         ctx.log.enter("fsdp-construct")

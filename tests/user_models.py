@@ -1,0 +1,29 @@
+"""Users' model factories for the tests: `model="tests.user_models:<factory>"`."""
+
+from __future__ import annotations
+
+import torch.nn as nn
+
+
+class _TokenLinear(nn.Module):
+    def __init__(self, vocab_size: int, d_model: int):
+        super().__init__()
+        self.emb = nn.Embedding(vocab_size, d_model)
+        self.head = nn.Linear(d_model, vocab_size)
+
+    def forward(self, idx):
+        return self.head(self.emb(idx))
+
+
+def with_unused(vocab_size: int, d_model: int):
+    """A parameter no forward uses: DDP never reduces the bucket that holds it."""
+    model = _TokenLinear(vocab_size, d_model)
+    model.unused = nn.Linear(d_model, d_model)
+    return model
+
+
+def with_frozen(vocab_size: int, d_model: int):
+    """A frozen embedding (requires_grad=False): DDP and every probe must skip it."""
+    model = _TokenLinear(vocab_size, d_model)
+    model.emb.weight.requires_grad_(False)
+    return model
