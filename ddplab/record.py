@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .units import ms_after
 
@@ -151,7 +151,7 @@ class TrainRecord:
     model: ModelInfo
     param_checksum: Checksums
     steps: list[TrainStep]
-    unused_parameters: list[str]               # trainable, but without a gradient after step 0's backward
+    unused_parameters: list[str] = field(default_factory=list)  # trainable, no gradient after step 0's backward
     reference: ReferenceRecord | None = None   # reference probe
     memory: MemoryRecord | None = None         # memory probe
 
