@@ -26,7 +26,7 @@ from ..results import Run, load_run
 from ..spec import Experiment
 from .preflight import preflight
 from .progress import Reporter
-from .torchrun import kill_tree, start, worker_argv, worker_env
+from .torchrun import interrupts_deferred, kill_tree, start, worker_argv, worker_env
 from .watch import Watch, collect
 
 STARTUP_TIMEOUT_S = 120.0
@@ -103,9 +103,11 @@ def _launch(exps, run_dirs, launch_dir: Path, name: str, progress: bool, startup
                     watchdog = True
                     break
         finally:
-            # reached on success, on a stall, and on KeyboardInterrupt or any other exception
-            if proc.poll() is None or watchdog:
-                kill_tree(proc, spec_paths[0])
+            # reached on success, on a stall, and on KeyboardInterrupt or any other exception; a second
+            # Ctrl-C waits until the tree is gone
+            with interrupts_deferred():
+                if proc.poll() is None or watchdog:
+                    kill_tree(proc, spec_paths[0])
     wall_s = time.monotonic() - t0
     record = {"argv": argv, "returncode": proc.returncode, "wall_s": wall_s, "backend": backend, "device": device,
               "stopped_by_watchdog": watchdog, "launch_dir": str(launch_dir), "experiments": len(exps),

@@ -13,9 +13,12 @@ torchrun, and `kill_tree` reaps every process of a launch: no orphans. Used by t
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 from .. import host
@@ -53,6 +56,23 @@ def start(argv: list[str], env: dict, stdout, text: bool = False) -> subprocess.
     return subprocess.Popen(argv, stdout=stdout, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                             start_new_session=True, text=text,
                             preexec_fn=host.die_with_parent if sys.platform.startswith("linux") else None)
+
+
+@contextlib.contextmanager
+def interrupts_deferred():
+    """Hold Ctrl-C (SIGINT) while the block runs, e.g. while the process tree is being killed, and
+    raise KeyboardInterrupt after it if one came: a second Ctrl-C cannot cut the cleanup short."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers can only be set from the main thread; there is no Ctrl-C here either
+        return
+    pending = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: pending.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if pending:
+        raise KeyboardInterrupt
 
 
 def _procs_of(proc: subprocess.Popen, spec_path: Path) -> list:

@@ -26,8 +26,6 @@ import time
 import traceback
 from pathlib import Path
 
-import torch
-
 from .. import host, record
 from ..rundir import ProgressLog, error_file, rank_file, save_tensors_atomic, tensor_file, write_json_atomic
 from ..spec import Experiment
@@ -39,8 +37,14 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--spec", nargs="+", required=True, help="run_dir/spec.json of each experiment, run in order")
     spec_paths = [Path(p) for p in parser.parse_args(argv).spec]
-    env = runtime.rank_env()
+    # first thing, before `import torch` (a second): a rank must never outlive torchrun, and torchrun
+    # may already be gone (the launcher killed during start-up)
     host.die_with_parent()
+    if os.getppid() == 1:
+        os._exit(1)
+    import torch
+
+    env = runtime.rank_env()
     log = None
     try:
         exps = [Experiment.from_json(p.read_text()) for p in spec_paths]
