@@ -78,6 +78,9 @@ def _cmd_run(args) -> int:
     except RunFailed as e:
         print(f"ddplab run FAILED\n{e}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt as e:   # the launcher has already stopped every rank
+        print(f"ddplab run: {e or 'interrupted'}", file=sys.stderr)
+        return 130
     import pandas as pd
 
     with pd.option_context("display.width", 200, "display.max_columns", 20):

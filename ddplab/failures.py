@@ -45,6 +45,13 @@ class RunFailed(RuntimeError):
         super().__init__(f"{diagnosis}{where}")
 
 
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C during a run, after the whole process tree was stopped; a notebook shows it as one line."""
+
+    def _render_traceback_(self) -> list[str]:   # IPython's hook for an exception's own rendering
+        return [f"KeyboardInterrupt: {self}"]
+
+
 def is_timeout(error: dict) -> bool:
     text = f"{error.get('type', '')} {error.get('message', '')}".lower()
     return "timed out" in text or "timeout" in text
@@ -94,16 +101,21 @@ def diagnose_hang(progress: dict[int, list[dict]], world_size: int, timeout_s: f
         return Diagnosis("hang", sorted(last), f"All ranks stopped together in {_where(rec)}"
                          f"{' (' + rec['collective'] + ')' if rec.get('collective') else ''}; {how}.")
     rec = last[waiting[0]]
-    collective = rec.get("collective") or "the next collective"
-    lines = [f"{rank_list(waiting).capitalize()} waited in the {collective} ({_where(rec)}), and {how}."]
+    collective = _the(rec.get("collective") or "next collective")
+    lines = [f"{rank_list(waiting).capitalize()} waited in {collective} ({_where(rec)}), and {how}."]
     for r in behind:
         if r in silent:
             lines.append(f"Rank {r} never arrived: it recorded no progress at all (it never started).")
             continue
         other = last[r]
-        doing = f"it was in the {other['collective']}" if other.get("collective") else "it was outside any collective"
+        doing = f"it was in {_the(other['collective'])}" if other.get("collective") else "it was outside any collective"
         lines.append(f"Rank {r} never arrived: its last phase was {_where(other)}; {doing}.")
     return Diagnosis("hang", behind, " ".join(lines))
+
+
+def _the(collective: str) -> str:
+    """'all_reduce' -> 'the all_reduce'; a name that brings its own article keeps it."""
+    return collective if collective.split(" ", 1)[0].lower() in ("the", "a", "an") else f"the {collective}"
 
 
 def _last_phases(progress: dict[int, list[dict]], ranks) -> str:

@@ -118,7 +118,10 @@ def load_run(path) -> Run:
     spec_file = path / rundir.SPEC
     if not spec_file.exists():
         raise FileNotFoundError(f"{path} is not a ddplab run directory: {rundir.SPEC} is missing")
-    spec = Experiment.from_json(spec_file.read_text())
+    try:
+        spec = Experiment.from_json(spec_file.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{spec_file} is not a valid spec ({e}); the run directory is damaged: run it again") from e
     launch_file = path / rundir.LAUNCH
     launch = json.loads(launch_file.read_text()) if launch_file.exists() else {}
     ranks = [load_rank(path, r, spec) for r in range(spec.world_size)]

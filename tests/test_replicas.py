@@ -40,3 +40,12 @@ def test_frozen_parameters_are_skipped_by_ddp_and_every_probe(runs_dir):
     assert run.ranks[0].result.unused_parameters == []
     rows = tables.gradient_check(run)
     assert (rows["reduced_rel_error"] < 1e-5).all(), rows
+
+
+def test_a_model_that_fails_to_build_is_reported_in_the_build_phase(runs_dir):
+    exp = Experiment(name="build-fails", model="tests.user_models:raises_on_rank_1", world_size=2)
+    with pytest.raises(ddplab.RunFailed) as err:
+        ddplab.run(exp, runs_dir / "build-fails", progress=False)
+    d = err.value.diagnosis
+    assert d.kind == "crash" and d.ranks == [1], str(d)
+    assert d.summary.startswith("Rank 1 failed in 'build': RuntimeError: this factory refuses to build on rank 1")

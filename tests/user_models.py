@@ -27,3 +27,12 @@ def with_frozen(vocab_size: int, d_model: int):
     model = _TokenLinear(vocab_size, d_model)
     model.emb.weight.requires_grad_(False)
     return model
+
+
+def raises_on_rank_1(vocab_size: int, d_model: int):
+    """A factory that fails in one rank only (the launcher's own check, outside any rank, passes)."""
+    import os
+
+    if os.environ.get("RANK") == "1":
+        raise RuntimeError("this factory refuses to build on rank 1")
+    return _TokenLinear(vocab_size, d_model)

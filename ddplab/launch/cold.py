@@ -90,24 +90,14 @@ def _launch(exps, run_dirs, launch_dir: Path, name: str, progress: bool, startup
     reporter = Reporter(progress)
     watch = Watch(list(zip(exps, run_dirs)))
     t0 = time.monotonic()
-    watchdog = False
     with open(launch_dir / rundir.LOG, "w") as log:
         env = {**worker_env(), "DDPLAB_LAUNCH_ID": launch_id}
         proc = start(argv, env, log)
-        try:
-            while proc.poll() is None:
-                time.sleep(POLL_S)
-                if watch.poll():
-                    reporter.update(watch.line(time.monotonic() - t0))
-                if watch.stalled(startup_timeout_s):
-                    watchdog = True
-                    break
-        finally:
-            # reached on success, on a stall, and on KeyboardInterrupt or any other exception; a second
-            # Ctrl-C waits until the tree is gone
-            with interrupts_deferred():
-                if proc.poll() is None or watchdog:
-                    kill_tree(proc, spec_paths[0])
+        watchdog, interrupted = _follow(proc, watch, reporter, t0, startup_timeout_s, spec_paths[0])
+    if interrupted:
+        line = f"interrupted: {world_size} ranks stopped after {time.monotonic() - t0:.1f} s ({name})"
+        reporter.finish(f"ddplab {line}")
+        raise failures.Interrupted(line) from None
     wall_s = time.monotonic() - t0
     record = {"argv": argv, "returncode": proc.returncode, "wall_s": wall_s, "backend": backend, "device": device,
               "stopped_by_watchdog": watchdog, "launch_dir": str(launch_dir), "experiments": len(exps),
@@ -115,7 +105,9 @@ def _launch(exps, run_dirs, launch_dir: Path, name: str, progress: bool, startup
     for run_dir in {launch_dir, *run_dirs}:
         rundir.write_json_atomic(run_dir / rundir.LAUNCH, record)
 
-    timeout_s = max(e.timeout_s for e in exps)  # what every process group of this launch waited (runtime.setup)
+    # what the ranks waited before the launch was judged stuck: the watchdog's limit, or the collective's
+    # timeout that every process group of this launch had (runtime.setup)
+    timeout_s = watch.limit_s(startup_timeout_s) if watchdog else max(e.timeout_s for e in exps)
     for exp, run_dir in zip(exps, run_dirs):
         prog, errors, finished = collect(run_dir, exp.world_size)
         if errors or len(finished) < exp.world_size:  # the first incomplete experiment is the one to explain
@@ -136,3 +128,27 @@ def _launch(exps, run_dirs, launch_dir: Path, name: str, progress: bool, startup
         what = f"{len(exps)} experiments on up to {world_size} ranks"
     reporter.finish(f"ddplab {name}: {what} on {backend}/{device} in {wall_s:.1f} s -> {launch_dir}")
     return runs
+
+
+def _follow(proc, watch: Watch, reporter: Reporter, t0: float, startup_timeout_s: float, spec_path: Path):
+    """Watch the ranks until torchrun exits or the launch stalls; kill the tree unless it exited by
+    itself. (stopped by the watchdog, interrupted by Ctrl-C)."""
+    watchdog = False
+    try:
+        try:
+            while proc.poll() is None:
+                time.sleep(POLL_S)
+                if watch.poll():
+                    reporter.update(watch.line(time.monotonic() - t0))
+                if watch.stalled(startup_timeout_s):
+                    watchdog = True
+                    break
+        finally:
+            # reached on success, on a stall, and on KeyboardInterrupt or any other exception; a second
+            # Ctrl-C waits until the tree is gone
+            with interrupts_deferred():
+                if proc.poll() is None or watchdog:
+                    kill_tree(proc, spec_path)
+    except KeyboardInterrupt:
+        return watchdog, True
+    return watchdog, False

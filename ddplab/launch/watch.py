@@ -67,9 +67,12 @@ class Watch:
         return describe(name, exp.world_size, [done.get(r, 0) for r in sorted(last)], exp.task.total_steps(exp),
                         phase, elapsed_s, exp.task.step_unit)
 
+    def limit_s(self, startup_timeout_s: float) -> float:
+        """How long the launch may stand still: a collective's timeout and a grace, or the start-up bound."""
+        return max(e.timeout_s for e, _ in self.runs) + STALL_GRACE_S if self.started else startup_timeout_s
+
     def stalled(self, startup_timeout_s: float) -> bool:
-        limit = max(e.timeout_s for e, _ in self.runs) + STALL_GRACE_S if self.started else startup_timeout_s
-        return time.monotonic() - self.last_move > limit
+        return time.monotonic() - self.last_move > self.limit_s(startup_timeout_s)
 
 
 def collect(run_dir: Path, world_size: int) -> tuple[dict, dict, set]:

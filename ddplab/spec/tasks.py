@@ -143,12 +143,12 @@ class Train(TaskSpec):
     kind = "train"
     runner = "ddplab.rank.tasks.train:run"
     record = TrainRecord
-    phases = (Phase("ddp-construct", 2, "broadcast of rank 0's parameters"),
-              Phase("fsdp-construct", 2, "sharding of the parameters"), Phase("reference", 2),
-              Phase("count", 3, "all-reduce of the example or token counts"), Phase("forward", 4),
-              Phase("backward", 5), Phase("skip-backward", 5, f"barrier instead of the {GRADIENT_ALL_REDUCE}",
+    phases = (Phase("build", 2), Phase("ddp-construct", 3, "broadcast of rank 0's parameters"),
+              Phase("fsdp-construct", 3, "sharding of the parameters"), Phase("reference", 3),
+              Phase("count", 4, "all-reduce of the example or token counts"), Phase("forward", 5),
+              Phase("backward", 6), Phase("skip-backward", 6, f"barrier instead of the {GRADIENT_ALL_REDUCE}",
                                           deviation=True),
-              Phase("optimizer", 6, ends_step=True))
+              Phase("optimizer", 7, ends_step=True))
     reads = None          # every field
 
 

@@ -17,6 +17,9 @@ def accumulation(runs, warmup: int = 1) -> pd.DataFrame:
     rows = []
     for run in runs:
         s, r0 = run.spec, run.ranks[0]
+        if "buckets" not in s.probes or s.steps <= warmup:
+            raise ValueError(f"run {s.name!r}: counting all-reduces needs probes=('buckets', ...) and more than "
+                             f"warmup={warmup} step(s) (it has {s.steps}); see recipes.accumulation()")
         calls = [len(st.buckets) for st in r0.steps[warmup:]]
         rows.append({"run": s.name, "local_batch": s.local_batch_of(0), "world_size": s.world_size,
                      "accum_steps": s.accum_steps, "global_batch": s.global_batch,
@@ -37,6 +40,9 @@ def scaling(runs, kind: str, warmup: int = 2) -> pd.DataFrame:
         raise ValueError(f"kind must be 'strong' or 'weak' (got {kind!r})")
     rows = []
     for run in sorted(runs, key=lambda r: r.world_size):
+        if run.spec.steps <= warmup:
+            raise ValueError(f"run {run.spec.name!r} has {run.spec.steps} step(s), all of them warm-up "
+                             f"(warmup={warmup}): run more steps or pass a smaller warmup")
         t = run.step_ms(warmup)
         rows.append({"world_size": run.world_size, "local_batch": run.spec.local_batch_of(0),
                      "global_batch": run.spec.global_batch, "step_ms": statistics.median(t),

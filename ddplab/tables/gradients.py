@@ -16,10 +16,9 @@ def _flat(d: dict, names: list[str]):
 
 def load(run) -> list[dict]:
     """Each rank's saved gradients: {"local": {...}, "reduced": {...}} (+ "reference" on rank 0)."""
-    tensors = [run.tensors(r.rank) for r in run.ranks]
-    if "reference" not in tensors[0]:
-        raise ValueError("this run has no gradients: run it with probes=('gradients',)")
-    return tensors
+    if "gradients" not in run.spec.probes:
+        raise ValueError(f"run {run.spec.name!r} has no gradients: run it with probes=('gradients',)")
+    return [run.tensors(r.rank) for r in run.ranks]
 
 
 def check(run) -> list[dict]:

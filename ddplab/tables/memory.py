@@ -12,7 +12,10 @@ from ..units import MIB
 
 def _memory_steps(run, step):
     if run.ranks[0].memory is None:
-        raise ValueError("this run has no memory ledger: run it with probes=('memory',)")
+        raise ValueError(f"run {run.spec.name!r} has no memory ledger: run it with probes=('memory',)")
+    if not -run.spec.steps <= step < run.spec.steps:
+        raise ValueError(f"run {run.spec.name!r} has {run.spec.steps} step(s), so no step {step}; the tables read "
+                         f"step 1 by default (the first that holds optimizer state): run steps=2 or pass step=0")
     return [r.memory.steps[step] for r in run.ranks]
 
 

@@ -30,6 +30,7 @@ def run(ctx):
     """Build, wrap, train on the ranks of `ctx.group`; return (TrainRecord, tensors for rank{r}.pt).
     The DDP model dies with this frame (see runtime.teardown)."""
     exp, rank, device, log = ctx.exp, ctx.rank, ctx.device, ctx.log
+    log.enter("build")
     # seed_per_rank: deliberately different starting points, to watch DDP's construction broadcast
     model = models.build(exp.replace(seed=exp.seed + rank) if exp.seed_per_rank else exp)
     model = model.to(device=device, dtype=torch_dtype(exp.dtype))
@@ -81,13 +82,16 @@ def run(ctx):
         steps.append(TrainStep(step=step, sample_ids=sample_ids, loss=loss_sum / tokens, loss_sum=loss_sum,
                                tokens=tokens, phase_ms=times, step_ms=sum(times.values()),
                                param_checksum=parameter_checksum(module), **probes.step_fields(step)))
-    record = TrainRecord(parameter_names=[n for n, _ in module.named_parameters()],
-                         model=ModelInfo(models.parameter_count(module),
-                                         sum(p.numel() * p.element_size() for p in module.parameters())),
-                         param_checksum=Checksums(built, initial, parameter_checksum(module)),
-                         steps=steps, unused_parameters=unused, **probes.sections())
     probes.finish(ctx.run_dir)
-    return record, probes.tensors()
+    return _record(module, Checksums(built, initial, parameter_checksum(module)), steps, unused, probes), \
+        probes.tensors()
+
+
+def _record(module, checksums: Checksums, steps: list[TrainStep], unused: list[str], probes) -> TrainRecord:
+    return TrainRecord(parameter_names=[n for n, _ in module.named_parameters()],
+                       model=ModelInfo(models.parameter_count(module),
+                                       sum(p.numel() * p.element_size() for p in module.parameters())),
+                       param_checksum=checksums, steps=steps, unused_parameters=unused, **probes.sections())
 
 
 def wrap(ctx, model):
