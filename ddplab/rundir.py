@@ -8,10 +8,12 @@
         rank{r}.error.json     written by a rank that fails: its phase and traceback
         rank{r}.memory.pickle  CUDA allocator snapshot (the memory-snapshot probe; pytorch.org/memory_viz)
         launch.log             torchrun's own output
-        launch.json            the launcher's record: command, exit status, wall time
+        launch.json            the launcher's record: command, exit status, wall time, whether complete
 
 Every stage hands the next a file, so a notebook can reload an old run, and a failed run keeps
-whatever its ranks managed to write. The schema of `rank{r}.json` is `record.py`; the phases a
+whatever its ranks managed to write. A launch writes into a staging directory of its own
+(`.<name>.<launch id>.partial` beside the final place) and `settle` moves it there when it ends: a
+complete run replaces the old one; a failed one never destroys a complete one, it sits beside it. The schema of `rank{r}.json` is `record.py`; the phases a
 progress log may name are the task's (`spec.tasks`). Used by the launcher, the ranks and `results`.
 """
 
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -65,12 +68,39 @@ def save_tensors_atomic(path: Path, tensors: dict) -> None:
     os.replace(tmp, path)
 
 
-def clear(run_dir: Path) -> None:
-    """Remove what an earlier run with the same spec left, so stale files can never pass as new."""
-    run_dir = Path(run_dir)
-    for pattern in ("rank*.json", "rank*.pt", "rank*.progress", "rank*.pickle", ".rank*", SPEC, LOG, LAUNCH):
-        for f in run_dir.glob(pattern):
-            f.unlink()
+def staging_dir(final: Path, launch_id: str) -> Path:
+    """Where one launch writes until it is complete: beside its final place, named for the launch, so
+    two launches never share a file (nor a command line that the process-tree kill matches)."""
+    final = Path(final)
+    return final.parent / f".{final.name}.{launch_id}.partial"
+
+
+def settle(staged: Path, final: Path, complete: bool) -> Path:
+    """Move a finished launch's directory to its place; return where it went. A complete launch
+    replaces what was at `final`; an incomplete one (failed, interrupted) takes `final` only if no
+    complete run is there, and otherwise sits beside it as `<final>.failed-<launch id>`."""
+    staged, final = Path(staged), Path(final)
+    if not complete and _holds_complete_run(final):
+        place = final.with_name(f"{final.name}.failed-{staged.name.split('.')[-2]}")
+        os.replace(staged, place)
+        return place
+    if final.exists():
+        old = final.with_name(f".{final.name}.{os.getpid()}.{time.time_ns()}.old")
+        os.replace(final, old)
+        os.replace(staged, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(staged, final)
+    return final
+
+
+def _holds_complete_run(path: Path) -> bool:
+    """A directory some launch completed: its launch record says every result loaded and agreed."""
+    try:
+        return json.loads((Path(path) / LAUNCH).read_text()).get("complete") is True
+    except (json.JSONDecodeError, OSError):
+        return False
 
 
 class ProgressLog:

@@ -10,12 +10,13 @@ from ddplab import recipes
 
 
 def leftovers(run_dir) -> list[str]:
-    """Command lines of any live process started for this run directory."""
-    needle = str(run_dir)
+    """Command lines of any live process started for this run directory (or for a launch staged
+    beside it, `rundir.staging_dir`)."""
+    needles = (str(run_dir), f"{run_dir.parent}/.{run_dir.name}.")
     found = []
     for p in psutil.process_iter(["cmdline", "status"]):
         cmd = " ".join(p.info["cmdline"] or [])
-        if needle in cmd and p.info["status"] != psutil.STATUS_ZOMBIE:
+        if any(n in cmd for n in needles) and p.info["status"] != psutil.STATUS_ZOMBIE:
             found.append(cmd)
     return found
 

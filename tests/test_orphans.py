@@ -60,8 +60,8 @@ def test_a_second_ctrl_c_during_cleanup_still_kills_every_rank(tmp_path):
     launcher = _launcher(run_dir)
     try:
         deadline = time.monotonic() + 60
-        progress = run_dir / "rank1.progress"
-        while not progress.exists() or "forward" not in progress.read_text():
+        staged = lambda: list(run_dir.parent.glob(f".{run_dir.name}.*.partial/rank1.progress"))  # noqa: E731
+        while not staged() or "forward" not in staged()[0].read_text():
             assert time.monotonic() < deadline, "the ranks never started"
             time.sleep(0.1)
         launcher.send_signal(signal.SIGINT)

@@ -152,7 +152,8 @@ def test_keyboard_interrupt_kills_the_whole_process_tree(tmp_path):
     proc = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while not any(r and r[-1]["phase"] == "forward" and r[-1]["step"] == 1
-                  for r in (rundir.read_progress(run_dir, k) for k in range(2))):
+                  for staged in run_dir.parent.glob(f".{run_dir.name}.*.partial")   # a launch writes there first
+                  for r in (rundir.read_progress(staged, k) for k in range(2))):
         assert time.monotonic() < deadline and proc.poll() is None, "the run never got going"
         time.sleep(0.2)
     assert leftovers(run_dir), "expected live ranks before the interrupt"

@@ -36,3 +36,13 @@ def raises_on_rank_1(vocab_size: int, d_model: int):
     if os.environ.get("RANK") == "1":
         raise RuntimeError("this factory refuses to build on rank 1")
     return _TokenLinear(vocab_size, d_model)
+
+
+def fails_if_flagged(vocab_size: int, d_model: int):
+    """Builds like `_TokenLinear`, but raises inside a rank while $DDPLAB_TEST_FAIL is set: the same spec
+    (same hash) run twice, once complete and once failed."""
+    import os
+
+    if os.environ.get("DDPLAB_TEST_FAIL") and "RANK" in os.environ:
+        raise RuntimeError("DDPLAB_TEST_FAIL is set")
+    return _TokenLinear(vocab_size, d_model)

@@ -76,15 +76,16 @@ def run_many(exps: list[Experiment], out=None, *, name: str = "sweep", progress:
     return _launch(exps, [run_dir_for(e, launch_dir) for e in exps], launch_dir, name, progress, startup_timeout_s)
 
 
-def _launch(exps, run_dirs, launch_dir: Path, name: str, progress: bool, startup_timeout_s: float) -> list[Run]:
+def _launch(exps, final_dirs, launch_dir: Path, name: str, progress: bool, startup_timeout_s: float) -> list[Run]:
     backend, device = preflight(exps)
+    # every launch writes into a directory of its own, and takes the final place only when complete
+    launch_id = uuid.uuid4().hex[:12]
+    final_launch_dir, launch_dir = launch_dir, rundir.staging_dir(launch_dir, launch_id)
+    run_dirs = [launch_dir / d.relative_to(final_launch_dir) for d in final_dirs]
     for run_dir, exp in zip(run_dirs, exps):
         run_dir.mkdir(parents=True, exist_ok=True)
-        rundir.clear(run_dir)
         (run_dir / rundir.SPEC).write_text(exp.to_json())
-    launch_dir.mkdir(parents=True, exist_ok=True)
     spec_paths = [(d / rundir.SPEC).resolve() for d in run_dirs]
-    launch_id = uuid.uuid4().hex[:12]
     world_size = max(e.world_size for e in exps)
     argv = worker_argv(world_size, spec_paths)
     reporter = Reporter(progress)
@@ -95,13 +96,14 @@ def _launch(exps, run_dirs, launch_dir: Path, name: str, progress: bool, startup
         proc = start(argv, env, log)
         watchdog, interrupted = _follow(proc, watch, reporter, t0, startup_timeout_s, spec_paths[0])
     if interrupted:
-        line = f"interrupted: {world_size} ranks stopped after {time.monotonic() - t0:.1f} s ({name})"
+        place = rundir.settle(launch_dir, final_launch_dir, complete=False)
+        line = f"interrupted: {world_size} ranks stopped after {time.monotonic() - t0:.1f} s ({name}; files in {place})"
         reporter.finish(f"ddplab {line}")
         raise failures.Interrupted(line) from None
     wall_s = time.monotonic() - t0
     record = {"argv": argv, "returncode": proc.returncode, "wall_s": wall_s, "backend": backend, "device": device,
-              "stopped_by_watchdog": watchdog, "launch_dir": str(launch_dir), "experiments": len(exps),
-              "launch_id": launch_id}
+              "stopped_by_watchdog": watchdog, "launch_dir": str(final_launch_dir), "experiments": len(exps),
+              "launch_id": launch_id, "complete": False}
     for run_dir in {launch_dir, *run_dirs}:
         rundir.write_json_atomic(run_dir / rundir.LAUNCH, record)
 
@@ -119,14 +121,23 @@ def _launch(exps, run_dirs, launch_dir: Path, name: str, progress: bool, startup
                 diagnosis.log_tail = "\n".join((launch_dir / rundir.LOG).read_text().splitlines()[-LOG_TAIL_LINES:])
             reporter.finish(f"ddplab {exp.name}: FAILED after {wall_s:.1f} s "
                             f"({diagnosis.kind}, {failures.rank_list(diagnosis.ranks)})")
-            raise failures.RunFailed(diagnosis, run_dir)
-    runs = [load_run(d) for d in run_dirs]
+            place = rundir.settle(launch_dir, final_launch_dir, complete=False)
+            raise failures.RunFailed(diagnosis, place / run_dir.relative_to(launch_dir))
+    try:
+        runs = [load_run(d) for d in run_dirs]
+    except failures.RunFailed as e:   # e.g. replicas that diverged: the files stay, beside any complete run
+        place = rundir.settle(launch_dir, final_launch_dir, complete=False)
+        raise failures.RunFailed(e.diagnosis, place / Path(e.run_dir).relative_to(launch_dir)) from None
+    for run_dir in {launch_dir, *run_dirs}:   # every rank's result loaded and cross-checked
+        rundir.write_json_atomic(run_dir / rundir.LAUNCH, {**record, "complete": True})
+    rundir.settle(launch_dir, final_launch_dir, complete=True)
+    runs = [load_run(d) for d in final_dirs]   # the same files, at their final place
     if len(exps) == 1:
         total, unit = exps[0].task.total_steps(exps[0]), exps[0].task.step_unit
         what = f"{world_size} ranks x {total} {unit[:-1] if total == 1 else unit}"
     else:
         what = f"{len(exps)} experiments on up to {world_size} ranks"
-    reporter.finish(f"ddplab {name}: {what} on {backend}/{device} in {wall_s:.1f} s -> {launch_dir}")
+    reporter.finish(f"ddplab {name}: {what} on {backend}/{device} in {wall_s:.1f} s -> {final_launch_dir}")
     return runs
 
 
