@@ -9,9 +9,11 @@ Used by the README's first command and notebook-free use; every notebook can do 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 
-from .spec import Experiment, Fault
+from .spec import Experiment, Fault, experiment
+from .spec.fault import FAULT_KINDS
 
 
 def _ints(text: str):
@@ -24,34 +26,62 @@ def _optional_float(text: str):
     return None if text.lower() in ("none", "default") else float(text)
 
 
-# flag -> (Experiment field, type, help)
-RUN_FLAGS = {
-    "--name": ("name", str, "run name (names the run directory)"),
-    "--model": ("model", str, "transformer, mlp, or package.module:factory"),
-    "--vocab-size": ("vocab_size", int, "tokens in the vocabulary"),
-    "--d-model": ("d_model", int, "width of the built-in models"),
-    "--n-layers": ("n_layers", int, "blocks (transformer) or hidden layers (mlp)"),
-    "--n-heads": ("n_heads", int, "attention heads (transformer)"),
-    "--world-size": ("world_size", int, "number of ranks"),
-    "--local-batch": ("local_batch", _ints, "examples per rank per micro-step: N, or N0,N1,... one per rank"),
-    "--seq-len": ("seq_len", _ints, "tokens per example: N, or one per rank"),
-    "--accum-steps": ("accum_steps", int, "micro-steps per optimizer step"),
-    "--steps": ("steps", int, "optimizer steps"),
-    "--sync": ("sync", str, "ddp (average gradients) or none (each rank steps alone)"),
-    "--bucket-cap-mb": ("bucket_cap_mb", _optional_float, "DDP bucket cap in MiB, or 'none' for the default"),
-    "--optimizer": ("optimizer", str, "sgd, adam or adamw"),
-    "--lr": ("lr", float, "learning rate"),
-    "--seed": ("seed", int, "seed for the model and the data"),
-    "--backend": ("backend", str, "auto, gloo or nccl"),
-    "--device": ("device", str, "auto, cpu or cuda"),
-    "--timeout": ("timeout_s", float, "seconds a rank may wait in one collective"),
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(p for p in text.split(",") if p)
+
+
+def _bool(text: str) -> bool:
+    if text.lower() not in ("true", "false", "1", "0", "yes", "no"):
+        raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+    return text.lower() in ("true", "1", "yes")
+
+
+# what each Experiment field means on the command line; choices come from the spec itself
+HELP = {
+    "name": "run name (names the run directory)",
+    "model": f"{', '.join(experiment.BUILTIN_MODELS)}, or package.module:factory (importable from here)",
+    "vocab_size": "tokens in the vocabulary", "d_model": "width of the built-in models",
+    "n_layers": "blocks (transformer) or hidden layers (mlp)", "n_heads": "attention heads (transformer)",
+    "tie_weights": "transformer: the LM head reuses the token embedding",
+    "checkpointing": "transformer: recompute each block's activations in backward",
+    "world_size": "number of ranks",
+    "local_batch": "examples per rank per micro-step: N, or N0,N1,... one per rank",
+    "seq_len": "tokens per example: N, or one per rank", "accum_steps": "micro-steps per optimizer step",
+    "no_sync": "skip the all-reduce on all but the last micro-step", "steps": "optimizer steps",
+    "sync": f"{' or '.join(experiment.SYNC_MODES)}: DDP averages gradients, or each rank steps alone",
+    "loss_norm": f"how a rank's loss is normalized: {', '.join(experiment.LOSS_NORMS)}",
+    "dtype": ", ".join(experiment.DTYPES), "sharding": ", ".join(experiment.SHARDING),
+    "bucket_cap_mb": "DDP bucket cap in MiB, or 'none' for the default",
+    "gradient_as_bucket_view": "DDP: gradients are views into the buckets",
+    "find_unused_parameters": "DDP: find parameters the forward did not use",
+    "optimizer": ", ".join(experiment.OPTIMIZERS), "lr": "learning rate", "momentum": "SGD momentum",
+    "seed": "seed for the model and the data", "seed_per_rank": "rank r builds its model from seed + r",
+    "backend": ", ".join(experiment.BACKENDS), "device": ", ".join(experiment.DEVICES),
+    "timeout_s": "seconds a rank may wait in one collective", "pin_cpus": "pin rank r to core r mod cores",
+    "probes": f"comma-separated: {', '.join(experiment.PROBES)}",
 }
+FAULT_HELP = {"kind": f"inject a failure: {', '.join(FAULT_KINDS)}", "rank": "rank that fails (default: the last)",
+              "step": "step in which it fails"}
+TYPES = {int: int, float: float, str: str, bool: _bool}
+SPECIAL = {"local_batch": _ints, "seq_len": _ints, "bucket_cap_mb": _optional_float, "probes": _names}
+FLAG_NAMES = {"timeout_s": "--timeout"}
+
+
+def run_flags() -> dict[str, tuple[str, object, str]]:
+    """flag -> (Experiment field, type, help), one flag for every field the command line can set."""
+    flags = {}
+    for f in dataclasses.fields(Experiment):
+        if f.name in ("task", "fault"):   # sections: the train task, and fault injection (FAULT_FLAGS)
+            continue
+        kind = SPECIAL.get(f.name) or TYPES[type(getattr(Experiment(), f.name))]
+        flags[FLAG_NAMES.get(f.name, "--" + f.name.replace("_", "-"))] = (f.name, kind, HELP[f.name])
+    return flags
+
+
+RUN_FLAGS = run_flags()
 # flag -> (Fault field, type, help)
-FAULT_FLAGS = {
-    "--fault": ("kind", str, "inject a failure: crash, skip-backward or stall"),
-    "--fault-rank": ("rank", int, "rank that fails (default: the last)"),
-    "--fault-step": ("step", int, "step in which it fails"),
-}
+FAULT_FLAGS = {"--fault": ("kind", str, FAULT_HELP["kind"]), "--fault-rank": ("rank", int, FAULT_HELP["rank"]),
+               "--fault-step": ("step", int, FAULT_HELP["step"])}
 
 
 def experiment_from_args(args: argparse.Namespace) -> Experiment:
@@ -96,7 +126,7 @@ def _cmd_doctor(args) -> int:
     return 0 if doctor(print) else 1
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ddplab", description="A hands-on lab for data-parallel training.")
     sub = parser.add_subparsers(dest="command", required=True)
     p_run = sub.add_parser("run", help="run an experiment on real torchrun ranks and print a per-rank table")
@@ -106,7 +136,11 @@ def main(argv=None) -> int:
     p_run.set_defaults(func=_cmd_run)
     p_doc = sub.add_parser("doctor", help="versions, backends, GPUs, and a real 2-rank all-reduce")
     p_doc.set_defaults(func=_cmd_doctor)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
     return args.func(args)
 
 

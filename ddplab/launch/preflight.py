@@ -5,6 +5,10 @@ Used by every launch (every notebook).
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
+
 from .. import host
 from ..spec import Experiment
 from ..spec.experiment import BUILTIN_MODELS
@@ -24,5 +28,20 @@ def preflight(exps: list[Experiment]) -> tuple[str, str]:
         if e.model not in BUILTIN_MODELS and (e.task.reads is None or "model" in e.task.reads):
             from ..rank import models  # builds the user's model once here, to say what is wrong in this process
 
-            models.check_model(models.build(e), e)
+            with _importable_from_here():   # as in the ranks, whose PYTHONPATH starts with this directory
+                models.check_model(models.build(e), e)
     return backend, device
+
+
+@contextlib.contextmanager
+def _importable_from_here():
+    """The current directory on sys.path while the block runs (a console script's sys.path lacks it)."""
+    here = os.getcwd()
+    added = here not in sys.path
+    if added:
+        sys.path.insert(0, here)
+    try:
+        yield
+    finally:
+        if added and here in sys.path:
+            sys.path.remove(here)

@@ -136,8 +136,14 @@ def build(exp) -> nn.Module:
     if exp.model == "branchy":
         return Branchy(exp.vocab_size, exp.d_model)
     factory = _load_factory(exp.model)
-    accepted = inspect.signature(factory).parameters
-    model = factory(**{k: v for k, v in sizes.items() if k in accepted})
+    try:
+        accepted = inspect.signature(factory).parameters
+    except (TypeError, ValueError):   # a builtin without a signature: call it with nothing
+        accepted = {}
+    try:
+        model = factory(**{k: v for k, v in sizes.items() if k in accepted})
+    except SystemExit as e:   # a factory that exits would end the launcher (or a rank) silently
+        raise ValueError(f"Experiment.model: {exp.model} called sys.exit({e.code}) instead of returning a model") from None
     if not isinstance(model, nn.Module):
         raise ValueError(f"Experiment.model: {exp.model} returned {type(model).__name__}, not an nn.Module")
     return model

@@ -1,0 +1,58 @@
+"""The command line (issue 11, item 8): flags come from the spec, a model in the current directory
+imports, and a factory that exits is an error, not a silent success."""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ddplab import Experiment, cli
+from ddplab.spec.experiment import BUILTIN_MODELS, PROBES
+from ddplab.spec.fault import FAULT_KINDS
+
+DDPLAB = shutil.which("ddplab") or str(Path(sys.executable).parent / "ddplab")
+
+
+def test_every_field_the_command_line_can_set_has_a_flag():
+    fields = {f.name for f in dataclasses.fields(Experiment)} - {"task", "fault"}
+    assert {field for field, _, _ in cli.RUN_FLAGS.values()} == fields
+    assert {field for field, _, _ in cli.FAULT_FLAGS.values()} == {f.name for f in dataclasses.fields(cli.Fault)}
+
+
+def test_help_lists_what_the_spec_accepts():
+    flags = {**cli.RUN_FLAGS, **cli.FAULT_FLAGS}
+    assert all(m in flags["--model"][2] for m in BUILTIN_MODELS)
+    assert all(k in flags["--fault"][2] for k in FAULT_KINDS)
+    assert all(p in flags["--probes"][2] for p in PROBES)
+
+
+def test_flags_parse_into_the_experiment():
+    parser_args = ["run", "--world-size", "2", "--local-batch", "4,8", "--probes", "gradients,bytes",
+                   "--find-unused-parameters", "true", "--fault", "crash", "--fault-rank", "0", "--steps", "2"]
+    exp = cli.experiment_from_args(cli.build_parser().parse_args(parser_args))
+    assert exp.local_batch == (4, 8) and exp.probes == ("gradients", "bytes") and exp.find_unused_parameters
+    assert exp.fault == cli.Fault("crash", rank=0, step=0)
+
+
+def test_a_factory_that_exits_is_refused_naming_the_model(tmp_path):
+    out = subprocess.run([DDPLAB, "run", "--model", "sys:exit", "--out", str(tmp_path / "r")],
+                         capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert out.returncode == 2, (out.returncode, out.stdout, out.stderr)
+    assert "Experiment.model: sys:exit called sys.exit(None)" in out.stderr
+
+
+@pytest.mark.slow
+def test_a_model_module_in_the_current_directory_imports_from_the_console_script(tmp_path):
+    (tmp_path / "mymodels.py").write_text(
+        "import torch.nn as nn\n"
+        "def tiny(vocab_size, d_model):\n"
+        "    return nn.Sequential(nn.Embedding(vocab_size, d_model), nn.Linear(d_model, vocab_size))\n")
+    out = subprocess.run([DDPLAB, "run", "--model", "mymodels:tiny", "--world-size", "2", "--out", str(tmp_path / "r")],
+                         capture_output=True, text=True, cwd=tmp_path, timeout=180)
+    assert out.returncode == 0, out.stderr
+    assert "global batch 16" in out.stdout
