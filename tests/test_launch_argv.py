@@ -42,3 +42,35 @@ def test_one_launch_needs_one_backend_and_device(monkeypatch):
     assert preflight([Experiment(world_size=2)]) == ("nccl", "cuda")
     with pytest.raises(ValueError, match="one backend and device"):
         preflight([Experiment(world_size=2), Experiment(world_size=2, backend="gloo")])
+
+
+def test_more_ranks_than_this_machine_can_run_are_refused_before_launch(monkeypatch):
+    import os
+
+    from ddplab.launch.preflight import MAX_RANKS_PER_CORE
+
+    cores = len(os.sched_getaffinity(0))
+    too_many = Experiment(world_size=min(MAX_RANKS_PER_CORE * cores + 1, 1024))
+    if too_many.world_size <= MAX_RANKS_PER_CORE * cores:
+        pytest.skip("this machine has more cores than the spec allows ranks")
+    with pytest.raises(ValueError, match=r"^Experiment\.world_size: .* CPU ranks on .* core"):
+        preflight([too_many])
+    monkeypatch.setenv("DDPLAB_SKIP_SIZE_CHECKS", "1")
+    assert preflight([too_many]) == ("gloo", "cpu")
+
+
+def test_a_model_too_big_for_this_machine_s_memory_is_refused_before_launch():
+    huge = Experiment(vocab_size=10 ** 6, d_model=2 ** 14, n_layers=1, n_heads=4, world_size=2)   # ~34 G params
+    with pytest.raises(ValueError, match=r"^Experiment\.world_size: 2 ranks .* would need about \d+\.\d GiB"):
+        preflight([huge])
+
+
+def test_every_lab_recipe_fits_this_machine():
+    from ddplab import recipes
+
+    for make in (recipes.launch_and_ranks, recipes.bucket_sweep, recipes.memory_sweeps, recipes.strong_scaling,
+                 recipes.readiness_cases, recipes.accumulation, recipes.bytes_on_wire):
+        made = make()
+        exps = [e for v in made.values() for e in v] if isinstance(made, dict) else made
+        for e in exps if isinstance(exps, list) else [exps]:
+            preflight([e])

@@ -1,5 +1,6 @@
 """Refuse what cannot run here before any process starts: one backend and device per launch, no NCCL
-rank without a GPU, CUDA-only probes on CUDA, a user's model that maps token ids to logits.
+rank without a GPU, CUDA-only probes on CUDA, a user's model that maps token ids to logits, and no more
+ranks or memory than this machine has (`DDPLAB_SKIP_SIZE_CHECKS=1` lifts the last two).
 Used by every launch (every notebook).
 """
 
@@ -11,6 +12,7 @@ import sys
 
 from .. import host
 from ..spec import Experiment
+from ..predict.memory import rank_bytes_estimate
 from ..spec.experiment import BUILTIN_MODELS
 
 
@@ -25,12 +27,36 @@ def preflight(exps: list[Experiment]) -> tuple[str, str]:
     if device != "cuda" and any("memory-snapshot" in e.probes for e in exps):
         raise ValueError("Experiment.probes: 'memory-snapshot' needs the ranks on CUDA; this launch runs on the CPU")
     for e in exps:
+        parameter_bytes = None
         if e.model not in BUILTIN_MODELS and (e.task.reads is None or "model" in e.task.reads):
             from ..rank import models  # builds the user's model once here, to say what is wrong in this process
 
             with _importable_from_here():   # as in the ranks, whose PYTHONPATH starts with this directory
-                models.check_model(models.build(e), e)
+                model = models.build(e)
+                models.check_model(model, e)
+            parameter_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+        if device == "cpu" and not os.environ.get("DDPLAB_SKIP_SIZE_CHECKS"):
+            check_fits(e, parameter_bytes)
     return backend, device
+
+
+MAX_RANKS_PER_CORE = 4   # 4 gloo ranks on 2 cores is the lab's oversubscription demo; more only thrash
+
+
+def check_fits(exp: Experiment, parameter_bytes: int | None = None) -> None:
+    """ValueError if this machine's cores or available memory cannot hold `exp`'s ranks."""
+    import psutil
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if exp.world_size > MAX_RANKS_PER_CORE * cores:
+        raise ValueError(f"Experiment.world_size: {exp.world_size} CPU ranks on {cores} core(s) is more than "
+                         f"{MAX_RANKS_PER_CORE} per core; use fewer ranks (or set DDPLAB_SKIP_SIZE_CHECKS=1)")
+    need = exp.world_size * rank_bytes_estimate(exp, parameter_bytes)
+    have = psutil.virtual_memory().available
+    if need > 0.8 * have:
+        raise ValueError(f"Experiment.world_size: {exp.world_size} ranks of this experiment would need about "
+                         f"{need / 2 ** 30:.1f} GiB, and this machine has {have / 2 ** 30:.1f} GiB available; use a "
+                         f"smaller model, batch or fewer ranks (or set DDPLAB_SKIP_SIZE_CHECKS=1)")
 
 
 @contextlib.contextmanager

@@ -82,3 +82,23 @@ def predict(exp, rank: int = 0, step: int = 1) -> dict[str, dict[str, int]]:
                  "ddp_buckets": 0 if views else s["ddp_buckets"], "optimizer_state": s["optimizer_state"],
                  "activations": 0},
     }
+
+
+RANK_BASELINE_BYTES = 320 * 2 ** 20   # one CPU rank after `import torch` and gloo's start: 317 MiB measured
+
+
+def rank_bytes_estimate(exp, parameter_bytes: int | None = None) -> int:
+    """A generous estimate of what one rank of `exp` holds at its peak, for refusing what cannot fit
+    before anything starts (not a prediction to compare with measurements: that is `predict`).
+    `parameter_bytes` stands in for a user's model, whose shapes the spec does not know."""
+    kind = exp.task.kind
+    if kind == "allreduce-sweep":
+        return RANK_BASELINE_BYTES + 2 * sum(exp.task.sweep_bytes)
+    if parameter_bytes is None:
+        parameter_bytes = sum(parameter_numels(exp)) * DTYPE_BYTES[exp.dtype]
+    if kind == "bucket-sweep":   # a copy of the model per plan: parameters, gradients, buckets, a spare
+        return RANK_BASELINE_BYTES + (len(exp.task.plans) + 2) * 4 * parameter_bytes
+    acts = max(activation_bytes(exp, r) for r in range(exp.world_size)) if exp.model in ("transformer", "mlp") else 0
+    # model state (parameters, gradients, buckets, two optimizer moments) and twice the activations,
+    # for the temporaries of backward
+    return RANK_BASELINE_BYTES + 5 * parameter_bytes + 2 * acts
