@@ -163,10 +163,19 @@ def test_memory_explorer_redraws_the_prediction_and_measures_for_real(page, lab)
     expect(predicted).to_contain_text("predicted MiB on each of the 4 ranks")
     expect(predicted.locator("tbody tr")).to_have_count(4)
     box.locator(".widget-dropdown select").first.select_option("2")
-    box.locator("button.widget-button").click()  # measure for real: launches 2 ranks
+    button = box.locator("button.widget-button")
+    button.dblclick()                     # measure for real: launches 2 ranks, once
+    expect(button).to_be_disabled()
+    box.locator(".widget-dropdown select").first.select_option("4")   # a control changed mid-measure
     measured = box.locator(".widget-output").nth(1)
     expect(measured.locator("table")).to_contain_text("predicted", timeout=120_000)
     expect(measured.locator("tbody tr")).to_have_count(2)
+    expect(measured).to_contain_text("measured with world_size=2")   # what it ran, not what the control says
+    expect(predicted).to_contain_text("predicted MiB on each of the 4 ranks")
+    expect(button).to_be_enabled()
+    page.wait_for_timeout(3000)           # a second launch from the double click would have shown by now
+    expect(measured).to_contain_text("(measurement 1)")
+    expect(measured).not_to_contain_text("measurement 2")
 
 
 def test_rank_weights_sliders_redraw_the_plot(page, lab):
@@ -206,6 +215,18 @@ def test_bucket_slider_redraws_the_schedule_and_measures_for_real(page, lab):
     handle.focus()
     page.keyboard.press("End")                                  # the largest cap: a single bucket
     expect(table).to_contain_text("split:")
-    box.locator("button:has-text('measure')").click()           # launches 2 ranks
-    expect(box.locator(".widget-output").first).to_contain_text("measured split:", timeout=120_000)
+    button = box.locator("button:has-text('measur')")
+    button.dblclick()                                           # launches 2 ranks, once
+    expect(button).to_be_disabled()
+    handle.focus()
+    page.keyboard.press("Home")                                 # the slider moved mid-measure
+    status = box.locator(".widget-output").first
+    expect(status).to_contain_text("measured split:", timeout=120_000)   # the plan of the click
+    expect(button).to_be_enabled()
+    expect(table).not_to_contain_text("measured_step_ms")       # the plan shown now was not measured
+    handle.focus()
+    page.keyboard.press("End")
     expect(table).to_contain_text("measured_step_ms")
+    page.wait_for_timeout(3000)
+    expect(status).to_contain_text("measurement 1)")
+    expect(status).not_to_contain_text("measurement 2")

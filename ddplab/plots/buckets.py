@@ -7,6 +7,7 @@ import matplotlib.pyplot as plt
 from matplotlib.patches import Patch
 
 from ..units import MIB
+from . import canvas
 
 BUCKET_COLORS = ("#1f77b4", "#6baed6")
 MEASURED_COLORS = ("#2ca02c", "#98df8a")
@@ -45,11 +46,12 @@ def _draw(ax, s, measured=None, title: str = ""):
     ax.grid(axis="x", alpha=0.3)
 
 
-def timeline(s, measured=None, title: str = ""):
+def timeline(s, measured=None, title: str = "", detached: bool = False):
     """One simulated step from the start of backward: backward compute (grey; triangles: a bucket's
     last gradient is ready), each bucket's all-reduce on the channel, the exposed tail in red; with
-    `measured` (tables.bucket_sweep.measured_timeline) the real buckets and backward's return (dashed) below."""
-    fig, ax = plt.subplots(figsize=(9, 2.6 if measured else 2.1))
+    `measured` (tables.bucket_sweep.measured_timeline) the real buckets and backward's return (dashed) below.
+    `detached`: drawn outside pyplot (the bucket slider's callback displays it)."""
+    fig, ax = canvas.subplots((9, 2.6 if measured else 2.1), detached=detached)
     _draw(ax, s, measured, title)
     ax.set_xlabel("ms after backward started")
     fig.tight_layout()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 
 from ..predict.loss_weights import rank_weights as weights
+from . import canvas
 from ..tables.gradients import check
 
 
@@ -56,11 +57,12 @@ def normalization_errors(table):
     return fig
 
 
-def rank_weights(local_batches, seq_lens):
-    """How much each rank's mean gradient counts under each loss normalization (pure, instant)."""
+def rank_weights(local_batches, seq_lens, detached: bool = False):
+    """How much each rank's mean gradient counts under each loss normalization (pure, instant);
+    `detached`: drawn outside pyplot (the widget's callback displays it)."""
     norms = ("rank-mean", "global-sample", "global-token")
     n = len(local_batches)
-    fig, ax = plt.subplots(figsize=(7, 3.2))
+    fig, ax = canvas.subplots((7, 3.2), detached=detached)
     w = 0.27
     for k, norm in enumerate(norms):
         ax.bar([r + (k - 1) * w for r in range(n)], weights(local_batches, seq_lens, norm), w, label=norm)

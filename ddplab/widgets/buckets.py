@@ -12,13 +12,13 @@ def bucket_slider(sweep_run, link, measure, model: str = "calibrated", cap_mb: f
     import dataclasses
 
     import ipywidgets as w
-    import matplotlib.pyplot as plt
     import pandas as pd
     from IPython.display import display
 
     from ..plots import buckets as bucket_plots
     from ..predict import buckets as simulator
     from ..tables import bucket_sweep, buckets
+    from .measuring import OneAtATime
 
     ins, costs = bucket_sweep.inputs(sweep_run), buckets.costs(sweep_run, link)
     cap = _cap_slider(ins, cap_mb)
@@ -45,13 +45,11 @@ def bucket_slider(sweep_run, link, measure, model: str = "calibrated", cap_mb: f
         with out:
             out.clear_output(wait=True)
             display(pd.DataFrame([row]).set_index("plan").round(2))
-            fig = bucket_plots.timeline(s, measured.get(name, {}).get("timeline"),
-                                         f"{name}: {len(plan)} bucket(s), {which.value} model")
-            display(fig)
-            plt.close(fig)
+            display(bucket_plots.timeline(s, measured.get(name, {}).get("timeline"),
+                                          f"{name}: {len(plan)} bucket(s), {which.value} model", detached=True))
 
-    def on_measure(_):
-        name, _plan = current()
+    def on_measure():
+        name, _plan = current()   # the plan of the click, whatever the slider says by the time it ends
         task = dataclasses.replace(sweep_run.spec.task, plans=(name,), rounds=1, steps_per_round=3)
         exp = sweep_run.spec.replace(name="slider-measure", task=task)
         with status:
@@ -59,12 +57,14 @@ def bucket_slider(sweep_run, link, measure, model: str = "calibrated", cap_mb: f
             r = measure(exp)
             measured[name] = {"step_ms": bucket_sweep.measured(r).loc[name, "step_ms"],
                               "timeline": bucket_sweep.measured_timeline(r, name)}
-            print(f"measured {name}: {measured[name]['step_ms']:.1f} ms per step (median of 3 steps, 2 ranks)")
+            print(f"measured {name}: {measured[name]['step_ms']:.1f} ms per step (median of 3 steps, "
+                  f"{exp.world_size} ranks; measurement {guard.runs})")
         redraw()
 
     for control in (cap, split, which):
         control.observe(redraw, names="value")
-    button.on_click(on_measure)
+    guard = OneAtATime(button)
+    button.on_click(guard.handler(on_measure))
     redraw()
     box = w.VBox([w.HBox([cap, split]), w.HBox([which, button]), status, out])
     box.add_class("ddplab-bucket-slider")

@@ -8,7 +8,6 @@ def rank_weights_explorer(local_batch=(2, 4, 6, 12), seq_len=(16, 16, 16, 16), m
     """One slider per rank for its local batch (and sequence length); redraws how much each rank's
     gradient counts under each loss normalization (notebook 01)."""
     import ipywidgets as w
-    import matplotlib.pyplot as plt
     from IPython.display import display
 
     from .. import plots
@@ -20,9 +19,7 @@ def rank_weights_explorer(local_batch=(2, 4, 6, 12), seq_len=(16, 16, 16, 16), m
     def redraw(_=None):
         with out:
             out.clear_output(wait=True)
-            fig = plots.rank_weights([s.value for s in batches], [s.value for s in lengths])
-            display(fig)
-            plt.close(fig)
+            display(plots.rank_weights([s.value for s in batches], [s.value for s in lengths], detached=True))
 
     for s in batches + lengths:
         s.observe(redraw, names="value")

@@ -15,6 +15,7 @@ def memory_explorer(exp, measure):
     from .. import tables
     from ..predict import memory as memory_model
     from ..units import MIB
+    from .measuring import OneAtATime
 
     world = w.Dropdown(options=[1, 2, 4, 8], value=exp.world_size, description="world_size")
     opt = w.Dropdown(options=["sgd", "sgd+momentum", "adam"], value="adam", description="optimizer")
@@ -36,14 +37,18 @@ def memory_explorer(exp, measure):
             print(f"predicted MiB on each of the {e.world_size} ranks (the same on every rank):")
             display(pd.DataFrame([rows] * e.world_size, index=pd.Index(range(e.world_size), name="rank")).round(3))
 
-    def on_measure(_):
+    def on_measure():
+        e = current()   # the settings of the click, whatever the controls say by the time it ends
         with measured:
             measured.clear_output()
-            display(tables.memory(measure(current())))
+            print(f"measured with world_size={e.world_size}, optimizer={opt.value}, "
+                  f"gradient_as_bucket_view={e.gradient_as_bucket_view} (measurement {guard.runs}):")
+            display(tables.memory(measure(e)))
 
     for control in (world, opt, views):
         control.observe(redraw, names="value")
-    button.on_click(on_measure)
+    guard = OneAtATime(button)
+    button.on_click(guard.handler(on_measure))
     redraw()
     box = w.VBox([w.HBox([world, opt, views, button]), predicted, measured])
     box.add_class("ddplab-memory-explorer")
