@@ -38,3 +38,20 @@ def test_a_sweep_round_counts_as_done_only_once_the_next_one_starts(tmp_path):
     watch.poll()
     assert watch.steps_done[0] == {0: 0, 1: 2}
     assert "0/5 rounds done, slowest rank in 'round ddp:1'" in watch.line(1.0)
+
+
+def test_the_line_names_the_experiment_the_slowest_ranks_are_on(tmp_path):
+    small, big = Experiment(name="small", world_size=2), Experiment(name="big", world_size=4)
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir(), b.mkdir()
+    watch = Watch([(small, a), (big, b)])
+    rec = lambda phase, step: json.dumps({"t_ns": 0, "phase": phase, "step": step, "micro": 0}) + "\n"
+    rundir.progress_file(a, 0).write_text(rec("forward", 0))
+    for r in (2, 3):   # ranks outside the 2-rank experiment went on to the next one
+        rundir.progress_file(b, r).write_text(rec("init-process-group", -1))
+    watch.poll()
+    assert "small" in watch.line(1.0) and "1/2 small" in watch.line(1.0)
+    rundir.rank_file(a, 0).write_text("{}")
+    rundir.rank_file(a, 1).write_text("{}")
+    watch.poll()
+    assert "2/2 big" in watch.line(2.0)

@@ -226,3 +226,31 @@ def test_ddp_construction_broadcasts_rank_0s_parameters(tmp_path):
     built = [r.param_checksum.built for r in run.ranks]
     assert built[0] != built[1]
     assert [r.param_checksum.initial for r in run.ranks] == [built[0], built[0]]
+
+
+def test_a_launch_says_it_is_starting_before_the_first_rank_reports(runs_dir, monkeypatch):
+    from ddplab.launch import cold
+    from ddplab.launch.progress import Reporter
+
+    made = []
+
+    class Recording(Reporter):
+        def __init__(self, enabled=True):
+            super().__init__(enabled)
+            made.append(self)
+
+    monkeypatch.setattr(cold, "Reporter", Recording)
+    ddplab.run(Experiment(name="starting", world_size=2), runs_dir / "starting")
+    first = made[0].history[0]
+    assert first.startswith("ddplab starting: starting 2 ranks (starting) on gloo/cpu"), made[0].history
+
+
+def test_a_stalled_rank_without_synchronization_is_the_one_blamed(runs_dir):
+    exp = Experiment(name="stall-alone", world_size=2, steps=2, sync="none", fault=Fault("stall", rank=1, step=1),
+                     timeout_s=2)
+    with pytest.raises(RunFailed) as info:
+        ddplab.run(exp, runs_dir / "stall-alone", progress=False)
+    d = info.value.diagnosis
+    assert d.kind == "hang" and d.ranks == [1], str(d)
+    assert "Rank 1 never arrived: its last phase was 'forward' of step 1" in d.summary
+    assert not leftovers(runs_dir / "stall-alone")

@@ -94,6 +94,8 @@ def _launch(exps, final_dirs, launch_dir: Path, name: str, progress: bool, start
     with open(launch_dir / rundir.LOG, "w") as log:
         env = {**worker_env(), "DDPLAB_LAUNCH_ID": launch_id}
         proc = start(argv, env, log)
+        what = exps[0].name if len(exps) == 1 else f"{len(exps)} experiments"
+        reporter.update(f"ddplab {name}: starting {world_size} ranks ({what}) on {backend}/{device}")
         watchdog, interrupted = _follow(proc, watch, reporter, t0, startup_timeout_s, spec_paths[0])
     if interrupted:
         place = rundir.settle(launch_dir, final_launch_dir, complete=False)

@@ -36,11 +36,13 @@ class Reporter:
         self.tty = enabled and not self.notebook and sys.stderr.isatty()
         self._handle = None
         self._last = ""
+        self.history: list[str] = []   # every distinct line shown, in order
 
     def update(self, line: str) -> None:
         if not self.enabled or line == self._last:
             return
         self._last = line
+        self.history.append(line)
         if self.notebook:
             from IPython.display import Pretty, display
 

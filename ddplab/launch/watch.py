@@ -51,10 +51,21 @@ class Watch:
                     phase = self.phases[i].get(rec["phase"])
                     done = rec.get("step", -1) + (1 if phase is not None and phase.ends_step else 0)
                     self.steps_done[i][r] = max(self.steps_done[i].get(r, 0), done)
-                self.current, moved = max(self.current, i), True
+                moved = True
+        self.current = self._current()
         if moved:
             self.last_move, self.started = time.monotonic(), True
         return moved
+
+    def _current(self) -> int:
+        """The experiment the launch is on: the first that has started and some rank of which has not
+        written its result yet (ranks outside a smaller experiment run ahead into the next one)."""
+        started = [i for i in range(len(self.runs)) if self.last[i]]
+        for i in started:
+            exp, run_dir = self.runs[i]
+            if not all(rundir.rank_file(run_dir, r).exists() for r in range(exp.world_size)):
+                return i
+        return started[-1] if started else 0
 
     def line(self, elapsed_s: float) -> str:
         exp, _ = self.runs[self.current]
