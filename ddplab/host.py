@@ -10,6 +10,7 @@ Used by the launcher and the worker of every notebook's runs.
 from __future__ import annotations
 
 import ctypes
+import os
 import signal
 import sys
 
@@ -34,6 +35,19 @@ def choose_backend(backend: str, device: str, world_size: int, cuda_devices: int
     if device == "cuda" and cuda_devices == 0:
         raise ValueError("Experiment.device: 'cuda' was asked for but this machine has no CUDA device")
     return backend, device
+
+
+def parent_is_torchrun() -> bool:
+    """Is this process still the child of a torchrun agent? False once it was re-parented to init or to
+    a subreaper (the agent died before `die_with_parent` was armed). True where /proc cannot tell."""
+    ppid = os.getppid()
+    if ppid == 1:
+        return False
+    try:
+        with open(f"/proc/{ppid}/cmdline", "rb") as f:
+            return b"torch" in f.read()
+    except OSError:
+        return True
 
 
 def die_with_parent() -> None:

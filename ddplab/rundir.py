@@ -75,32 +75,56 @@ def staging_dir(final: Path, launch_id: str) -> Path:
     return final.parent / f".{final.name}.{launch_id}.partial"
 
 
+def check_destination(final: Path) -> None:
+    """Refuse, before anything starts, a destination a launch would replace but that is not a run: a
+    launch replaces what is at its place, so that place must be new, empty, or an earlier run."""
+    final = Path(final)
+    if not final.name or final.name in (".", "..") or final.resolve() == Path.cwd().resolve():
+        raise ValueError(f"out: {str(final)!r} names no directory of its own; give a run directory, e.g. runs/mine")
+    if final.exists() and (not final.is_dir() or (any(final.iterdir()) and not is_run_dir(final))):
+        raise ValueError(f"out: {final} already holds something that is not a ddplab run (no {SPEC} or {LAUNCH}); "
+                         f"a run replaces what is at its place, so give a new or empty directory")
+
+
+def is_run_dir(path: Path) -> bool:
+    return (Path(path) / SPEC).exists() or (Path(path) / LAUNCH).exists()
+
+
 def settle(staged: Path, final: Path, complete: bool) -> Path:
     """Move a finished launch's directory to its place; return where it went. A complete launch
     replaces what was at `final`; an incomplete one (failed, interrupted) takes `final` only if no
-    complete run is there, and otherwise sits beside it as `<final>.failed-<launch id>`."""
+    complete run is there, and otherwise sits beside it as `<final>.failed-<launch id>`. Launches
+    that settle into one place at once take turns (a lock file beside it)."""
+    import fcntl
+
     staged, final = Path(staged), Path(final)
-    if not complete and _holds_complete_run(final):
-        place = final.with_name(f"{final.name}.failed-{staged.name.split('.')[-2]}")
-        os.replace(staged, place)
-        return place
-    if final.exists():
-        old = final.with_name(f".{final.name}.{os.getpid()}.{time.time_ns()}.old")
-        os.replace(final, old)
-        os.replace(staged, final)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        final.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(staged, final)
-    return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    with open(final.parent / f".{final.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not complete and _holds_complete_run(final):
+            place = final.with_name(f"{final.name}.failed-{staged.name.split('.')[-2]}")
+            os.replace(staged, place)
+            return place
+        if final.exists():
+            old = final.with_name(f".{final.name}.{os.getpid()}.{time.time_ns()}.old")
+            os.replace(final, old)
+            os.replace(staged, final)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(staged, final)
+        return final
 
 
 def _holds_complete_run(path: Path) -> bool:
-    """A directory some launch completed: its launch record says every result loaded and agreed."""
+    """A directory some launch completed: its launch record says every result loaded and agreed (a
+    record from before that flag existed: the launch exited cleanly and no rank reported an error)."""
     try:
-        return json.loads((Path(path) / LAUNCH).read_text()).get("complete") is True
+        launch = json.loads((Path(path) / LAUNCH).read_text())
     except (json.JSONDecodeError, OSError):
         return False
+    if "complete" in launch:
+        return launch["complete"] is True
+    return launch.get("returncode") == 0 and not any(Path(path).rglob("rank*.error.json"))
 
 
 class ProgressLog:

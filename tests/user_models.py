@@ -46,3 +46,16 @@ def fails_if_flagged(vocab_size: int, d_model: int):
     if os.environ.get("DDPLAB_TEST_FAIL") and "RANK" in os.environ:
         raise RuntimeError("DDPLAB_TEST_FAIL is set")
     return _TokenLinear(vocab_size, d_model)
+
+
+class _Slow(_TokenLinear):
+    def forward(self, idx):
+        import time
+
+        time.sleep(0.05)   # a step that lasts at least 50 ms on any machine
+        return super().forward(idx)
+
+
+def slow(vocab_size: int, d_model: int):
+    """`_TokenLinear` whose forward sleeps 50 ms: a run of known minimum length."""
+    return _Slow(vocab_size, d_model)

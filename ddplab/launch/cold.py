@@ -15,6 +15,7 @@ naming the rank (`failures.py`). Used by every notebook and by `ddplab run`.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import time
@@ -26,7 +27,7 @@ from ..results import Run, load_run
 from ..spec import Experiment
 from .preflight import preflight
 from .progress import Reporter
-from .torchrun import interrupts_deferred, kill_tree, start, worker_argv, worker_env
+from .torchrun import interrupts_caught, kill_tree, start, worker_argv, worker_env
 from .watch import Watch, collect
 
 STARTUP_TIMEOUT_S = 120.0
@@ -76,80 +77,86 @@ def run_many(exps: list[Experiment], out=None, *, name: str = "sweep", progress:
     return _launch(exps, [run_dir_for(e, launch_dir) for e in exps], launch_dir, name, progress, startup_timeout_s)
 
 
-def _launch(exps, final_dirs, launch_dir: Path, name: str, progress: bool, startup_timeout_s: float) -> list[Run]:
+def _launch(exps, final_dirs, final_launch_dir: Path, name: str, progress: bool,
+            startup_timeout_s: float) -> list[Run]:
     backend, device = preflight(exps)
-    # every launch writes into a directory of its own, and takes the final place only when complete
+    rundir.check_destination(final_launch_dir)
+    # every launch writes into a directory of its own, and takes the final place when it ends
     launch_id = uuid.uuid4().hex[:12]
-    final_launch_dir, launch_dir = launch_dir, rundir.staging_dir(launch_dir, launch_id)
+    launch_dir = rundir.staging_dir(final_launch_dir, launch_id)
     run_dirs = [launch_dir / d.relative_to(final_launch_dir) for d in final_dirs]
-    for run_dir, exp in zip(run_dirs, exps):
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / rundir.SPEC).write_text(exp.to_json())
-    spec_paths = [(d / rundir.SPEC).resolve() for d in run_dirs]
-    world_size = max(e.world_size for e in exps)
-    argv = worker_argv(world_size, spec_paths)
-    reporter = Reporter(progress)
-    watch = Watch(list(zip(exps, run_dirs)))
-    t0 = time.monotonic()
-    with open(launch_dir / rundir.LOG, "w") as log:
-        env = {**worker_env(), "DDPLAB_LAUNCH_ID": launch_id}
-        proc = start(argv, env, log)
-        what = exps[0].name if len(exps) == 1 else f"{len(exps)} experiments"
-        reporter.update(f"ddplab {name}: starting {world_size} ranks ({what}) on {backend}/{device}")
-        watchdog, interrupted = _follow(proc, watch, reporter, t0, startup_timeout_s, spec_paths[0])
-    if interrupted:
-        place = rundir.settle(launch_dir, final_launch_dir, complete=False)
-        line = f"interrupted: {world_size} ranks stopped after {time.monotonic() - t0:.1f} s ({name}; files in {place})"
-        reporter.finish(f"ddplab {line}")
-        raise failures.Interrupted(line) from None
-    wall_s = time.monotonic() - t0
-    record = {"argv": argv, "returncode": proc.returncode, "wall_s": wall_s, "backend": backend, "device": device,
-              "stopped_by_watchdog": watchdog, "launch_dir": str(final_launch_dir), "experiments": len(exps),
-              "launch_id": launch_id, "complete": False}
-    for run_dir in {launch_dir, *run_dirs}:
-        rundir.write_json_atomic(run_dir / rundir.LAUNCH, record)
-
-    # what the ranks waited before the launch was judged stuck: the watchdog's limit, or the collective's
-    # timeout that every process group of this launch had (runtime.setup)
-    timeout_s = watch.limit_s(startup_timeout_s) if watchdog else max(e.timeout_s for e in exps)
-    for exp, run_dir in zip(exps, run_dirs):
-        prog, errors, finished = collect(run_dir, exp.world_size)
-        if errors or len(finished) < exp.world_size:  # the first incomplete experiment is the one to explain
-            if proc.returncode not in (0, None):
-                kill_tree(proc, spec_paths[0])  # torchrun stopped its ranks; sweep for any that escaped
-            diagnosis = failures.diagnose(prog, errors, finished, exp.world_size, timeout_s, watchdog,
-                                          exp.task.all_phases())
-            if diagnosis.kind == "missing-result":  # no rank could explain itself: show what torchrun saw
-                diagnosis.log_tail = "\n".join((launch_dir / rundir.LOG).read_text().splitlines()[-LOG_TAIL_LINES:])
-            reporter.finish(f"ddplab {exp.name}: FAILED after {wall_s:.1f} s "
-                            f"({diagnosis.kind}, {failures.rank_list(diagnosis.ranks)})")
-            place = rundir.settle(launch_dir, final_launch_dir, complete=False)
-            raise failures.RunFailed(diagnosis, place / run_dir.relative_to(launch_dir))
+    settled = False
     try:
-        runs = [load_run(d) for d in run_dirs]
-    except failures.RunFailed as e:   # e.g. replicas that diverged: the files stay, beside any complete run
-        place = rundir.settle(launch_dir, final_launch_dir, complete=False)
-        raise failures.RunFailed(e.diagnosis, place / Path(e.run_dir).relative_to(launch_dir)) from None
-    for run_dir in {launch_dir, *run_dirs}:   # every rank's result loaded and cross-checked
-        rundir.write_json_atomic(run_dir / rundir.LAUNCH, {**record, "complete": True})
-    rundir.settle(launch_dir, final_launch_dir, complete=True)
-    runs = [load_run(d) for d in final_dirs]   # the same files, at their final place
-    if len(exps) == 1:
-        total, unit = exps[0].task.total_steps(exps[0]), exps[0].task.step_unit
-        what = f"{world_size} ranks x {total} {unit[:-1] if total == 1 else unit}"
-    else:
-        what = f"{len(exps)} experiments on up to {world_size} ranks"
-    reporter.finish(f"ddplab {name}: {what} on {backend}/{device} in {wall_s:.1f} s -> {final_launch_dir}")
-    return runs
-
-
-def _follow(proc, watch: Watch, reporter: Reporter, t0: float, startup_timeout_s: float, spec_path: Path):
-    """Watch the ranks until torchrun exits or the launch stalls; kill the tree unless it exited by
-    itself. (stopped by the watchdog, interrupted by Ctrl-C)."""
-    watchdog = False
-    try:
+        for run_dir, exp in zip(run_dirs, exps):
+            run_dir.mkdir(parents=True, exist_ok=True)
+            (run_dir / rundir.SPEC).write_text(exp.to_json())
+        spec_paths = [(d / rundir.SPEC).resolve() for d in run_dirs]
+        world_size = max(e.world_size for e in exps)
+        argv = worker_argv(world_size, spec_paths)
+        reporter = Reporter(progress)
+        watch = Watch(list(zip(exps, run_dirs)))
+        t0 = time.monotonic()
+        starting = (f"ddplab {name}: starting {world_size} ranks "
+                    f"({exps[0].name if len(exps) == 1 else f'{len(exps)} experiments'}) on {backend}/{device}")
+        with open(launch_dir / rundir.LOG, "w") as log:
+            env = {**worker_env(), "DDPLAB_LAUNCH_ID": launch_id}
+            proc, watchdog, interrupted = _torchrun(argv, env, log, watch, reporter, t0, startup_timeout_s,
+                                                    spec_paths[0], starting)
+        wall_s = time.monotonic() - t0
+        if interrupted:
+            place, settled = rundir.settle(launch_dir, final_launch_dir, complete=False), True
+            line = f"interrupted: {world_size} ranks stopped after {wall_s:.1f} s ({name}; files in {place})"
+            reporter.finish(f"ddplab {line}")
+            raise failures.Interrupted(line)
+        record = {"argv": argv, "returncode": proc.returncode, "wall_s": wall_s, "backend": backend,
+                  "device": device, "stopped_by_watchdog": watchdog, "launch_dir": str(final_launch_dir),
+                  "experiments": len(exps), "launch_id": launch_id, "complete": False}
+        for run_dir in {launch_dir, *run_dirs}:
+            rundir.write_json_atomic(run_dir / rundir.LAUNCH, record)
+        # what the ranks waited before the launch was judged stuck: the watchdog's limit, or the
+        # collective's timeout that every process group of this launch had (runtime.setup)
+        timeout_s = watch.limit_s(startup_timeout_s) if watchdog else max(e.timeout_s for e in exps)
         try:
-            while proc.poll() is None:
+            failure = _first_failure(exps, run_dirs, launch_dir, proc, timeout_s, watchdog, spec_paths[0])
+            if failure:
+                raise failure
+            runs = [load_run(d) for d in run_dirs]
+        except failures.RunFailed as e:   # a failed rank, or results that disagree: the files stay
+            reporter.finish(f"ddplab {name}: FAILED after {wall_s:.1f} s "
+                            f"({e.diagnosis.kind}, {failures.rank_list(e.diagnosis.ranks)})")
+            place, settled = rundir.settle(launch_dir, final_launch_dir, complete=False), True
+            raise failures.RunFailed(e.diagnosis, place / Path(e.run_dir).relative_to(launch_dir)) from None
+        for run_dir in {launch_dir, *run_dirs}:   # every rank's result loaded and cross-checked
+            rundir.write_json_atomic(run_dir / rundir.LAUNCH, {**record, "complete": True})
+        rundir.settle(launch_dir, final_launch_dir, complete=True)
+        settled = True
+    finally:
+        if not settled and launch_dir.exists():   # an error of ours, or Ctrl-C outside the watch: keep the files
+            rundir.settle(launch_dir, final_launch_dir, complete=False)
+    reporter.finish(f"ddplab {name}: {_what(exps, world_size)} on {backend}/{device} in {wall_s:.1f} s "
+                    f"-> {final_launch_dir}")
+    return [dataclasses.replace(r, path=final, launch={**r.launch, "complete": True})   # the same files, settled
+            for r, final in zip(runs, final_dirs)]
+
+
+def _what(exps, world_size: int) -> str:
+    if len(exps) > 1:
+        return f"{len(exps)} experiments on up to {world_size} ranks"
+    total, unit = exps[0].task.total_steps(exps[0]), exps[0].task.step_unit
+    return f"{world_size} ranks x {total} {unit[:-1] if total == 1 else unit}"
+
+
+def _torchrun(argv, env, log, watch: Watch, reporter: Reporter, t0: float, startup_timeout_s: float,
+              spec_path: Path, starting: str):
+    """Start torchrun and follow its ranks until it exits, the launch stalls, or Ctrl-C; then kill the
+    tree unless it exited by itself. Ctrl-C only raises a flag here, so neither a first nor a second
+    one can cut the kill short. Returns (torchrun's process, stopped by the watchdog, interrupted)."""
+    watchdog = False
+    with interrupts_caught() as interrupted:
+        proc = start(argv, env, log)
+        try:
+            reporter.update(starting)
+            while proc.poll() is None and not interrupted:
                 time.sleep(POLL_S)
                 if watch.poll():
                     reporter.update(watch.line(time.monotonic() - t0))
@@ -157,11 +164,21 @@ def _follow(proc, watch: Watch, reporter: Reporter, t0: float, startup_timeout_s
                     watchdog = True
                     break
         finally:
-            # reached on success, on a stall, and on KeyboardInterrupt or any other exception; a second
-            # Ctrl-C waits until the tree is gone
-            with interrupts_deferred():
-                if proc.poll() is None or watchdog:
-                    kill_tree(proc, spec_path)
-    except KeyboardInterrupt:
-        return watchdog, True
-    return watchdog, False
+            if proc.poll() is None or watchdog:
+                kill_tree(proc, spec_path)
+    return proc, watchdog, bool(interrupted)
+
+
+def _first_failure(exps, run_dirs, launch_dir: Path, proc, timeout_s: float, watchdog: bool, spec_path: Path):
+    """RunFailed for the first experiment some rank of which failed or left no result, else None."""
+    for exp, run_dir in zip(exps, run_dirs):
+        prog, errors, finished = collect(run_dir, exp.world_size)
+        if errors or len(finished) < exp.world_size:
+            if proc.returncode not in (0, None):
+                kill_tree(proc, spec_path)  # torchrun stopped its ranks; sweep for any that escaped
+            diagnosis = failures.diagnose(prog, errors, finished, exp.world_size, timeout_s, watchdog,
+                                          exp.task.all_phases())
+            if diagnosis.kind == "missing-result":  # no rank could explain itself: show what torchrun saw
+                diagnosis.log_tail = "\n".join((launch_dir / rundir.LOG).read_text().splitlines()[-LOG_TAIL_LINES:])
+            return failures.RunFailed(diagnosis, run_dir)
+    return None

@@ -59,20 +59,21 @@ def start(argv: list[str], env: dict, stdout, text: bool = False) -> subprocess.
 
 
 @contextlib.contextmanager
-def interrupts_deferred():
-    """Hold Ctrl-C (SIGINT) while the block runs, e.g. while the process tree is being killed, and
-    raise KeyboardInterrupt after it if one came: a second Ctrl-C cannot cut the cleanup short."""
-    if threading.current_thread() is not threading.main_thread():
-        yield  # signal handlers can only be set from the main thread; there is no Ctrl-C here either
+def interrupts_caught():
+    """Turn Ctrl-C (SIGINT) into a flag while the block runs: it yields a list that each Ctrl-C
+    appends to, and no KeyboardInterrupt can cut the block short (a launch checks the flag between
+    polls, and a second Ctrl-C cannot interrupt the process-tree kill). Off the main thread, or where
+    Ctrl-C is ignored, nothing changes: there is no Ctrl-C to catch."""
+    caught: list[int] = []
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGINT) in (signal.SIG_IGN, None):
+        yield caught
         return
-    pending = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: pending.append(signum))
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
     try:
-        yield
+        yield caught
     finally:
         signal.signal(signal.SIGINT, previous)
-    if pending:
-        raise KeyboardInterrupt
 
 
 def _procs_of(proc: subprocess.Popen, spec_path: Path) -> list:

@@ -40,7 +40,7 @@ def main(argv=None) -> None:
     # first thing, before `import torch` (a second): a rank must never outlive torchrun, and torchrun
     # may already be gone (the launcher killed during start-up)
     host.die_with_parent()
-    if os.getppid() == 1:
+    if not host.parent_is_torchrun():
         os._exit(1)
     import torch
 
