@@ -188,9 +188,10 @@ def test_rank_weights_sliders_redraw_the_plot(page, lab):
     page.keyboard.press("End")  # rank 0's local batch to the maximum
     page.wait_for_function("([sel, old]) => { const i = document.querySelector(sel); return i && i.src !== old; }",
                            arg=[f"{PANEL} .ddplab-rank-weights img", first])
-    page.keyboard.press("Home")
+    at_max = img.get_attribute("src")
+    page.keyboard.press("Home")  # and back to the minimum: the plot must change again
     page.wait_for_function("([sel, old]) => { const i = document.querySelector(sel); return i && i.src !== old; }",
-                           arg=[f"{PANEL} .ddplab-rank-weights img", first])
+                           arg=[f"{PANEL} .ddplab-rank-weights img", at_max])
 
 
 def test_bucket_slider_redraws_the_schedule_and_measures_for_real(page, lab):
