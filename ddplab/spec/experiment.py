@@ -14,6 +14,7 @@ models (`d_model`, `n_layers`, `n_heads`) are plain counts.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import re
@@ -152,7 +153,7 @@ class Experiment:
     def hash(self) -> str:
         """Short hash of every field that differs from its default; equal specs hash equally in any
         process, and a field added later with a default leaves older runs' hashes unchanged."""
-        defaults = Experiment().to_dict()
+        defaults = _defaults()
         changed = {k: v for k, v in self.to_dict().items() if v != defaults[k]}
         canon = json.dumps(changed, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canon.encode()).hexdigest()[:10]
@@ -164,10 +165,20 @@ class Experiment:
         """Fields set away from their default that this experiment's task does not read."""
         if self.task.reads is None:  # the task reads every field
             return []
-        defaults = Experiment().to_dict()
+        defaults = _defaults()
         mine = self.to_dict()
         reads = self.task.reads | {"name", "task"}
         return [k for k in mine if k not in reads and mine[k] != defaults[k]]
+
+
+@functools.lru_cache(maxsize=1)
+def _default_dict() -> dict:
+    return Experiment().to_dict()
+
+
+def _defaults() -> dict:
+    """Every field's default as JSON values, built once (`hash` and `ignored_fields` compare with it)."""
+    return dict(_default_dict())
 
 
 def _validate(e: Experiment) -> None:
