@@ -45,7 +45,9 @@ def parent_is_torchrun() -> bool:
         return False
     try:
         with open(f"/proc/{ppid}/cmdline", "rb") as f:
-            return b"torch" in f.read()
+            cmdline = f.read()
+        # torchrun itself, or torchrun through ddplab's loopback entry (launch.loopback)
+        return b"torch" in cmdline or b"ddplab.launch.loopback" in cmdline
     except OSError:
         return True
 
@@ -55,3 +57,18 @@ def die_with_parent() -> None:
     rank, and in the launcher's child between fork and exec of torchrun."""
     if sys.platform.startswith("linux"):
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+LOOPBACK = "127.0.0.1"
+
+
+def loopback_interface() -> str | None:
+    """The name of the interface that holds 127.0.0.1 ("lo" on Linux, "lo0" on macOS), or None."""
+    import socket
+
+    import psutil
+
+    for name, addrs in psutil.net_if_addrs().items():
+        if any(a.family == socket.AF_INET and a.address == LOOPBACK for a in addrs):
+            return name
+    return None

@@ -7,12 +7,13 @@ from ddplab.launch import cold, torchrun
 from ddplab.launch.preflight import preflight
 
 
-def test_torchrun_argv_is_standalone_one_process_per_rank_without_a_fixed_port():
+def test_torchrun_argv_is_one_node_one_process_per_rank_on_loopback_without_a_fixed_port():
     argv = torchrun.worker_argv(4, [Path("runs/x/spec.json")], python="python3")
-    assert argv == ["python3", "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
+    assert argv == ["python3", "-m", "ddplab.launch.loopback", "--rdzv-backend=ddplab-loopback",
+                    "--rdzv-endpoint=127.0.0.1:0", "--rdzv-id=ddplab", "--local-addr=127.0.0.1", "--nnodes=1",
                     "--nproc-per-node=4", "--max-restarts=0", "-m", "ddplab.rank.worker",
                     "--spec", str(Path("runs/x/spec.json"))]
-    assert not any("port" in a for a in argv)
+    assert not any("port" in a for a in argv) and argv[4].endswith(":0")  # the kernel picks the ports
 
 
 def test_torchrun_argv_for_several_experiments_lists_every_spec_in_order():

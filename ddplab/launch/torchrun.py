@@ -2,10 +2,13 @@
 
 For a 4-rank experiment the command is
 
-    python -m torch.distributed.run --standalone --nnodes=1 --nproc-per-node=4 --max-restarts=0 \\
+    python -m ddplab.launch.loopback --rdzv-backend=ddplab-loopback --rdzv-endpoint=127.0.0.1:0 \\
+        --rdzv-id=ddplab --local-addr=127.0.0.1 --nnodes=1 --nproc-per-node=4 --max-restarts=0 \\
         -m ddplab.rank.worker --spec runs/<name>-<hash>/spec.json
 
-`--standalone` lets torchrun pick a free port for its rendezvous; nothing here hard-codes one.
+that is torchrun (`torch.distributed.run`, every flag of it) with its rendezvous stores bound to
+127.0.0.1 instead of every interface (`launch.loopback`); the kernel picks free ports, nothing here
+hard-codes one. The ranks' gloo and NCCL sockets stay on the loopback interface too (`worker_env`).
 torchrun dies with the launcher (PR_SET_PDEATHSIG, `host.die_with_parent`) and each rank with
 torchrun, and `kill_tree` reaps every process of a launch: no orphans. Used by the cold launch and
 `ddplab doctor`.
@@ -24,14 +27,16 @@ from pathlib import Path
 from .. import host
 
 WORKER = "ddplab.rank.worker"
+RENDEZVOUS_BACKEND = "ddplab-loopback"  # registered by launch.loopback, torchrun's entry here
 
 
 def torchrun_argv(world_size: int, args: list, python: str | None = None, module: str = WORKER,
                   script: str | None = None) -> list[str]:
     """The exact command that starts `world_size` ranks of `python -m module *args` (or of `script`) (pure)."""
     target = [str(script)] if script else ["-m", module]
-    return [python or sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
-            f"--nproc-per-node={world_size}", "--max-restarts=0", *target, *map(str, args)]
+    return [python or sys.executable, "-m", "ddplab.launch.loopback", f"--rdzv-backend={RENDEZVOUS_BACKEND}",
+            f"--rdzv-endpoint={host.LOOPBACK}:0", "--rdzv-id=ddplab", f"--local-addr={host.LOOPBACK}",
+            "--nnodes=1", f"--nproc-per-node={world_size}", "--max-restarts=0", *target, *map(str, args)]
 
 
 def worker_argv(world_size: int, spec_paths: list, python: str | None = None) -> list[str]:
@@ -41,13 +46,18 @@ def worker_argv(world_size: int, spec_paths: list, python: str | None = None) ->
 
 def worker_env(base: dict | None = None) -> dict:
     """The ranks' environment: the caller's, plus the current directory on PYTHONPATH (for a
-    user's `module:factory` model or task) and one OpenMP thread per rank unless the caller chose."""
+    user's `module:factory` model or task), one OpenMP thread per rank and gloo's and NCCL's
+    sockets on the loopback interface, unless the caller chose."""
     env = dict(os.environ if base is None else base)
     paths = [os.getcwd(), str(Path(__file__).resolve().parent.parent.parent)]
     if env.get("PYTHONPATH"):
         paths.append(env["PYTHONPATH"])
     env["PYTHONPATH"] = os.pathsep.join(paths)
     env.setdefault("OMP_NUM_THREADS", "1")  # torchrun's own default for several ranks, without its banner
+    lo = host.loopback_interface()
+    if lo:  # one machine: the ranks talk over loopback, and nothing listens on another interface
+        env.setdefault("GLOO_SOCKET_IFNAME", lo)
+        env.setdefault("NCCL_SOCKET_IFNAME", lo)
     return env
 
 

@@ -2,6 +2,8 @@
 end with 1 + 2 = 3, and write what they got to out_dir/rank{r}.json. Runs inside a rank.
 
     torchrun --standalone --nnodes=1 --nproc-per-node=2 -m ddplab.rank.smoke <out_dir>
+
+(ddplab starts it through `launch.loopback`, torchrun with its stores on 127.0.0.1.)
 Used by `ddplab doctor` only.
 """
 

@@ -2,7 +2,7 @@
 
     torchrun --standalone --nnodes=1 --nproc-per-node=4 -m ddplab.rank.worker --spec runs/<name>-<hash>/spec.json
 
-Given several specs, the ranks run them in order (one launch, one `import torch`); an experiment
+(ddplab starts it through `launch.loopback`, torchrun with its stores on 127.0.0.1.) Given several specs, the ranks run them in order (one launch, one `import torch`); an experiment
 with a smaller world size runs on ranks 0..world_size-1 of its own process group while the other
 ranks go on to the next experiment they belong to.
 

@@ -1,0 +1,74 @@
+"""torchrun with every rendezvous socket on loopback: `python -m ddplab.launch.loopback <torchrun flags>`.
+
+`torchrun --standalone` hosts two TCP stores in its agent, the rendezvous store and the store the
+ranks bootstrap from (MASTER_ADDR:MASTER_PORT), and `TCPStore` binds both to every interface (`::`),
+whatever host name it is given: on a laptop on a cafe network, anyone could connect to a run. This
+module is torchrun itself (`torch.distributed.run.main`, every flag of it) with one more rendezvous
+backend registered through torchrun's own extension point, `ddplab-loopback`: the same dynamic c10d
+rendezvous, whose two stores listen on a socket this module binds to 127.0.0.1 and hands to
+`TCPStore(master_listen_fd=...)`. Together with `--local-addr=127.0.0.1` (MASTER_ADDR) and gloo's
+sockets on the loopback interface (`launch.torchrun.worker_env`), a run listens on loopback only (`tests/test_loopback.py` lists
+the listening sockets of a live run).
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+from datetime import timedelta
+
+from ..host import LOOPBACK
+from .torchrun import RENDEZVOUS_BACKEND as BACKEND
+
+
+def loopback_store(timeout_s: float = 300.0):
+    """A TCPStore server listening on 127.0.0.1 only, on a free port the kernel picks."""
+    import torch.distributed as dist
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((LOOPBACK, 0))
+    sock.listen(512)
+    port = sock.getsockname()[1]
+    # the store owns the listening fd from here on (detach: Python must not close it)
+    return dist.TCPStore(LOOPBACK, port, is_master=True, multi_tenant=False, wait_for_workers=False,
+                         timeout=timedelta(seconds=timeout_s), master_listen_fd=sock.detach())
+
+
+def create_handler(params):
+    """torchrun's c10d dynamic rendezvous over a loopback store, hosting the ranks' store on loopback too."""
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+
+    class LoopbackRendezvousHandler(dr.DynamicRendezvousHandler):
+        def _create_tcp_store_server(self, master_addr, master_port):
+            return loopback_store()
+
+        def get_backend(self) -> str:
+            return BACKEND
+
+    read_timeout = params.get_as_int("read_timeout", 60)
+    store = loopback_store(read_timeout)
+    backend = C10dRendezvousBackend(store, params.run_id)
+    handler = dr.create_handler(store, backend, params)
+    # create_handler parses torchrun's timeouts and builds the stock handler: keep all of that,
+    # and host the ranks' bootstrap store the loopback way
+    handler.__class__ = LoopbackRendezvousHandler
+    return handler
+
+
+def register() -> None:
+    from torch.distributed.elastic.rendezvous import rendezvous_handler_registry
+
+    rendezvous_handler_registry.register(BACKEND, create_handler)
+
+
+def main(argv: list[str] | None = None) -> None:
+    register()
+    from torch.distributed.run import main as torchrun_main
+
+    torchrun_main(argv)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
