@@ -84,14 +84,27 @@ def rank_list(ranks) -> str:
 
 
 def diagnose_hang(progress: dict[int, list[dict]], world_size: int, timeout_s: float, watchdog: bool,
-                  phases: dict) -> Diagnosis:
-    """Name the ranks that never reached the collective the others are waiting in."""
+                  phases: dict, frozen: dict[int, str] | None = None) -> Diagnosis:
+    """Name the ranks that never reached the collective the others are waiting in; a rank whose
+    process the launcher saw frozen (`frozen`: rank -> process state) is the one to blame, wherever it stopped."""
     last = {r: progress[r][-1] for r in range(world_size) if progress.get(r)}
     silent = [r for r in range(world_size) if r not in last]
     how = (f"nothing moved for {timeout_s:g} s and ddplab stopped the run" if watchdog
            else f"the collective timed out after timeout_s={timeout_s:g} s")
     if not last:
         return Diagnosis("hang", list(range(world_size)), f"No rank recorded any progress; {how}.")
+    if frozen:
+        lines = [f"Rank {r} was stopped (its process was in state '{state}': SIGSTOP, Ctrl-Z or a debugger)"
+                 + (f" in {_where(last[r])}." if r in last else ".") for r, state in sorted(frozen.items())]
+        others = sorted(set(last) - set(frozen))
+        if others:
+            rec = last[others[0]]
+            lines.append(f"{rank_list(others).capitalize()} waited for it"
+                         + (f" in {_the(rec['collective'])} ({_where(rec)})" if rec.get("collective") else "")
+                         + f", and {how}.")
+        else:
+            lines.append(f"{how[0].upper()}{how[1:]}.")
+        return Diagnosis("hang", sorted(frozen), " ".join(lines))
     lead = max(phase_key(rec, phases) for rec in last.values())
     healthy = {name for name, p in phases.items() if not p.deviation}
     waiting = [r for r, rec in last.items() if phase_key(rec, phases) == lead and rec["phase"] in healthy]
@@ -124,8 +137,9 @@ def _last_phases(progress: dict[int, list[dict]], ranks) -> str:
 
 
 def diagnose(progress: dict[int, list[dict]], errors: dict[int, dict], finished: set[int], world_size: int,
-             timeout_s: float, watchdog: bool, phases: dict) -> Diagnosis:
-    """Explain a failed run from its per-rank records (pure; the launcher gathers the records)."""
+             timeout_s: float, watchdog: bool, phases: dict, frozen: dict[int, str] | None = None) -> Diagnosis:
+    """Explain a failed run from its per-rank records (pure; the launcher gathers the records, and
+    `frozen`, the ranks whose process it saw stopped, and in which state)."""
     causes = sorted((e for e in errors.values() if not is_timeout(e) and not is_lost_peer(e)), key=lambda e: e["t_ns"])
     if causes:
         first = causes[0]
@@ -134,8 +148,8 @@ def diagnose(progress: dict[int, list[dict]], errors: dict[int, dict], finished:
         if others:
             text += f" Then {rank_list(others)} failed too, having lost a peer or been stopped."
         return Diagnosis("crash", [first["rank"]], text, {first["rank"]: first["traceback"]})
-    if watchdog or any(is_timeout(e) for e in errors.values()):
-        d = diagnose_hang(progress, world_size, timeout_s, watchdog, phases)
+    if watchdog or frozen or any(is_timeout(e) for e in errors.values()):
+        d = diagnose_hang(progress, world_size, timeout_s, watchdog, phases, frozen)
         timed_out = [r for r, e in errors.items() if is_timeout(e)]
         if timed_out:
             first = errors[min(timed_out)]

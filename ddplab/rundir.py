@@ -136,6 +136,7 @@ class ProgressLog:
         self.run_dir = Path(run_dir)
         self.phases = phases
         self._f = open(progress_file(run_dir, rank), "a", buffering=1)
+        self.pid = os.getpid()   # the launcher looks at this process's state when the ranks stop moving
         self.last = {"phase": "start", "step": -1, "micro": 0}
 
     def enter(self, phase: str, step: int = -1, micro: int = 0, collective: str | None = None,
@@ -143,7 +144,7 @@ class ProgressLog:
         """Record that this rank enters `phase` (of step `step`, micro-step or position `micro`); the
         collective it will wait in (None: the phase's own, if any); `detail` names what it works on."""
         assert phase in self.phases, f"phase {phase!r} is not declared by the task"
-        rec = {"t_ns": time.time_ns(), "phase": phase, "step": step, "micro": micro}
+        rec = {"t_ns": time.time_ns(), "phase": phase, "step": step, "micro": micro, "pid": self.pid}
         collective = collective if collective is not None else self.phases[phase].collective
         if collective:
             rec["collective"] = collective

@@ -78,3 +78,23 @@ def test_phase_key_orders_setup_steps_and_teardown_by_the_tasks_phases():
                                            rec("forward", 1, micro=1), rec("teardown"))]
     assert keys == sorted(keys) and len(set(keys)) == len(keys)
     assert phase_key(rec("skip-backward", 1), PHASES) == phase_key(rec("backward", 1), PHASES)
+
+
+def test_a_frozen_rank_is_blamed_even_inside_the_collective_the_others_wait_in():
+    same = UP + [rec("forward", 1), rec("backward", 1, collective="DDP gradient all-reduce")]
+    progress = {r: same for r in range(3)}
+    errors = {0: err(0, "Timed out waiting 10000ms for recv operation to complete", t=9)}
+    # without the process state, the records cannot tell who is to blame
+    assert diagnose(progress, errors, set(), 3, T, False, PHASES).ranks == [0, 1, 2]
+    d = diagnose(progress, errors, set(), 3, T, False, PHASES, frozen={2: "stopped"})
+    assert d.kind == "hang" and d.ranks == [2], str(d)
+    assert d.summary.startswith("Rank 2 was stopped (its process was in state 'stopped'")
+    assert "in 'backward' of step 1" in d.summary
+    assert "Ranks 0, 1 waited for it in the DDP gradient all-reduce" in d.summary
+    assert "timed out after timeout_s=10 s" in d.summary
+
+
+def test_a_real_crash_still_wins_over_a_frozen_peer():
+    errors = {1: err(1, "injected fault: rank 1 crashed", t=3)}
+    d = diagnose({r: UP for r in range(3)}, errors, set(), 3, T, False, PHASES, frozen={2: "stopped"})
+    assert d.kind == "crash" and d.ranks == [1]

@@ -254,3 +254,35 @@ def test_a_stalled_rank_without_synchronization_is_the_one_blamed(runs_dir):
     assert d.kind == "hang" and d.ranks == [1], str(d)
     assert "Rank 1 never arrived: its last phase was 'forward' of step 1" in d.summary
     assert not leftovers(runs_dir / "stall-alone")
+
+
+def test_a_sigstopped_rank_is_named_as_stopped_not_all_ranks_together(tmp_path):
+    """A rank frozen by SIGSTOP (Ctrl-Z, a debugger) is the one blamed, even when it froze inside the
+    collective the others wait in: the launcher sees its process state (issue 11, item 7)."""
+    import psutil
+
+    run_dir = tmp_path / "frozen"
+    script = textwrap.dedent(f"""
+        import ddplab
+        exp = ddplab.Experiment(world_size=2, steps=10_000, local_batch=8, timeout_s=4)
+        try:
+            ddplab.run(exp, {str(run_dir)!r}, progress=False)
+        except ddplab.RunFailed as e:
+            print("KIND", e.diagnosis.kind, e.diagnosis.ranks)
+            print(e.diagnosis.summary)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    pid = None
+    while pid is None:
+        assert time.monotonic() < deadline and proc.poll() is None, "the run never got going"
+        time.sleep(0.2)
+        for staged in run_dir.parent.glob(f".{run_dir.name}.*.partial"):
+            rec = rundir.read_progress(staged, 1)
+            if rec and rec[-1]["step"] >= 2:
+                pid = rec[-1]["pid"]
+    psutil.Process(pid).suspend()   # SIGSTOP, wherever rank 1 is in its step
+    out, _ = proc.communicate(timeout=90)
+    assert "KIND hang [1]" in out, out
+    assert "Rank 1 was stopped" in out and "All ranks stopped together" not in out, out
+    assert not leftovers(run_dir)

@@ -117,7 +117,7 @@ def _launch(exps, final_dirs, final_launch_dir: Path, name: str, progress: bool,
         # collective's timeout that every process group of this launch had (runtime.setup)
         timeout_s = watch.limit_s(startup_timeout_s) if watchdog else max(e.timeout_s for e in exps)
         try:
-            failure = _first_failure(exps, run_dirs, launch_dir, proc, timeout_s, watchdog, spec_paths[0])
+            failure = _first_failure(exps, run_dirs, launch_dir, proc, timeout_s, watchdog, spec_paths[0], watch.frozen)
             if failure:
                 raise failure
             runs = [load_run(d) for d in run_dirs]
@@ -160,6 +160,7 @@ def _torchrun(argv, env, log, watch: Watch, reporter: Reporter, t0: float, start
                 time.sleep(POLL_S)
                 if watch.poll():
                     reporter.update(watch.line(time.monotonic() - t0))
+                watch.look_at_processes()
                 if watch.stalled(startup_timeout_s):
                     watchdog = True
                     break
@@ -169,15 +170,17 @@ def _torchrun(argv, env, log, watch: Watch, reporter: Reporter, t0: float, start
     return proc, watchdog, bool(interrupted)
 
 
-def _first_failure(exps, run_dirs, launch_dir: Path, proc, timeout_s: float, watchdog: bool, spec_path: Path):
-    """RunFailed for the first experiment some rank of which failed or left no result, else None."""
-    for exp, run_dir in zip(exps, run_dirs):
+def _first_failure(exps, run_dirs, launch_dir: Path, proc, timeout_s: float, watchdog: bool, spec_path: Path,
+                   frozen: dict):
+    """RunFailed for the first experiment some rank of which failed or left no result, else None.
+    `frozen`: run index -> the ranks the watch saw frozen, and their process state."""
+    for i, (exp, run_dir) in enumerate(zip(exps, run_dirs)):
         prog, errors, finished = collect(run_dir, exp.world_size)
         if errors or len(finished) < exp.world_size:
             if proc.returncode not in (0, None):
                 kill_tree(proc, spec_path)  # torchrun stopped its ranks; sweep for any that escaped
             diagnosis = failures.diagnose(prog, errors, finished, exp.world_size, timeout_s, watchdog,
-                                          exp.task.all_phases())
+                                          exp.task.all_phases(), frozen.get(i, {}))
             if diagnosis.kind == "missing-result":  # no rank could explain itself: show what torchrun saw
                 diagnosis.log_tail = "\n".join((launch_dir / rundir.LOG).read_text().splitlines()[-LOG_TAIL_LINES:])
             return failures.RunFailed(diagnosis, run_dir)

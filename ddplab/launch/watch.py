@@ -14,6 +14,8 @@ from ..spec import Experiment
 from .progress import describe
 
 STALL_GRACE_S = 10.0
+STILL_S = 1.0   # how long nothing moves before the watch looks at the ranks' process states
+FROZEN = ("stopped", "tracing-stop")   # psutil's states of a process that SIGSTOP, Ctrl-Z or a debugger froze
 
 
 class Watch:
@@ -29,6 +31,8 @@ class Watch:
         self.current = 0
         self.last_move = time.monotonic()
         self.started = False
+        self.frozen: dict[int, dict[int, str]] = {i: {} for i in range(len(runs))}   # run index -> rank -> state
+        self._looked = 0.0
 
     def poll(self) -> bool:
         """Read what the ranks appended since the last poll; True if anything was."""
@@ -48,6 +52,7 @@ class Watch:
                 for line in complete.decode().splitlines():
                     rec = json.loads(line)
                     self.last[i][r] = rec
+                    self.frozen[i].pop(r, None)   # it moves again
                     phase = self.phases[i].get(rec["phase"])
                     done = rec.get("step", -1) + (1 if phase is not None and phase.ends_step else 0)
                     self.steps_done[i][r] = max(self.steps_done[i].get(r, 0), done)
@@ -56,6 +61,25 @@ class Watch:
         if moved:
             self.last_move, self.started = time.monotonic(), True
         return moved
+
+    def look_at_processes(self) -> None:
+        """Once the launch has stood still for STILL_S, note every rank whose process is frozen (a
+        stopped process writes nothing, and its peers wait in a collective as if it were slow).
+        At most once a second; a rank that moves again is unmarked by `poll`."""
+        now = time.monotonic()
+        if now - self.last_move < STILL_S or now - self._looked < 1.0:
+            return
+        self._looked = now
+        import psutil
+
+        for i, ranks in self.last.items():
+            for r, rec in ranks.items():
+                try:
+                    state = psutil.Process(rec["pid"]).status() if "pid" in rec else None
+                except psutil.Error:
+                    continue
+                if state in FROZEN:
+                    self.frozen[i][r] = state
 
     def _current(self) -> int:
         """The experiment the launch is on: the first that has started and some rank of which has not
