@@ -1,0 +1,131 @@
+"""The checks a notebook runs on its own measurements: each says what it verified, or fails saying
+what it expected and what it saw (pure: no torch, no pandas needed; a pandas Series works as a list).
+
+    from ddplab import verify
+    verify.equal("every rank is its own process", len({r.pid for r in run.ranks}), 4)
+    verify.below("the DDP step is the batch-64 step, on every rank", ref["ddp_update_rel_error"], 1e-5)
+
+prints one line per check that held,
+
+    verified: every rank is its own process (seen 4, expected 4)
+    verified: the DDP step is the batch-64 step, on every rank (seen at most 3.1e-08 over 4, expected < 1e-05)
+
+and raises `CheckFailed` (an AssertionError) for one that did not:
+
+    CheckFailed: NOT verified: the DDP step is the batch-64 step, on every rank: expected < 1e-05, seen 0.031 (the largest of 4)
+
+Used by every notebook and exercise; `tests/test_verify.py` feeds each check a wrong value.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+__all__ = ["CheckFailed", "above", "between", "close", "equal", "below", "that"]
+
+
+class CheckFailed(AssertionError):
+    """A notebook's claim that its run contradicts: the message says expected versus seen."""
+
+    def _render_traceback_(self) -> list[str]:   # IPython: the one line, not a traceback into ddplab
+        return [f"CheckFailed: {self}"]
+
+
+def _fmt(v) -> str:
+    if isinstance(v, bool):
+        return str(v)
+    if isinstance(v, float):
+        return f"{v:.3g}"
+    if isinstance(v, (list, tuple)) and len(v) > 8:
+        return "[" + ", ".join(map(_fmt, v[:8])) + f", ... ({len(v)} in all)]"
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(map(_fmt, v)) + "]"
+    return str(v)
+
+
+def _values(seen) -> list:
+    """A number, or every number of a list, tuple or pandas Series (as plain Python numbers)."""
+    if isinstance(seen, (str, bytes)) or not isinstance(seen, Iterable):
+        return [seen]
+    values = [v.item() if hasattr(v, "item") else v for v in seen]
+    if not values:
+        raise CheckFailed("nothing to check: the values are empty")
+    return values
+
+
+def _report(claim: str, ok: bool, seen: str, expected: str) -> None:
+    if not ok:
+        raise CheckFailed(f"NOT verified: {claim}: expected {expected}, seen {seen}")
+    print(f"verified: {claim} (seen {seen}, expected {expected})")
+
+
+def that(claim: str, ok: bool, seen=None, expected=None) -> None:
+    """The claim holds when `ok` is true; `seen` and `expected` say what was compared."""
+    if not isinstance(ok, bool):
+        ok = bool(ok.all()) if hasattr(ok, "all") else bool(ok)
+    _report(claim, ok, "true" if seen is None and ok else ("false" if seen is None else _fmt(seen)),
+            "true" if expected is None else _fmt(expected))
+
+
+def equal(claim: str, seen, expected) -> None:
+    """seen == expected (lists compare element by element, in order)."""
+    if hasattr(seen, "tolist"):
+        seen = seen.tolist()
+    _report(claim, seen == expected, _fmt(seen), _fmt(expected))
+
+
+def _extreme(values: list, largest: bool, ok: bool) -> str:
+    if len(values) == 1:
+        return _fmt(values[0])
+    worst = max(values) if largest else min(values)
+    word = "largest" if largest else "smallest"
+    return (f"at {'most' if largest else 'least'} {_fmt(worst)} over {len(values)}" if ok
+            else f"{_fmt(worst)} (the {word} of {len(values)})")
+
+
+def below(claim: str, seen, limit: float) -> None:
+    """Every value of `seen` (one number or several) is < limit."""
+    values = _values(seen)
+    ok = all(_finite(v) and v < limit for v in values)
+    _report(claim, ok, _extreme(values, True, ok), f"< {_fmt(limit)}")
+
+
+def above(claim: str, seen, limit: float) -> None:
+    """Every value of `seen` (one number or several) is > limit."""
+    values = _values(seen)
+    ok = all(_finite(v) and v > limit for v in values)
+    _report(claim, ok, _extreme(values, False, ok), f"> {_fmt(limit)}")
+
+
+def between(claim: str, seen, low: float, high: float) -> None:
+    """Every value of `seen` is within [low, high]."""
+    values = _values(seen)
+    ok = all(_finite(v) and low <= v <= high for v in values)
+    shown = _fmt(values[0]) if len(values) == 1 else f"{_fmt(min(values))} to {_fmt(max(values))}"
+    _report(claim, ok, shown, f"within [{_fmt(low)}, {_fmt(high)}]")
+
+
+def close(claim: str, seen, expected, rel: float = 1e-6, abs_: float = 0.0) -> None:
+    """seen matches expected within |seen - expected| <= abs_ + rel * |expected|, element by element."""
+    a, b = _values(seen), _values(expected)
+    if len(a) != len(b):
+        raise CheckFailed(f"NOT verified: {claim}: expected {len(b)} values, seen {len(a)}")
+    excess = [abs(x - y) - rel * abs(y) - abs_ for x, y in zip(a, b)]
+    ok = all(_finite(x) and e <= 0 for x, e in zip(a, excess))
+    tolerance = f" within {_fmt(rel)} relative" + (f" + {_fmt(abs_)}" if abs_ else "")
+    if ok:
+        deviation = max(abs(x - y) / abs(y) if y else abs(x - y) for x, y in zip(a, b))
+        seen_s = f"{_fmt(a[0])}, off by {_fmt(deviation)}" if len(a) == 1 else \
+            f"at most {_fmt(deviation)} off over {len(a)}"
+    else:
+        worst = max(range(len(a)), key=lambda i: excess[i] if _finite(excess[i]) else math.inf)
+        seen_s = _fmt(a[0]) if len(a) == 1 else f"{_fmt(a[worst])} where {_fmt(b[worst])} was due (the worst of {len(a)})"
+    _report(claim, ok, seen_s, (_fmt(b[0]) if len(b) == 1 else f"{len(b)} values") + tolerance)
+
+
+def _finite(v) -> bool:
+    try:
+        return math.isfinite(v)
+    except (TypeError, OverflowError):
+        return False

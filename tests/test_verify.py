@@ -1,0 +1,45 @@
+"""Every notebook check says what it verified, and fails with expected versus seen (issue 11, item 13)."""
+
+import math
+
+import pandas as pd
+import pytest
+
+from ddplab import verify
+from ddplab.verify import CheckFailed
+
+
+def test_a_check_that_holds_prints_what_it_verified(capsys):
+    verify.equal("four ranks", [0, 1, 2, 3], [0, 1, 2, 3])
+    verify.below("DDP step is the global step", pd.Series([1e-8, 3e-8]), 1e-5)
+    verify.above("independent steps differ", [0.2, 0.05], 1e-2)
+    verify.between("efficiency", 0.7, 0.5, 1.0)
+    verify.close("mean of locals", [1.0, 2.0], [1.0, 2.0 + 1e-9])
+    verify.that("all identical", pd.Series([True, True]))
+    out = capsys.readouterr().out.splitlines()
+    assert out == ["verified: four ranks (seen [0, 1, 2, 3], expected [0, 1, 2, 3])",
+                   "verified: DDP step is the global step (seen at most 3e-08 over 2, expected < 1e-05)",
+                   "verified: independent steps differ (seen at least 0.05 over 2, expected > 0.01)",
+                   "verified: efficiency (seen 0.7, expected within [0.5, 1])",
+                   "verified: mean of locals (seen at most 5e-10 off over 2, expected 2 values within 1e-06 relative)",
+                   "verified: all identical (seen true, expected true)"]
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: verify.equal("four ranks", [0, 1, 2], [0, 1, 2, 3]), "four ranks: expected [0, 1, 2, 3], seen [0, 1, 2]"),
+    (lambda: verify.below("small", pd.Series([1e-8, 0.031]), 1e-5), "small: expected < 1e-05, seen 0.031 (the largest of 2)"),
+    (lambda: verify.below("small", [math.nan], 1e-5), "expected < 1e-05, seen nan"),
+    (lambda: verify.above("big", [0.2, 0.001], 1e-2), "big: expected > 0.01, seen 0.001 (the smallest of 2)"),
+    (lambda: verify.between("in range", 1.5, 0.5, 1.0), "in range: expected within [0.5, 1], seen 1.5"),
+    (lambda: verify.close("same", [1.0, 2.5], [1.0, 2.0]), "seen 2.5 where 2 was due (the worst of 2)"),
+    (lambda: verify.close("same", [1.0], [1.0, 2.0]), "expected 2 values, seen 1"),
+    (lambda: verify.that("all identical", pd.Series([True, False])), "all identical: expected true, seen false"),
+    (lambda: verify.that("speedup", False, seen=0.8, expected="> 1"), "speedup: expected > 1, seen 0.8"),
+    (lambda: verify.below("empty", [], 1.0), "nothing to check"),
+])
+def test_a_check_fed_a_wrong_value_fails_saying_expected_versus_seen(call, message):
+    with pytest.raises(CheckFailed, match="NOT verified|nothing to check") as info:
+        call()
+    assert message in str(info.value)
+    assert isinstance(info.value, AssertionError)
+    assert info.value._render_traceback_() == [f"CheckFailed: {info.value}"]   # one line in a notebook
