@@ -7,7 +7,8 @@ between
 - a crash: a rank raised; the earliest error that is not a lost peer or a timeout is the cause;
 - a hang: ranks timed out in a collective, or stopped making progress; the ranks that never
   reached the collective the others wait in are named (notes/ddp-internals.md, section 5);
-- a missing result: a rank exited without writing its file (a signal, an os._exit, a kill).
+- a missing result: a rank exited without writing its file (a signal, an os._exit, a kill);
+- a lost run directory: the files of the run could not be written or read (`run_dir_lost`).
 Used by `launch.run` and `results.load_run`; notebook 00 ends with a crash and a hang.
 """
 
@@ -20,7 +21,7 @@ _LOST_PEER = ("connection closed", "connection reset", "broken pipe", "socket cl
 
 @dataclass
 class Diagnosis:
-    kind: str                         # "crash", "hang", "missing-result", "invalid-result" or "diverged"
+    kind: str                         # "crash", "hang", "missing-result", "invalid-result", "diverged" or "run-dir"
     ranks: list[int]                  # the rank(s) to blame
     summary: str                      # what happened, in one paragraph
     tracebacks: dict[int, str] = field(default_factory=dict)
@@ -50,6 +51,14 @@ class Interrupted(KeyboardInterrupt):
 
     def _render_traceback_(self) -> list[str]:   # IPython's hook for an exception's own rendering
         return [f"KeyboardInterrupt: {self}"]
+
+
+def run_dir_lost(run_dir, error: OSError) -> Diagnosis:
+    """The run's own directory failed it: deleted, moved, made read-only, or the disk is full."""
+    what = f"{type(error).__name__}: {error.strerror or error}" + (f" ({error.filename})" if error.filename else "")
+    return Diagnosis("run-dir", [], f"The run directory {run_dir} could not be written or read: {what}. "
+                     "A run directory must stay in place and writable until the run ends: was it deleted, "
+                     "moved or made read-only, or is the disk full? Every rank was stopped; run it again.")
 
 
 def is_timeout(error: dict) -> bool:

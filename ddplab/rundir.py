@@ -58,6 +58,13 @@ def write_json_atomic(path: Path, obj) -> None:
     os.replace(tmp, path)
 
 
+def check_writable(path: Path) -> None:
+    """Raise the OSError that writing into `path` meets now (gone, read-only, disk full), if any."""
+    probe = Path(path) / f".writable.{os.getpid()}"
+    probe.write_text("")
+    probe.unlink()
+
+
 def save_tensors_atomic(path: Path, tensors: dict) -> None:
     """torch.save to a temporary file, then rename (loaded back with weights_only=True)."""
     import torch

@@ -11,7 +11,7 @@ import time
 import pytest
 
 import ddplab
-from ddplab import Experiment
+from ddplab import Experiment, rundir
 
 pytestmark = pytest.mark.slow
 
@@ -84,3 +84,40 @@ def test_a_failed_run_sits_beside_a_complete_run_from_an_older_launch_record(tmp
     (staged / "rank0.error.json").write_text("{}")
     place = rundir.settle(staged, final, complete=False)
     assert place == tmp_path / "old.failed-abc123" and (final / rundir.LAUNCH).exists()
+
+
+def _staged(run_dir):
+    return next(iter(run_dir.parent.glob(f".{run_dir.name}.*.partial")), None)
+
+
+def test_a_run_directory_deleted_mid_run_is_a_run_failed_not_a_bare_oserror(tmp_path):
+    """Deleting the run directory under live ranks stops them at once and says what happened
+    (issue 11, item 9: it was a bare FileNotFoundError after the ranks had run to the end)."""
+    import shutil
+
+    from tests.conftest import leftovers
+
+    run_dir = tmp_path / "gone"
+    script = textwrap.dedent(f"""
+        import time, ddplab
+        exp = ddplab.Experiment(world_size=2, steps=10_000, local_batch=8, timeout_s=30)
+        t0 = time.monotonic()
+        try:
+            ddplab.run(exp, {str(run_dir)!r}, progress=False)
+        except ddplab.RunFailed as e:
+            print("KIND", e.diagnosis.kind, round(time.monotonic() - t0))
+            print(e.diagnosis.summary)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not ((staged := _staged(run_dir)) and rundir.read_progress(staged, 1)
+               and rundir.read_progress(staged, 1)[-1]["step"] >= 1):
+        assert time.monotonic() < deadline and proc.poll() is None, "the run never got going"
+        time.sleep(0.2)
+    shutil.rmtree(staged)
+    t_removed = time.monotonic()
+    out, _ = proc.communicate(timeout=60)
+    assert "KIND run-dir" in out, out
+    assert "could not be written or read" in out and "must stay in place and writable" in out, out
+    assert time.monotonic() - t_removed < 15, "the launcher should notice within a poll, not at the 10 000th step"
+    assert not leftovers(run_dir)

@@ -16,7 +16,9 @@ naming the rank (`failures.py`). Used by every notebook and by `ddplab run`.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import hashlib
+import json
 import os
 import time
 import uuid
@@ -85,6 +87,28 @@ def _launch(exps, final_dirs, final_launch_dir: Path, name: str, progress: bool,
     launch_id = uuid.uuid4().hex[:12]
     launch_dir = rundir.staging_dir(final_launch_dir, launch_id)
     run_dirs = [launch_dir / d.relative_to(final_launch_dir) for d in final_dirs]
+    try:
+        return _launch_in(exps, final_dirs, final_launch_dir, name, progress, startup_timeout_s,
+                          backend, device, launch_id, launch_dir, run_dirs)
+    except OSError as e:   # the run's own files failed it (deleted, read-only, disk full): no bare OSError
+        diagnosis = failures.run_dir_lost(launch_dir, e)
+        Reporter(progress).finish(f"ddplab {name}: FAILED ({diagnosis.kind})")
+        raise failures.RunFailed(diagnosis, _place_of(launch_id, final_launch_dir)) from None
+
+
+def _place_of(launch_id: str, final: Path) -> Path | None:
+    """Where the files of an incomplete launch settled (`rundir.settle`), if they could."""
+    beside = final.with_name(f"{final.name}.failed-{launch_id}")
+    if beside.exists():
+        return beside
+    try:
+        return final if json.loads((final / rundir.LAUNCH).read_text()).get("launch_id") == launch_id else None
+    except (OSError, ValueError):
+        return None
+
+
+def _launch_in(exps, final_dirs, final_launch_dir, name, progress, startup_timeout_s, backend, device,
+               launch_id, launch_dir, run_dirs) -> list[Run]:
     settled = False
     try:
         for run_dir, exp in zip(run_dirs, exps):
@@ -116,6 +140,7 @@ def _launch(exps, final_dirs, final_launch_dir: Path, name: str, progress: bool,
         # what the ranks waited before the launch was judged stuck: the watchdog's limit, or the
         # collective's timeout that every process group of this launch had (runtime.setup)
         timeout_s = watch.limit_s(startup_timeout_s) if watchdog else max(e.timeout_s for e in exps)
+        rundir.check_writable(launch_dir)   # a run directory lost mid-run explains every missing file
         try:
             failure = _first_failure(exps, run_dirs, launch_dir, proc, timeout_s, watchdog, spec_paths[0], watch.frozen)
             if failure:
@@ -132,7 +157,10 @@ def _launch(exps, final_dirs, final_launch_dir: Path, name: str, progress: bool,
         settled = True
     finally:
         if not settled and launch_dir.exists():   # an error of ours, or Ctrl-C outside the watch: keep the files
-            rundir.settle(launch_dir, final_launch_dir, complete=False)
+            try:
+                rundir.settle(launch_dir, final_launch_dir, complete=False)
+            except OSError:
+                pass
     reporter.finish(f"ddplab {name}: {_what(exps, world_size)} on {backend}/{device} in {wall_s:.1f} s "
                     f"-> {final_launch_dir}")
     return [dataclasses.replace(r, path=final, launch={**r.launch, "complete": True})   # the same files, settled
@@ -164,9 +192,13 @@ def _torchrun(argv, env, log, watch: Watch, reporter: Reporter, t0: float, start
                 if watch.stalled(startup_timeout_s):
                     watchdog = True
                     break
+                if not spec_path.exists():   # the run directory was deleted or moved under the ranks
+                    break
         finally:
-            if proc.poll() is None or watchdog:
+            if proc.poll() is None or watchdog or not spec_path.exists():
                 kill_tree(proc, spec_path)
+    if not spec_path.exists() and not interrupted:
+        raise FileNotFoundError(errno.ENOENT, "the run directory disappeared during the run", str(spec_path.parent))
     return proc, watchdog, bool(interrupted)
 
 
