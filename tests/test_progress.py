@@ -55,3 +55,21 @@ def test_the_line_names_the_experiment_the_slowest_ranks_are_on(tmp_path):
     rundir.rank_file(a, 1).write_text("{}")
     watch.poll()
     assert "2/2 big" in watch.line(2.0)
+
+
+def test_a_callable_progress_gets_every_line_and_the_last_one(capsys):
+    """A widget hands the launcher a callable (its label): an Output widget would freeze a display-id line."""
+    from ddplab.launch.progress import Reporter
+
+    seen = []
+    r = Reporter(seen.append)
+    assert not r.notebook and not r.tty
+    r.update("starting 2 ranks")
+    r.update("starting 2 ranks")   # unchanged: not sent again
+    r.update("1/3 steps done")
+    r.finish("done in 3.0 s")
+    assert seen == ["starting 2 ranks", "1/3 steps done", "done in 3.0 s"]
+    assert capsys.readouterr().err == ""   # nothing printed besides
+    silent = Reporter(False)
+    silent.update("x"), silent.finish("y")
+    assert silent.history == []

@@ -46,10 +46,11 @@ def run_dir_for(exp: Experiment, runs_dir: Path | None = None) -> Path:
     return Path(runs_dir or default_runs_dir()) / f"{exp.name}-{exp.hash}"
 
 
-def run(exp: Experiment, out=None, *, progress: bool = True, startup_timeout_s: float = STARTUP_TIMEOUT_S) -> Run:
+def run(exp: Experiment, out=None, *, progress=True, startup_timeout_s: float = STARTUP_TIMEOUT_S) -> Run:
     """Run `exp` on real torchrun ranks and return the loaded `Run`; raise `RunFailed` naming the rank.
 
-    `out` is the run directory (default `runs/<name>-<hash>`, under $DDPLAB_RUNS if set).
+    `out` is the run directory (default `runs/<name>-<hash>`, under $DDPLAB_RUNS if set). `progress`:
+    True shows one updating line, False nothing, a callable gets each line (a widget's label).
     """
     if not isinstance(exp, Experiment):
         raise TypeError(f"run() takes an Experiment, got {type(exp).__name__}")
@@ -57,7 +58,7 @@ def run(exp: Experiment, out=None, *, progress: bool = True, startup_timeout_s: 
     return _launch([exp], [run_dir], run_dir, exp.name, progress, startup_timeout_s)[0]
 
 
-def run_many(exps: list[Experiment], out=None, *, name: str = "sweep", progress: bool = True,
+def run_many(exps: list[Experiment], out=None, *, name: str = "sweep", progress=True,
              startup_timeout_s: float = STARTUP_TIMEOUT_S) -> list[Run]:
     """Run several experiments in ONE torchrun launch, in order; return their `Run`s.
 
@@ -79,7 +80,7 @@ def run_many(exps: list[Experiment], out=None, *, name: str = "sweep", progress:
     return _launch(exps, [run_dir_for(e, launch_dir) for e in exps], launch_dir, name, progress, startup_timeout_s)
 
 
-def _launch(exps, final_dirs, final_launch_dir: Path, name: str, progress: bool,
+def _launch(exps, final_dirs, final_launch_dir: Path, name: str, progress,
             startup_timeout_s: float) -> list[Run]:
     backend, device = preflight(exps)
     rundir.check_destination(final_launch_dir)

@@ -28,12 +28,18 @@ def describe(name: str, world_size: int, steps_done: list[int], steps: int, phas
 
 
 class Reporter:
-    """Updates one line in place; `finish` leaves the final line behind."""
+    """Updates one line in place; `finish` leaves the final line behind.
 
-    def __init__(self, enabled: bool = True):
+    `progress` is True (a terminal's line, or a notebook output updated by display id), False
+    (silent), or a callable that gets every line: a widget's label, since an ipywidgets Output
+    does not follow display-id updates, so a line shown inside one would freeze at its first state."""
+
+    def __init__(self, progress=True):
+        self.sink = progress if callable(progress) else None
+        enabled = bool(progress)
         self.enabled = enabled
-        self.notebook = enabled and _in_notebook()
-        self.tty = enabled and not self.notebook and sys.stderr.isatty()
+        self.notebook = enabled and self.sink is None and _in_notebook()
+        self.tty = enabled and self.sink is None and not self.notebook and sys.stderr.isatty()
         self._handle = None
         self._last = ""
         self.history: list[str] = []   # every distinct line shown, in order
@@ -43,7 +49,9 @@ class Reporter:
             return
         self._last = line
         self.history.append(line)
-        if self.notebook:
+        if self.sink is not None:
+            self.sink(line)
+        elif self.notebook:
             from IPython.display import Pretty, display
 
             if self._handle is None:
@@ -57,8 +65,9 @@ class Reporter:
     def finish(self, line: str) -> None:
         if not self.enabled:
             return
-        if self.notebook:
+        if self.notebook or self.sink is not None:
             self.update(line)
+            return
         elif self.tty:
             sys.stderr.write("\r\033[K" + line + "\n")
         else:
