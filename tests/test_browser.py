@@ -161,15 +161,29 @@ def test_memory_explorer_redraws_the_prediction_and_measures_for_real(page, lab)
     expect(predicted).to_contain_text("predicted MiB on each of the 2 ranks")
     box.locator(".widget-dropdown select").first.select_option("4")  # world_size
     expect(predicted).to_contain_text("predicted MiB on each of the 4 ranks")
-    expect(predicted.locator("tbody tr")).to_have_count(4)
+    expect(predicted.locator("tbody tr")).to_have_count(3)   # after forward, after backward, after optimizer step
+    # bucket views: the buckets' separate copy leaves the after-backward moment, table and figure alike
+    buckets_after_backward = predicted.locator("tbody tr").nth(1).locator("td").nth(2)   # the ddp_buckets column
+    expect(buckets_after_backward).to_have_text(re.compile(r"^[1-9]"))
+    figure = predicted.locator("img")
+    expect(figure).to_have_attribute("src", re.compile("^data:image/png;base64,"))
+    without_views = figure.get_attribute("src")
+    box.locator(".widget-checkbox input[type=checkbox]").check()
+    expect(predicted).to_contain_text("gradient_as_bucket_view=True")
+    expect(buckets_after_backward).to_have_text(re.compile(r"^0(\.0+)?$"))
+    expect(figure).not_to_have_attribute("src", without_views)
+    box.locator(".widget-checkbox input[type=checkbox]").uncheck()
+    expect(buckets_after_backward).to_have_text(re.compile(r"^[1-9]"))
     box.locator(".widget-dropdown select").first.select_option("2")
+    expect(predicted).to_contain_text("predicted MiB on each of the 2 ranks")   # the redraw is done
     button = box.locator("button.widget-button")
     button.dblclick()                     # measure for real: launches 2 ranks, once
     expect(button).to_be_disabled()
     box.locator(".widget-dropdown select").first.select_option("4")   # a control changed mid-measure
     measured = box.locator(".widget-output").nth(1)
     expect(measured.locator("table")).to_contain_text("predicted", timeout=120_000)
-    expect(measured.locator("tbody tr")).to_have_count(2)
+    expect(measured.locator("tbody tr")).to_have_count(2 * 3)   # every rank at each of the three moments
+    expect(measured.locator("img")).to_have_attribute("src", re.compile("^data:image/png;base64,"))
     expect(measured).to_contain_text("measured with world_size=2")   # what it ran, not what the control says
     expect(predicted).to_contain_text("predicted MiB on each of the 4 ranks")
     expect(button).to_be_enabled()
@@ -230,6 +244,7 @@ def test_bucket_slider_redraws_the_schedule_and_measures_for_real(page, lab):
     handle.focus()
     page.keyboard.press("End")
     expect(table).to_contain_text("measured_step_ms")
+    expect(box).not_to_contain_text("Warning")                  # the measured overlay draws without a layout warning
     page.wait_for_timeout(3000)
     expect(status).to_contain_text("measurement 1)")
     expect(status).not_to_contain_text("measurement 2")

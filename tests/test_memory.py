@@ -69,3 +69,35 @@ def test_a_memory_only_run_records_no_fields_of_the_probes_it_needs(memory_runs)
     for r in run.ranks:
         assert all(st.buckets is None and st.activation_bytes is None and st.backward is None for st in r.steps)
         assert r.memory is not None
+
+
+def test_each_moment_row_is_memory_held_together_and_predicted_exactly(memory_runs):
+    from ddplab.tables.memory import memory_moments
+
+    for name in ("memory-w2-adam", "memory-w2-bucket-view"):
+        table = memory_moments(memory_runs[name])
+        assert len(table) == 2 * 3   # every rank at each of the three moments
+        measured = table.xs("measured", axis=1, level=1)
+        assert (measured[list(CATEGORIES)].sum(axis=1) - measured["total"]).abs().max() < 2e-3   # MiB, rounded
+        for c in MODEL_STATE:
+            assert (table[(c, "measured")] == table[(c, "predicted")]).all(), (name, c)
+    views = memory_moments(memory_runs["memory-w2-bucket-view"]).xs(0)
+    assert views.loc["after forward", ("ddp_buckets", "measured")] > 0
+    assert views.loc["after backward", ("ddp_buckets", "measured")] == 0   # the gradients live in the buckets
+
+
+def test_the_memory_figures_draw_each_moment_as_measured(memory_runs):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from ddplab import plots
+    from ddplab.tables.memory import moments_sweep
+
+    run = memory_runs["memory-w2-adam"]
+    ax = plots.memory(run).axes[0]
+    assert ax.get_ylim()[1] > run.ranks[0].memory.steps[1].peak / 2 ** 20   # the peak line is in view
+    runs = [memory_runs["memory-w2-adam"], memory_runs["memory-w2-bucket-view"]]
+    ax = plots.memory_sweep(runs, "bucket views").axes[0]
+    n = len(CATEGORIES)
+    tops = [sum(p.get_height() for p in ax.patches[i:i + n]) for i in range(0, len(ax.patches), n)]
+    assert tops == pytest.approx(moments_sweep(runs)["total"].tolist(), abs=3e-3)   # MiB, rounded

@@ -59,3 +59,34 @@ def test_peak_tracker_sees_activations_and_gradients_alive_together():
     grads = sum(p.grad.numel() * 4 for p in model.parameters())
     assert tracker.peak >= grads + 64 * 256 * 4  # the gradients plus at least one activation
     assert tracker.current == grads  # what is still alive: the parameter gradients
+
+
+def test_bucket_views_shrink_what_a_rank_holds_after_backward_by_one_gradient_copy():
+    from ddplab.tables.memory import predicted_moments
+
+    exp = Experiment(optimizer="adam")
+    off, on = predicted_moments(exp), predicted_moments(exp.replace(gradient_as_bucket_view=True))
+    grads = off.loc["after backward", "gradients"]
+    assert (on.loc["after forward"] == off.loc["after forward"]).all()   # no gradients yet, the buckets held either way
+    for moment in ("after backward", "after optimizer step"):
+        assert off.loc[moment, "ddp_buckets"] == grads and on.loc[moment, "ddp_buckets"] == 0
+        assert on.loc[moment, "total"] == pytest.approx(off.loc[moment, "total"] - grads, abs=1e-3)
+
+
+def test_the_prediction_figure_stacks_one_moment_per_bar_and_loses_the_bucket_copy_with_views():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from ddplab.plots.memory import MEMORY_COLORS, memory_prediction
+    from ddplab.tables.memory import predicted_moments
+
+    exp = Experiment(optimizer="adam")
+    for views in (False, True):
+        e = exp.replace(gradient_as_bucket_view=views)
+        ax = memory_prediction(e, detached=True).axes[0]
+        n = len(MEMORY_COLORS)
+        bars = [ax.patches[i:i + n] for i in range(0, len(ax.patches), n)]
+        table = predicted_moments(e)
+        assert [sum(p.get_height() for p in bar) for bar in bars] == pytest.approx(table["total"].tolist())
+        buckets = [bar[list(MEMORY_COLORS).index("ddp_buckets")].get_height() for bar in bars]
+        assert (buckets[1:] == [0, 0]) == views

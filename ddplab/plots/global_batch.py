@@ -33,7 +33,8 @@ def scaling(strong, weak):
 
 
 def batch_size_study(runs, target_loss: float, bin_examples: int = 64):
-    """Global loss against examples seen and against optimizer steps, one line per global batch."""
+    """Global loss against examples seen and against optimizer steps, one line per global batch, each
+    over every step it ran (the smaller batch runs more steps for the same examples)."""
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.6))
     for run in runs:
         curve = loss_by_examples(run, bin_examples)
@@ -41,12 +42,12 @@ def batch_size_study(runs, target_loss: float, bin_examples: int = 64):
         a.plot(curve.index, curve.values, "o-", ms=3, label=f"global batch {g}")
         b.plot([e / g for e in curve.index], curve.values, "o-", ms=3, label=f"global batch {g}")
     for ax, xlabel in ((a, "examples seen"), (b, "optimizer steps")):
-        ax.axhline(target_loss, color="black", lw=1, ls="--")
+        ax.axhline(target_loss, color="black", lw=1, ls="--", label=f"target loss {target_loss}")
         ax.set_xlabel(xlabel)
         ax.set_ylabel(f"loss (mean over {bin_examples}-example bins)")
         ax.legend(fontsize=8)
-    b.set_xlim(0, 2 * min(run.spec.steps for run in runs))
     a.set_title("Same examples: which batch size learned more?")
     b.set_title("Same steps: the bigger batch saw more data")
+    b.set_xlim(0, max(run.spec.steps for run in runs) * 1.03)
     fig.tight_layout()
     return fig

@@ -1,6 +1,11 @@
 """Tables of the per-rank memory ledger (the memory probe) beside the analytic prediction
 (`predict/memory.py`), and its sweeps over world size, optimizer, bucket views and sharding.
-Used by notebook 02 and its widget."""
+
+The ledger is sampled at three moments of a step (after the forward, the backward, the optimizer
+step); `memory_moments` keeps them apart, so a row's categories were held together and add up.
+`memory` takes each category at its largest over the step instead (activations are largest after
+the forward, gradients after the backward) and gives the step's peak, which falls between samples.
+Used by notebook 02 and its widget; the figures of `plots/memory.py` draw the moments."""
 
 from __future__ import annotations
 
@@ -8,6 +13,9 @@ import pandas as pd
 
 from ..predict.memory import CATEGORIES, predict
 from ..units import MIB
+
+# the moments the worker samples the ledger at, as figures and tables name them
+MOMENTS = {"forward": "after forward", "backward": "after backward", "step": "after optimizer step"}
 
 
 def _memory_steps(run, step):
@@ -22,10 +30,9 @@ def _memory_steps(run, step):
 def memory(run, step: int = 1) -> pd.DataFrame:
     """One row per rank: each category at its largest in step `step` (activations after forward,
     gradients after backward, optimizer state after the step), measured beside predicted, in MiB,
-    and the step's measured peak (everything alive at once, temporaries included)."""
-    if run.spec.sharding != "none" or run.spec.accum_steps != 1:
-        raise ValueError("the analytic memory model covers plain DDP with accum_steps=1; "
-                         "use tables.memory_sweep or tables.sharding for this run")
+    and the step's measured peak (everything alive at once, temporaries included). The categories
+    were not all held at one moment, so they do not add up to anything held: `memory_moments` does."""
+    _predicted_by_the_model(run)
     cols = {}
     rows = []
     for r, st in zip(run.ranks, _memory_steps(run, step)):
@@ -41,6 +48,56 @@ def memory(run, step: int = 1) -> pd.DataFrame:
     df = pd.DataFrame(rows, index=pd.Index([r.rank for r in run.ranks], name="rank"))
     df.columns = pd.MultiIndex.from_tuples(cols, names=["MiB", ""])
     return df.round(3)
+
+
+def _predicted_by_the_model(run) -> None:
+    if run.spec.sharding != "none" or run.spec.accum_steps != 1:
+        raise ValueError("the analytic memory model covers plain DDP with accum_steps=1; "
+                         "use tables.memory_sweep or tables.sharding for this run")
+
+
+def memory_moments(run, step: int = 1) -> pd.DataFrame:
+    """One row per rank and sampled moment of step `step`: each category held at that moment,
+    measured beside predicted, and their total, in MiB. The step's peak lies between the moments
+    (it holds temporaries none of them sees): see `memory`."""
+    _predicted_by_the_model(run)
+    rows, index = [], []
+    for r, st in zip(run.ranks, _memory_steps(run, step)):
+        pred = predict(run.spec, r.rank, step)
+        for phase, moment in MOMENTS.items():
+            row = {}
+            for c in CATEGORIES:
+                row[(c, "measured")] = st.phases[phase][c] / MIB
+                row[(c, "predicted")] = pred[phase][c] / MIB
+            row[("total", "measured")] = sum(st.phases[phase][c] for c in CATEGORIES) / MIB
+            row[("total", "predicted")] = sum(pred[phase].values()) / MIB
+            rows.append(row)
+            index.append((r.rank, moment))
+    df = pd.DataFrame(rows, index=pd.MultiIndex.from_tuples(index, names=["rank", "moment"]))
+    df.columns = pd.MultiIndex.from_tuples(list(rows[0]), names=["MiB", ""])
+    return df.round(3)
+
+
+def predicted_moments(exp, rank: int = 0, step: int = 1) -> pd.DataFrame:
+    """The analytic prediction alone (no run): one row per sampled moment of step `step` on `rank`,
+    each category and their total, in MiB."""
+    pred = predict(exp, rank, step)
+    df = pd.DataFrame([{**{c: pred[phase][c] / MIB for c in CATEGORIES}, "total": sum(pred[phase].values()) / MIB}
+                       for phase in MOMENTS], index=pd.Index(list(MOMENTS.values()), name="moment"))
+    return df.round(3)
+
+
+def moments_sweep(runs, step: int = 1) -> pd.DataFrame:
+    """Per run (rank 0) and sampled moment of step `step`: each category measured at that moment and
+    their total, in MiB, beside the step's measured peak (any sharding, any accumulation)."""
+    rows, index = [], []
+    for run in runs:
+        st = _memory_steps(run, step)[0]
+        for phase, moment in MOMENTS.items():
+            held = {c: st.phases[phase][c] / MIB for c in CATEGORIES}
+            rows.append({**held, "total": sum(held.values()), "peak": st.peak / MIB})
+            index.append((run.spec.name, moment))
+    return pd.DataFrame(rows, index=pd.MultiIndex.from_tuples(index, names=["run", "moment"])).round(3)
 
 
 def memory_sweep(runs, step: int = 1) -> pd.DataFrame:

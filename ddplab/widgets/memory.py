@@ -1,20 +1,23 @@
-"""The memory explorer (notebook 02): the predicted per-rank memory redrawn as you change world
-size, optimizer and bucket views; a button measures the same experiment on real ranks."""
+"""The memory explorer (notebook 02): what one rank is predicted to hold at each moment the ledger
+samples (after the forward, the backward, the optimizer step), redrawn as you change world size,
+optimizer and bucket views; a button measures the same experiment on real ranks."""
 
 from __future__ import annotations
 
 
 def memory_explorer(exp, measure):
     """Dropdowns for world size and optimizer and a bucket-view switch redraw the *predicted* per-rank
-    memory instantly (pure model); "measure" hands the experiment to `measure` (`ddplab.run`: real
-    ranks) and shows the measured table beside it (notebook 02)."""
-    import ipywidgets as w
-    import pandas as pd
-    from IPython.display import display
+    memory at each sampled moment instantly (pure model: with bucket views the buckets' separate copy
+    leaves the after-backward and after-step moments); "measure" hands the experiment to `measure`
+    (`ddplab.run`: real ranks) and shows what every rank held at each moment beside the prediction."""
+    import io
 
-    from .. import tables
-    from ..predict import memory as memory_model
-    from ..units import MIB
+    import ipywidgets as w
+    from IPython.display import Image, display
+
+    from ..plots.memory import memory as measured_figure
+    from ..plots.memory import memory_prediction
+    from ..tables.memory import memory_moments, predicted_moments
     from .measuring import OneAtATime
 
     world = w.Dropdown(options=[1, 2, 4, 8], value=exp.world_size, description="world_size")
@@ -28,14 +31,22 @@ def memory_explorer(exp, measure):
         return exp.replace(world_size=world.value, optimizer=name.split("+")[0],
                            momentum=0.9 if name == "sgd+momentum" else 0.0, gradient_as_bucket_view=views.value)
 
+    def png(fig) -> Image:
+        """The figure as an image, drawn before the output changes: the output then redraws at once, so
+        it never shows the new settings' text beside the old figure while the kernel is still drawing."""
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", bbox_inches="tight")
+        return Image(buf.getvalue())
+
     def redraw(_=None):
         e = current()
-        pred = memory_model.predict(e, step=1)
-        rows = {c: max(p[c] for p in pred.values()) / MIB for c in pred["forward"]}
+        table, figure = predicted_moments(e, step=1), png(memory_prediction(e, step=1, detached=True))
         with predicted:
             predicted.clear_output(wait=True)
-            print(f"predicted MiB on each of the {e.world_size} ranks (the same on every rank):")
-            display(pd.DataFrame([rows] * e.world_size, index=pd.Index(range(e.world_size), name="rank")).round(3))
+            print(f"predicted MiB on each of the {e.world_size} ranks (the same on every rank), at three moments "
+                  f"of step 1, gradient_as_bucket_view={e.gradient_as_bucket_view}:")
+            display(table)
+            display(figure)
 
     def on_measure():
         e = current()   # the settings of the click, whatever the controls say by the time it ends
@@ -43,7 +54,9 @@ def memory_explorer(exp, measure):
             measured.clear_output()
             print(f"measured with world_size={e.world_size}, optimizer={opt.value}, "
                   f"gradient_as_bucket_view={e.gradient_as_bucket_view} (measurement {guard.runs}):")
-            display(tables.memory(measure(e)))
+            run = measure(e)
+            display(memory_moments(run))
+            display(png(measured_figure(run, detached=True)))
 
     for control in (world, opt, views):
         control.observe(redraw, names="value")
