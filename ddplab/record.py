@@ -115,6 +115,8 @@ class MemoryStep:
 class MemoryRecord:
     constructed: dict[str, int]
     steps: list[MemoryStep]
+    parameter_numels: list[int] = field(default_factory=list)   # every parameter tensor, in parameters() order
+    trainable: list[bool] = field(default_factory=list)         # its requires_grad (the memory model of a user's model)
 
 
 @dataclass(frozen=True)

@@ -101,3 +101,29 @@ def test_the_memory_figures_draw_each_moment_as_measured(memory_runs):
     n = len(CATEGORIES)
     tops = [sum(p.get_height() for p in ax.patches[i:i + n]) for i in range(0, len(ax.patches), n)]
     assert tops == pytest.approx(moments_sweep(runs)["total"].tolist(), abs=3e-3)   # MiB, rounded
+
+
+def test_the_memory_tables_work_for_a_users_model_with_frozen_parameters(tmp_path):
+    """A user's model (not built in) gets its model-state prediction from the parameters the run
+    recorded; a frozen parameter gets no gradient, bucket slot or optimizer state (issue 11, item 9)."""
+    import math
+
+    from ddplab import Experiment
+    from ddplab.units import MIB
+
+    exp = Experiment(name="frozen-mem", world_size=2, steps=2, local_batch=4, seq_len=8, optimizer="adam",
+                     model="tests.user_models:with_frozen", probes=("memory",))
+    run = launch.run(exp, tmp_path / "frozen-mem", progress=False)
+    table = tables.memory_moments(run)
+    for c in ("parameters", "gradients", "ddp_buckets", "optimizer_state"):
+        assert (table[(c, "measured")] == table[(c, "predicted")]).all(), (c, table[c])
+    acts = table[("activations", "predicted")]
+    assert acts.xs("after forward", level="moment").isna().all()   # only a built-in model's shapes tell
+    assert (acts.xs("after backward", level="moment") == 0).all()   # backward freed what the forward saved
+    assert table[("gradients", "measured")].max() < table[("parameters", "measured")].max()   # the frozen embedding
+    # the prediction from the spec's shapes alone would count the frozen embedding: it must not match
+    m = run.ranks[0].memory
+    everything = memory_model.state_bytes(exp, m.parameter_numels, [True] * len(m.trainable))
+    after_step = table.loc[(0, "after optimizer step")]
+    assert not math.isclose(everything["gradients"] / MIB, after_step[("gradients", "measured")], rel_tol=1e-3)
+    assert not tables.memory(run).empty

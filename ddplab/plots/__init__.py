@@ -9,10 +9,10 @@ from .buckets import ready_curve, sweep_comparison, timeline, timelines
 from .comm import allreduce_fit, compute_vs_comm
 from .global_batch import batch_size_study, scaling
 from .gradients import gradient_check, normalization_errors, rank_weights
-from .memory import memory, memory_sweep
+from .memory import memory, memory_prediction, memory_sweep
 from .ranks import sample_ownership, step_times, update_error
 from .readiness import backward_timeline, ready_order
 
 __all__ = ["allreduce_fit", "backward_timeline", "batch_size_study", "compute_vs_comm", "gradient_check", "memory",
-           "memory_sweep", "normalization_errors", "rank_weights", "ready_curve", "ready_order", "sample_ownership",
+           "memory_prediction", "memory_sweep", "normalization_errors", "rank_weights", "ready_curve", "ready_order", "sample_ownership",
            "scaling", "step_times", "sweep_comparison", "timeline", "timelines", "update_error"]

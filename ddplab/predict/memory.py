@@ -55,27 +55,40 @@ def activation_bytes(exp, rank: int = 0) -> int:
     return ids + t * INDEX_BYTES + exp.n_layers * block + final + head
 
 
-def state_bytes(exp) -> dict[str, int]:
-    """Model-state bytes per rank once the optimizer has stepped: parameters, gradients, buckets, state."""
-    numels = parameter_numels(exp)
-    p = sum(numels) * DTYPE_BYTES[exp.dtype]
+def state_bytes(exp, numels: list[int] | None = None, trainable: list[bool] | None = None) -> dict[str, int]:
+    """Model-state bytes per rank once the optimizer has stepped: parameters, gradients, buckets, state.
+    `numels` and `trainable` (every parameter tensor's size and requires_grad, as a run records them)
+    stand in for the spec's model: a user's model, or frozen parameters, which get no gradient, no
+    bucket slot and no optimizer state."""
+    numels = parameter_numels(exp) if numels is None else list(numels)
+    trainable = [True] * len(numels) if trainable is None else list(trainable)
+    e = DTYPE_BYTES[exp.dtype]
+    p = sum(numels) * e
+    g = sum(n for n, t in zip(numels, trainable) if t) * e
     if exp.optimizer == "sgd":
-        opt = p if exp.momentum else 0
+        opt = g if exp.momentum else 0
     else:
-        opt = 2 * p + 4 * len(numels)
-    return {"parameters": p, "gradients": p, "ddp_buckets": p if exp.sync == "ddp" else 0, "optimizer_state": opt}
+        opt = 2 * g + 4 * sum(trainable)
+    return {"parameters": p, "gradients": g, "ddp_buckets": g if exp.sync == "ddp" else 0, "optimizer_state": opt}
 
 
-def predict(exp, rank: int = 0, step: int = 1) -> dict[str, dict[str, int]]:
+def predict(exp, rank: int = 0, step: int = 1, numels: list[int] | None = None,
+            trainable: list[bool] | None = None) -> dict[str, dict[str, int | None]]:
     """Phase -> category -> bytes on `rank` in optimizer step `step`, sampled as the worker samples:
-    after the last forward, after the last backward, after the optimizer step (before zero_grad)."""
-    s = state_bytes(exp)
+    after the last forward, after the last backward, after the optimizer step (before zero_grad).
+    Given a run's `numels` and `trainable` (a user's model), the model-state terms come from them and
+    the activations, which only a built-in model's shapes determine, are None (measure them)."""
+    s = state_bytes(exp, numels, trainable)
+    if numels is None or exp.model in ("transformer", "mlp"):
+        acts = activation_bytes(exp, rank)
+    else:
+        acts = None
     opt_before = s["optimizer_state"] if step > 0 else 0
     views = exp.gradient_as_bucket_view
     return {
         # zero_grad(set_to_none=True) left no gradients; the buckets hold none either
         "forward": {"parameters": s["parameters"], "gradients": 0, "ddp_buckets": s["ddp_buckets"],
-                    "optimizer_state": opt_before, "activations": activation_bytes(exp, rank)},
+                    "optimizer_state": opt_before, "activations": acts},
         "backward": {"parameters": s["parameters"], "gradients": s["gradients"],
                      "ddp_buckets": 0 if views else s["ddp_buckets"], "optimizer_state": opt_before, "activations": 0},
         "step": {"parameters": s["parameters"], "gradients": s["gradients"],

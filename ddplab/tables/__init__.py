@@ -10,11 +10,12 @@ The chapters' tables are at hand as `tables.<name>(run)`. Used by every notebook
 from .comm import allreduce_sweep, bytes_on_wire, compute_vs_comm, fit_summary, fit_sweep
 from .global_batch import accumulation, batch_size_study, loss_by_examples, scaling
 from .gradients import gradient_check, gradient_values, normalization
-from .memory import memory, memory_cuda, memory_sweep, sharding
+from .memory import memory, memory_cuda, memory_moments, memory_sweep, moments_sweep, predicted_moments, sharding
 from .ranks import id_ranges, ranks, reference, steps
 from .readiness import bucket_timeline, exposed_vs_summed, ready_order
 
 __all__ = ["accumulation", "allreduce_sweep", "batch_size_study", "bucket_timeline", "bytes_on_wire",
            "compute_vs_comm", "exposed_vs_summed", "fit_summary", "fit_sweep", "gradient_check", "gradient_values",
-           "id_ranges", "loss_by_examples", "memory", "memory_cuda", "memory_sweep", "normalization", "ranks",
+           "id_ranges", "loss_by_examples", "memory", "memory_cuda", "memory_moments", "memory_sweep", "moments_sweep",
+           "normalization", "predicted_moments", "ranks",
            "ready_order", "reference", "scaling", "sharding", "steps"]

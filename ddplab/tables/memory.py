@@ -18,6 +18,19 @@ from ..units import MIB
 MOMENTS = {"forward": "after forward", "backward": "after backward", "step": "after optimizer step"}
 
 
+def _predict(run, r, step: int) -> dict:
+    """The memory model for rank result `r`, from the parameters the run recorded (any model: a
+    user's model gets its model-state terms, and None for the activations only shapes can tell)."""
+    m = r.memory
+    if m.parameter_numels:
+        return predict(run.spec, r.rank, step, m.parameter_numels, m.trainable)
+    return predict(run.spec, r.rank, step)
+
+
+def _mib(v) -> float:
+    return float("nan") if v is None else v / MIB
+
+
 def _memory_steps(run, step):
     if run.ranks[0].memory is None:
         raise ValueError(f"run {run.spec.name!r} has no memory ledger: run it with probes=('memory',)")
@@ -36,11 +49,12 @@ def memory(run, step: int = 1) -> pd.DataFrame:
     cols = {}
     rows = []
     for r, st in zip(run.ranks, _memory_steps(run, step)):
-        pred = predict(run.spec, r.rank, step)
+        pred = _predict(run, r, step)
         row = {}
         for c in CATEGORIES:
             row[(c, "measured")] = max(p[c] for p in st.phases.values()) / MIB
-            row[(c, "predicted")] = max(p[c] for p in pred.values()) / MIB
+            known = [p[c] for p in pred.values() if p[c] is not None]
+            row[(c, "predicted")] = max(known) / MIB if len(known) == len(pred) else float("nan")
         row[("peak", "measured")] = st.peak / MIB
         row[("rss", "measured")] = st.phases["step"]["rss"] / MIB
         rows.append(row)
@@ -63,14 +77,15 @@ def memory_moments(run, step: int = 1) -> pd.DataFrame:
     _predicted_by_the_model(run)
     rows, index = [], []
     for r, st in zip(run.ranks, _memory_steps(run, step)):
-        pred = predict(run.spec, r.rank, step)
+        pred = _predict(run, r, step)
         for phase, moment in MOMENTS.items():
             row = {}
             for c in CATEGORIES:
                 row[(c, "measured")] = st.phases[phase][c] / MIB
-                row[(c, "predicted")] = pred[phase][c] / MIB
+                row[(c, "predicted")] = _mib(pred[phase][c])
             row[("total", "measured")] = sum(st.phases[phase][c] for c in CATEGORIES) / MIB
-            row[("total", "predicted")] = sum(pred[phase].values()) / MIB
+            known = list(pred[phase].values())
+            row[("total", "predicted")] = _mib(None if None in known else sum(known))
             rows.append(row)
             index.append((r.rank, moment))
     df = pd.DataFrame(rows, index=pd.MultiIndex.from_tuples(index, names=["rank", "moment"]))

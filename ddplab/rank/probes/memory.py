@@ -159,7 +159,9 @@ class MemoryProbe(Probe):
         self.steps.append(MemoryStep(self.phases, self.held_at_start, self.held_at_start + self.tracker.peak))
 
     def sections(self) -> dict:
-        return {"memory": MemoryRecord(self.constructed, self.steps)}
+        params = list(self.at.module.parameters())
+        return {"memory": MemoryRecord(self.constructed, self.steps, [p.numel() for p in params],
+                                       [p.requires_grad for p in params])}
 
 
 class MemorySnapshotProbe(Probe):
