@@ -177,6 +177,11 @@ def test_memory_explorer_redraws_the_prediction_and_measures_for_real(page, lab)
     box.locator(".widget-dropdown select").first.select_option("2")
     expect(predicted).to_contain_text("predicted MiB on each of the 2 ranks")   # the redraw is done
     button = box.locator("button.widget-button")
+    progress = box.locator(".ddplab-progress")
+    page.evaluate("""sel => { const el = document.querySelector(sel); window.__progress = [];
+        new MutationObserver(() => window.__progress.push(el.textContent.trim()))
+            .observe(el, {subtree: true, childList: true, characterData: true}); }""",
+                  f"{PANEL} .ddplab-memory-explorer .ddplab-progress")
     button.dblclick()                     # measure for real: launches 2 ranks, once
     expect(button).to_be_disabled()
     box.locator(".widget-dropdown select").first.select_option("4")   # a control changed mid-measure
@@ -185,6 +190,12 @@ def test_memory_explorer_redraws_the_prediction_and_measures_for_real(page, lab)
     expect(measured.locator("tbody tr")).to_have_count(2 * 3)   # every rank at each of the three moments
     expect(measured.locator("img")).to_have_attribute("src", re.compile("^data:image/png;base64,"))
     expect(measured).to_contain_text("measured with world_size=2")   # what it ran, not what the control says
+    # the progress line moved while the ranks ran and ended on the launch's last word (it froze at
+    # its first state when it was a display-id line inside an Output)
+    expect(progress).to_contain_text(re.compile(r"2 ranks x 2 steps on gloo/cpu in [0-9.]+ s"))
+    lines = [t for t in dict.fromkeys(page.evaluate("window.__progress")) if t]
+    assert lines[0].startswith("ddplab memory-") and "starting 2 ranks" in lines[0], lines
+    assert any("steps done" in t for t in lines) and len(lines) >= 3, lines
     expect(predicted).to_contain_text("predicted MiB on each of the 4 ranks")
     expect(button).to_be_enabled()
     page.wait_for_timeout(3000)           # a second launch from the double click would have shown by now

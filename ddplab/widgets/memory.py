@@ -25,6 +25,9 @@ def memory_explorer(exp, measure):
     views = w.Checkbox(value=exp.gradient_as_bucket_view, description="gradient_as_bucket_view")
     button = w.Button(description="measure for real", icon="play")
     predicted, measured = w.Output(), w.Output()
+    # the launch's progress line: a label, updated by value (an Output would freeze a display-id line)
+    progress = w.Label(value="")
+    progress.add_class("ddplab-progress")
 
     def current():
         name = opt.value
@@ -54,7 +57,7 @@ def memory_explorer(exp, measure):
             measured.clear_output()
             print(f"measured with world_size={e.world_size}, optimizer={opt.value}, "
                   f"gradient_as_bucket_view={e.gradient_as_bucket_view} (measurement {guard.runs}):")
-            run = measure(e)
+            run = measure(e, progress=lambda line: setattr(progress, "value", line))
             display(memory_moments(run))
             display(png(measured_figure(run, detached=True)))
 
@@ -63,6 +66,6 @@ def memory_explorer(exp, measure):
     guard = OneAtATime(button)
     button.on_click(guard.handler(on_measure))
     redraw()
-    box = w.VBox([w.HBox([world, opt, views, button]), predicted, measured])
+    box = w.VBox([w.HBox([world, opt, views, button]), progress, predicted, measured])
     box.add_class("ddplab-memory-explorer")
     return box
