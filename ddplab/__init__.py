@@ -18,7 +18,15 @@ from .failures import RunFailed
 from .spec import Experiment
 
 __version__ = "0.1.0"
-__all__ = ["Experiment", "RunFailed", "load_run", "run", "run_many"]
+__all__ = ["Experiment", "RunFailed", "Session", "load_run", "run", "run_many"]
+
+
+def __getattr__(name):
+    if name == "Session":   # warm ranks (launch/session.py), loaded on use
+        from .launch.session import Session
+
+        return Session
+    raise AttributeError(f"module 'ddplab' has no attribute {name!r}")
 
 
 def run(exp, out=None, **kwargs):

@@ -27,6 +27,7 @@ from pathlib import Path
 from .. import failures, rundir
 from ..results import Run, load_run
 from ..spec import Experiment
+from . import session
 from .preflight import preflight
 from .progress import Reporter
 from .torchrun import interrupts_caught, kill_tree, start, worker_argv, worker_env
@@ -34,6 +35,8 @@ from .watch import Watch, collect
 
 STARTUP_TIMEOUT_S = 120.0
 POLL_S = 0.1
+SESSION_POLL_S = 0.002   # how often the launcher looks for a warm job's end
+PEERS_GRACE_S = 2.0      # after a rank of a warm job fails, how long its peers may take to say so
 LOG_TAIL_LINES = 25
 
 
@@ -123,10 +126,19 @@ def _launch_in(exps, final_dirs, final_launch_dir, name, progress, startup_timeo
         t0 = time.monotonic()
         starting = (f"ddplab {name}: starting {world_size} ranks "
                     f"({exps[0].name if len(exps) == 1 else f'{len(exps)} experiments'}) on {backend}/{device}")
-        with open(launch_dir / rundir.LOG, "w") as log:
-            env = {**worker_env(), "DDPLAB_LAUNCH_ID": launch_id}
-            proc, watchdog, interrupted = _torchrun(argv, env, log, watch, reporter, t0, startup_timeout_s,
-                                                    spec_paths[0], starting)
+        warm = session.current()
+        if warm is not None and warm.fits(exps, backend, device):
+            argv = warm.argv
+            starting = starting.replace(f"starting {world_size} ranks", f"{world_size} warm ranks")
+            proc, watchdog, interrupted = _on_session(warm, spec_paths, launch_id, watch, reporter, t0,
+                                                      startup_timeout_s, starting)
+            (launch_dir / rundir.LOG).write_text(warm.log_since_submit())
+        else:
+            warm = None
+            with open(launch_dir / rundir.LOG, "w") as log:
+                env = {**worker_env(), "DDPLAB_LAUNCH_ID": launch_id}
+                proc, watchdog, interrupted = _torchrun(argv, env, log, watch, reporter, t0, startup_timeout_s,
+                                                        spec_paths[0], starting)
         wall_s = time.monotonic() - t0
         if interrupted:
             place, settled = rundir.settle(launch_dir, final_launch_dir, complete=False), True
@@ -135,7 +147,8 @@ def _launch_in(exps, final_dirs, final_launch_dir, name, progress, startup_timeo
             raise failures.Interrupted(line)
         record = {"argv": argv, "returncode": proc.returncode, "wall_s": wall_s, "backend": backend,
                   "device": device, "stopped_by_watchdog": watchdog, "launch_dir": str(final_launch_dir),
-                  "experiments": len(exps), "launch_id": launch_id, "complete": False}
+                  "experiments": len(exps), "launch_id": launch_id, "complete": False,
+                  "session": warm.dir.name if warm else None}
         for run_dir in {launch_dir, *run_dirs}:
             rundir.write_json_atomic(run_dir / rundir.LAUNCH, record)
         # what the ranks waited before the launch was judged stuck: the watchdog's limit, or the
@@ -201,6 +214,43 @@ def _torchrun(argv, env, log, watch: Watch, reporter: Reporter, t0: float, start
     if not spec_path.exists() and not interrupted:
         raise FileNotFoundError(errno.ENOENT, "the run directory disappeared during the run", str(spec_path.parent))
     return proc, watchdog, bool(interrupted)
+
+
+def _on_session(warm, spec_paths, launch_id: str, watch: Watch, reporter: Reporter, t0: float,
+                startup_timeout_s: float, starting: str):
+    """Run the launch as one job of a warm session and follow it as `_torchrun` follows a cold
+    launch. A job that fails, hangs or is interrupted poisons the session: it is torn down (the
+    ranks' files stay for the diagnosis). Returns (torchrun's process, stopped by the watchdog,
+    interrupted)."""
+    watchdog, failed_at, finished = False, None, False
+    with interrupts_caught() as interrupted:
+        n = warm.submit(spec_paths, launch_id)
+        try:
+            reporter.update(starting)
+            last_poll = 0.0
+            while not interrupted and warm.alive():
+                if warm.done(n):
+                    finished = True
+                    break
+                time.sleep(SESSION_POLL_S)
+                now = time.monotonic()
+                if now - last_poll < POLL_S:
+                    continue
+                last_poll = now
+                if watch.poll():
+                    reporter.update(watch.line(now - t0))
+                watch.look_at_processes()
+                if failed_at is None and any(rundir.error_file(p.parent, r).exists()
+                                             for p in spec_paths for r in range(warm.world_size)):
+                    failed_at = now   # a rank failed: its peers get a moment to write what they saw
+                if (failed_at is not None and now - failed_at > PEERS_GRACE_S) or watch.stalled(startup_timeout_s):
+                    watchdog = failed_at is None
+                    break
+        finally:
+            if not finished:
+                warm.kill()
+                session.forget(warm)
+    return warm.proc, watchdog, bool(interrupted)
 
 
 def _first_failure(exps, run_dirs, launch_dir: Path, proc, timeout_s: float, watchdog: bool, spec_path: Path,

@@ -53,17 +53,29 @@ def setup(backend: str, device_type: str, env: RankEnv, timeout_s: float):
     return device
 
 
-def subgroups(world_sizes: list[int], world_size: int, timeout_s: float) -> dict:
-    """One process group per distinct experiment world size w, over ranks 0..w-1 (None = all ranks),
-    each bounded by `timeout_s` like the default group. `new_group` is itself collective: every rank
-    creates every group, in the same order."""
+def subgroups(world_sizes: list[int], world_size: int, timeout_s: float, fresh: bool = False) -> dict:
+    """One process group per distinct experiment world size w, over ranks 0..w-1 (None = all ranks,
+    unless `fresh`: a session's job gets new groups of every size, with its own timeout), each bounded
+    by `timeout_s` like the default group. `new_group` is itself collective: every rank creates every
+    group, in the same order."""
     import torch.distributed as dist
 
     groups = {}
     for w in world_sizes:
         if w not in groups:
-            groups[w] = None if w == world_size else dist.new_group(list(range(w)), timeout=timedelta(seconds=timeout_s))
+            groups[w] = None if w == world_size and not fresh else \
+                dist.new_group(list(range(w)), timeout=timedelta(seconds=timeout_s))
     return groups
+
+
+def destroy_groups(groups: dict) -> None:
+    """Destroy the groups `subgroups` made (a session's job is over; the default group stays)."""
+    import torch.distributed as dist
+
+    gc.collect()
+    for g in groups.values():
+        if g is not None:
+            dist.destroy_process_group(g)
 
 
 def teardown() -> None:

@@ -1,10 +1,14 @@
 """One rank of a ddplab run: the entry point torchrun starts once per rank.
 
     torchrun --standalone --nnodes=1 --nproc-per-node=4 -m ddplab.rank.worker --spec runs/<name>-<hash>/spec.json
+    torchrun ... -m ddplab.rank.worker --serve runs/.sessions/<id>     (a session of warm ranks)
 
-(ddplab starts it through `launch.loopback`, torchrun with its stores on 127.0.0.1.) Given several specs, the ranks run them in order (one launch, one `import torch`); an experiment
-with a smaller world size runs on ranks 0..world_size-1 of its own process group while the other
-ranks go on to the next experiment they belong to.
+(ddplab starts it through `launch.loopback`, torchrun with its stores on 127.0.0.1.) Given several
+specs, the ranks run them in order (one launch, one `import torch`); an experiment with a smaller
+world size runs on ranks 0..world_size-1 of its own process group while the other ranks go on to
+the next experiment they belong to. With `--serve`, the ranks join the process group once and then
+run job after job (`launch/session.py` writes `job{n}.json`, a list of specs), each exactly as a
+cold launch would, on process groups made fresh for the job.
 
 For each experiment the worker runs the task its spec names (`rank/tasks/`; training is
 `rank/tasks/train.py`) and writes what the task returns as `rank{r}.json` (the envelope and the
@@ -18,6 +22,9 @@ Used by every notebook's runs.
 from __future__ import annotations
 
 import argparse
+import gc
+import importlib
+import json
 import os
 import platform
 import socket
@@ -29,36 +36,65 @@ from pathlib import Path
 from .. import host, record
 from ..rundir import ProgressLog, error_file, rank_file, save_tensors_atomic, tensor_file, write_json_atomic
 from ..spec import Experiment
+from ..spec.tasks import COMMON_PHASES
 from . import runtime
 from .tasks import TaskContext, runner
+
+SESSION_PHASES = {p.name: p for p in COMMON_PHASES}
 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--spec", nargs="+", required=True, help="run_dir/spec.json of each experiment, run in order")
-    spec_paths = [Path(p) for p in parser.parse_args(argv).spec]
+    what = parser.add_mutually_exclusive_group(required=True)
+    what.add_argument("--spec", nargs="+", help="run_dir/spec.json of each experiment, run in order")
+    what.add_argument("--serve", help="a session directory: run the jobs written there until told to stop")
+    args = parser.parse_args(argv)
     # first thing, before `import torch` (a second): a rank must never outlive torchrun, and torchrun
     # may already be gone (the launcher killed during start-up)
     host.die_with_parent()
     if not host.parent_is_torchrun():
         os._exit(1)
-    import torch
+    import torch  # noqa: F401 - the second this takes is paid here, once per rank
 
     env = runtime.rank_env()
+    if args.serve:
+        code = serve(Path(args.serve), env)
+    else:
+        code = run_experiments([Path(p) for p in args.spec], env, os.environ.get("DDPLAB_LAUNCH_ID", ""))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # skip interpreter finalization: gloo worker threads racing it abort a good run (notes, section 0)
+    os._exit(code)
+
+
+def run_experiments(spec_paths: list[Path], env, launch_id: str, warm: tuple | None = None) -> int:
+    """Run one launch's experiments in order (or one job of a session: `warm` is its (backend,
+    device), the process group already joined); 0, or 1 after writing this rank's error file."""
+    import torch
+
     log = None
+    groups = {}
     try:
         exps = [Experiment.from_json(p.read_text()) for p in spec_paths]
         mine = [(p.parent, e) for p, e in zip(spec_paths, exps) if env.rank < e.world_size]
-        log = ProgressLog(mine[0][0], env.rank, mine[0][1].task.all_phases())
-        widest = max(exps, key=lambda e: e.world_size)  # the launcher checked they all agree
-        backend, device_type = host.choose_backend(widest.backend, widest.device, env.world_size,
-                                                   host.cuda_device_count())
-        log.enter("init-process-group")
-        if device_type == "cpu" and any(e.pin_cpus for e in exps):  # pinning is per process
-            runtime.pin_to_core(env.local_rank)
         timeout_s = max(e.timeout_s for e in exps)
-        device = runtime.setup(backend, device_type, env, timeout_s)
-        groups = runtime.subgroups([e.world_size for e in exps], env.world_size, timeout_s)
+        if mine:
+            log = ProgressLog(mine[0][0], env.rank, mine[0][1].task.all_phases())
+        if warm is None:
+            widest = max(exps, key=lambda e: e.world_size)  # the launcher checked they all agree
+            backend, device_type = host.choose_backend(widest.backend, widest.device, env.world_size,
+                                                       host.cuda_device_count())
+            log.enter("init-process-group")
+            if device_type == "cpu" and any(e.pin_cpus for e in exps):  # pinning is per process
+                runtime.pin_to_core(env.local_rank)
+            device = runtime.setup(backend, device_type, env, timeout_s)
+        else:
+            backend, device = warm
+            _fresh_user_modules(exps)
+            if log:
+                log.enter("init-process-group")
+        # a session makes every group anew, with this job's timeout; a cold launch uses its own world
+        groups = runtime.subgroups([e.world_size for e in exps], env.world_size, timeout_s, fresh=warm is not None)
         for run_dir, exp in mine:
             if run_dir != log.run_dir:
                 log.close()
@@ -72,11 +108,16 @@ def main(argv=None) -> None:
                 task=exp.task.kind, rank=env.rank, local_rank=env.local_rank, world_size=exp.world_size,
                 backend=backend, device=str(device), pid=os.getpid(), host=socket.gethostname(),
                 torch_version=torch.__version__, python=platform.python_version(), spec_hash=exp.hash,
-                launch_id=os.environ.get("DDPLAB_LAUNCH_ID", ""), t_start_ns=t0, t_end_ns=time.time_ns())
+                launch_id=launch_id, t_start_ns=t0, t_end_ns=time.time_ns())
             write_json_atomic(rank_file(run_dir, env.rank), record.dump(record.RankRecord(envelope, result)))
-        log.enter("teardown")
-        runtime.teardown()
-        log.enter("done")
+        if warm is None:
+            log.enter("teardown")
+            runtime.teardown()
+        else:
+            runtime.destroy_groups(groups)
+            _clean(device)
+        if log:
+            log.enter("done")
         code = 0
     except BaseException as e:  # noqa: BLE001 - every failure must reach the launcher as a file
         last = log.last if log else {"phase": "start", "step": -1}
@@ -87,10 +128,75 @@ def main(argv=None) -> None:
         code = 1
     if log:
         log.close()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # skip interpreter finalization: gloo worker threads racing it abort a good run (notes, section 0)
-    os._exit(code)
+    return code
+
+
+def serve(session_dir: Path, env) -> int:
+    """A session's rank: join the process group once, then run each job the launcher writes
+    (`job{n}.json`: {"specs": [...], "launch_id": ...}, or {"stop": true}), and mark it done
+    (`job{n}.rank{r}.done`). A job that fails ends the rank (its error file says why): the launcher
+    tears the session down and the next run starts a fresh one."""
+    cfg = json.loads((session_dir / "session.json").read_text())
+    log = ProgressLog(session_dir, env.rank, SESSION_PHASES)
+    try:
+        log.enter("init-process-group")
+        if cfg["device"] == "cpu" and cfg["pin_cpus"]:
+            runtime.pin_to_core(env.local_rank)
+        device = runtime.setup(cfg["backend"], cfg["device"], env, cfg["timeout_s"])
+        log.enter("done")   # ready for jobs
+    except BaseException as e:  # noqa: BLE001
+        write_json_atomic(error_file(session_dir, env.rank), {
+            "rank": env.rank, "phase": "init-process-group", "step": -1, "t_ns": time.time_ns(),
+            "type": type(e).__name__, "message": str(e), "traceback": traceback.format_exc()})
+        traceback.print_exc()
+        return 1
+    finally:
+        log.close()
+    n = 0
+    while True:
+        job = _wait_for(session_dir / f"job{n}.json")
+        if job.get("stop"):
+            break
+        if run_experiments([Path(p) for p in job["specs"]], env, job["launch_id"], (cfg["backend"], device)):
+            return 1
+        (session_dir / f"job{n}.rank{env.rank}.done").write_text("")
+        n += 1
+    runtime.teardown()
+    return 0
+
+
+def _wait_for(path: Path) -> dict:
+    """The job at `path`, once the launcher has written it (atomically): polled every millisecond
+    for a second after the last job, then more slowly, so an idle session costs no CPU to speak of."""
+    t0 = time.monotonic()
+    while not path.exists():
+        idle = time.monotonic() - t0
+        time.sleep(0.001 if idle < 1 else 0.005 if idle < 10 else 0.02)
+    return json.loads(path.read_text())
+
+
+def _fresh_user_modules(exps) -> None:
+    """A user's model or task module, imported by an earlier job, is imported again: the file may
+    have changed since, and module-level state must not leak from one experiment into the next."""
+    importlib.invalidate_caches()
+    for exp in exps:
+        names = [exp.model.split(":")[0]] if ":" in exp.model else []
+        module = exp.task.to_dict().get("module")
+        names += [module] if module else []
+        for name in names:
+            if name in sys.modules:
+                importlib.reload(sys.modules[name])
+
+
+def _clean(device) -> None:
+    """After a job: nothing of it stays referenced, and CUDA's caches and peaks start from zero."""
+    gc.collect()
+    if device.type == "cuda":
+        import torch
+
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
 
 
 if __name__ == "__main__":

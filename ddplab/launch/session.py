@@ -1,0 +1,164 @@
+"""A session of warm ranks: torchrun starts the ranks once, and every run that fits is a job for them.
+
+    with ddplab.Session(world_size=4):
+        run = ddplab.run(exp)            # a job for the warm ranks: no torchrun, no `import torch`
+        runs = ddplab.run_many(exps)     # one job, the experiments in order, as one launch would
+
+A cold launch pays torchrun, `import torch` on every rank, the process group and DDP's lazy imports
+each time (seconds) for a step that takes milliseconds (`bench/session_latency.py` measures both).
+A session pays them once: its ranks (`rank.worker --serve`) join the process group, then run each
+job the launcher writes into the session directory, on process groups made fresh for the job, and
+write the same run directories a cold launch writes, so `load_run` and every view are unchanged.
+
+Failure is diagnosed exactly as in a cold run (the same files, the same `failures.diagnose`); then
+the session is torn down, since a rank that crashed or hung leaves the process group unusable, and
+the next run starts cold (or in a new session). Ctrl-C, a hang past the watchdog, or the launcher's
+death stop the whole process tree as for a cold launch (torchrun dies with the launcher, each rank
+with torchrun). Only one session is current at a time; `run` uses it when it fits the experiments
+(enough ranks, the same backend, device and CPU pinning), and launches cold otherwise.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+from .. import failures, rundir
+from ..spec import Experiment
+from ..spec.tasks import Train
+from .torchrun import kill_tree, start, torchrun_argv, worker_env
+
+STARTUP_TIMEOUT_S = 120.0
+SESSION_TIMEOUT_S = 60.0   # the default group's bound: it serves only the start and new_group of each job
+_current: "Session | None" = None
+
+
+def current() -> "Session | None":
+    """The open session, if any (and alive)."""
+    return _current if _current is not None and _current.alive() else None
+
+
+def forget(s: "Session") -> None:
+    """`s` is no session to run in any more (torn down after a failed job)."""
+    global _current
+    if _current is s:
+        _current = None
+
+
+class Session:
+    """`world_size` warm ranks on `backend`/`device` ("auto": as a cold launch of that many ranks
+    would choose). Opening one makes it current; `close()` (or leaving its `with` block) stops it."""
+
+    def __init__(self, world_size: int = 4, backend: str = "auto", device: str = "auto", pin_cpus: bool = False,
+                 runs_dir=None, startup_timeout_s: float = STARTUP_TIMEOUT_S, progress=True):
+        # the spec's own validation: the same ValueError naming the field, before anything starts
+        Experiment(world_size=world_size, backend=backend, device=device, pin_cpus=pin_cpus)
+        from .preflight import preflight
+
+        self.world_size, self.pin_cpus = world_size, pin_cpus
+        self.backend, self.device = preflight([Experiment(world_size=world_size, backend=backend, device=device)])
+        from .cold import default_runs_dir
+
+        self.dir = Path(runs_dir or default_runs_dir()) / ".sessions" / uuid.uuid4().hex[:12]
+        self.dir.mkdir(parents=True)
+        rundir.write_json_atomic(self.dir / "session.json", {
+            "world_size": world_size, "backend": self.backend, "device": self.device, "pin_cpus": pin_cpus,
+            "timeout_s": SESSION_TIMEOUT_S})
+        self.argv = torchrun_argv(world_size, ["--serve", self.dir.resolve()])
+        self.jobs = 0
+        self.proc = None
+        self._log = open(self.dir / rundir.LOG, "w")
+        self.proc = start(self.argv, worker_env(), self._log)
+        self._wait_until_ready(startup_timeout_s)
+        global _current
+        if _current is not None:
+            _current.close()
+        _current = self
+
+    # -- life ------------------------------------------------------------------------------------
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def fits(self, exps: list[Experiment], backend: str, device: str) -> bool:
+        """Can this session run these experiments as one launch would?"""
+        return (self.alive() and max(e.world_size for e in exps) <= self.world_size
+                and (backend, device) == (self.backend, self.device)
+                and all(e.pin_cpus == self.pin_cpus for e in exps))
+
+    def _wait_until_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        phases = Train().all_phases()
+        while True:
+            progress, errors, _ = _collect_session(self.dir, self.world_size)
+            if all(p and p[-1]["phase"] == "done" for p in progress.values()):
+                return
+            if errors or self.proc.poll() is not None or time.monotonic() > deadline:
+                self.kill()
+                diagnosis = failures.diagnose(progress, errors, set(), self.world_size, timeout_s,
+                                              time.monotonic() > deadline, phases)
+                diagnosis.summary = "The session's ranks could not start. " + diagnosis.summary
+                raise failures.RunFailed(diagnosis, self.dir)
+            time.sleep(0.05)
+
+    def close(self) -> None:
+        """Ask the ranks to leave (they tear their process group down), then make sure they did."""
+        global _current
+        if self.alive():
+            rundir.write_json_atomic(self.dir / f"job{self.jobs}.json", {"stop": True})
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+        self.kill()
+        if _current is self:
+            _current = None
+
+    def kill(self) -> None:
+        """Stop the whole process tree now (a failed job, a hang, Ctrl-C): no orphans."""
+        if self.proc is not None:
+            kill_tree(self.proc, self.dir)
+        if not self._log.closed:
+            self._log.close()
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        try:
+            self.kill()
+        except Exception:  # noqa: BLE001 - interpreter shutdown: the parent-death signal still holds
+            pass
+
+    def __repr__(self) -> str:
+        state = "alive" if self.alive() else "closed"
+        return f"Session({self.world_size} ranks on {self.backend}/{self.device}, {self.jobs} jobs, {state})"
+
+    # -- jobs ------------------------------------------------------------------------------------
+    def submit(self, spec_paths: list[Path], launch_id: str) -> int:
+        """Hand the ranks one job; its number. The log offset marks where its output starts."""
+        n = self.jobs
+        self._log.flush()
+        self.log_offset = (self.dir / rundir.LOG).stat().st_size
+        rundir.write_json_atomic(self.dir / f"job{n}.json", {"specs": [str(p) for p in spec_paths],
+                                                              "launch_id": launch_id})
+        self.jobs += 1
+        return n
+
+    def done(self, n: int) -> bool:
+        return all((self.dir / f"job{n}.rank{r}.done").exists() for r in range(self.world_size))
+
+    def log_since_submit(self) -> str:
+        with open(self.dir / rundir.LOG, "rb") as f:
+            f.seek(self.log_offset)
+            return f.read().decode(errors="replace")
+
+
+def _collect_session(session_dir: Path, world_size: int):
+    from .watch import collect
+
+    return collect(session_dir, world_size)
