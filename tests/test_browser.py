@@ -242,12 +242,21 @@ def test_bucket_slider_redraws_the_schedule_and_measures_for_real(page, lab):
     page.keyboard.press("End")                                  # the largest cap: a single bucket
     expect(table).to_contain_text("split:")
     button = box.locator("button:has-text('measur')")
+    progress = box.locator(".ddplab-progress")
+    page.evaluate("""sel => { const el = document.querySelector(sel); window.__progress = [];
+        new MutationObserver(() => window.__progress.push(el.textContent.trim()))
+            .observe(el, {subtree: true, childList: true, characterData: true}); }""",
+                  f"{PANEL} .ddplab-bucket-slider .ddplab-progress")
     button.dblclick()                                           # launches 2 ranks, once
     expect(button).to_be_disabled()
     handle.focus()
     page.keyboard.press("Home")                                 # the slider moved mid-measure
     status = box.locator(".widget-output").first
     expect(status).to_contain_text("measured split:", timeout=120_000)   # the plan of the click
+    # the progress line followed the launch to its last word (a display-id line inside an Output froze)
+    expect(progress).to_contain_text(re.compile(r"slider-measure: 2 ranks x 1 round on gloo/cpu in [0-9.]+ s"))
+    lines = [t for t in dict.fromkeys(page.evaluate("window.__progress")) if t]
+    assert "starting 2 ranks" in lines[0] and len(lines) >= 3, lines
     expect(button).to_be_enabled()
     handle.focus()
     page.keyboard.press("Home")                                 # (the kernel may have queued the first move)

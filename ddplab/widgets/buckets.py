@@ -8,7 +8,7 @@ def bucket_slider(sweep_run, link, measure, model: str = "calibrated", cap_mb: f
     """A bucket-cap slider (log scale, MiB) and a "split the last bucket" switch redraw the simulated
     step (timeline and summary row) from the sweep's readiness trace and the chosen cost model, with
     no launch; "measure" hands that plan, on the sweep's ranks and model, to `measure` (`ddplab.run`:
-    one launch) and overlays the measured buckets (notebook 05)."""
+    one launch, called with `progress=`, a callable that updates the progress line) and overlays the measured buckets (notebook 05)."""
     import dataclasses
 
     import ipywidgets as w
@@ -26,6 +26,9 @@ def bucket_slider(sweep_run, link, measure, model: str = "calibrated", cap_mb: f
     which = w.ToggleButtons(options=list(costs), value=model, description="model", style={"button_width": "110px"})
     button = w.Button(description="measure", icon="play", tooltip="run this plan for real (one launch)")
     out, status = w.Output(), w.Output()
+    # the launch's progress line: a label, updated by value (an Output would freeze a display-id line)
+    progress = w.Label(value="")
+    progress.add_class("ddplab-progress")
     measured: dict = {}
 
     def current():
@@ -54,7 +57,7 @@ def bucket_slider(sweep_run, link, measure, model: str = "calibrated", cap_mb: f
         exp = sweep_run.spec.replace(name="slider-measure", task=task)
         with status:
             status.clear_output()
-            r = measure(exp)
+            r = measure(exp, progress=lambda line: setattr(progress, "value", line))
             measured[name] = {"step_ms": bucket_sweep.measured(r).loc[name, "step_ms"],
                               "timeline": bucket_sweep.measured_timeline(r, name)}
             print(f"measured {name}: {measured[name]['step_ms']:.1f} ms per step (median of 3 steps, "
@@ -66,7 +69,7 @@ def bucket_slider(sweep_run, link, measure, model: str = "calibrated", cap_mb: f
     guard = OneAtATime(button)
     button.on_click(guard.handler(on_measure))
     redraw()
-    box = w.VBox([w.HBox([cap, split]), w.HBox([which, button]), status, out])
+    box = w.VBox([w.HBox([cap, split]), w.HBox([which, button]), progress, status, out])
     box.add_class("ddplab-bucket-slider")
     return box
 
