@@ -1,0 +1,164 @@
+"""A session of warm ranks (issue 12): the same results as a cold launch, failures diagnosed the
+same way, and no rank outliving the session, its launcher or a failed job."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+import ddplab
+from ddplab import Experiment, RunFailed, rundir
+from ddplab.launch import session as sessions
+from ddplab.predict.memory import CATEGORIES
+from ddplab.spec import Fault
+
+from .conftest import leftovers
+
+pytestmark = pytest.mark.slow
+
+SMALL = dict(world_size=2, steps=2, local_batch=4, seq_len=8)
+
+
+def _wait_gone(path, within_s: float) -> list[str]:
+    deadline = time.monotonic() + within_s
+    while leftovers(path) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return leftovers(path)
+
+
+def _same(a, b) -> bool:
+    import torch
+
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    return torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b
+
+
+@pytest.fixture
+def warm(tmp_path):
+    s = ddplab.Session(world_size=2, runs_dir=tmp_path / "runs")
+    yield s
+    s.close()
+    assert _wait_gone(s.dir, 5) == []
+
+
+def test_a_warm_run_is_bit_identical_to_a_cold_one(tmp_path, warm):
+    exp = Experiment(name="same", probes=("gradients", "memory", "reference"), **SMALL)
+    w = ddplab.run(exp, tmp_path / "warm", progress=False)
+    assert w.launch["session"] == warm.dir.name and sessions.current() is warm
+    warm.close()
+    c = ddplab.run(exp, tmp_path / "cold", progress=False)
+    assert c.launch["session"] is None
+    for rw, rc in zip(w.ranks, c.ranks):
+        assert rw.param_checksum == rc.param_checksum
+        assert [s.loss for s in rw.steps] == [s.loss for s in rc.steps]
+        ledger = lambda r: [({ph: {c: v[c] for c in CATEGORIES} for ph, v in st.phases.items()}, st.peak)
+                            for st in r.memory.steps]   # the ledger, not the process's RSS
+        assert ledger(rw) == ledger(rc)
+        assert _same(w.tensors(rw.rank), c.tensors(rc.rank))   # every saved gradient, bit for bit
+    # and a second warm job of the same spec: nothing of the first leaked into it
+    again = ddplab.Session(world_size=2, runs_dir=tmp_path / "runs")
+    try:
+        first = ddplab.run(exp.replace(seed=1), tmp_path / "w1", progress=False)
+        second = ddplab.run(exp.replace(seed=1), tmp_path / "w2", progress=False)
+        assert [r.param_checksum for r in first.ranks] == [r.param_checksum for r in second.ranks]
+    finally:
+        again.close()
+
+
+def test_a_session_runs_smaller_experiments_and_sweeps_as_one_launch_would(tmp_path):
+    with ddplab.Session(world_size=4, runs_dir=tmp_path / "runs") as s:
+        one = ddplab.run(Experiment(name="one", **{**SMALL, "world_size": 1}), tmp_path / "one", progress=False)
+        runs = ddplab.run_many([Experiment(name="a", **SMALL), Experiment(name="b", **{**SMALL, "world_size": 4})],
+                               tmp_path / "many", progress=False)
+        assert len(one.ranks) == 1 and [len(r.ranks) for r in runs] == [2, 4]
+        assert s.jobs == 2 and s.alive()
+    assert _wait_gone(s.dir, 5) == []
+
+
+@pytest.mark.parametrize("fault, kind", [(Fault("crash", rank=1, step=1), "crash"),
+                                         (Fault("skip-backward", rank=1, step=1), "hang")])
+def test_a_failed_job_is_diagnosed_as_cold_and_tears_the_session_down(tmp_path, warm, fault, kind):
+    exp = Experiment(name="bad", fault=fault, timeout_s=3, **SMALL)
+    t0 = time.monotonic()
+    with pytest.raises(RunFailed) as info:
+        ddplab.run(exp, tmp_path / "bad", progress=False)
+    assert time.monotonic() - t0 < exp.timeout_s + 15
+    d = info.value.diagnosis
+    assert d.kind == kind and d.ranks == [1], str(d)
+    if kind == "crash":
+        assert "injected fault" in d.tracebacks[1]
+    else:
+        assert "never arrived" in d.summary
+    assert not warm.alive() and sessions.current() is None
+    assert _wait_gone(warm.dir, 5) == []
+    ok = ddplab.run(exp.replace(fault=None), tmp_path / "after", progress=False)   # cold again
+    assert ok.launch["session"] is None
+
+
+def test_ctrl_c_during_a_warm_job_stops_it_and_the_session(tmp_path):
+    script = textwrap.dedent(f"""
+        import ddplab
+        s = ddplab.Session(world_size=2, runs_dir={str(tmp_path / 'runs')!r})
+        print("SESSION", s.dir, flush=True)
+        try:
+            ddplab.run(ddplab.Experiment(world_size=2, steps=100_000, local_batch=4, seq_len=8),
+                       {str(tmp_path / 'long')!r}, progress=False)
+        except KeyboardInterrupt as e:
+            print("INTERRUPTED", e, flush=True)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    session_dir = Path(proc.stdout.readline().split()[1])
+    deadline = time.monotonic() + 60
+    while not any(rundir.read_progress(p, 1) for p in (tmp_path).glob(".long.*.partial")):
+        assert time.monotonic() < deadline and proc.poll() is None, "the job never started"
+        time.sleep(0.1)
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=30)
+    assert "INTERRUPTED interrupted: 2 ranks stopped" in out, out
+    assert time.monotonic() - t0 < 5
+    assert _wait_gone(session_dir, 2) == []
+
+
+def test_a_launcher_that_dies_takes_its_session_with_it(tmp_path):
+    script = textwrap.dedent(f"""
+        import time, ddplab
+        s = ddplab.Session(world_size=2, runs_dir={str(tmp_path / 'runs')!r})
+        print("SESSION", s.dir, flush=True)
+        time.sleep(120)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    session_dir = Path(proc.stdout.readline().split()[1])
+    assert len(leftovers(session_dir)) >= 3   # torchrun and two ranks, waiting for jobs
+    os.kill(proc.pid, signal.SIGKILL)   # a kernel restart
+    proc.wait()
+    assert _wait_gone(session_dir, 5) == []
+
+
+def test_a_users_model_file_changed_between_jobs_is_read_again(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "lab_session_net.py").write_text(textwrap.dedent("""
+        import torch.nn as nn
+        WIDTH = 1
+        def net(vocab_size, d_model):
+            return nn.Sequential(nn.Embedding(vocab_size, d_model * WIDTH), nn.Linear(d_model * WIDTH, vocab_size))
+    """))
+    monkeypatch.chdir(tmp_path)   # the ranks import it from the current directory at the session's start
+    exp = Experiment(name="net", model="lab_session_net:net", **SMALL)
+    with ddplab.Session(world_size=2, runs_dir=tmp_path / "runs"):
+        first = ddplab.run(exp, tmp_path / "n1", progress=False)
+        path = tmp_path / "lab_session_net.py"
+        path.write_text(path.read_text().replace("WIDTH = 1", "WIDTH = 2"))
+        second = ddplab.run(exp.replace(seed=1), tmp_path / "n2", progress=False)
+    assert first.launch["session"] == second.launch["session"] is not None
+    assert second.ranks[0].model.parameter_count > first.ranks[0].model.parameter_count
