@@ -108,7 +108,7 @@ def diagnose_hang(progress: dict[int, list[dict]], world_size: int, timeout_s: f
         others = sorted(set(last) - set(frozen))
         if others:
             rec = last[others[0]]
-            lines.append(f"{rank_list(others).capitalize()} waited for it"
+            lines.append(f"{rank_list(others).capitalize()} waited for {'it' if len(frozen) == 1 else 'them'}"
                          + (f" in {_the(rec['collective'])} ({_where(rec)})" if rec.get("collective") else "")
                          + f", and {how}.")
         else:

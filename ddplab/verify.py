@@ -44,14 +44,30 @@ def _fmt(v) -> str:
     return str(v)
 
 
+def _plain(v):
+    """A numpy or torch scalar (or 0-d array) as a plain Python value; anything else unchanged."""
+    return v.item() if hasattr(v, "item") and getattr(v, "ndim", 0) == 0 else v
+
+
 def _values(seen) -> list:
-    """A number, or every number of a list, tuple or pandas Series (as plain Python numbers)."""
-    if isinstance(seen, (str, bytes)) or not isinstance(seen, Iterable):
+    """A number, or every number of a list, tuple, array or pandas Series (as plain Python numbers)."""
+    seen = _plain(seen)
+    if isinstance(seen, (str, bytes, dict)) or not isinstance(seen, Iterable):
         return [seen]
-    values = [v.item() if hasattr(v, "item") else v for v in seen]
+    if hasattr(seen, "columns"):
+        raise TypeError("verify takes one column (a Series) or a list, not a DataFrame")
+    values = [_plain(v) for v in seen]
     if not values:
         raise CheckFailed("nothing to check: the values are empty")
     return values
+
+
+def _not_finite(values: list) -> str | None:
+    """'nan (value 2 of 3)' for the first value that is not a finite number, else None."""
+    for i, v in enumerate(values):
+        if not _finite(v):
+            return _fmt(v) + (f" (value {i + 1} of {len(values)})" if len(values) > 1 else "")
+    return None
 
 
 def _report(claim: str, ok: bool, seen: str, expected: str) -> None:
@@ -60,18 +76,33 @@ def _report(claim: str, ok: bool, seen: str, expected: str) -> None:
     print(f"verified: {claim} (seen {seen}, expected {expected})")
 
 
-def that(claim: str, ok: bool, seen=None, expected=None) -> None:
-    """The claim holds when `ok` is true; `seen` and `expected` say what was compared."""
+def that(claim: str, ok, seen=None, expected=None) -> None:
+    """The claim holds when `ok` is true: a bool, or every element of a non-empty list, tuple,
+    generator or pandas Series of bools; `seen` and `expected` say what was compared."""
     if not isinstance(ok, bool):
-        ok = bool(ok.all()) if hasattr(ok, "all") else bool(ok)
+        ok = _plain(ok)
+    if not isinstance(ok, bool):
+        if hasattr(ok, "all") and hasattr(ok, "__len__"):
+            ok = len(ok) > 0 and bool(ok.all())
+        elif isinstance(ok, Iterable):
+            items = list(ok)
+            ok = bool(items) and all(items)
+        else:
+            ok = bool(ok)
     _report(claim, ok, "true" if seen is None and ok else ("false" if seen is None else _fmt(seen)),
             "true" if expected is None else _fmt(expected))
 
 
+def _listed(v):
+    v = _plain(v)
+    if hasattr(v, "tolist"):
+        return v.tolist()
+    return list(v) if isinstance(v, tuple) else v
+
+
 def equal(claim: str, seen, expected) -> None:
-    """seen == expected (lists compare element by element, in order)."""
-    if hasattr(seen, "tolist"):
-        seen = seen.tolist()
+    """seen == expected (lists, tuples, arrays and Series compare element by element, in order)."""
+    seen, expected = _listed(seen), _listed(expected)
     _report(claim, seen == expected, _fmt(seen), _fmt(expected))
 
 
@@ -88,21 +119,21 @@ def below(claim: str, seen, limit: float) -> None:
     """Every value of `seen` (one number or several) is < limit."""
     values = _values(seen)
     ok = all(_finite(v) and v < limit for v in values)
-    _report(claim, ok, _extreme(values, True, ok), f"< {_fmt(limit)}")
+    _report(claim, ok, _not_finite(values) or _extreme(values, True, ok), f"< {_fmt(limit)}")
 
 
 def above(claim: str, seen, limit: float) -> None:
     """Every value of `seen` (one number or several) is > limit."""
     values = _values(seen)
     ok = all(_finite(v) and v > limit for v in values)
-    _report(claim, ok, _extreme(values, False, ok), f"> {_fmt(limit)}")
+    _report(claim, ok, _not_finite(values) or _extreme(values, False, ok), f"> {_fmt(limit)}")
 
 
 def between(claim: str, seen, low: float, high: float) -> None:
     """Every value of `seen` is within [low, high]."""
     values = _values(seen)
     ok = all(_finite(v) and low <= v <= high for v in values)
-    shown = _fmt(values[0]) if len(values) == 1 else f"{_fmt(min(values))} to {_fmt(max(values))}"
+    shown = _not_finite(values) or (_fmt(values[0]) if len(values) == 1 else f"{_fmt(min(values))} to {_fmt(max(values))}")
     _report(claim, ok, shown, f"within [{_fmt(low)}, {_fmt(high)}]")
 
 

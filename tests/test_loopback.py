@@ -49,6 +49,8 @@ def test_the_ranks_sockets_stay_on_the_loopback_interface():
     env = torchrun.worker_env({})
     assert env["GLOO_SOCKET_IFNAME"] == host.loopback_interface() and env["NCCL_SOCKET_IFNAME"] == host.loopback_interface()
     assert torchrun.worker_env({"GLOO_SOCKET_IFNAME": "eth7"})["GLOO_SOCKET_IFNAME"] == "eth7"  # the caller's choice wins
+    # unshared, the ranks' store would be hosted by rank 0 on every interface, on a port found by bind-and-close
+    assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE" not in torchrun.worker_env({"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"})
 
 
 def test_a_loopback_store_listens_on_127_0_0_1_only_and_serves_a_client():

@@ -73,3 +73,53 @@ def test_a_callable_progress_gets_every_line_and_the_last_one(capsys):
     silent = Reporter(False)
     silent.update("x"), silent.finish("y")
     assert silent.history == []
+
+
+def test_a_widget_hands_progress_only_to_a_measure_that_takes_it():
+    from types import SimpleNamespace
+
+    from ddplab.widgets.measuring import measure_with_progress
+
+    label = SimpleNamespace(value="")
+
+    def like_run(exp, out=None, *, progress=True):
+        progress(f"running {exp}")
+        return "run"
+
+    assert measure_with_progress(like_run, "e", label) == "run" and label.value == "running e"
+    assert measure_with_progress(lambda e: f"bare {e}", "e", label) == "bare e"   # a user's lambda still works
+    assert measure_with_progress(lambda e, **kw: kw["progress"]("kw") or "kw", "e", label) == "kw"
+    assert label.value == "kw"
+
+
+def test_the_watch_names_a_stopped_rank_whatever_experiment_it_is_in(tmp_path):
+    import signal
+    import subprocess
+    import time
+
+    stopped = subprocess.Popen(["sleep", "30"])
+    try:
+        stopped.send_signal(signal.SIGSTOP)
+        a, b = Experiment(name="a", world_size=2, steps=1), Experiment(name="b", world_size=2, steps=1)
+        (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
+        watch = Watch([(a, tmp_path / "a"), (b, tmp_path / "b")])
+        rec = json.dumps({"t_ns": 0, "phase": "forward", "step": 0, "micro": 0, "pid": stopped.pid}) + "\n"
+        rundir.progress_file(tmp_path / "a", 1).write_text(rec)   # rank 1 last wrote in the first experiment
+        watch.poll()
+        watch.last_move -= 5   # the launch has stood still
+        time.sleep(0.2)
+        watch.look_at_processes()
+        assert watch.frozen == {1: "stopped"}
+    finally:
+        stopped.kill()
+        stopped.wait()
+
+
+def test_only_the_run_directory_failing_is_called_a_lost_run_directory(tmp_path):
+    import errno
+
+    from ddplab.launch.cold import _dir_lost
+
+    assert not _dir_lost(tmp_path, OSError(errno.EAGAIN, "Resource temporarily unavailable"))   # a failed fork
+    assert _dir_lost(tmp_path / "gone", OSError(errno.ENOENT, "No such file", "x"))
+    assert _dir_lost(tmp_path, FileNotFoundError(errno.ENOENT, "No such file", str(tmp_path / "rank0.json")))

@@ -9,6 +9,18 @@ from ddplab import verify
 from ddplab.verify import CheckFailed
 
 
+def test_sequences_of_any_kind_compare_by_their_elements(capsys):
+    import numpy as np
+
+    verify.equal("tuple vs list", pd.Series([1, 2]), (1, 2))
+    verify.equal("array vs list", [1, 2], np.array([1, 2]))
+    verify.below("0-d array", np.array(0.5), 1.0)
+    verify.that("numpy bool", np.bool_(True))
+    assert len(capsys.readouterr().out.splitlines()) == 4
+    with pytest.raises(TypeError, match="DataFrame"):
+        verify.below("a frame", pd.DataFrame({"a": [1.0]}), 2.0)
+
+
 def test_a_check_that_holds_prints_what_it_verified(capsys):
     verify.equal("four ranks", [0, 1, 2, 3], [0, 1, 2, 3])
     verify.below("DDP step is the global step", pd.Series([1e-8, 3e-8]), 1e-5)
@@ -36,6 +48,11 @@ def test_a_check_that_holds_prints_what_it_verified(capsys):
     (lambda: verify.that("all identical", pd.Series([True, False])), "all identical: expected true, seen false"),
     (lambda: verify.that("speedup", False, seen=0.8, expected="> 1"), "speedup: expected > 1, seen 0.8"),
     (lambda: verify.below("empty", [], 1.0), "nothing to check"),
+    (lambda: verify.that("every one", [False, False]), "every one: expected true, seen false"),   # a list is truthy
+    (lambda: verify.that("every one", (x > 0 for x in [1, -1])), "seen false"),
+    (lambda: verify.that("every one", pd.Series([], dtype=bool)), "seen false"),   # vacuous .all()
+    (lambda: verify.below("small", [1.0, math.nan], 5), "seen nan (value 2 of 2)"),
+    (lambda: verify.between("in range", [1.0, math.nan, 0.7], 0.5, 1.0), "seen nan (value 2 of 3)"),
 ])
 def test_a_check_fed_a_wrong_value_fails_saying_expected_versus_seen(call, message):
     with pytest.raises(CheckFailed, match="NOT verified|nothing to check") as info:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import errno
 import hashlib
-import json
 import os
 import time
 import uuid
@@ -91,28 +90,32 @@ def _launch(exps, final_dirs, final_launch_dir: Path, name: str, progress,
     launch_id = uuid.uuid4().hex[:12]
     launch_dir = rundir.staging_dir(final_launch_dir, launch_id)
     run_dirs = [launch_dir / d.relative_to(final_launch_dir) for d in final_dirs]
+    reporter = Reporter(progress)
+    placed: list[Path] = []   # where an incomplete launch's files went
     try:
-        return _launch_in(exps, final_dirs, final_launch_dir, name, progress, startup_timeout_s,
-                          backend, device, launch_id, launch_dir, run_dirs)
+        return _launch_in(exps, final_dirs, final_launch_dir, name, reporter, startup_timeout_s,
+                          backend, device, launch_id, launch_dir, run_dirs, placed)
     except OSError as e:   # the run's own files failed it (deleted, read-only, disk full): no bare OSError
+        if not _dir_lost(launch_dir, e):
+            raise
         diagnosis = failures.run_dir_lost(launch_dir, e)
-        Reporter(progress).finish(f"ddplab {name}: FAILED ({diagnosis.kind})")
-        raise failures.RunFailed(diagnosis, _place_of(launch_id, final_launch_dir)) from None
+        reporter.finish(f"ddplab {name}: FAILED ({diagnosis.kind})")
+        raise failures.RunFailed(diagnosis, placed[0] if placed else None) from None
 
 
-def _place_of(launch_id: str, final: Path) -> Path | None:
-    """Where the files of an incomplete launch settled (`rundir.settle`), if they could."""
-    beside = final.with_name(f"{final.name}.failed-{launch_id}")
-    if beside.exists():
-        return beside
+def _dir_lost(launch_dir: Path, error: OSError) -> bool:
+    """Is `error` the launch directory failing (gone, unwritable, full), not some other OSError?"""
+    if not launch_dir.exists() or str(error.filename or "").startswith(str(launch_dir)):
+        return True
     try:
-        return final if json.loads((final / rundir.LAUNCH).read_text()).get("launch_id") == launch_id else None
-    except (OSError, ValueError):
-        return None
+        rundir.check_writable(launch_dir)
+    except OSError:
+        return True
+    return False
 
 
-def _launch_in(exps, final_dirs, final_launch_dir, name, progress, startup_timeout_s, backend, device,
-               launch_id, launch_dir, run_dirs) -> list[Run]:
+def _launch_in(exps, final_dirs, final_launch_dir, name, reporter: Reporter, startup_timeout_s, backend, device,
+               launch_id, launch_dir, run_dirs, placed: list) -> list[Run]:
     settled = False
     try:
         for run_dir, exp in zip(run_dirs, exps):
@@ -121,7 +124,6 @@ def _launch_in(exps, final_dirs, final_launch_dir, name, progress, startup_timeo
         spec_paths = [(d / rundir.SPEC).resolve() for d in run_dirs]
         world_size = max(e.world_size for e in exps)
         argv = worker_argv(world_size, spec_paths)
-        reporter = Reporter(progress)
         watch = Watch(list(zip(exps, run_dirs)))
         t0 = time.monotonic()
         starting = (f"ddplab {name}: starting {world_size} ranks "
@@ -172,7 +174,7 @@ def _launch_in(exps, final_dirs, final_launch_dir, name, progress, startup_timeo
     finally:
         if not settled and launch_dir.exists():   # an error of ours, or Ctrl-C outside the watch: keep the files
             try:
-                rundir.settle(launch_dir, final_launch_dir, complete=False)
+                placed.append(rundir.settle(launch_dir, final_launch_dir, complete=False))
             except OSError:
                 pass
     reporter.finish(f"ddplab {name}: {_what(exps, world_size)} on {backend}/{device} in {wall_s:.1f} s "
@@ -256,14 +258,15 @@ def _on_session(warm, spec_paths, launch_id: str, watch: Watch, reporter: Report
 def _first_failure(exps, run_dirs, launch_dir: Path, proc, timeout_s: float, watchdog: bool, spec_path: Path,
                    frozen: dict):
     """RunFailed for the first experiment some rank of which failed or left no result, else None.
-    `frozen`: run index -> the ranks the watch saw frozen, and their process state."""
-    for i, (exp, run_dir) in enumerate(zip(exps, run_dirs)):
+    `frozen`: the ranks the watch saw frozen, and their process state."""
+    for exp, run_dir in zip(exps, run_dirs):
         prog, errors, finished = collect(run_dir, exp.world_size)
         if errors or len(finished) < exp.world_size:
             if proc.returncode not in (0, None):
                 kill_tree(proc, spec_path)  # torchrun stopped its ranks; sweep for any that escaped
             diagnosis = failures.diagnose(prog, errors, finished, exp.world_size, timeout_s, watchdog,
-                                          exp.task.all_phases(), frozen.get(i, {}))
+                                          exp.task.all_phases(),
+                                          {r: state for r, state in frozen.items() if r < exp.world_size})
             if diagnosis.kind == "missing-result":  # no rank could explain itself: show what torchrun saw
                 diagnosis.log_tail = "\n".join((launch_dir / rundir.LOG).read_text().splitlines()[-LOG_TAIL_LINES:])
             return failures.RunFailed(diagnosis, run_dir)

@@ -54,6 +54,8 @@ def worker_env(base: dict | None = None) -> dict:
         paths.append(env["PYTHONPATH"])
     env["PYTHONPATH"] = os.pathsep.join(paths)
     env.setdefault("OMP_NUM_THREADS", "1")  # torchrun's own default for several ranks, without its banner
+    # torchrun's agent hosts the ranks' store on loopback (launch.loopback) only while that store is shared
+    env.pop("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", None)
     lo = host.loopback_interface()
     if lo:  # one machine: the ranks talk over loopback, and nothing listens on another interface
         env.setdefault("GLOO_SOCKET_IFNAME", lo)

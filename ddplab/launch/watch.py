@@ -31,7 +31,7 @@ class Watch:
         self.current = 0
         self.last_move = time.monotonic()
         self.started = False
-        self.frozen: dict[int, dict[int, str]] = {i: {} for i in range(len(runs))}   # run index -> rank -> state
+        self.frozen: dict[int, str] = {}   # rank -> process state (a rank is one process for the whole launch)
         self._looked = 0.0
 
     def poll(self) -> bool:
@@ -52,7 +52,7 @@ class Watch:
                 for line in complete.decode().splitlines():
                     rec = json.loads(line)
                     self.last[i][r] = rec
-                    self.frozen[i].pop(r, None)   # it moves again
+                    self.frozen.pop(r, None)   # it moves again
                     phase = self.phases[i].get(rec["phase"])
                     done = rec.get("step", -1) + (1 if phase is not None and phase.ends_step else 0)
                     self.steps_done[i][r] = max(self.steps_done[i].get(r, 0), done)
@@ -72,14 +72,14 @@ class Watch:
         self._looked = now
         import psutil
 
-        for i, ranks in self.last.items():
-            for r, rec in ranks.items():
-                try:
-                    state = psutil.Process(rec["pid"]).status() if "pid" in rec else None
-                except psutil.Error:
-                    continue
-                if state in FROZEN:
-                    self.frozen[i][r] = state
+        pids = {r: rec["pid"] for ranks in self.last.values() for r, rec in ranks.items() if "pid" in rec}
+        for r, pid in pids.items():
+            try:
+                state = psutil.Process(pid).status()
+            except psutil.Error:
+                continue
+            if state in FROZEN:
+                self.frozen[r] = state
 
     def _current(self) -> int:
         """The experiment the launch is on: the first that has started and some rank of which has not

@@ -8,7 +8,7 @@ def bucket_slider(sweep_run, link, measure, model: str = "calibrated", cap_mb: f
     """A bucket-cap slider (log scale, MiB) and a "split the last bucket" switch redraw the simulated
     step (timeline and summary row) from the sweep's readiness trace and the chosen cost model, with
     no launch; "measure" hands that plan, on the sweep's ranks and model, to `measure` (`ddplab.run`:
-    one launch, called with `progress=`, a callable that updates the progress line) and overlays the measured buckets (notebook 05)."""
+    one launch, called with `progress=`, a callable that updates the progress line, if it takes one) and overlays the measured buckets (notebook 05)."""
     import dataclasses
 
     import ipywidgets as w
@@ -18,7 +18,7 @@ def bucket_slider(sweep_run, link, measure, model: str = "calibrated", cap_mb: f
     from ..plots import buckets as bucket_plots
     from ..predict import buckets as simulator
     from ..tables import bucket_sweep, buckets
-    from .measuring import OneAtATime
+    from .measuring import OneAtATime, measure_with_progress
 
     ins, costs = bucket_sweep.inputs(sweep_run), buckets.costs(sweep_run, link)
     cap = _cap_slider(ins, cap_mb)
@@ -57,7 +57,7 @@ def bucket_slider(sweep_run, link, measure, model: str = "calibrated", cap_mb: f
         exp = sweep_run.spec.replace(name="slider-measure", task=task)
         with status:
             status.clear_output()
-            r = measure(exp, progress=lambda line: setattr(progress, "value", line))
+            r = measure_with_progress(measure, exp, progress)
             measured[name] = {"step_ms": bucket_sweep.measured(r).loc[name, "step_ms"],
                               "timeline": bucket_sweep.measured_timeline(r, name)}
             print(f"measured {name}: {measured[name]['step_ms']:.1f} ms per step (median of 3 steps, "

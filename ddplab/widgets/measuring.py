@@ -37,3 +37,17 @@ class OneAtATime:
                 self.finished_at = time.monotonic()
                 self.lock.release()
         return on_click
+
+
+def measure_with_progress(measure, exp, label):
+    """`measure(exp)`, handing it `progress=` (a callable that sets `label`'s text) when it takes one,
+    as `ddplab.run` does; a user's `lambda e: ...` that takes no such argument still works."""
+    import inspect
+
+    try:
+        params = inspect.signature(measure).parameters.values()
+    except (TypeError, ValueError):
+        params = []
+    if any(p.name == "progress" or p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return measure(exp, progress=lambda line: setattr(label, "value", line))
+    return measure(exp)

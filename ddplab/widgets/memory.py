@@ -18,7 +18,7 @@ def memory_explorer(exp, measure):
     from ..plots.memory import memory as measured_figure
     from ..plots.memory import memory_prediction
     from ..tables.memory import memory_moments, predicted_moments
-    from .measuring import OneAtATime
+    from .measuring import OneAtATime, measure_with_progress
 
     world = w.Dropdown(options=[1, 2, 4, 8], value=exp.world_size, description="world_size")
     opt = w.Dropdown(options=["sgd", "sgd+momentum", "adam"], value="adam", description="optimizer")
@@ -57,7 +57,7 @@ def memory_explorer(exp, measure):
             measured.clear_output()
             print(f"measured with world_size={e.world_size}, optimizer={opt.value}, "
                   f"gradient_as_bucket_view={e.gradient_as_bucket_view} (measurement {guard.runs}):")
-            run = measure(e, progress=lambda line: setattr(progress, "value", line))
+            run = measure_with_progress(measure, e, progress)
             display(memory_moments(run))
             display(png(measured_figure(run, detached=True)))
 
