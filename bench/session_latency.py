@@ -6,8 +6,9 @@ Runs the same 1-step experiment (the token MLP, one example per rank) cold (`ddp
 session: torchrun, `import torch`, the process group, DDP's lazy imports) and warm (a job for a
 `ddplab.Session` of the same size), interleaved round after round, and prints the median wall time
 of each, their ratio, and the warm overhead: warm wall time minus the step's own time on the ranks
-(the slowest rank's span from its first to its last record of the job). Targets (issue 12, on a
-2-core machine): overhead at most 0.1 s on 2 ranks and 0.25 s on 4.
+(the slowest rank's span from its first to its last record of the job); then times a `%%ddp` cell
+that prints the rank (`Session.execute`, what the magic calls). Targets (issue 12, on a 2-core
+machine): overhead at most 0.1 s on 2 ranks and 0.25 s on 4; the print cell at most 0.1 s on 2 ranks.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import ddplab
 from ddplab import rundir
 
 TARGET_S = {2: 0.10, 4: 0.25}
+CELL_TARGET_S = {2: 0.10}
 
 
 def timed(exp, out: Path) -> tuple[float, float]:
@@ -63,6 +65,11 @@ def main() -> None:
                         overhead.append(wall - ranks_s)
                 print(f"round {i}: cold {cold[-1]:.2f} s, warm {warm[-1] * 1e3:.0f} ms "
                       f"(of which the ranks' own {1e3 * (warm[-1] - overhead[-1]):.0f} ms)")
+            cell = []
+            for _ in range(20):
+                t0 = time.perf_counter()
+                session.execute("print(rank)")
+                cell.append(time.perf_counter() - t0)
         finally:
             session.close()
     med_c, med_w, med_o = statistics.median(cold), statistics.median(warm), statistics.median(overhead)
@@ -73,6 +80,10 @@ def main() -> None:
     print(f"cold / warm       {med_c / med_w:.0f}x")
     verdict = "" if target is None else f"  (target <= {target:.2f} s: {'met' if med_o <= target else 'NOT met'})"
     print(f"warm overhead     median {med_o * 1e3:.0f} ms beyond the ranks' own time{verdict}")
+    med_cell, cell_target = statistics.median(cell), CELL_TARGET_S.get(args.world_size)
+    verdict = "" if cell_target is None else \
+        f"  (target <= {cell_target:.2f} s: {'met' if med_cell <= cell_target else 'NOT met'})"
+    print(f"%%ddp print cell  median {med_cell * 1e3:.1f} ms over {len(cell)}{verdict}")
 
 
 if __name__ == "__main__":

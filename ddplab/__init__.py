@@ -48,3 +48,10 @@ def load_run(path):
     from .results import load_run as _load_run
 
     return _load_run(path)
+
+
+def load_ipython_extension(ip):
+    """`%load_ext ddplab`: the `%ddp_start`, `%%ddp` and `%ddp_stop` magics (`ddplab/magic.py`)."""
+    from .magic import load
+
+    load(ip)

@@ -20,6 +20,7 @@ with torchrun). Only one session is current at a time; `run` uses it when it fit
 
 from __future__ import annotations
 
+import json
 import subprocess
 import time
 import uuid
@@ -31,7 +32,8 @@ from ..spec.tasks import Train
 from .torchrun import kill_tree, start, torchrun_argv, worker_env
 
 STARTUP_TIMEOUT_S = 120.0
-SESSION_TIMEOUT_S = 60.0   # the default group's bound: it serves only the start and new_group of each job
+SESSION_TIMEOUT_S = 60.0   # the default group's bound: the start, new_group of each job, and %%ddp cells' collectives
+CELL_GRACE_S = 5.0         # beyond the default group's timeout, how long a cell may take before it counts as hung
 _current: "Session | None" = None
 
 
@@ -52,12 +54,12 @@ class Session:
     would choose). Opening one makes it current; `close()` (or leaving its `with` block) stops it."""
 
     def __init__(self, world_size: int = 4, backend: str = "auto", device: str = "auto", pin_cpus: bool = False,
-                 runs_dir=None, startup_timeout_s: float = STARTUP_TIMEOUT_S, progress=True):
+                 runs_dir=None, startup_timeout_s: float = STARTUP_TIMEOUT_S, timeout_s: float = SESSION_TIMEOUT_S):
         # the spec's own validation: the same ValueError naming the field, before anything starts
-        Experiment(world_size=world_size, backend=backend, device=device, pin_cpus=pin_cpus)
+        Experiment(world_size=world_size, backend=backend, device=device, pin_cpus=pin_cpus, timeout_s=timeout_s)
         from .preflight import preflight
 
-        self.world_size, self.pin_cpus = world_size, pin_cpus
+        self.world_size, self.pin_cpus, self.timeout_s = world_size, pin_cpus, timeout_s
         self.backend, self.device = preflight([Experiment(world_size=world_size, backend=backend, device=device)])
         from .cold import default_runs_dir
 
@@ -65,7 +67,7 @@ class Session:
         self.dir.mkdir(parents=True)
         rundir.write_json_atomic(self.dir / "session.json", {
             "world_size": world_size, "backend": self.backend, "device": self.device, "pin_cpus": pin_cpus,
-            "timeout_s": SESSION_TIMEOUT_S})
+            "timeout_s": timeout_s})
         self.argv = torchrun_argv(world_size, ["--serve", self.dir.resolve()])
         self.jobs = 0
         self.proc = None
@@ -151,6 +153,38 @@ class Session:
 
     def done(self, n: int) -> bool:
         return all((self.dir / f"job{n}.rank{r}.done").exists() for r in range(self.world_size))
+
+    def execute(self, code: str, ranks: list[int] | None = None) -> dict[int, dict | None]:
+        """Run `code` on `ranks` (default: all) as a `%%ddp` cell (`rank/cells.py`): rank -> its stdout,
+        stderr, last value and error, or None for a rank that never finished (it hung: the session is
+        then torn down, as after any hang). Ctrl-C stops the cell and the session."""
+        from .torchrun import interrupts_caught
+
+        ranks = list(range(self.world_size)) if ranks is None else sorted(set(ranks))
+        if not self.alive():
+            raise RuntimeError("this session is closed: start a new one (%ddp_start)")
+        bad = [r for r in ranks if not 0 <= r < self.world_size]
+        if bad:
+            raise ValueError(f"ranks: {bad} not in this session's 0..{self.world_size - 1}")
+        n = self.jobs
+        rundir.write_json_atomic(self.dir / f"job{n}.json", {"cell": code, "ranks": ranks})
+        self.jobs += 1
+        files = {r: self.dir / f"job{n}.rank{r}.cell.json" for r in ranks}
+        deadline = time.monotonic() + self.timeout_s + CELL_GRACE_S
+        with interrupts_caught() as interrupted:
+            while not interrupted and self.alive() and time.monotonic() < deadline:
+                if all(f.exists() for f in files.values()):
+                    break
+                time.sleep(0.002)
+        results = {r: (json.loads(f.read_text()) if f.exists() else None) for r, f in files.items()}
+        lost = interrupted or any(v is None for v in results.values()) or any(
+            v and v["error"] and failures.is_timeout(v["error"]) for v in results.values())
+        if lost:   # a hang or a timed-out collective leaves the process group unusable
+            self.kill()
+            forget(self)
+        if interrupted:
+            raise failures.Interrupted(f"interrupted: the cell and the session's {self.world_size} ranks stopped")
+        return results
 
     def log_since_submit(self) -> str:
         with open(self.dir / rundir.LOG, "rb") as f:

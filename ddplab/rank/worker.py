@@ -37,7 +37,7 @@ from .. import host, record
 from ..rundir import ProgressLog, error_file, rank_file, save_tensors_atomic, tensor_file, write_json_atomic
 from ..spec import Experiment
 from ..spec.tasks import COMMON_PHASES
-from . import runtime
+from . import cells, runtime
 from .tasks import TaskContext, runner
 
 SESSION_PHASES = {p.name: p for p in COMMON_PHASES}
@@ -133,8 +133,8 @@ def run_experiments(spec_paths: list[Path], env, launch_id: str, warm: tuple | N
 
 def serve(session_dir: Path, env) -> int:
     """A session's rank: join the process group once, then run each job the launcher writes
-    (`job{n}.json`: {"specs": [...], "launch_id": ...}, or {"stop": true}), and mark it done
-    (`job{n}.rank{r}.done`). A job that fails ends the rank (its error file says why): the launcher
+    (`job{n}.json`: {"specs": [...], "launch_id": ...}, a `%%ddp` cell {"cell": code, "ranks": [...]},
+    or {"stop": true}), and mark it done (`job{n}.rank{r}.done`, or the cell's `job{n}.rank{r}.cell.json`). A job that fails ends the rank (its error file says why): the launcher
     tears the session down and the next run starts a fresh one."""
     cfg = json.loads((session_dir / "session.json").read_text())
     log = ProgressLog(session_dir, env.rank, SESSION_PHASES)
@@ -152,11 +152,17 @@ def serve(session_dir: Path, env) -> int:
         return 1
     finally:
         log.close()
-    n = 0
+    n, ns = 0, None
     while True:
         job = _wait_for(session_dir / f"job{n}.json")
         if job.get("stop"):
             break
+        if "cell" in job:   # a %%ddp cell: this rank's namespace lives from cell to cell
+            if env.rank in job["ranks"]:
+                ns = ns if ns is not None else cells.namespace(env, device)
+                write_json_atomic(session_dir / f"job{n}.rank{env.rank}.cell.json", cells.run_cell(job["cell"], ns))
+            n += 1
+            continue
         if run_experiments([Path(p) for p in job["specs"]], env, job["launch_id"], (cfg["backend"], device)):
             return 1
         (session_dir / f"job{n}.rank{env.rank}.done").write_text("")

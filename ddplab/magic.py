@@ -1,0 +1,158 @@
+"""`%load_ext ddplab`: type DDP code into a cell and watch every rank run it.
+
+    %ddp_start -n 4              # a session of 4 warm torchrun ranks (ddplab.Session)
+    %%ddp                        # this cell runs on every rank, state kept from cell to cell
+    x = torch.tensor([rank + 1.0])
+    dist.all_reduce(x)
+    x                            # the last expression's value, per rank
+    %%ddp --ranks 0              # a subset
+    %ddp_stop
+
+Each rank's namespace starts with `rank`, `world_size`, `local_rank`, `device`, `torch`, `dist`, `nn`
+and `F` (`rank/cells.py`). What each rank printed and its last value come back side by side, one
+column per rank; an exception shows its rank and traceback in that rank's column and fails the cell.
+A cell that hangs (say only rank 0 calls `all_reduce`) is bounded by the session's `--timeout`: the
+ranks that did not finish are named, and the session is torn down (`%ddp_start` begins a new one).
+"""
+
+from __future__ import annotations
+
+import html
+import time
+
+
+class CellFailed(Exception):
+    """A `%%ddp` cell raised on some rank (or hung): one line in the notebook, the table says the rest."""
+
+    def _render_traceback_(self) -> list[str]:
+        return [f"CellFailed: {self}"]
+
+
+class CellResult:
+    """What every rank of a `%%ddp` cell left: rank -> {stdout, stderr, value, error} (None: it hung)."""
+
+    def __init__(self, results: dict, seconds: float):
+        self.results, self.seconds = results, seconds
+
+    def value(self, rank: int):
+        r = self.results[rank]
+        return None if r is None else r["value"]
+
+    def stdout(self, rank: int) -> str:
+        r = self.results[rank]
+        return "" if r is None else r["stdout"]
+
+    @property
+    def failed(self) -> dict[int, str]:
+        """rank -> a one-line reason, for every rank that raised or never finished."""
+        out = {}
+        for rank, r in self.results.items():
+            if r is None:
+                out[rank] = "never finished (a collective the other ranks did not join?)"
+            elif r["error"]:
+                out[rank] = f"{r['error']['type']}: {r['error']['message']}".strip()
+        return out
+
+    def _cell(self, r) -> str:
+        if r is None:
+            return "<i>no answer: still running when the cell's time ran out</i>"
+        parts = []
+        text = r["stdout"] + r["stderr"]
+        if text:
+            parts.append(f"<pre style='margin:0'>{html.escape(text.rstrip())}</pre>")
+        if r["value"] is not None:
+            parts.append(f"<pre style='margin:0;color:#1a5fb4'>{html.escape(r['value'])}</pre>")
+        if r["error"]:
+            parts.append(f"<pre style='margin:0;color:#c01c28'>{html.escape(r['error']['traceback'].rstrip())}</pre>")
+        return "".join(parts) or "<i>(nothing)</i>"
+
+    def _repr_html_(self) -> str:
+        ranks = sorted(self.results)
+        head = "".join(f"<th style='text-align:left'>rank {r}</th>" for r in ranks)
+        body = "".join(f"<td style='vertical-align:top;text-align:left'>{self._cell(self.results[r])}</td>"
+                       for r in ranks)
+        return (f"<table class='ddplab-ddp-cell'><tr>{head}</tr><tr>{body}</tr></table>"
+                f"<small>{len(ranks)} rank(s), {self.seconds * 1e3:.0f} ms</small>")
+
+    def __repr__(self) -> str:
+        lines = []
+        for rank in sorted(self.results):
+            r = self.results[rank]
+            lines.append(f"--- rank {rank} ---")
+            if r is None:
+                lines.append("(no answer: still running when the cell's time ran out)")
+                continue
+            if r["stdout"] + r["stderr"]:
+                lines.append((r["stdout"] + r["stderr"]).rstrip())
+            if r["value"] is not None:
+                lines.append(f"-> {r['value']}")
+            if r["error"]:
+                lines.append(r["error"]["traceback"].rstrip())
+        return "\n".join(lines)
+
+
+def _parse_ranks(text: str | None):
+    if not text:
+        return None
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"--ranks: give rank numbers separated by commas, like 0,2 (got {text!r})") from None
+
+
+def load(ip) -> None:
+    from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
+    from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+    from IPython.display import display
+
+    from .launch import session as sessions
+
+    @magics_class
+    class DDPMagics(Magics):
+        @magic_arguments()
+        @argument("-n", "--nproc", type=int, default=2, help="how many ranks (default 2)")
+        @argument("--backend", default="auto", help="gloo, nccl or auto (default)")
+        @argument("--device", default="auto", help="cpu, cuda or auto (default)")
+        @argument("--timeout", type=float, default=30.0, help="seconds a collective may wait (default 30)")
+        @line_magic
+        def ddp_start(self, line):
+            """Start a session of warm ranks for %%ddp cells (and for ddplab.run)."""
+            args = parse_argstring(DDPMagics.ddp_start, line)
+            t0 = time.monotonic()
+            s = sessions.Session(world_size=args.nproc, backend=args.backend, device=args.device,
+                                 timeout_s=args.timeout)
+            print(f"{s.world_size} ranks ready on {s.backend}/{s.device} in {time.monotonic() - t0:.1f} s "
+                  f"(collectives time out after {args.timeout:g} s)")
+
+        @line_magic
+        def ddp_stop(self, line):
+            """Stop the session's ranks."""
+            s = sessions.current()
+            if s is None:
+                print("no session is running")
+                return
+            s.close()
+            print(f"stopped {s.world_size} ranks")
+
+        @magic_arguments()
+        @argument("--ranks", default=None, help="run on these ranks only, e.g. 0 or 0,2 (default: all)")
+        @cell_magic
+        def ddp(self, line, cell):
+            """Run this cell on every rank of the session; show each rank's output side by side."""
+            args = parse_argstring(DDPMagics.ddp, line)
+            s = sessions.current()
+            if s is None:
+                raise CellFailed("no session: run %ddp_start -n 4 first")
+            t0 = time.monotonic()
+            result = CellResult(s.execute(cell, _parse_ranks(args.ranks)), time.monotonic() - t0)
+            display(result)
+            failed = result.failed
+            if failed:
+                hung = [r for r, why in failed.items() if why.startswith("never finished")]
+                what = "; ".join(f"rank {r}: {why}" for r, why in sorted(failed.items()))
+                if hung or not s.alive():
+                    what += ". The session was stopped (a hung collective leaves it unusable): %ddp_start again"
+                raise CellFailed(what)
+            return None
+
+    ip.register_magics(DDPMagics)

@@ -1,0 +1,103 @@
+"""The `%%ddp` cell magic (issue 12, item 4): every rank runs the cell, state stays from cell to
+cell, outputs come back side by side, an exception names its rank, a hang is bounded and the
+session then stops, and no rank outlives `%ddp_stop`."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from ddplab.launch import session as sessions
+from ddplab.magic import CellFailed
+
+from .conftest import leftovers
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def ip():
+    from IPython.core.interactiveshell import InteractiveShell
+
+    shell = InteractiveShell.instance()
+    shell.run_line_magic("load_ext", "ddplab")
+    yield shell
+    if sessions.current() is not None:
+        shell.run_line_magic("ddp_stop", "")
+
+
+def _cell(ip, code: str, line: str = ""):
+    """Run a %%ddp cell; return (the CellResult it displayed, the exception it raised or None)."""
+    from IPython.utils.capture import capture_output
+
+    error = None
+    with capture_output() as cap:
+        try:
+            ip.run_cell_magic("ddp", line, code)
+        except CellFailed as e:
+            error = e
+    shown = [o for o in cap.outputs if "text/html" in o.data]
+    assert shown, "the cell displayed nothing"
+    return shown[-1], error
+
+
+def _results(ip):
+    return sessions.current()
+
+
+def test_every_rank_runs_the_cell_and_keeps_its_state(ip):
+    ip.run_line_magic("ddp_start", "-n 2 --timeout 5")
+    session = sessions.current()
+    out, error = _cell(ip, "print(f'hello from rank {rank} of {world_size}')\n"
+                           "x = torch.tensor([rank + 1.0])\ndist.all_reduce(x)\nx")
+    assert error is None
+    html = out.data["text/html"]
+    assert "hello from rank 0 of 2" in html and "hello from rank 1 of 2" in html
+    assert html.count("tensor([3.])") == 2   # 1 + 2 on both ranks
+    again = session.execute("x * 2")           # the namespace survives the cell
+    assert [again[r]["value"] for r in (0, 1)] == ["tensor([6.])", "tensor([6.])"]
+    t0 = time.monotonic()
+    session.execute("print(rank)")
+    assert time.monotonic() - t0 < 1.0        # warm: no launch (bench/session_latency.py has the target)
+
+
+def test_an_exception_shows_its_rank_and_traceback_and_the_session_goes_on(ip):
+    out, error = _cell(ip, "y = 10 / (rank - 1)\ny")
+    assert error is not None and "rank 1: ZeroDivisionError: division by zero" in str(error)
+    html = out.data["text/html"]
+    assert "-10.0" in html and "ZeroDivisionError" in html and "&lt;%%ddp cell&gt;" in html
+    assert "cells.py" not in html            # the traceback starts in the learner's code
+    assert sessions.current() is not None and sessions.current().execute("rank")[1]["value"] == "1"
+
+
+def test_a_subset_of_ranks(ip):
+    out, error = _cell(ip, "print('only me', rank)", line="--ranks 1")
+    assert error is None
+    html = out.data["text/html"]
+    assert "rank 1" in html and "rank 0" not in html and "only me 1" in html
+
+
+def test_a_collective_only_some_ranks_call_is_bounded_and_stops_the_session(ip):
+    session = sessions.current()
+    t0 = time.monotonic()
+    out, error = _cell(ip, "dist.all_reduce(torch.ones(1))", line="--ranks 0")
+    assert time.monotonic() - t0 < session.timeout_s + 15
+    assert error is not None and "rank 0:" in str(error) and "session was stopped" in str(error), str(error)
+    assert sessions.current() is None and not session.alive()
+    deadline = time.monotonic() + 5
+    while leftovers(session.dir) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert leftovers(session.dir) == []
+
+
+def test_ddp_stop_leaves_no_rank(ip):
+    ip.run_line_magic("ddp_start", "-n 2 --timeout 5")
+    session = sessions.current()
+    ip.run_line_magic("ddp_stop", "")
+    deadline = time.monotonic() + 5
+    while leftovers(session.dir) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert leftovers(session.dir) == [] and sessions.current() is None
+    with pytest.raises(CellFailed, match="no session"):
+        ip.run_cell_magic("ddp", "", "rank")
