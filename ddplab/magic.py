@@ -11,6 +11,8 @@
 Each rank's namespace starts with `rank`, `world_size`, `local_rank`, `device`, `torch`, `dist`, `nn`
 and `F` (`rank/cells.py`). What each rank printed and its last value come back side by side, one
 column per rank; an exception shows its rank and traceback in that rank's column and fails the cell.
+After each cell, `_ddp` in the notebook is its `CellResult`: `_ddp.value(rank)` is the repr of that
+rank's last expression, so a normal cell can check what the ranks answered.
 A cell that hangs (say only rank 0 calls `all_reduce`) is bounded by the session's `--timeout`: the
 ranks that did not finish are named, and the session is torn down (`%ddp_start` begins a new one).
 """
@@ -145,6 +147,7 @@ def load(ip) -> None:
                 raise CellFailed("no session: run %ddp_start -n 4 first")
             t0 = time.monotonic()
             result = CellResult(s.execute(cell, _parse_ranks(args.ranks)), time.monotonic() - t0)
+            self.shell.user_ns["_ddp"] = result   # the notebook's own checks read the ranks' answers here
             display(result)
             failed = result.failed
             if failed:
