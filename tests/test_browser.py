@@ -46,6 +46,9 @@ NOTEBOOKS = {
     "memory_explorer.ipynb": ["import ddplab\nfrom ddplab import recipes, widgets\n"
                               "widgets.memory_explorer(recipes.replicated_memory(world_size=2, steps=2), measure=ddplab.run)"],
     "rank_weights.ipynb": ["from ddplab import widgets\nwidgets.rank_weights_explorer()"],
+    "ddp_magic.ipynb": ["%load_ext ddplab\n%ddp_start -n 2 --timeout 10",
+                        "%%ddp\nx = torch.tensor([rank + 1.0])\ndist.all_reduce(x)\nprint(f'rank {rank} says hello')\nx",
+                        "%%ddp\n1 / rank"],   # last: Run All stops at a failing cell; the ranks die with the kernel
     "bucket_slider.ipynb": ["import ddplab\nfrom ddplab import widgets\nfrom ddplab.predict.comm import AlphaBeta\n"
                             "from ddplab.spec import BucketSweep\n"
                             "exp = ddplab.Experiment(name='slider-sweep', task=BucketSweep(plans=('ddp:0.004',), rounds=1,\n"
@@ -268,3 +271,20 @@ def test_bucket_slider_redraws_the_schedule_and_measures_for_real(page, lab):
     page.wait_for_timeout(3000)
     expect(status).to_contain_text("measurement 1)")
     expect(status).not_to_contain_text("measurement 2")
+
+
+def test_the_ddp_magic_shows_every_rank_side_by_side(page, lab):
+    open_and_run_all(page, lab, "ddp_magic.ipynb")
+    tables = page.locator(f"{PANEL} table.ddplab-ddp-cell")
+    expect(tables).to_have_count(2)
+    first, second = tables.nth(0), tables.nth(1)
+    expect(first.locator("th")).to_have_text(["rank 0", "rank 1"])
+    expect(first.locator("td").nth(0)).to_contain_text("rank 0 says hello")
+    expect(first.locator("td").nth(1)).to_contain_text("rank 1 says hello")
+    expect(first.locator("td")).to_contain_text(["tensor([3.])", "tensor([3.])"])
+    # rank 0 divides by zero: its column has the traceback, rank 1 its value, and the cell fails in one line
+    expect(second.locator("td").nth(0)).to_contain_text("ZeroDivisionError")
+    expect(second.locator("td").nth(1)).to_contain_text("1.0")
+    expect(page.locator(f"{PANEL} .jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']")
+           .filter(has_text="CellFailed")).to_contain_text("rank 0: ZeroDivisionError")
+    page.screenshot(path=str(Path(os.environ.get("DDPLAB_SCREENSHOTS", "/tmp")) / "ddp_magic.png"), full_page=True)

@@ -47,7 +47,7 @@ def run_cell(code: str, ns: dict) -> dict:
             tb = traceback.format_exc()
             # drop the frames of this module: the learner's code starts at "<%%ddp cell>"
             lines = tb.splitlines(keepends=True)
-            keep = [i for i, ln in enumerate(lines) if "<%%ddp cell>" in ln]
+            keep = [i for i, ln in enumerate(lines) if ln.lstrip().startswith('File "<%%ddp cell>"')]
             tb = lines[0] + "".join(lines[keep[0]:]) if keep else tb
             error = {"type": type(e).__name__, "message": str(e), "traceback": tb}
     return {"stdout": out.getvalue(), "stderr": err.getvalue(), "value": value, "error": error,
