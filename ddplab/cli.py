@@ -3,6 +3,7 @@
     ddplab run --world-size 4 --local-batch 16 --steps 3     # real torchrun ranks, per-rank table
     ddplab run --world-size 2 --fault crash --fault-rank 1   # a failure, diagnosed
     ddplab doctor                                            # versions, backends, GPUs, a 2-rank all-reduce
+    ddplab lab                                               # JupyterLab on the chapter notebooks
 Used by the README's first command and notebook-free use; every notebook can do the same from Python.
 """
 
@@ -136,7 +137,41 @@ def build_parser() -> argparse.ArgumentParser:
     p_run.set_defaults(func=_cmd_run)
     p_doc = sub.add_parser("doctor", help="versions, backends, GPUs, and a real 2-rank all-reduce")
     p_doc.set_defaults(func=_cmd_doctor)
+    p_lab = sub.add_parser("lab", help="open JupyterLab on the chapter notebooks")
+    p_lab.add_argument("--print-command", action="store_true", help="print the command instead of running it")
+    p_lab.add_argument("jupyter_args", nargs=argparse.REMAINDER, help="passed on to `jupyter lab`")
+    p_lab.set_defaults(func=_cmd_lab)
     return parser
+
+
+def notebooks_dir():
+    """The chapter notebooks: beside the package in a source checkout (`pip install -e .`)."""
+    from pathlib import Path
+
+    return Path(__file__).resolve().parent.parent / "notebooks"
+
+
+def lab_argv(extra: list[str]) -> list[str]:
+    return [sys.executable, "-m", "jupyterlab", str(notebooks_dir()), *extra]
+
+
+def _cmd_lab(args) -> int:
+    import importlib.util
+    import os
+
+    where = notebooks_dir()
+    if not where.is_dir():
+        print(f"ddplab lab: no notebooks at {where}: run it from a checkout installed with pip install -e .",
+              file=sys.stderr)
+        return 1
+    argv = lab_argv(args.jupyter_args)
+    if args.print_command:
+        print(" ".join(argv))
+        return 0
+    if importlib.util.find_spec("jupyterlab") is None:
+        print('ddplab lab: JupyterLab is not installed: pip install -e ".[dev]"', file=sys.stderr)
+        return 1
+    os.execv(argv[0], argv)   # JupyterLab takes over this process (its Ctrl-C, its exit code)
 
 
 def main(argv=None) -> int:

@@ -56,3 +56,12 @@ def test_a_model_module_in_the_current_directory_imports_from_the_console_script
                          capture_output=True, text=True, cwd=tmp_path, timeout=180)
     assert out.returncode == 0, out.stderr
     assert "global batch 16" in out.stdout
+
+
+def test_ddplab_lab_opens_jupyterlab_on_the_notebooks(capsys):
+    from ddplab import cli
+
+    assert cli.main(["lab", "--print-command"]) == 0
+    command = capsys.readouterr().out.split()
+    assert command[1:3] == ["-m", "jupyterlab"] and command[3].endswith("notebooks")
+    assert (cli.notebooks_dir() / "00_launch_and_ranks.ipynb").exists()
