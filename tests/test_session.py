@@ -162,3 +162,34 @@ def test_a_users_model_file_changed_between_jobs_is_read_again(tmp_path, monkeyp
         second = ddplab.run(exp.replace(seed=1), tmp_path / "n2", progress=False)
     assert first.launch["session"] == second.launch["session"] is not None
     assert second.ranks[0].model.parameter_count > first.ranks[0].model.parameter_count
+
+
+def test_a_rank_killed_during_a_job_is_named_and_the_session_torn_down(tmp_path, warm):
+    """SIGKILL leaves no error file: the rank is named as the one that left no word (as in a cold run)."""
+    import threading
+
+    import psutil
+
+    exp = Experiment(name="killed", **{**SMALL, "steps": 100_000})
+
+    def kill_rank_1():
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            for staged in tmp_path.glob(".killed.*.partial"):
+                recs = rundir.read_progress(staged, 1)
+                if recs and recs[-1]["step"] >= 1:
+                    psutil.Process(recs[-1]["pid"]).kill()
+                    return
+            time.sleep(0.05)
+
+    killer = threading.Thread(target=kill_rank_1)
+    killer.start()
+    t0 = time.monotonic()
+    with pytest.raises(RunFailed) as info:
+        ddplab.run(exp, tmp_path / "killed", progress=False)
+    killer.join()
+    d = info.value.diagnosis
+    assert d.kind == "missing-result" and d.ranks == [1], str(d)
+    assert time.monotonic() - t0 < exp.timeout_s + 15
+    assert not warm.alive() and sessions.current() is None
+    assert _wait_gone(warm.dir, 5) == []
