@@ -68,6 +68,34 @@ def test_an_exception_shows_its_rank_and_traceback_and_the_session_goes_on(ip):
     assert sessions.current() is not None and sessions.current().execute("rank")[1]["value"] == "1"
 
 
+def test_the_labs_probes_measure_a_loop_typed_in_cells(ip):
+    session = sessions.current()
+    setup = session.execute(
+        "from torch.nn.parallel import DistributedDataParallel as DDP\n"
+        "torch.manual_seed(0)\n"
+        "model = nn.Sequential(nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 4))\n"
+        "ddp = DDP(model, bucket_cap_mb=0.5)\n"
+        "opt = torch.optim.Adam(ddp.parameters())\n"
+        "ready, buckets = lab.watch_ready(model), lab.watch_buckets(ddp)\n"
+        "ddp(torch.randn(8, 512)).sum().backward()\n"
+        "opt.step()\n"
+        "first = buckets.buckets()\n"
+        "opt.zero_grad(); buckets.start()\n"
+        "ddp(torch.randn(8, 512)).sum().backward()\n"
+        "(ready.ready_ms(), first, buckets.buckets(), lab.memory(model, opt, buckets))")
+    assert all(v["error"] is None for v in setup.values()), setup
+    import ast
+
+    ready, first, buckets, memory = ast.literal_eval(setup[0]["value"])
+    assert [name for name, _ in ready][0] == "4.bias"   # backward meets the last layer first
+    assert len(ready) == 12 and all(ms > 0 for _, ms in ready)   # 6 gradients, 2 backwards
+    assert len(first) == 1 and first[0]["params"] == 6   # DDP's first iteration: one bucket for everything
+    # rebuilt from the ready order: a first bucket of up to 1 MiB, then 0.5 MiB ones
+    assert len(buckets) >= 2 and all(b["done_ms"] >= b["launch_ms"] for b in buckets), buckets
+    params = (2 * (512 * 512 + 512) + 512 * 4 + 4) * 4 / 2**20
+    assert abs(memory["parameters"] - params) < 1e-3 and abs(memory["optimizer_state"] - 2 * params) < 1e-3
+
+
 def test_a_subset_of_ranks(ip):
     out, error = _cell(ip, "print('only me', rank)", line="--ranks 1")
     assert error is None

@@ -3,7 +3,8 @@ from cell to cell), capture what it prints and the value of its last expression,
 file the launcher reads (`cell{n}.rank{r}.json`). Runs inside a rank (`rank.worker --serve`).
 
 The namespace starts with `rank`, `world_size`, `local_rank`, `device`, `torch`, `dist`, `nn` and
-`F`, as a script started by torchrun would have them after `init_process_group`.
+`F`, as a script started by torchrun would have them after `init_process_group`, and `lab`: the
+lab's own probes for the loop you type (`Lab`: a memory ledger, gradient-ready times, bucket events).
 """
 
 from __future__ import annotations
@@ -17,6 +18,69 @@ import traceback
 VALUE_CHARS = 2000   # the last expression's repr, cut to this
 
 
+class ReadyWatch:
+    """Every gradient's ready time (its post-accumulate-grad hook), in ms since `start()`."""
+
+    def __init__(self, model):
+        from .probes.readiness import ReadyLog
+
+        self.log = ReadyLog(model)
+        self.start()
+
+    def start(self) -> None:
+        self.log.take()
+        self.log.active = True
+        self.t0 = time.perf_counter_ns()
+
+    def ready_ms(self) -> list[tuple[str, float]]:
+        """(parameter name, ms after start) in the order the gradients became ready."""
+        return [(e.param, round((e.t_ns - self.t0) / 1e6, 3)) for e in self.log.events]
+
+
+class BucketWatch:
+    """Every bucket DDP all-reduces (a pass-through communication hook), in ms since `start()`."""
+
+    def __init__(self, ddp):
+        from .probes.buckets import BucketLog
+
+        self.log = BucketLog(None, {id(p): n for n, p in ddp.module.named_parameters()})
+        ddp.register_comm_hook(None, self.log.hook)
+        self.start()
+
+    def start(self) -> None:
+        self.log.events = []
+        self.t0 = time.perf_counter_ns()
+
+    def buckets(self) -> list[dict]:
+        """index, MiB, how many parameters, launch and done ms after start, in launch order."""
+        return [{"index": e["index"], "MiB": round(e["bytes"] / 2**20, 4), "params": len(e["params"]),
+                 "launch_ms": round((e["launch_ns"] - self.t0) / 1e6, 3),
+                 "done_ms": round((e.get("done_ns", e["launch_ns"]) - self.t0) / 1e6, 3)} for e in self.log.events]
+
+
+class Lab:
+    """ddplab's probes for the code you type in `%%ddp` cells (the same ones its runs use)."""
+
+    def memory(self, model, optimizer=None, buckets: BucketWatch | None = None) -> dict[str, float]:
+        """MiB this rank holds now: parameters, gradients, DDP buckets (those a `watch_buckets` saw,
+        not already counted as gradients), optimizer state (`rank/probes/memory.py`'s ledger)."""
+        from .probes.memory import ledger
+
+        no_optimizer = type("NoOptimizer", (), {"state": {}})()
+        held = ledger(model, optimizer if optimizer is not None else no_optimizer,
+                      list(buckets.log.buffers.values()) if buckets else [])
+        return {k: round(v / 2**20, 4) for k, v in held.items() if k != "activations"}
+
+    def watch_ready(self, model) -> ReadyWatch:
+        """Start recording when each gradient of `model` becomes ready; `.ready_ms()` reads them."""
+        return ReadyWatch(model)
+
+    def watch_buckets(self, ddp) -> BucketWatch:
+        """Record each bucket `ddp` (a DistributedDataParallel) all-reduces; `.buckets()` reads them.
+        Call it before the first backward: DDP takes a communication hook only then."""
+        return BucketWatch(ddp)
+
+
 def namespace(env, device) -> dict:
     import torch
     import torch.distributed as dist
@@ -24,7 +88,8 @@ def namespace(env, device) -> dict:
     import torch.nn.functional as F
 
     return {"__name__": "__ddp_cell__", "rank": env.rank, "world_size": env.world_size,
-            "local_rank": env.local_rank, "device": device, "torch": torch, "dist": dist, "nn": nn, "F": F}
+            "local_rank": env.local_rank, "device": device, "torch": torch, "dist": dist, "nn": nn, "F": F,
+            "lab": Lab()}
 
 
 def run_cell(code: str, ns: dict) -> dict:
