@@ -8,13 +8,16 @@
     %%ddp --ranks 0              # a subset
     %ddp_stop
 
-Each rank's namespace starts with `rank`, `world_size`, `local_rank`, `device`, `torch`, `dist`, `nn`
-and `F` (`rank/cells.py`). What each rank printed and its last value come back side by side, one
+Each rank's namespace starts with `rank`, `world_size`, `local_rank`, `device`, `torch`, `dist`, `nn`,
+`F` and `lab`, the lab's probes for your own loop (`lab.memory(model, opt)`, `lab.watch_ready(model)`,
+`lab.watch_buckets(ddp)`; `rank/cells.py`). What each rank printed and its last value come back side by side, one
 column per rank; an exception shows its rank and traceback in that rank's column and fails the cell.
 After each cell, `_ddp` in the notebook is its `CellResult`: `_ddp.value(rank)` is the repr of that
 rank's last expression, so a normal cell can check what the ranks answered.
-A cell that hangs (say only rank 0 calls `all_reduce`) is bounded by the session's `--timeout`: the
-ranks that did not finish are named, and the session is torn down (`%ddp_start` begins a new one).
+A cell that hangs (say only rank 0 calls `all_reduce`) is bounded by the session's `--timeout` (plus
+5 s for the whole cell): the rank that never joined is named, and the session is torn down
+(`%ddp_start` begins a new one). Once a cell has run, `ddplab.run` launches cold rather than on this
+session: a cell may have changed what a run depends on (default dtype, grad mode, global hooks).
 """
 
 from __future__ import annotations
@@ -33,8 +36,8 @@ class CellFailed(Exception):
 class CellResult:
     """What every rank of a `%%ddp` cell left: rank -> {stdout, stderr, value, error} (None: it hung)."""
 
-    def __init__(self, results: dict, seconds: float):
-        self.results, self.seconds = results, seconds
+    def __init__(self, results: dict, seconds: float, died: bool = False):
+        self.results, self.seconds, self.died = results, seconds, died
 
     def value(self, rank: int):
         r = self.results[rank]
@@ -46,13 +49,29 @@ class CellResult:
 
     @property
     def failed(self) -> dict[int, str]:
-        """rank -> a one-line reason, for every rank that raised or never finished."""
-        out = {}
-        for rank, r in self.results.items():
+        """rank -> a one-line reason, for every rank to blame: one that raised, one whose process died,
+        one still in a collective, and, when others timed out waiting in a collective, one that
+        finished the cell without joining it (as a cold run's hang diagnosis names the absent rank)."""
+        from .failures import is_timeout
+
+        out, timed_out, clean = {}, [], []
+        for rank, r in sorted(self.results.items()):
             if r is None:
-                out[rank] = "never finished (a collective the other ranks did not join?)"
+                out[rank] = ("its process died (see the session's launch.log)" if self.died else
+                             "never finished (a collective the other ranks did not join?)")
+            elif r["error"] and is_timeout(r["error"]):
+                timed_out.append(rank)
             elif r["error"]:
                 out[rank] = f"{r['error']['type']}: {r['error']['message']}".strip()
+            else:
+                clean.append(rank)
+        if timed_out:
+            waited = ", ".join(map(str, timed_out))
+            for rank in clean:
+                out[rank] = f"finished the cell without joining the collective rank(s) {waited} waited in"
+            if not clean:
+                for rank in timed_out:
+                    out[rank] = f"{self.results[rank]['error']['type']}: {self.results[rank]['error']['message']}"
         return out
 
     def _cell(self, r) -> str:
@@ -146,14 +165,14 @@ def load(ip) -> None:
             if s is None:
                 raise CellFailed("no session: run %ddp_start -n 4 first")
             t0 = time.monotonic()
-            result = CellResult(s.execute(cell, _parse_ranks(args.ranks)), time.monotonic() - t0)
+            answers = s.execute(cell, _parse_ranks(args.ranks))
+            result = CellResult(answers, time.monotonic() - t0, died=s.died)
             self.shell.user_ns["_ddp"] = result   # the notebook's own checks read the ranks' answers here
             display(result)
             failed = result.failed
             if failed:
-                hung = [r for r, why in failed.items() if why.startswith("never finished")]
                 what = "; ".join(f"rank {r}: {why}" for r, why in sorted(failed.items()))
-                if hung or not s.alive():
+                if not s.alive():
                     what += ". The session was stopped (a hung collective leaves it unusable): %ddp_start again"
                 raise CellFailed(what)
             return None

@@ -103,6 +103,27 @@ def test_a_subset_of_ranks(ip):
     assert "rank 1" in html and "rank 0" not in html and "only me 1" in html
 
 
+def test_after_a_cell_runs_go_cold_so_a_cell_cannot_change_a_run(ip, tmp_path):
+    import ddplab
+    from ddplab import Experiment
+
+    session = sessions.current()
+    session.execute("torch.set_default_dtype(torch.float64)")   # would change every parameter a job builds
+    exp = Experiment(name="after-cell", world_size=2, steps=1, local_batch=2, seq_len=4)
+    run = ddplab.run(exp, tmp_path / "after-cell", progress=False)
+    assert run.launch["session"] is None and session.alive()
+    session.execute("torch.set_default_dtype(torch.float32)")
+
+
+def test_the_rank_that_skipped_a_collective_is_named(ip):
+    session = sessions.current()
+    out, error = _cell(ip, "if rank != 0:\n    dist.all_reduce(torch.ones(1))")
+    assert error is not None, "rank 1 waited in an all_reduce rank 0 never called"
+    assert "rank 0: finished the cell without joining the collective rank(s) 1 waited in" in str(error), str(error)
+    assert not session.alive()
+    ip.run_line_magic("ddp_start", "-n 2 --timeout 5")   # a fresh session for the tests below
+
+
 def test_a_collective_only_some_ranks_call_is_bounded_and_stops_the_session(ip):
     session = sessions.current()
     t0 = time.monotonic()

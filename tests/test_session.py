@@ -193,3 +193,22 @@ def test_a_rank_killed_during_a_job_is_named_and_the_session_torn_down(tmp_path,
     assert time.monotonic() - t0 < exp.timeout_s + 15
     assert not warm.alive() and sessions.current() is None
     assert _wait_gone(warm.dir, 5) == []
+
+
+def test_a_jobs_user_modules_are_imported_afresh_but_torch_never(tmp_path, monkeypatch):
+    import importlib
+    import json
+    import sys as _sys
+
+    import torch.nn  # noqa: F401 - loaded, as in every rank
+
+    from ddplab.rank import worker
+
+    (tmp_path / "lab_fresh_mod.py").write_text("VERSION = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.import_module("lab_fresh_mod")
+    spec = json.dumps({"model": "lab_fresh_mod:net"})
+    worker._fresh_user_modules([spec, json.dumps({"model": "torch.nn:Linear"})])
+    assert "lab_fresh_mod" not in _sys.modules and "torch.nn" in _sys.modules
+    (tmp_path / "lab_fresh_mod.py").write_text("VERSION = 2\n")
+    assert importlib.import_module("lab_fresh_mod").VERSION == 2

@@ -226,8 +226,8 @@ def _on_session(warm, spec_paths, launch_id: str, watch: Watch, reporter: Report
     interrupted)."""
     watchdog, failed_at, finished = False, None, False
     with interrupts_caught() as interrupted:
-        n = warm.submit(spec_paths, launch_id)
         try:
+            n = warm.submit(spec_paths, launch_id)
             reporter.update(starting)
             last_poll = 0.0
             while not interrupted and warm.alive():

@@ -69,11 +69,17 @@ class Session:
             "world_size": world_size, "backend": self.backend, "device": self.device, "pin_cpus": pin_cpus,
             "timeout_s": timeout_s})
         self.argv = torchrun_argv(world_size, ["--serve", self.dir.resolve()])
+        self.died = False
         self.jobs = 0
+        self.cells = 0   # %%ddp cells run: they may change a rank's global torch state, so runs then go cold
         self.proc = None
         self._log = open(self.dir / rundir.LOG, "w")
-        self.proc = start(self.argv, worker_env(), self._log)
-        self._wait_until_ready(startup_timeout_s)
+        try:
+            self.proc = start(self.argv, worker_env(), self._log)
+            self._wait_until_ready(startup_timeout_s)
+        except BaseException:   # Ctrl-C or a failed start: no rank may wait on for jobs
+            self.kill()
+            raise
         global _current
         if _current is not None:
             _current.close()
@@ -84,8 +90,9 @@ class Session:
         return self.proc is not None and self.proc.poll() is None
 
     def fits(self, exps: list[Experiment], backend: str, device: str) -> bool:
-        """Can this session run these experiments as one launch would?"""
-        return (self.alive() and max(e.world_size for e in exps) <= self.world_size
+        """Can this session run these experiments as one launch would? Not once a `%%ddp` cell ran on
+        it: a cell may change what a job depends on (default dtype, grad mode, global hooks, memory)."""
+        return (self.alive() and self.cells == 0 and self.dir.exists() and max(e.world_size for e in exps) <= self.world_size
                 and (backend, device) == (self.backend, self.device)
                 and all(e.pin_cpus == self.pin_cpus for e in exps))
 
@@ -169,6 +176,7 @@ class Session:
         n = self.jobs
         rundir.write_json_atomic(self.dir / f"job{n}.json", {"cell": code, "ranks": ranks})
         self.jobs += 1
+        self.cells += 1
         files = {r: self.dir / f"job{n}.rank{r}.cell.json" for r in ranks}
         deadline = time.monotonic() + self.timeout_s + CELL_GRACE_S
         with interrupts_caught() as interrupted:
@@ -176,12 +184,13 @@ class Session:
                 if all(f.exists() for f in files.values()):
                     break
                 time.sleep(0.002)
-        results = {r: (json.loads(f.read_text()) if f.exists() else None) for r, f in files.items()}
-        lost = interrupted or any(v is None for v in results.values()) or any(
-            v and v["error"] and failures.is_timeout(v["error"]) for v in results.values())
-        if lost:   # a hang or a timed-out collective leaves the process group unusable
-            self.kill()
-            forget(self)
+            self.died = not self.alive()
+            results = {r: (json.loads(f.read_text()) if f.exists() else None) for r, f in files.items()}
+            lost = interrupted or any(v is None for v in results.values()) or any(
+                v and v["error"] and failures.is_timeout(v["error"]) for v in results.values())
+            if lost:   # a hang, a dead rank or a timed-out collective leaves the process group unusable
+                self.kill()
+                forget(self)
         if interrupted:
             raise failures.Interrupted(f"interrupted: the cell and the session's {self.world_size} ranks stopped")
         return results

@@ -1,6 +1,6 @@
 """A `%%ddp` cell inside one rank of a session: run the cell's code in this rank's namespace (kept
 from cell to cell), capture what it prints and the value of its last expression, and say so in a
-file the launcher reads (`cell{n}.rank{r}.json`). Runs inside a rank (`rank.worker --serve`).
+file the launcher reads (`job{n}.rank{r}.cell.json`). Runs inside a rank (`rank.worker --serve`).
 
 The namespace starts with `rank`, `world_size`, `local_rank`, `device`, `torch`, `dist`, `nn` and
 `F`, as a script started by torchrun would have them after `init_process_group`, and `lab`: the
@@ -43,7 +43,7 @@ class BucketWatch:
     def __init__(self, ddp):
         from .probes.buckets import BucketLog
 
-        self.log = BucketLog(None, {id(p): n for n, p in ddp.module.named_parameters()})
+        self.log = BucketLog(ddp.process_group, {id(p): n for n, p in ddp.module.named_parameters()})
         ddp.register_comm_hook(None, self.log.hook)
         self.start()
 

@@ -75,7 +75,11 @@ def run_experiments(spec_paths: list[Path], env, launch_id: str, warm: tuple | N
     log = None
     groups = {}
     try:
-        exps = [Experiment.from_json(p.read_text()) for p in spec_paths]
+        texts = [p.read_text() for p in spec_paths]
+        if warm is not None:   # before parsing: a changed task class must be the one the spec is read with
+            _fresh_user_modules(texts)
+            _baseline()
+        exps = [Experiment.from_json(t) for t in texts]
         mine = [(p.parent, e) for p, e in zip(spec_paths, exps) if env.rank < e.world_size]
         timeout_s = max(e.timeout_s for e in exps)
         if mine:
@@ -90,7 +94,6 @@ def run_experiments(spec_paths: list[Path], env, launch_id: str, warm: tuple | N
             device = runtime.setup(backend, device_type, env, timeout_s)
         else:
             backend, device = warm
-            _fresh_user_modules(exps)
             if log:
                 log.enter("init-process-group")
         # a session makes every group anew, with this job's timeout; a cold launch uses its own world
@@ -143,6 +146,9 @@ def serve(session_dir: Path, env) -> int:
         if cfg["device"] == "cpu" and cfg["pin_cpus"]:
             runtime.pin_to_core(env.local_rank)
         device = runtime.setup(cfg["backend"], cfg["device"], env, cfg["timeout_s"])
+        import torch
+
+        _THREADS[0] = torch.get_num_threads()
         log.enter("done")   # ready for jobs
     except BaseException as e:  # noqa: BLE001
         write_json_atomic(error_file(session_dir, env.rank), {
@@ -157,7 +163,7 @@ def serve(session_dir: Path, env) -> int:
         job = _wait_for(session_dir / f"job{n}.json")
         if job.get("stop"):
             break
-        if "cell" in job:   # a %%ddp cell: this rank's namespace lives from cell to cell
+        if "cell" in job:   # a %%ddp cell: this rank's namespace lives from cell to cell (runs go cold after one)
             if env.rank in job["ranks"]:
                 ns = ns if ns is not None else cells.namespace(env, device)
                 write_json_atomic(session_dir / f"job{n}.rank{env.rank}.cell.json", cells.run_cell(job["cell"], ns))
@@ -181,30 +187,61 @@ def _wait_for(path: Path) -> dict:
     return json.loads(path.read_text())
 
 
-def _fresh_user_modules(exps) -> None:
-    """A user's model or task module, imported by an earlier job, is imported again: the file may
-    have changed since, and module-level state must not leak from one experiment into the next."""
+def _fresh_user_modules(spec_texts: list[str]) -> None:
+    """A user's model or task module, imported by an earlier job, is imported afresh: the file may
+    have changed since, and module-level state must not leak from one experiment into the next.
+    A task module is imported again at once (it registers its task class, which the spec is then
+    read with); a model module when the model is built (a broken file fails in 'build', as cold)."""
     importlib.invalidate_caches()
-    for exp in exps:
-        names = [exp.model.split(":")[0]] if ":" in exp.model else []
-        module = exp.task.to_dict().get("module")
-        names += [module] if module else []
+    tasks = []
+    for text in spec_texts:
+        d = json.loads(text)
+        names = [d["model"].split(":")[0]] if ":" in str(d.get("model", "")) else []
+        task = d.get("task")
+        if isinstance(task, dict) and task.get("module"):
+            names.append(task["module"])
+            tasks.append(task["module"])
         for name in names:
-            if name in sys.modules:
-                importlib.reload(sys.modules[name])
+            if name.split(".")[0] in _NEVER_PURGED:
+                continue
+            for loaded in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
+                del sys.modules[loaded]
+    for name in dict.fromkeys(tasks):
+        importlib.import_module(name)
+
+
+def _baseline() -> None:
+    """Put back what a cold rank starts with, in case an earlier job or `%%ddp` cell changed it:
+    autograd on, float32 as the default dtype, no deterministic-algorithms mode, the same threads."""
+    import torch
+
+    torch.set_grad_enabled(True)
+    torch.set_default_dtype(torch.float32)
+    torch.use_deterministic_algorithms(False)
+    torch.set_num_threads(_THREADS[0])
+
+
+_NEVER_PURGED = {"torch", "ddplab", "numpy", "builtins"}   # a factory may live there; it never changes mid-session
+_THREADS = [1]   # torch's thread count when the session's rank started (serve sets it)
 
 
 def _clean(device) -> None:
-    """After a job (whose objects `runtime.destroy_groups` just collected): what survived is the
-    session's own (modules, torch's caches), so it is frozen out of every later collection, which
-    then costs milliseconds instead of a tenth of a second; CUDA's caches and peaks start from zero."""
-    gc.freeze()
+    """After a job (whose objects `runtime.destroy_groups` just collected): after the first job, what
+    survived is the session's own (modules, torch's and DDP's lazily imported machinery), so it is
+    frozen out of every later collection, which then costs milliseconds instead of a tenth of a
+    second; later jobs' and cells' garbage stays collectable. CUDA's caches and peaks start from zero."""
+    if not _FROZEN:
+        gc.freeze()
+        _FROZEN.append(True)
     if device.type == "cuda":
         import torch
 
         torch.cuda.synchronize(device)
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
+
+
+_FROZEN: list = []
 
 
 if __name__ == "__main__":
