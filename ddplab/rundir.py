@@ -58,6 +58,11 @@ def write_json_atomic(path: Path, obj) -> None:
     os.replace(tmp, path)
 
 
+def default_runs_dir() -> Path:
+    """Where runs go unless told: $DDPLAB_RUNS, else ./runs."""
+    return Path(os.environ.get("DDPLAB_RUNS", "runs"))
+
+
 def check_writable(path: Path) -> None:
     """Raise the OSError that writing into `path` meets now (gone, read-only, disk full), if any."""
     probe = Path(path) / f".writable.{os.getpid()}"

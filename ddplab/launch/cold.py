@@ -18,12 +18,12 @@ from __future__ import annotations
 import dataclasses
 import errno
 import hashlib
-import os
 import time
 import uuid
 from pathlib import Path
 
 from .. import failures, rundir
+from ..rundir import default_runs_dir
 from ..results import Run, load_run
 from ..spec import Experiment
 from . import session
@@ -34,14 +34,7 @@ from .watch import Watch, collect
 
 STARTUP_TIMEOUT_S = 120.0
 POLL_S = 0.1
-SESSION_POLL_S = 0.002   # how often the launcher looks for a warm job's end
-PEERS_GRACE_S = 2.0      # after a rank of a warm job fails, how long its peers may take to say so
 LOG_TAIL_LINES = 25
-
-
-def default_runs_dir() -> Path:
-    """Where runs go unless told: $DDPLAB_RUNS, else ./runs."""
-    return Path(os.environ.get("DDPLAB_RUNS", "runs"))
 
 
 def run_dir_for(exp: Experiment, runs_dir: Path | None = None) -> Path:
@@ -132,8 +125,8 @@ def _launch_in(exps, final_dirs, final_launch_dir, name, reporter: Reporter, sta
         if warm is not None and warm.fits(exps, backend, device):
             argv = warm.argv
             starting = starting.replace(f"starting {world_size} ranks", f"{world_size} warm ranks")
-            proc, watchdog, interrupted = _on_session(warm, spec_paths, launch_id, watch, reporter, t0,
-                                                      startup_timeout_s, starting)
+            proc, watchdog, interrupted = warm.run_job(spec_paths, launch_id, watch, reporter, t0,
+                                                       startup_timeout_s, starting)
             (launch_dir / rundir.LOG).write_text(warm.log_since_submit())
         else:
             warm = None
@@ -216,43 +209,6 @@ def _torchrun(argv, env, log, watch: Watch, reporter: Reporter, t0: float, start
     if not spec_path.exists() and not interrupted:
         raise FileNotFoundError(errno.ENOENT, "the run directory disappeared during the run", str(spec_path.parent))
     return proc, watchdog, bool(interrupted)
-
-
-def _on_session(warm, spec_paths, launch_id: str, watch: Watch, reporter: Reporter, t0: float,
-                startup_timeout_s: float, starting: str):
-    """Run the launch as one job of a warm session and follow it as `_torchrun` follows a cold
-    launch. A job that fails, hangs or is interrupted poisons the session: it is torn down (the
-    ranks' files stay for the diagnosis). Returns (torchrun's process, stopped by the watchdog,
-    interrupted)."""
-    watchdog, failed_at, finished = False, None, False
-    with interrupts_caught() as interrupted:
-        try:
-            n = warm.submit(spec_paths, launch_id)
-            reporter.update(starting)
-            last_poll = 0.0
-            while not interrupted and warm.alive():
-                if warm.done(n):
-                    finished = True
-                    break
-                time.sleep(SESSION_POLL_S)
-                now = time.monotonic()
-                if now - last_poll < POLL_S:
-                    continue
-                last_poll = now
-                if watch.poll():
-                    reporter.update(watch.line(now - t0))
-                watch.look_at_processes()
-                if failed_at is None and any(rundir.error_file(p.parent, r).exists()
-                                             for p in spec_paths for r in range(warm.world_size)):
-                    failed_at = now   # a rank failed: its peers get a moment to write what they saw
-                if (failed_at is not None and now - failed_at > PEERS_GRACE_S) or watch.stalled(startup_timeout_s):
-                    watchdog = failed_at is None
-                    break
-        finally:
-            if not finished:
-                warm.kill()
-                session.forget(warm)
-    return warm.proc, watchdog, bool(interrupted)
 
 
 def _first_failure(exps, run_dirs, launch_dir: Path, proc, timeout_s: float, watchdog: bool, spec_path: Path,

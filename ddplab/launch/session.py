@@ -29,10 +29,15 @@ from pathlib import Path
 from .. import failures, rundir
 from ..spec import Experiment
 from ..spec.tasks import Train
-from .torchrun import kill_tree, start, torchrun_argv, worker_env
+from .preflight import preflight
+from .torchrun import interrupts_caught, kill_tree, start, torchrun_argv, worker_env
+from .watch import collect
 
 STARTUP_TIMEOUT_S = 120.0
 SESSION_TIMEOUT_S = 60.0   # the default group's bound: the start, new_group of each job, and %%ddp cells' collectives
+POLL_S = 0.002           # how often the launcher looks for a warm job's or cell's end
+WATCH_POLL_S = 0.1       # how often it reads the ranks' progress logs meanwhile (as a cold launch does)
+PEERS_GRACE_S = 2.0      # after a rank of a warm job fails, how long its peers may take to say so
 CELL_GRACE_S = 5.0         # beyond the default group's timeout, how long a cell may take before it counts as hung
 _current: "Session | None" = None
 
@@ -57,13 +62,9 @@ class Session:
                  runs_dir=None, startup_timeout_s: float = STARTUP_TIMEOUT_S, timeout_s: float = SESSION_TIMEOUT_S):
         # the spec's own validation: the same ValueError naming the field, before anything starts
         Experiment(world_size=world_size, backend=backend, device=device, pin_cpus=pin_cpus, timeout_s=timeout_s)
-        from .preflight import preflight
-
         self.world_size, self.pin_cpus, self.timeout_s = world_size, pin_cpus, timeout_s
         self.backend, self.device = preflight([Experiment(world_size=world_size, backend=backend, device=device)])
-        from .cold import default_runs_dir
-
-        self.dir = Path(runs_dir or default_runs_dir()) / ".sessions" / uuid.uuid4().hex[:12]
+        self.dir = Path(runs_dir or rundir.default_runs_dir()) / ".sessions" / uuid.uuid4().hex[:12]
         self.dir.mkdir(parents=True)
         rundir.write_json_atomic(self.dir / "session.json", {
             "world_size": world_size, "backend": self.backend, "device": self.device, "pin_cpus": pin_cpus,
@@ -100,7 +101,7 @@ class Session:
         deadline = time.monotonic() + timeout_s
         phases = Train().all_phases()
         while True:
-            progress, errors, _ = _collect_session(self.dir, self.world_size)
+            progress, errors, _ = collect(self.dir, self.world_size)
             if all(p and p[-1]["phase"] == "done" for p in progress.values()):
                 return
             if errors or self.proc.poll() is not None or time.monotonic() > deadline:
@@ -158,6 +159,41 @@ class Session:
         self.jobs += 1
         return n
 
+    def run_job(self, spec_paths, launch_id: str, watch, reporter, t0: float, startup_timeout_s: float, starting: str):
+        """Run a launch as one job of this session and follow it as `cold._torchrun` follows a cold
+        launch (the same watch, progress line and watchdog). A job that fails, hangs or is
+        interrupted poisons the session: it is torn down (the ranks' files stay for the diagnosis).
+        Returns (torchrun's process, stopped by the watchdog, interrupted)."""
+        watchdog, failed_at, finished = False, None, False
+        with interrupts_caught() as interrupted:
+            try:
+                n = self.submit(spec_paths, launch_id)
+                reporter.update(starting)
+                last_poll = 0.0
+                while not interrupted and self.alive():
+                    if self.done(n):
+                        finished = True
+                        break
+                    time.sleep(POLL_S)
+                    now = time.monotonic()
+                    if now - last_poll < WATCH_POLL_S:
+                        continue
+                    last_poll = now
+                    if watch.poll():
+                        reporter.update(watch.line(now - t0))
+                    watch.look_at_processes()
+                    if failed_at is None and any(rundir.error_file(p.parent, r).exists()
+                                                 for p in spec_paths for r in range(self.world_size)):
+                        failed_at = now   # a rank failed: its peers get a moment to write what they saw
+                    if (failed_at is not None and now - failed_at > PEERS_GRACE_S) or watch.stalled(startup_timeout_s):
+                        watchdog = failed_at is None
+                        break
+            finally:
+                if not finished:
+                    self.kill()
+                    forget(self)
+        return self.proc, watchdog, bool(interrupted)
+
     def done(self, n: int) -> bool:
         return all((self.dir / f"job{n}.rank{r}.done").exists() for r in range(self.world_size))
 
@@ -165,8 +201,6 @@ class Session:
         """Run `code` on `ranks` (default: all) as a `%%ddp` cell (`rank/cells.py`): rank -> its stdout,
         stderr, last value and error, or None for a rank that never finished (it hung: the session is
         then torn down, as after any hang). Ctrl-C stops the cell and the session."""
-        from .torchrun import interrupts_caught
-
         ranks = list(range(self.world_size)) if ranks is None else sorted(set(ranks))
         if not self.alive():
             raise RuntimeError("this session is closed: start a new one (%ddp_start)")
@@ -183,7 +217,7 @@ class Session:
             while not interrupted and self.alive() and time.monotonic() < deadline:
                 if all(f.exists() for f in files.values()):
                     break
-                time.sleep(0.002)
+                time.sleep(POLL_S)
             self.died = not self.alive()
             results = {r: (json.loads(f.read_text()) if f.exists() else None) for r, f in files.items()}
             lost = interrupted or any(v is None for v in results.values()) or any(
@@ -199,9 +233,3 @@ class Session:
         with open(self.dir / rundir.LOG, "rb") as f:
             f.seek(self.log_offset)
             return f.read().decode(errors="replace")
-
-
-def _collect_session(session_dir: Path, world_size: int):
-    from .watch import collect
-
-    return collect(session_dir, world_size)
