@@ -82,3 +82,5 @@ def test_a_sweep_where_synchronization_looks_free_cannot_judge_timing():
     good, why = bucket_sweep.trustworthy(impossible)
     assert not good and "ddp:1" in why
     assert not bucket_sweep.trustworthy(ok.assign(spread_ms=[15.0, 4.0, 4.0]))[0]
+    noisy_plan, why = bucket_sweep.trustworthy(ok.assign(spread_ms=[3.0, 14.0, 4.0]))   # one plan's 11.7%
+    assert not noisy_plan and "plan ddp:1 scattered by 12%" in why

@@ -147,19 +147,25 @@ def in_flight(run, name: str, link: AlphaBeta, rank: int = 0) -> pd.DataFrame:
     return df
 
 
-def trustworthy(table: pd.DataFrame, max_baseline_spread: float = 0.10) -> tuple[bool, str]:
+def trustworthy(table: pd.DataFrame, max_spread: float = 0.10) -> tuple[bool, str]:
     """Can this sweep judge timing claims at all? No if any synchronized plan measured no slower than
-    the compute-only step (impossible, so noise exceeded what is being measured), or if the
-    compute-only baseline scattered between rounds by more than `max_baseline_spread`."""
+    the compute-only step (impossible, so noise exceeded what is being measured), or if any plan's
+    step time (the compute-only baseline's included) scattered between rounds by more than
+    `max_spread`: the models are compared with every plan, and calibrated on one, so one plan's
+    noise is enough to decide a comparison (a CI run: baseline 9.0%, one plan 11.2%, and the model
+    calibrated on a plan that scattered 10% came out twice as far off as the textbook one)."""
     base = table.loc["compute-only"]
     faster = [p for p in table.index if p != "compute-only" and table.loc[p, "step_ms"] <= base["step_ms"]]
     if faster:
         return False, (f"{', '.join(faster)} measured no slower than the compute-only step ({base['step_ms']:.1f} ms): "
                        f"this machine's noise exceeded the communication being measured; run the sweep again")
-    scatter = base["spread_ms"] / base["step_ms"]
-    if scatter > max_baseline_spread:
-        return False, f"the compute-only baseline scattered by {scatter:.0%} between rounds; run the sweep again"
-    return True, f"every plan slower than compute-only, baseline scatter {scatter:.1%}: timing claims can be judged"
+    scatter = table["spread_ms"] / table["step_ms"]
+    worst = scatter.idxmax()
+    if scatter[worst] > max_spread:
+        what = "the compute-only baseline" if worst == "compute-only" else f"plan {worst}"
+        return False, f"{what} scattered by {scatter[worst]:.0%} between rounds; run the sweep again"
+    return True, (f"every plan slower than compute-only, scatter between rounds at most {scatter[worst]:.1%} "
+                  f"({worst}): timing claims can be judged")
 
 
 def tail_difference(run, a: str, b: str, k: float = 2.0) -> dict:
