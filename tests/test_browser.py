@@ -157,6 +157,14 @@ def open_and_run_all(page, lab: str, name: str) -> None:
         arg=f"{PANEL} {CODE_PROMPTS}", timeout=UI_TIMEOUT_MS)
 
 
+def record_progress(page, widget: str) -> None:
+    """From now on, keep every text the widget's progress label shows, in window.__progress."""
+    page.evaluate("""sel => { const el = document.querySelector(sel); window.__progress = [];
+        new MutationObserver(() => window.__progress.push(el.textContent.trim()))
+            .observe(el, {subtree: true, childList: true, characterData: true}); }""",
+                  f"{PANEL} .ddplab-{widget} .ddplab-progress")
+
+
 def test_memory_explorer_redraws_the_prediction_and_measures_for_real(page, lab):
     open_and_run_all(page, lab, "memory_explorer.ipynb")
     box = page.locator(f"{PANEL} .ddplab-memory-explorer")
@@ -181,10 +189,7 @@ def test_memory_explorer_redraws_the_prediction_and_measures_for_real(page, lab)
     expect(predicted).to_contain_text("predicted MiB on each of the 2 ranks")   # the redraw is done
     button = box.locator("button.widget-button")
     progress = box.locator(".ddplab-progress")
-    page.evaluate("""sel => { const el = document.querySelector(sel); window.__progress = [];
-        new MutationObserver(() => window.__progress.push(el.textContent.trim()))
-            .observe(el, {subtree: true, childList: true, characterData: true}); }""",
-                  f"{PANEL} .ddplab-memory-explorer .ddplab-progress")
+    record_progress(page, "memory-explorer")
     button.dblclick()                     # measure for real: launches 2 ranks, once
     expect(button).to_be_disabled()
     box.locator(".widget-dropdown select").first.select_option("4")   # a control changed mid-measure
@@ -246,10 +251,7 @@ def test_bucket_slider_redraws_the_schedule_and_measures_for_real(page, lab):
     expect(table).to_contain_text("split:")
     button = box.locator("button:has-text('measur')")
     progress = box.locator(".ddplab-progress")
-    page.evaluate("""sel => { const el = document.querySelector(sel); window.__progress = [];
-        new MutationObserver(() => window.__progress.push(el.textContent.trim()))
-            .observe(el, {subtree: true, childList: true, characterData: true}); }""",
-                  f"{PANEL} .ddplab-bucket-slider .ddplab-progress")
+    record_progress(page, "bucket-slider")
     button.dblclick()                                           # launches 2 ranks, once
     expect(button).to_be_disabled()
     handle.focus()

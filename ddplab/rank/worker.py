@@ -124,14 +124,19 @@ def run_experiments(spec_paths: list[Path], env, launch_id: str, warm: tuple | N
         code = 0
     except BaseException as e:  # noqa: BLE001 - every failure must reach the launcher as a file
         last = log.last if log else {"phase": "start", "step": -1}
-        write_json_atomic(error_file(log.run_dir if log else spec_paths[0].parent, env.rank), {
-            "rank": env.rank, "phase": last["phase"], "step": last["step"], "t_ns": time.time_ns(),
-            "type": type(e).__name__, "message": str(e), "traceback": traceback.format_exc()})
-        traceback.print_exc()
+        _write_error(log.run_dir if log else spec_paths[0].parent, env.rank, last["phase"], last["step"], e)
         code = 1
     if log:
         log.close()
     return code
+
+
+def _write_error(run_dir: Path, rank: int, phase: str, step: int, e: BaseException) -> None:
+    """This rank's error file (the launcher's diagnosis reads it), and the traceback on stderr."""
+    write_json_atomic(error_file(run_dir, rank), {
+        "rank": rank, "phase": phase, "step": step, "t_ns": time.time_ns(),
+        "type": type(e).__name__, "message": str(e), "traceback": traceback.format_exc()})
+    traceback.print_exc()
 
 
 def serve(session_dir: Path, env) -> int:
@@ -151,10 +156,7 @@ def serve(session_dir: Path, env) -> int:
         _THREADS[0] = torch.get_num_threads()
         log.enter("done")   # ready for jobs
     except BaseException as e:  # noqa: BLE001
-        write_json_atomic(error_file(session_dir, env.rank), {
-            "rank": env.rank, "phase": "init-process-group", "step": -1, "t_ns": time.time_ns(),
-            "type": type(e).__name__, "message": str(e), "traceback": traceback.format_exc()})
-        traceback.print_exc()
+        _write_error(session_dir, env.rank, "init-process-group", -1, e)
         return 1
     finally:
         log.close()
