@@ -162,8 +162,8 @@ def load(ip) -> None:
             """Run this cell on every rank of the session; show each rank's output side by side."""
             args = parse_argstring(DDPMagics.ddp, line)
             s = sessions.current()
-            if s is None:
-                raise CellFailed("no session: run %ddp_start -n 4 first")
+            if s is None or s.implicit:   # the session ddplab.run keeps is replaced at will: not for cell state
+                raise CellFailed("no session for %%ddp cells: run %ddp_start -n 4 first")
             t0 = time.monotonic()
             answers = s.execute(cell, _parse_ranks(args.ranks))
             result = CellResult(answers, time.monotonic() - t0, died=s.died)

@@ -165,6 +165,18 @@ def record_progress(page, widget: str) -> None:
                   f"{PANEL} .ddplab-{widget} .ddplab-progress")
 
 
+def measure_again_on_the_warm_ranks(page, button, widget: str, output) -> None:
+    """A second click, with the settings of the first, runs on the session the first one started:
+    no new ranks, a job for the warm ones."""
+    record_progress(page, widget)
+    button.click()
+    expect(output).to_contain_text("measurement 2)")
+    expect(button).to_be_enabled(timeout=60_000)   # the measurement is over
+    lines = [t for t in dict.fromkeys(page.evaluate("window.__progress")) if t]
+    assert any("2 warm ranks" in t for t in lines) and not any("starting" in t for t in lines), lines
+    assert re.search(r" in [0-9.]+ s -> ", lines[-1]), lines
+
+
 def test_memory_explorer_redraws_the_prediction_and_measures_for_real(page, lab):
     open_and_run_all(page, lab, "memory_explorer.ipynb")
     box = page.locator(f"{PANEL} .ddplab-memory-explorer")
@@ -202,13 +214,16 @@ def test_memory_explorer_redraws_the_prediction_and_measures_for_real(page, lab)
     # its first state when it was a display-id line inside an Output)
     expect(progress).to_contain_text(re.compile(r"2 ranks x 2 steps on gloo/cpu in [0-9.]+ s"))
     lines = [t for t in dict.fromkeys(page.evaluate("window.__progress")) if t]
-    assert lines[0].startswith("ddplab memory-") and "starting 2 ranks" in lines[0], lines
-    assert any("steps done" in t for t in lines) and len(lines) >= 3, lines
+    # in a kernel, the first run starts a session of warm ranks (and keeps it for the next click)
+    assert lines[0].startswith("ddplab: starting a session of 2 warm ranks") and len(lines) >= 3, lines
+    assert any(t.startswith("ddplab memory-") and "steps done" in t for t in lines), lines
     expect(predicted).to_contain_text("predicted MiB on each of the 4 ranks")
     expect(button).to_be_enabled()
     page.wait_for_timeout(3000)           # a second launch from the double click would have shown by now
     expect(measured).to_contain_text("(measurement 1)")
     expect(measured).not_to_contain_text("measurement 2")
+    box.locator(".widget-dropdown select").first.select_option("2")   # the settings of the first measurement
+    measure_again_on_the_warm_ranks(page, button, "memory-explorer", measured)
 
 
 def test_rank_weights_sliders_redraw_the_plot(page, lab):
@@ -261,7 +276,8 @@ def test_bucket_slider_redraws_the_schedule_and_measures_for_real(page, lab):
     # the progress line followed the launch to its last word (a display-id line inside an Output froze)
     expect(progress).to_contain_text(re.compile(r"slider-measure: 2 ranks x 1 round on gloo/cpu in [0-9.]+ s"))
     lines = [t for t in dict.fromkeys(page.evaluate("window.__progress")) if t]
-    assert "starting 2 ranks" in lines[0] and len(lines) >= 3, lines
+    # the notebook's own run started a session of 2 warm ranks: the button's launch is a job for them
+    assert "2 warm ranks" in lines[0] and not any("starting" in t for t in lines) and len(lines) >= 3, lines
     expect(button).to_be_enabled()
     handle.focus()
     page.keyboard.press("Home")                                 # (the kernel may have queued the first move)

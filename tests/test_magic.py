@@ -147,3 +147,14 @@ def test_ddp_stop_leaves_no_rank(ip):
     assert leftovers(session.dir) == [] and sessions.current() is None
     with pytest.raises(CellFailed, match="no session"):
         ip.run_cell_magic("ddp", "", "rank")
+
+
+def test_cells_never_run_on_the_session_ddplab_run_keeps(ip, tmp_path):
+    """`ddplab.run` replaces its own session when a run needs more ranks: a cell's state would vanish."""
+    s = sessions.Session(world_size=2, runs_dir=tmp_path, implicit=True)
+    try:
+        with pytest.raises(CellFailed, match="no session for %%ddp cells"):
+            ip.run_cell_magic("ddp", "", "rank")
+        assert s.alive() and s.cells == 0
+    finally:
+        s.close()

@@ -212,3 +212,71 @@ def test_a_jobs_user_modules_are_imported_afresh_but_torch_never(tmp_path, monke
     assert "lab_fresh_mod" not in _sys.modules and "torch.nn" in _sys.modules
     (tmp_path / "lab_fresh_mod.py").write_text("VERSION = 2\n")
     assert importlib.import_module("lab_fresh_mod").VERSION == 2
+
+
+# -- run() starting sessions itself (warm=True, or by default in a Jupyter kernel) ------------------
+
+def _pids(run) -> list[int]:
+    return [r.pid for r in run.ranks]
+
+
+def test_run_starts_a_session_keeps_it_and_replaces_it_when_too_small(tmp_path, monkeypatch):
+    monkeypatch.setenv("DDPLAB_RUNS", str(tmp_path / "runs"))
+    first = ddplab.run(Experiment(name="a", **SMALL), tmp_path / "a", progress=False, warm=True)
+    s = sessions.current()
+    try:
+        assert s is not None and s.implicit and first.launch["session"] == s.dir.name
+        assert s.dir.parent == tmp_path / "runs" / ".sessions"
+        again = ddplab.run(Experiment(name="b", **SMALL), tmp_path / "b", progress=False, warm=True)
+        assert again.launch["session"] == s.dir.name and _pids(again) == _pids(first)   # the same processes
+        cold = ddplab.run(Experiment(name="c", **SMALL), tmp_path / "c", progress=False, warm=False)
+        assert cold.launch["session"] is None and not set(_pids(cold)) & set(_pids(first)) and s.alive()
+        wider = ddplab.run(Experiment(name="d", **{**SMALL, "world_size": 4}), tmp_path / "d", progress=False, warm=True)
+        bigger = sessions.current()
+        assert bigger is not s and bigger.world_size == 4 and wider.launch["session"] == bigger.dir.name
+        assert not s.alive() and _wait_gone(s.dir, 5) == []   # the 2-rank session made way
+    finally:
+        sessions.close_current()
+    assert sessions.current() is None and _wait_gone(tmp_path / "runs", 5) == []
+
+
+def test_run_never_closes_a_session_you_opened(tmp_path, monkeypatch):
+    monkeypatch.setenv("DDPLAB_RUNS", str(tmp_path / "runs"))
+    with ddplab.Session(world_size=2, runs_dir=tmp_path / "mine") as mine:
+        wide = ddplab.run(Experiment(name="w", **{**SMALL, "world_size": 3}), tmp_path / "w", progress=False, warm=True)
+        assert wide.launch["session"] is None   # cold: it does not fit, and it is not run's to replace
+        assert sessions.current() is mine and mine.alive()
+
+
+def test_after_a_failed_job_the_next_run_starts_a_fresh_session(tmp_path, monkeypatch):
+    monkeypatch.setenv("DDPLAB_RUNS", str(tmp_path / "runs"))
+    bad = Experiment(name="bad", fault=Fault("crash", rank=1, step=1), timeout_s=3, **SMALL)
+    try:
+        with pytest.raises(RunFailed) as info:
+            ddplab.run(bad, tmp_path / "bad", progress=False, warm=True)
+        assert info.value.diagnosis.kind == "crash" and info.value.diagnosis.ranks == [1]
+        assert sessions.current() is None
+        ok = ddplab.run(bad.replace(fault=None), tmp_path / "ok", progress=False, warm=True)
+        assert ok.launch["session"] == sessions.current().dir.name
+    finally:
+        sessions.close_current()
+    assert _wait_gone(tmp_path / "runs", 5) == []
+
+
+def test_a_session_started_on_a_short_lived_thread_outlives_it(tmp_path):
+    """A widget's click handler may run on a thread that ends when it returns; Linux's parent-death
+    signal follows the thread that started torchrun, so the session must not be started from it."""
+    import threading
+
+    box = []
+    t = threading.Thread(target=lambda: box.append(ddplab.Session(world_size=2, runs_dir=tmp_path)))
+    t.start()
+    t.join()
+    s = box[0]
+    try:
+        time.sleep(1.0)
+        assert s.alive()
+        run = ddplab.run(Experiment(name="after", **SMALL), tmp_path / "after", progress=False)
+        assert run.launch["session"] == s.dir.name
+    finally:
+        s.close()

@@ -41,20 +41,23 @@ def run_dir_for(exp: Experiment, runs_dir: Path | None = None) -> Path:
     return Path(runs_dir or default_runs_dir()) / f"{exp.name}-{exp.hash}"
 
 
-def run(exp: Experiment, out=None, *, progress=True, startup_timeout_s: float = STARTUP_TIMEOUT_S) -> Run:
+def run(exp: Experiment, out=None, *, progress=True, startup_timeout_s: float = STARTUP_TIMEOUT_S,
+        warm: bool | None = None) -> Run:
     """Run `exp` on real torchrun ranks and return the loaded `Run`; raise `RunFailed` naming the rank.
 
     `out` is the run directory (default `runs/<name>-<hash>`, under $DDPLAB_RUNS if set). `progress`:
-    True shows one updating line, False nothing, a callable gets each line (a widget's label).
+    True shows per-rank progress bars, False nothing, a callable gets each status line (a widget's label).
+    `warm`: run on the current session if it fits, else True starts a session and keeps it, False
+    launches cold, None (default) starts one in a Jupyter kernel only (`launch/session.py`).
     """
     if not isinstance(exp, Experiment):
         raise TypeError(f"run() takes an Experiment, got {type(exp).__name__}")
     run_dir = Path(out) if out is not None else run_dir_for(exp)
-    return _launch([exp], [run_dir], run_dir, exp.name, progress, startup_timeout_s)[0]
+    return _launch([exp], [run_dir], run_dir, exp.name, progress, startup_timeout_s, warm)[0]
 
 
 def run_many(exps: list[Experiment], out=None, *, name: str = "sweep", progress=True,
-             startup_timeout_s: float = STARTUP_TIMEOUT_S) -> list[Run]:
+             startup_timeout_s: float = STARTUP_TIMEOUT_S, warm: bool | None = None) -> list[Run]:
     """Run several experiments in ONE torchrun launch, in order; return their `Run`s.
 
     `out` is the launch directory (default `runs/<name>-<hash of all specs>`); each experiment gets
@@ -72,11 +75,12 @@ def run_many(exps: list[Experiment], out=None, *, name: str = "sweep", progress=
             raise ValueError(f"experiments: experiment {i} is identical to experiment {hashes.index(h)}")
     launch_dir = Path(out) if out is not None else (
         default_runs_dir() / f"{name}-{hashlib.sha256(''.join(hashes).encode()).hexdigest()[:10]}")
-    return _launch(exps, [run_dir_for(e, launch_dir) for e in exps], launch_dir, name, progress, startup_timeout_s)
+    return _launch(exps, [run_dir_for(e, launch_dir) for e in exps], launch_dir, name, progress, startup_timeout_s,
+                   warm)
 
 
 def _launch(exps, final_dirs, final_launch_dir: Path, name: str, progress,
-            startup_timeout_s: float) -> list[Run]:
+            startup_timeout_s: float, warm: bool | None = None) -> list[Run]:
     backend, device = preflight(exps)
     rundir.check_destination(final_launch_dir)
     # every launch writes into a directory of its own, and takes the final place when it ends
@@ -87,7 +91,7 @@ def _launch(exps, final_dirs, final_launch_dir: Path, name: str, progress,
     placed: list[Path] = []   # where an incomplete launch's files went
     try:
         return _launch_in(exps, final_dirs, final_launch_dir, name, reporter, startup_timeout_s,
-                          backend, device, launch_id, launch_dir, run_dirs, placed)
+                          backend, device, launch_id, launch_dir, run_dirs, placed, warm)
     except OSError as e:   # the run's own files failed it (deleted, read-only, disk full): no bare OSError
         if not _dir_lost(launch_dir, e):
             raise
@@ -108,7 +112,7 @@ def _dir_lost(launch_dir: Path, error: OSError) -> bool:
 
 
 def _launch_in(exps, final_dirs, final_launch_dir, name, reporter: Reporter, startup_timeout_s, backend, device,
-               launch_id, launch_dir, run_dirs, placed: list) -> list[Run]:
+               launch_id, launch_dir, run_dirs, placed: list, warm: bool | None) -> list[Run]:
     settled = False
     try:
         for run_dir, exp in zip(run_dirs, exps):
@@ -117,19 +121,18 @@ def _launch_in(exps, final_dirs, final_launch_dir, name, reporter: Reporter, sta
         spec_paths = [(d / rundir.SPEC).resolve() for d in run_dirs]
         world_size = max(e.world_size for e in exps)
         argv = worker_argv(world_size, spec_paths)
-        watch = Watch(list(zip(exps, run_dirs)))
-        t0 = time.monotonic()
         starting = (f"ddplab {name}: starting {world_size} ranks "
                     f"({exps[0].name if len(exps) == 1 else f'{len(exps)} experiments'}) on {backend}/{device}")
-        warm = session.current()
-        if warm is not None and warm.fits(exps, backend, device):
+        t0 = time.monotonic()   # a session started for this launch counts in its wall time
+        warm = session.for_launch(exps, backend, device, warm, startup_timeout_s, reporter.update)
+        watch = Watch(list(zip(exps, run_dirs)))
+        if warm is not None:
             argv = warm.argv
             starting = starting.replace(f"starting {world_size} ranks", f"{world_size} warm ranks")
             proc, watchdog, interrupted = warm.run_job(spec_paths, launch_id, watch, reporter, t0,
                                                        startup_timeout_s, starting)
             (launch_dir / rundir.LOG).write_text(warm.log_since_submit())
         else:
-            warm = None
             with open(launch_dir / rundir.LOG, "w") as log:
                 env = {**worker_env(), "DDPLAB_LAUNCH_ID": launch_id}
                 proc, watchdog, interrupted = _torchrun(argv, env, log, watch, reporter, t0, startup_timeout_s,
@@ -196,7 +199,7 @@ def _torchrun(argv, env, log, watch: Watch, reporter: Reporter, t0: float, start
             while proc.poll() is None and not interrupted:
                 time.sleep(POLL_S)
                 if watch.poll():
-                    reporter.update(watch.line(time.monotonic() - t0))
+                    reporter.watch(watch, time.monotonic() - t0)
                 watch.look_at_processes()
                 if watch.stalled(startup_timeout_s):
                     watchdog = True

@@ -12,15 +12,25 @@ write the same run directories a cold launch writes, so `load_run` and every vie
 
 Failure is diagnosed exactly as in a cold run (the same files, the same `failures.diagnose`); then
 the session is torn down, since a rank that crashed or hung leaves the process group unusable, and
-the next run starts cold (or in a new session). Ctrl-C, a hang past the watchdog, or the launcher's
-death stop the whole process tree as for a cold launch (torchrun dies with the launcher, each rank
-with torchrun). Only one session is current at a time; `run` uses it when it fits the experiments
-(enough ranks, the same backend, device and CPU pinning), and launches cold otherwise.
+the next run starts a new session (or launches cold). Ctrl-C, a hang past the watchdog, or the
+launcher's death stop the whole process tree as for a cold launch (torchrun dies with the launcher,
+each rank with torchrun). Only one session is current at a time; `run` uses it when it fits the
+experiments (enough ranks, the same backend, device and CPU pinning).
+
+When none fits, `run(exp, warm=...)` decides (`for_launch`): True starts a session sized to the
+launch and keeps it for the next runs, False launches cold, None (the default) starts one in a
+Jupyter kernel (a notebook runs many experiments) and launches cold elsewhere (a script or `ddplab
+run` usually runs one); $DDPLAB_WARM=1 or 0 sets that default. A session `run` started itself is
+replaced when a run needs more ranks or another backend; one you opened (`Session(...)`,
+`%ddp_start`) is never closed behind your back: a run that does not fit it launches cold. Whatever
+is still open when Python exits is closed then.
 """
 
 from __future__ import annotations
 
+import atexit
 import json
+import os
 import subprocess
 import time
 import uuid
@@ -47,6 +57,51 @@ def current() -> "Session | None":
     return _current if _current is not None and _current.alive() else None
 
 
+def wanted(warm: bool | None) -> bool:
+    """Should a launch that no session fits start one? `warm` as `run` got it (None: the default)."""
+    if warm is not None:
+        return bool(warm)
+    env = os.environ.get("DDPLAB_WARM", "").strip().lower()
+    if env in ("1", "true", "yes", "on"):
+        return True
+    if env in ("0", "false", "no", "off"):
+        return False
+    from .progress import in_notebook
+
+    return in_notebook()
+
+
+def for_launch(exps: list[Experiment], backend: str, device: str, warm: bool | None, startup_timeout_s: float,
+               say=None) -> "Session | None":
+    """The session these experiments run on (the current one if it fits, else a new one when
+    `wanted(warm)`), or None: launch cold. `say` gets a line before a new session starts."""
+    if warm is False:
+        return None
+    s = current()
+    if s is not None and s.fits(exps, backend, device):
+        return s
+    pins = {e.pin_cpus for e in exps}
+    if not wanted(warm) or len(pins) > 1 or (s is not None and not s.implicit):
+        return None   # the user's own session stays as it is
+    world_size = max(e.world_size for e in exps)
+    if s is not None:   # one `run` started, too small or on another backend: its ranks make way
+        s.close()
+    if say is not None:
+        say(f"ddplab: starting a session of {world_size} warm ranks on {backend}/{device} "
+            f"(later runs that fit reuse them)")
+    return Session(world_size, backend, device, pins.pop(), startup_timeout_s=startup_timeout_s, implicit=True)
+
+
+def close_current() -> None:
+    """Close the current session, if any (at exit: its ranks would die with this process anyway)."""
+    s = _current
+    if s is not None:
+        s.close()
+
+
+atexit.register(close_current)
+
+
 def forget(s: "Session") -> None:
     """`s` is no session to run in any more (torn down after a failed job)."""
     global _current
@@ -56,10 +111,12 @@ def forget(s: "Session") -> None:
 
 class Session:
     """`world_size` warm ranks on `backend`/`device` ("auto": as a cold launch of that many ranks
-    would choose). Opening one makes it current; `close()` (or leaving its `with` block) stops it."""
+    would choose). Opening one makes it current; `close()` (or leaving its `with` block) stops it.
+    `implicit`: `run` started it (`for_launch`), so `run` may replace it."""
 
     def __init__(self, world_size: int = 4, backend: str = "auto", device: str = "auto", pin_cpus: bool = False,
-                 runs_dir=None, startup_timeout_s: float = STARTUP_TIMEOUT_S, timeout_s: float = SESSION_TIMEOUT_S):
+                 runs_dir=None, startup_timeout_s: float = STARTUP_TIMEOUT_S, timeout_s: float = SESSION_TIMEOUT_S,
+                 implicit: bool = False):
         # the spec's own validation: the same ValueError naming the field, before anything starts
         Experiment(world_size=world_size, backend=backend, device=device, pin_cpus=pin_cpus, timeout_s=timeout_s)
         self.world_size, self.pin_cpus, self.timeout_s = world_size, pin_cpus, timeout_s
@@ -71,12 +128,13 @@ class Session:
             "timeout_s": timeout_s})
         self.argv = torchrun_argv(world_size, ["--serve", self.dir.resolve()])
         self.died = False
+        self.implicit = implicit
         self.jobs = 0
         self.cells = 0   # %%ddp cells run: they may change a rank's global torch state, so runs then go cold
         self.proc = None
         self._log = open(self.dir / rundir.LOG, "w")
         try:
-            self.proc = start(self.argv, worker_env(), self._log)
+            self.proc = start(self.argv, worker_env(), self._log, outlive_thread=True)
             self._wait_until_ready(startup_timeout_s)
         except BaseException:   # Ctrl-C or a failed start: no rank may wait on for jobs
             self.kill()
@@ -180,7 +238,7 @@ class Session:
                         continue
                     last_poll = now
                     if watch.poll():
-                        reporter.update(watch.line(now - t0))
+                        reporter.watch(watch, now - t0)
                     watch.look_at_processes()
                     if failed_at is None and any(rundir.error_file(p.parent, r).exists()
                                                  for p in spec_paths for r in range(self.world_size)):

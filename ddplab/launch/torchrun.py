@@ -63,11 +63,61 @@ def worker_env(base: dict | None = None) -> dict:
     return env
 
 
-def start(argv: list[str], env: dict, stdout, text: bool = False) -> subprocess.Popen:
-    """Start torchrun in its own session, to die with this process (Linux)."""
-    return subprocess.Popen(argv, stdout=stdout, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                            start_new_session=True, text=text,
-                            preexec_fn=host.die_with_parent if sys.platform.startswith("linux") else None)
+def start(argv: list[str], env: dict, stdout, text: bool = False, outlive_thread: bool = False) -> subprocess.Popen:
+    """Start torchrun in its own session, to die with this process (Linux).
+
+    Linux's parent-death signal fires when the *thread* that started the child ends, not the process.
+    A launch waits for its torchrun on the thread that started it, but a session's ranks must outlive
+    the call that started them, which may run on a short-lived thread (a widget's click handler):
+    `outlive_thread` starts it from one long-lived thread of this module instead."""
+    def popen():
+        return subprocess.Popen(argv, stdout=stdout, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                start_new_session=True, text=text,
+                                preexec_fn=host.die_with_parent if sys.platform.startswith("linux") else None)
+
+    if not outlive_thread or threading.current_thread() is threading.main_thread():
+        return popen()
+    return _spawner().call(popen)
+
+
+class _Spawner:
+    """One daemon thread that lives as long as the process and starts processes on request."""
+
+    def __init__(self):
+        import queue
+
+        self.requests = queue.Queue()
+        threading.Thread(target=self._serve, name="ddplab-spawner", daemon=True).start()
+
+    def _serve(self):
+        while True:
+            fn, answer, ready = self.requests.get()
+            try:
+                answer.append((True, fn()))
+            except BaseException as e:  # noqa: BLE001 - handed back to the caller
+                answer.append((False, e))
+            ready.set()
+
+    def call(self, fn):
+        answer: list = []
+        ready = threading.Event()
+        self.requests.put((fn, answer, ready))
+        ready.wait()
+        ok, value = answer[0]
+        if not ok:
+            raise value
+        return value
+
+
+_SPAWNER: list = []
+_SPAWNER_LOCK = threading.Lock()
+
+
+def _spawner() -> _Spawner:
+    with _SPAWNER_LOCK:
+        if not _SPAWNER:
+            _SPAWNER.append(_Spawner())
+        return _SPAWNER[0]
 
 
 @contextlib.contextmanager

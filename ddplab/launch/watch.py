@@ -96,11 +96,22 @@ class Watch:
         last, done = self.last[self.current], self.steps_done[self.current]
         phase = "starting"
         if last:
-            rec = min(last.values(), key=lambda rec: failures.phase_key(rec, self.phases[self.current]))
-            phase = rec["phase"] + (f" {rec['detail']}" if rec.get("detail") else "")
+            phase = _phase(min(last.values(), key=lambda rec: failures.phase_key(rec, self.phases[self.current])))
         name = exp.name if len(self.runs) == 1 else f"{self.current + 1}/{len(self.runs)} {exp.name}"
         return describe(name, exp.world_size, [done.get(r, 0) for r in sorted(last)], exp.task.total_steps(exp),
                         phase, elapsed_s, exp.task.step_unit)
+
+    def ranks(self) -> tuple[int, Experiment, dict[int, tuple[int, str]]]:
+        """The experiment the launch is on (its index, its spec) and, for each of its ranks, the steps
+        done and the phase it is in ('starting' before its first record; a frozen process says so)."""
+        i = self.current
+        exp, _ = self.runs[i]
+        last, done = self.last[i], self.steps_done[i]
+        ranks = {}
+        for r in range(exp.world_size):
+            phase = _phase(last[r]) if r in last else "starting"
+            ranks[r] = (done.get(r, 0), phase + (f" ({self.frozen[r]})" if r in self.frozen else ""))
+        return i, exp, ranks
 
     def limit_s(self, startup_timeout_s: float) -> float:
         """How long the launch may stand still: a collective's timeout and a grace, or the start-up bound."""
@@ -108,6 +119,11 @@ class Watch:
 
     def stalled(self, startup_timeout_s: float) -> bool:
         return time.monotonic() - self.last_move > self.limit_s(startup_timeout_s)
+
+
+def _phase(rec: dict) -> str:
+    """A progress record's phase and its detail: 'backward', 'round ddp:1'."""
+    return rec["phase"] + (f" {rec['detail']}" if rec.get("detail") else "")
 
 
 def collect(run_dir: Path, world_size: int) -> tuple[dict, dict, set]:
