@@ -138,6 +138,9 @@ def _launch_in(exps, final_dirs, final_launch_dir, name, reporter: Reporter, sta
                 proc, watchdog, interrupted = _torchrun(argv, env, log, watch, reporter, t0, startup_timeout_s,
                                                         spec_paths[0], starting)
         wall_s = time.monotonic() - t0
+        if not interrupted and launch_dir.exists():   # the bars' last state: what the ranks wrote since the last look
+            watch.poll()
+            reporter.watch(watch, wall_s)
         if interrupted:
             place, settled = rundir.settle(launch_dir, final_launch_dir, complete=False), True
             line = f"interrupted: {world_size} ranks stopped after {wall_s:.1f} s ({name}; files in {place})"

@@ -66,6 +66,7 @@ class Reporter:
         self.tty = enabled and self.sink is None and not self.notebook and sys.stderr.isatty()
         self._tqdm = bar_class(self.notebook) if self.notebook or self.tty else None
         self.bars: dict = {}          # rank -> its tqdm bar, for the experiment `_bars_for` indexes
+        self._shown: dict = {}        # rank -> the display handle of its notebook bar
         self._bars_for: int | None = None
         self._bars_shown = False
         self._line_open = False       # a terminal line without its newline yet
@@ -117,6 +118,8 @@ class Reporter:
 
     def _show_bars(self, watch) -> None:
         i, exp, ranks = watch.ranks()
+        if self._bars_for is not None and i < self._bars_for:
+            return   # a slow rank still finishing an earlier experiment: the bars only move forward
         if i != self._bars_for:
             self._reset_bars(i, exp, len(watch.runs))
         for r, (done, phase) in ranks.items():
@@ -137,6 +140,7 @@ class Reporter:
             bar = self.bars.pop(r)
             bar.leave = False   # clear its own line (a left bar would draw over rank 0's)
             bar.close()
+            self._settle(r, "")
         for r in range(exp.world_size):
             if r in self.bars:
                 bar = self.bars[r]
@@ -147,9 +151,13 @@ class Reporter:
             else:
                 # a terminal stacks the bars one line per rank, each bar as wide as the others whatever
                 # its phase; a notebook bar lays itself out
-                text = {"position": r, "bar_format": TEXT_BAR} if self.tty else {}
+                text = {"position": r, "bar_format": TEXT_BAR} if self.tty else {"display": False}
                 self.bars[r] = self._tqdm(total=total, desc=f"{header}rank {r}", unit=unit, leave=True,
                                           file=sys.stderr, **text)
+                if self.notebook:   # shown under a display id, so its last state can replace the widget
+                    from IPython.display import display
+
+                    self._shown[r] = display(self.bars[r].container, display_id=True)
         self._bars_for, self._bars_shown = i, True
 
     def _close_bars(self) -> None:
@@ -158,8 +166,18 @@ class Reporter:
         for r in sorted(bars):
             try:
                 bars[r].close()
+                self._settle(r, str(bars[r]))
             except Exception:
                 pass
+
+    def _settle(self, rank: int, text: str) -> None:
+        """In a notebook, put a closed bar's last state, as text, where its widget was: a saved
+        notebook keeps that text (a widget's saved text is its first state, 0%)."""
+        handle = self._shown.pop(rank, None)
+        if handle is not None:
+            from IPython.display import Pretty
+
+            handle.update(Pretty(text))
 
     def finish(self, line: str) -> None:
         if not self.enabled:

@@ -20,7 +20,7 @@ def fill(exp, run, case) -> dict:
     ev["memory"] = {r.rank: {**{c: r.memory.steps[1].phases["step"][c] for c in audit.MODEL_STATE},
                              "activations": r.memory.steps[1].phases["forward"]["activations"]} for r in run.ranks}
     t = [case.tensors(r.rank) for r in case.ranks]
-    name = next(n for n in t[0]["reference"] if all(float(x["local"][n].flatten()[0]) != 0 for x in t))  # a used one
+    name = max(t[0]["reference"], key=lambda n: min(abs(float(x["local"][n].flatten()[0])) for x in t))  # clearly non-zero everywhere
     ev["gradients"] = {"local_batch": list(case.spec.local_batches), "parameter": name, "element": 0,
                        "local": [float(x["local"][name].flatten()[0]) for x in t],
                        "reduced": float(t[0]["reduced"][name].flatten()[0]),
