@@ -60,7 +60,11 @@ def test_the_reference_evidence_passes_every_check(audited):
     report.assert_passed()
 
 
-def test_an_empty_template_is_all_todo_and_launches_nothing():
+def test_an_empty_template_is_all_todo_and_launches_nothing(monkeypatch):
+    def no_launch(*args, **kwargs):
+        raise AssertionError("an empty template launched ranks")
+
+    monkeypatch.setattr(ddplab, "run_many", no_launch)
     report = audit.check(audit.template(EXP), progress=False)
     assert {f.ok for f in report.findings} == {None} and len(report.findings) == len(audit.PIECES)
     with pytest.raises(audit.AuditFailed, match="memory: not filled in yet"):
@@ -68,7 +72,9 @@ def test_an_empty_template_is_all_todo_and_launches_nothing():
 
 
 @pytest.mark.parametrize("bad, field", [({"experiment": None}, "experiment"),
-                                        ({"experiment": EXP.replace(steps=1)}, "experiment"),
+                                        ({"experiment": EXP.replace(steps=1)}, "experiment.steps"),
+                                        ({"experiment": EXP.replace(loss_norm="global-sample")}, "experiment.loss_norm"),
+                                        ({"experiment": EXP.replace(seq_len=(8, 8, 8, 4))}, "experiment.seq_len"),
                                         ({"experiment": EXP, "memroy": {}}, "memroy")])
 def test_bad_evidence_structure_is_a_value_error_naming_the_field(bad, field):
     with pytest.raises(ValueError, match=field):
@@ -141,3 +147,47 @@ def test_a_local_gradient_off_by_a_thousandth_does_not_pass(audited):
     ev, runs = audited
     report = audit.judge(_mutated(ev, "gradients", lambda g: g["local"].__setitem__(1, g["local"][1] * 1.001)), runs)
     assert "rank 1's local gradient" in _messages(report, "gradients")
+
+
+def test_correct_evidence_in_other_shapes_passes(audited):
+    """A learner who writes a single local batch, string rank keys, numpy numbers or a list of rows."""
+    import numpy as np
+
+    ev, runs = audited
+    ev = _mutated(ev, "batch", lambda b: b.__setitem__("local_batch", 4))
+    ev["memory"] = {str(r): {k: np.int64(v) for k, v in row.items()} for r, row in ev["memory"].items()}
+    ev["gradients"]["local"] = np.array(ev["gradients"]["local"], dtype=np.float64)
+    ev["comm"]["bytes_per_rank"] = {str(d): v for d, v in ev["comm"]["bytes_per_rank"].items()}
+    report = audit.judge(ev, runs)
+    assert report.passed(), repr(report)
+
+
+def test_memory_written_in_mib_is_told_to_write_bytes(audited):
+    ev, runs = audited
+
+    def in_mib(m):
+        for row in m.values():
+            row["parameters"] = round(row["parameters"] / 2 ** 20, 3)
+
+    report = audit.judge(_mutated(ev, "memory", in_mib), runs)
+    assert "looks like MiB" in _messages(report, "memory")
+
+
+def test_an_invented_trace_with_other_bucket_sizes_does_not_pass(audited):
+    ev, runs = audited
+
+    def invented(b):
+        b["trace"] = [{**t, "bytes": t["bytes"] + 4} for t in b["trace"]]
+
+    report = audit.judge(_mutated(ev, "buckets", invented), runs)
+    assert "DDP's buckets hold" in _messages(report, "buckets")
+
+
+def test_malformed_evidence_is_a_finding_naming_the_field_not_a_traceback(audited):
+    ev, runs = audited
+    for piece, change, field in [("memory", lambda m: m.__setitem__("rank0", {}), "keys are rank numbers"),
+                                 ("gradients", lambda g: g.__setitem__("local", 0.5), "gradients['local']"),
+                                 ("comm", lambda c: c.__setitem__("payload_bytes", "lots"), "comm['payload_bytes']"),
+                                 ("buckets", lambda b: b.__setitem__("trace", []), "buckets['trace']")]:
+        report = audit.judge(_mutated(ev, piece, change), runs)
+        assert field in _messages(report, piece), (piece, repr(report))

@@ -280,3 +280,52 @@ def test_a_session_started_on_a_short_lived_thread_outlives_it(tmp_path):
         assert run.launch["session"] == s.dir.name
     finally:
         s.close()
+
+
+def test_ctrl_c_while_run_starts_its_session_is_one_line_and_leaves_no_rank(tmp_path):
+    script = textwrap.dedent(f"""
+        import ddplab
+        from ddplab.launch import session
+        print("READY", flush=True)
+        try:
+            ddplab.run(ddplab.Experiment(world_size=2, local_batch=4, seq_len=8), {str(tmp_path / 'one')!r},
+                       progress=False, warm=True)
+        except ddplab.failures.Interrupted as e:
+            print("INTERRUPTED", e, flush=True)
+    """)
+    env = {**os.environ, "DDPLAB_RUNS": str(tmp_path / "runs")}
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=env)
+    assert proc.stdout.readline().strip() == "READY"
+    deadline = time.monotonic() + 60
+    while not list((tmp_path / "runs" / ".sessions").glob("*/rank0.progress")):   # its ranks are starting
+        assert time.monotonic() < deadline and proc.poll() is None, "the session never started"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=30)
+    assert "INTERRUPTED interrupted: the session's 2 ranks stopped while starting" in out, out
+    assert _wait_gone(tmp_path / "runs", 5) == []
+
+
+def test_a_session_whose_directory_is_deleted_makes_way_for_a_new_one(tmp_path, monkeypatch):
+    import shutil
+
+    monkeypatch.setenv("DDPLAB_RUNS", str(tmp_path / "runs"))
+    first = ddplab.run(Experiment(name="a", **SMALL), tmp_path / "a", progress=False, warm=True)
+    old = sessions.current()
+    try:
+        shutil.rmtree(tmp_path / "runs")   # a learner cleaning up runs/ under a live notebook
+        again = ddplab.run(Experiment(name="b", **SMALL), tmp_path / "b", progress=False, warm=True)
+        assert again.launch["session"] != first.launch["session"] and not old.alive()
+        assert _wait_gone(old.dir, 5) == []
+    finally:
+        sessions.close_current()
+
+
+def test_an_idle_session_leaves_by_itself(tmp_path, monkeypatch):
+    monkeypatch.setattr(sessions, "IDLE_S", 2.0)
+    s = ddplab.Session(world_size=2, runs_dir=tmp_path)
+    deadline = time.monotonic() + 20
+    while s.alive() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not s.alive() and sessions.current() is None
+    assert _wait_gone(s.dir, 5) == []

@@ -124,15 +124,16 @@ def _launch_in(exps, final_dirs, final_launch_dir, name, reporter: Reporter, sta
         starting = (f"ddplab {name}: starting {world_size} ranks "
                     f"({exps[0].name if len(exps) == 1 else f'{len(exps)} experiments'}) on {backend}/{device}")
         t0 = time.monotonic()   # a session started for this launch counts in its wall time
-        warm = session.for_launch(exps, backend, device, warm, startup_timeout_s, reporter.update)
-        watch = Watch(list(zip(exps, run_dirs)))
-        if warm is not None:
-            argv = warm.argv
-            starting = starting.replace(f"starting {world_size} ranks", f"{world_size} warm ranks")
-            proc, watchdog, interrupted = warm.run_job(spec_paths, launch_id, watch, reporter, t0,
-                                                       startup_timeout_s, starting)
-            (launch_dir / rundir.LOG).write_text(warm.log_since_submit())
-        else:
+        with session.LOCK:   # the session is this launch's until its job is done (clicks may come on other threads)
+            warm = _session_for(exps, backend, device, warm, startup_timeout_s, reporter, name)
+            watch = Watch(list(zip(exps, run_dirs)))
+            if warm is not None:
+                argv = warm.argv
+                starting = starting.replace(f"starting {world_size} ranks", f"{world_size} warm ranks")
+                proc, watchdog, interrupted = warm.run_job(spec_paths, launch_id, watch, reporter, t0,
+                                                           startup_timeout_s, starting)
+                (launch_dir / rundir.LOG).write_text(warm.log_since_submit())
+        if warm is None:
             with open(launch_dir / rundir.LOG, "w") as log:
                 env = {**worker_env(), "DDPLAB_LAUNCH_ID": launch_id}
                 proc, watchdog, interrupted = _torchrun(argv, env, log, watch, reporter, t0, startup_timeout_s,
@@ -180,6 +181,18 @@ def _launch_in(exps, final_dirs, final_launch_dir, name, reporter: Reporter, sta
                     f"-> {final_launch_dir}")
     return [dataclasses.replace(r, path=final, launch={**r.launch, "complete": True})   # the same files, settled
             for r, final in zip(runs, final_dirs)]
+
+
+def _session_for(exps, backend, device, warm, startup_timeout_s, reporter: Reporter, name: str):
+    """`session.for_launch`, with a failed or interrupted start said on the progress line."""
+    try:
+        return session.for_launch(exps, backend, device, warm, startup_timeout_s, reporter.update)
+    except failures.Interrupted as e:
+        reporter.finish(f"ddplab {name}: {e}")
+        raise
+    except failures.RunFailed as e:
+        reporter.finish(f"ddplab {name}: FAILED: the session's ranks could not start ({e.diagnosis.kind})")
+        raise
 
 
 def _what(exps, world_size: int) -> str:

@@ -32,6 +32,7 @@ import atexit
 import json
 import os
 import subprocess
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -49,6 +50,8 @@ POLL_S = 0.002           # how often the launcher looks for a warm job's or cell
 WATCH_POLL_S = 0.1       # how often it reads the ranks' progress logs meanwhile (as a cold launch does)
 PEERS_GRACE_S = 2.0      # after a rank of a warm job fails, how long its peers may take to say so
 CELL_GRACE_S = 5.0         # beyond the default group's timeout, how long a cell may take before it counts as hung
+IDLE_S = 3600.0            # a session's ranks leave by themselves after an hour without a job (a forgotten kernel)
+LOCK = threading.RLock()   # one launch or cell at a time on the session (a widget's click may run on another thread)
 _current: "Session | None" = None
 
 
@@ -93,7 +96,7 @@ def for_launch(exps: list[Experiment], backend: str, device: str, warm: bool | N
 
 
 def close_current() -> None:
-    """Close the current session, if any (at exit: its ranks would die with this process anyway)."""
+    """Close the current session, if any (at exit, its ranks would die with this process anyway)."""
     s = _current
     if s is not None:
         s.close()
@@ -121,27 +124,30 @@ class Session:
         Experiment(world_size=world_size, backend=backend, device=device, pin_cpus=pin_cpus, timeout_s=timeout_s)
         self.world_size, self.pin_cpus, self.timeout_s = world_size, pin_cpus, timeout_s
         self.backend, self.device = preflight([Experiment(world_size=world_size, backend=backend, device=device)])
-        self.dir = Path(runs_dir or rundir.default_runs_dir()) / ".sessions" / uuid.uuid4().hex[:12]
+        self.dir = (Path(runs_dir or rundir.default_runs_dir()) / ".sessions" / uuid.uuid4().hex[:12]).resolve()
         self.dir.mkdir(parents=True)
         rundir.write_json_atomic(self.dir / "session.json", {
             "world_size": world_size, "backend": self.backend, "device": self.device, "pin_cpus": pin_cpus,
-            "timeout_s": timeout_s})
-        self.argv = torchrun_argv(world_size, ["--serve", self.dir.resolve()])
+            "timeout_s": timeout_s, "idle_s": IDLE_S})
+        self.argv = torchrun_argv(world_size, ["--serve", self.dir])
         self.died = False
         self.implicit = implicit
         self.jobs = 0
         self.cells = 0   # %%ddp cells run: they may change a rank's global torch state, so runs then go cold
         self.proc = None
+        close_current()   # one session at a time: the old one's ranks leave before the new ones start
         self._log = open(self.dir / rundir.LOG, "w")
-        try:
-            self.proc = start(self.argv, worker_env(), self._log, outlive_thread=True)
-            self._wait_until_ready(startup_timeout_s)
-        except BaseException:   # Ctrl-C or a failed start: no rank may wait on for jobs
+        with interrupts_caught() as interrupted:   # a Ctrl-C now is a flag: the kill below cannot be cut short
+            try:
+                self.proc = start(self.argv, worker_env(), self._log, outlive_thread=True)
+                self._wait_until_ready(startup_timeout_s, interrupted)
+            except BaseException:   # a failed start: no rank may wait on for jobs
+                self.kill()
+                raise
+        if interrupted:
             self.kill()
-            raise
+            raise failures.Interrupted(f"interrupted: the session's {world_size} ranks stopped while starting")
         global _current
-        if _current is not None:
-            _current.close()
         _current = self
 
     # -- life ------------------------------------------------------------------------------------
@@ -155,10 +161,10 @@ class Session:
                 and (backend, device) == (self.backend, self.device)
                 and all(e.pin_cpus == self.pin_cpus for e in exps))
 
-    def _wait_until_ready(self, timeout_s: float) -> None:
+    def _wait_until_ready(self, timeout_s: float, interrupted: list) -> None:
         deadline = time.monotonic() + timeout_s
         phases = Train().all_phases()
-        while True:
+        while not interrupted:
             progress, errors, _ = collect(self.dir, self.world_size)
             if all(p and p[-1]["phase"] == "done" for p in progress.values()):
                 return
@@ -173,15 +179,16 @@ class Session:
     def close(self) -> None:
         """Ask the ranks to leave (they tear their process group down), then make sure they did."""
         global _current
-        if self.alive():
-            rundir.write_json_atomic(self.dir / f"job{self.jobs}.json", {"stop": True})
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                pass
-        self.kill()
         if _current is self:
             _current = None
+        try:
+            if self.alive():
+                rundir.write_json_atomic(self.dir / f"job{self.jobs}.json", {"stop": True})
+                self.proc.wait(timeout=10)
+        except (OSError, subprocess.TimeoutExpired):   # its directory is gone, or a rank would not leave
+            pass
+        finally:
+            self.kill()
 
     def kill(self) -> None:
         """Stop the whole process tree now (a failed job, a hang, Ctrl-C): no orphans."""
@@ -259,6 +266,10 @@ class Session:
         """Run `code` on `ranks` (default: all) as a `%%ddp` cell (`rank/cells.py`): rank -> its stdout,
         stderr, last value and error, or None for a rank that never finished (it hung: the session is
         then torn down, as after any hang). Ctrl-C stops the cell and the session."""
+        with LOCK:
+            return self._execute(code, ranks)
+
+    def _execute(self, code: str, ranks: list[int] | None) -> dict[int, dict | None]:
         ranks = list(range(self.world_size)) if ranks is None else sorted(set(ranks))
         if not self.alive():
             raise RuntimeError("this session is closed: start a new one (%ddp_start)")

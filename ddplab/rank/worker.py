@@ -162,7 +162,7 @@ def serve(session_dir: Path, env) -> int:
         log.close()
     n, ns = 0, None
     while True:
-        job = _wait_for(session_dir / f"job{n}.json")
+        job = _wait_for(session_dir / f"job{n}.json", cfg.get("idle_s"))
         if job.get("stop"):
             break
         if "cell" in job:   # a %%ddp cell: this rank's namespace lives from cell to cell (runs go cold after one)
@@ -179,12 +179,15 @@ def serve(session_dir: Path, env) -> int:
     return 0
 
 
-def _wait_for(path: Path) -> dict:
+def _wait_for(path: Path, idle_s: float | None = None) -> dict:
     """The job at `path`, once the launcher has written it (atomically): polled every millisecond
-    for a second after the last job, then more slowly, so an idle session costs no CPU to speak of."""
+    for a second after the last job, then more slowly, so an idle session costs no CPU to speak of.
+    After `idle_s` without one (a forgotten kernel), or once the session's directory is gone, a stop."""
     t0 = time.monotonic()
     while not path.exists():
         idle = time.monotonic() - t0
+        if (idle_s is not None and idle > idle_s) or (idle > 1 and not path.parent.exists()):
+            return {"stop": True}
         time.sleep(0.001 if idle < 1 else 0.005 if idle < 10 else 0.02)
     return json.loads(path.read_text())
 

@@ -28,11 +28,12 @@ def fill(exp, run, case) -> dict:
                        "convention": weighted}
     st = run.ranks[0].steps[-1]
     ev["readiness"] = {"ready_order": [e.param for e in st.backward.ready]}
-    trace = [{"launch_ms": st.backward.ms(b.launch_ns), "done_ms": st.backward.ms(b.done_ns)} for b in st.buckets]
-    end = st.backward.ms(st.backward.end_ns)
-    ev["buckets"] = {"count": len(trace), "trace": trace, "backward_end_ms": end,
+    trace = [{"bytes": b.bytes, "launch_ms": st.backward.ms(b.launch_ns), "done_ms": st.backward.ms(b.done_ns)}
+             for b in st.buckets]
+    last_ready = st.backward.ms(st.backward.ready[-1].t_ns)
+    ev["buckets"] = {"count": len(trace), "trace": trace, "last_ready_ms": last_ready,
                      "summed_ms": sum(b["done_ms"] - b["launch_ms"] for b in trace),
-                     "exposed_ms": max(0.0, max(b["done_ms"] for b in trace) - end)}
+                     "exposed_ms": max(0.0, max(b["done_ms"] for b in trace) - last_ready)}
     payload = sum(b.bytes for b in st.buckets)
     ev["comm"] = {"payload_bytes": payload, "bytes_per_rank": {d: 2 * (d - 1) / d * payload for d in (2, 4, 8)}}
     return ev

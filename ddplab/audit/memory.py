@@ -1,0 +1,63 @@
+"""The per-rank memory table: parameter, gradient and optimizer-state bytes after step 1's optimizer
+step, and the activation bytes held after its forward, on every rank, as the ledger counts them.
+They do not depend on the seed, so the checker's hidden run must give the same bytes exactly."""
+
+from __future__ import annotations
+
+from .report import Finding
+from .shape import by_rank, get, number
+
+MODEL_STATE = ("parameters", "gradients", "optimizer_state")
+CATEGORIES = (*MODEL_STATE, "activations")
+STEP = 1   # the step whose ledger the table reads: the optimizer holds its state from step 0's update on
+MIB = 2 ** 20
+HINT = "a table {rank: {parameters, gradients, optimizer_state, activations}} in bytes, read off the run's memory ledger"
+
+
+def truth(run) -> dict[int, dict[str, int]]:
+    out = {}
+    for r in run.ranks:
+        st = r.memory.steps[STEP]
+        out[r.rank] = {**{c: st.phases["step"][c] for c in MODEL_STATE}, "activations": st.phases["forward"]["activations"]}
+    return out
+
+
+def judge(ev, exp, runs) -> list[Finding]:
+    held = truth(runs["audit-hidden"])
+    mine = by_rank(ev, "memory")
+    missing = [r for r in held if r not in mine]
+    if missing:
+        return [Finding("memory", "every rank", False, f"rank(s) {missing} missing: the table needs a row for every "
+                        f"one of the {exp.world_size} ranks, since every rank holds its own copy")]
+    d = exp.world_size
+    out = []
+    for cat in CATEGORIES:
+        wrong = []
+        for r, row in held.items():
+            v = number(get(mine[r], cat, f"memory[{r}]"), f"memory[{r}][{cat!r}]")
+            if v != row[cat]:
+                wrong.append((r, v, row[cat]))
+        if not wrong:
+            values = sorted({row[cat] for row in held.values()})
+            said = f"{values[0]:,} bytes on every rank" if len(values) == 1 else \
+                f"{', '.join(f'rank {r}: {row[cat]:,}' for r, row in held.items())} bytes"
+            out.append(Finding("memory", cat, True, f"{said}, exactly as the ledger counts"))
+            continue
+        r, v, t = wrong[0]
+        if cat in MODEL_STATE and t and abs(v * d - t) <= d:
+            msg = (f"{cat} on rank {r} is 1/{d} of what a rank holds ({v:,.0f} against {t:,}): classic DDP "
+                   f"replicates parameters, gradients and optimizer state on every rank; it divides none of them "
+                   f"by the world size (that is what ZeRO and FSDP change)")
+        elif t and abs(v * MIB - t) <= 0.0051 * MIB:
+            msg = f"{cat} on rank {r}: {v} looks like MiB, rounded; write the ledger's bytes ({t:,})"
+        elif cat == "optimizer_state" and v == 0 and t:
+            msg = (f"rank {r} holds {t:,} bytes of optimizer state after step {STEP}'s optimizer step "
+                   f"(the optimizer creates it lazily, at its first step); you wrote 0")
+        elif t:
+            moment = "forward" if cat == "activations" else "optimizer step"
+            msg = (f"{cat} on rank {r}: the ledger counts {t:,} bytes (after step {STEP}'s {moment}); you wrote "
+                   f"{v:,.0f} ({(v - t) / t:+.1%})")
+        else:
+            msg = f"{cat} on rank {r}: the ledger counts 0 bytes; you wrote {v:,.0f}"
+        out.append(Finding("memory", cat, False, msg))
+    return out
