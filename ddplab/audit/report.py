@@ -52,7 +52,8 @@ class Report:
             raise AuditFailed("; ".join(f"{f.piece}: {f.message}" for f in bad))
 
     def _repr_html_(self) -> str:
-        mark = {True: "&#9989;", False: "&#10060;", None: "&#9998;"}
+        mark = {True: "<b style='color:#26a269'>ok</b>", False: "<b style='color:#c01c28'>FAIL</b>",
+                None: "<b style='color:#9a6700'>todo</b>"}   # words, not emoji: every font has them
         rows = "".join(f"<tr><td>{mark[f.ok]}</td><td>{f.piece}</td><td style='text-align:left'>{html.escape(f.check)}</td>"
                        f"<td style='text-align:left'>{html.escape(f.message)}</td></tr>" for f in self.findings)
         held = sum(1 for f in self.findings if f.ok)
