@@ -1,6 +1,8 @@
 """BucketedSync: plan validation, in-process behaviour on a 1-rank group, and real 2- and 4-rank
 sweeps where its reduced gradients and updates are compared with torch DDP's."""
 
+import statistics
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -69,6 +71,40 @@ def test_one_rank_gradients_unchanged_and_an_unused_parameter_is_named(one_rank_
             assert torch.equal(p.grad, q.grad), n
 
 
+def test_the_synchronizer_is_an_nn_module_in_every_respect(one_rank_group):
+    """state_dict, load_state_dict, named_buffers, parameters, train/eval and .to() behave as on the
+    wrapped module (under the name `module`, as with DDP), and a converted synchronizer still syncs."""
+    net = Net()
+    net.register_buffer("running", torch.arange(3.0))
+    net.unused.requires_grad_(False)   # frozen: in the state, in no bucket
+    sync = BucketedSync(net, [["b.bias", "b.weight"], ["a.bias", "a.weight"]])
+    assert list(sync.state_dict()) == [f"module.{k}" for k in net.state_dict()]
+    assert [n for n, _ in sync.named_buffers()] == ["module.running"]          # the flat tensors are not state
+    assert [id(p) for p in sync.parameters()] == [id(p) for p in net.parameters()]
+    saved = {k: v.clone() for k, v in sync.state_dict().items()}
+    with torch.no_grad():
+        for p in net.parameters():
+            p.add_(1.0)
+        net.running.zero_()
+    assert not any(torch.equal(v, saved[k]) for k, v in sync.state_dict().items())
+    keys = sync.load_state_dict(saved)
+    assert keys.missing_keys == keys.unexpected_keys == []
+    assert all(torch.equal(v, saved[k]) for k, v in sync.state_dict().items())    # the round trip restored them
+    assert sync.eval() is sync and not sync.training and not net.a.training
+    assert sync.train() is sync and sync.training and net.a.training
+    assert sync.to("cpu") is sync and sync.module is net
+    # a dtype conversion converts the flat tensors too: the float64 gradient equals a float64 reference
+    ref = Net().double()
+    x = torch.randn(5, 4, dtype=torch.float64)
+    ref(x).square().sum().backward()
+    sync.double()
+    assert net.a.weight.dtype == torch.float64 and net.running.dtype == torch.float64
+    sync(x).square().sum().backward()
+    for (n, p), (_, q) in zip(net.named_parameters(), ref.named_parameters()):
+        if q.grad is not None:
+            assert p.grad.dtype == torch.float64 and torch.equal(p.grad, q.grad), n
+
+
 PLANS = ("ddp:0.004", "plan:0.004", "split:0.004", "bare:default", "ddp:default")
 SMALL = dict(task=BucketSweep(plans=PLANS, rounds=2, steps_per_round=1), vocab_size=64, d_model=32, n_layers=2,
              n_heads=4, local_batch=2, seq_len=8)
@@ -92,8 +128,22 @@ def test_bucketed_sync_matches_ddp_in_a_real_sweep(runs_dir, world_size):
     assert buckets.plan_for(run, "plan:0.004") == buckets.plan_for(run, "ddp:0.004")
     split = buckets.plan_for(run, "split:0.004")
     assert len(split) == len(buckets.plan_for(run, "plan:0.004")) + 1
+    # the tail comparison is the medians of each step's and rank's (last all-reduce done - last ready),
+    # its verdict follows from their difference and the threshold, and swapping the plans flips it
     tails = bucket_sweep.tail_difference(run, "plan:0.004", "split:0.004")
-    assert tails["verdict"] in ("shorter", "longer", "tie") and tails["threshold_ms"] >= 0
+    for key, name in (("tail_a_ms", "plan:0.004"), ("tail_b_ms", "split:0.004")):
+        raw = [(max(b.done_ns for b in x.buckets) - x.backward.ready[-1].t_ns) / 1e6
+               for r in run.ranks for x in r.result.arm(name).steps]
+        assert len(raw) == world_size * SMALL["task"].rounds * SMALL["task"].steps_per_round
+        assert tails[key] == pytest.approx(statistics.median(raw), abs=1e-6), key
+    assert tails["diff_ms"] == pytest.approx(tails["tail_b_ms"] - tails["tail_a_ms"])
+    expected = "tie" if abs(tails["diff_ms"]) <= tails["threshold_ms"] else \
+        ("shorter" if tails["diff_ms"] < 0 else "longer")
+    assert tails["verdict"] == expected
+    swapped = bucket_sweep.tail_difference(run, "split:0.004", "plan:0.004")
+    assert swapped["diff_ms"] == pytest.approx(-tails["diff_ms"]) and swapped["threshold_ms"] == tails["threshold_ms"]
+    assert swapped["verdict"] == {"shorter": "longer", "longer": "shorter", "tie": "tie"}[tails["verdict"]]
+    assert bucket_sweep.tail_difference(run, "split:0.004", "split:0.004")["verdict"] == "tie"
     table = bucket_sweep.measured(run)
     assert list(table.index) == ["compute-only", *PLANS]
     assert (table["step_ms"] > 0).all() and table.loc["ddp:0.004", "buckets"] == len(buckets.ddp_rule(ins, 0.004))

@@ -21,21 +21,71 @@ def memory_runs(runs_dir):
     return {r.spec.name: r for r in launch.run_many(exps, runs_dir / "memory", progress=False)}
 
 
+def model_state_mismatches(run, predict=memory_model.predict) -> list[tuple]:
+    """(rank, step, phase, category, measured, predicted) wherever the run's ledger and `predict` differ."""
+    out = []
+    for r in run.ranks:
+        for step, measured in enumerate(r.memory.steps):
+            predicted = predict(run.spec, r.rank, step)
+            for phase in memory_model.PHASES:
+                for c in MODEL_STATE:
+                    if measured.phases[phase][c] != predicted[phase][c]:
+                        out.append((r.rank, step, phase, c, measured.phases[phase][c], predicted[phase][c]))
+    return out
+
+
 def test_measured_model_state_equals_the_prediction_exactly_on_every_rank(memory_runs):
     for name, run in memory_runs.items():
-        if run.spec.sharding != "none":
-            continue
-        for r in run.ranks:
-            for step, measured in enumerate(r.memory.steps):
-                predicted = memory_model.predict(run.spec, r.rank, step)
-                for phase in memory_model.PHASES:
-                    for c in MODEL_STATE:
-                        assert measured.phases[phase][c] == predicted[phase][c], (name, r.rank, step, phase, c)
+        if run.spec.sharding != "fsdp2":   # plain DDP and ZeRO-1
+            assert model_state_mismatches(run) == [], name
+
+
+def test_zero1_optimizer_state_of_every_rank_is_predicted_to_the_byte(memory_runs):
+    """Each rank keeps the state of the whole tensors torch's partition gives it: the shares differ
+    by rank (not an even split) and add up to the unsharded state."""
+    run = memory_runs["sharding-zero1"]
+    measured = [r.memory.steps[1].phases["step"]["optimizer_state"] for r in run.ranks]
+    predicted = [memory_model.state_bytes(run.spec, rank=r.rank)["optimizer_state"] for r in run.ranks]
+    whole = memory_model.state_bytes(run.spec.replace(sharding="none"))["optimizer_state"]
+    print(f"ZeRO-1 optimizer state per rank, bytes: measured {measured}, predicted {predicted}, "
+          f"unsharded {whole}")
+    assert measured == predicted
+    assert sum(measured) == whole and len(set(measured)) > 1
+    table = tables.memory_moments(run)   # the notebook's table shows the same prediction
+    for c in MODEL_STATE:
+        assert (table[(c, "measured")] == table[(c, "predicted")]).all(), (c, table[c])
+
+
+def _even_split(exp, numels=None, trainable=None, rank=0, _state_bytes=memory_model.state_bytes):
+    whole = _state_bytes(exp.replace(sharding="none"), numels, trainable)
+    return {**whole, "optimizer_state": whole["optimizer_state"] // exp.world_size}
+
+
+def _in_turn(numels, world_size):
+    return [i % world_size for i in range(len(numels))]
+
+
+def _unsorted_greedy(numels, world_size):
+    loads, owners = [0] * world_size, []
+    for n in numels:   # the least-loaded rank, but in definition order instead of largest first
+        owners.append(loads.index(min(loads)))
+        loads[owners[-1]] += n
+    return owners
+
+
+@pytest.mark.parametrize("wrong", ["even split", "in turn", "unsorted greedy"])
+def test_a_wrong_partition_rule_fails_the_zero1_comparison(memory_runs, monkeypatch, wrong):
+    if wrong == "even split":
+        monkeypatch.setattr(memory_model, "state_bytes", _even_split)
+    else:
+        monkeypatch.setattr(memory_model, "zero1_owners", {"in turn": _in_turn, "unsorted greedy": _unsorted_greedy}[wrong])
+    bad = model_state_mismatches(memory_runs["sharding-zero1"])
+    assert bad and {m[3] for m in bad} == {"optimizer_state"}, bad
 
 
 def test_measured_activations_are_within_10_percent_of_the_prediction(memory_runs):
     for run in memory_runs.values():
-        if run.spec.sharding != "none":
+        if run.spec.sharding == "fsdp2":
             continue
         for r in run.ranks:
             got = r.memory.steps[1].phases["forward"]["activations"]

@@ -2,13 +2,14 @@
 
 import pytest
 import torch
+from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from ddplab import Experiment
 from ddplab.predict import memory as memory_model
 from ddplab.rank import data, models
 from ddplab.rank.probes.activations import SavedTensorMeter
-from ddplab.rank.probes.memory import PeakTracker
-from ddplab.rank.training import micro_loss, token_losses
+from ddplab.rank.probes.memory import PeakTracker, ledger
+from ddplab.rank.training import make_optimizer, micro_loss, token_losses
 
 SHAPES = [dict(model="transformer", local_batch=8, seq_len=16, d_model=64, n_layers=2, vocab_size=64),
           dict(model="transformer", local_batch=3, seq_len=32, d_model=96, n_layers=3, n_heads=6, vocab_size=100),
@@ -33,11 +34,52 @@ def test_activation_model_matches_what_autograd_saves(kw):
     assert memory_model.activation_bytes(exp) == meter.bytes
 
 
-def test_model_state_does_not_depend_on_world_size():
-    one, eight = (memory_model.state_bytes(Experiment(world_size=w, optimizer="adam")) for w in (1, 8))
-    assert one == eight
-    p = one["parameters"]
-    assert one["gradients"] == one["ddp_buckets"] == p and one["optimizer_state"] == 2 * p + 4 * 29
+@pytest.mark.parametrize("optimizer, momentum", [("adam", 0.0), ("sgd", 0.9), ("sgd", 0.0)])
+def test_model_state_equals_the_tensors_one_optimizer_step_leaves(optimizer, momentum):
+    """Parameters, gradients and optimizer state as the memory probe's ledger counts them after a
+    real step of the spec's model and optimizer (DDP's buckets need ranks: tests/test_memory.py)."""
+    exp = Experiment(world_size=8, optimizer=optimizer, momentum=momentum)
+    model = models.build(exp)
+    optimizer = make_optimizer(exp, model.parameters())
+    x, y = data.batch(0, list(range(exp.local_batch_of(0))), exp.seq_len_of(0), exp.vocab_size)
+    token_losses(model(x), y).mean().backward()
+    optimizer.step()
+    held, predicted = ledger(model, optimizer), memory_model.state_bytes(exp)
+    for c in ("parameters", "gradients", "optimizer_state"):
+        assert held[c] == predicted[c], (c, held[c], predicted[c])
+
+
+def _torch_partition(params, world_size: int) -> list[int]:
+    """The rank torch's ZeroRedundancyOptimizer gives each parameter, from its own partition method
+    run on a bare instance (no process group: any world size in one process)."""
+    zero = ZeroRedundancyOptimizer.__new__(ZeroRedundancyOptimizer)
+    zero.world_size, zero.param_groups, zero._partition_parameters_cache = world_size, [{"params": params}], []
+    rank_of = {id(p): r for r, groups in enumerate(zero._partition_parameters()) for g in groups for p in g["params"]}
+    return [rank_of[id(p)] for p in params]
+
+
+@pytest.mark.parametrize("kw", SHAPES, ids=lambda kw: "-".join(f"{v}" for v in kw.values()))
+@pytest.mark.parametrize("world_size", [2, 3, 4, 8])
+def test_zero1_owners_are_torchs_partition(kw, world_size):
+    exp = Experiment(**kw)
+    params = list(models.build(exp).parameters())
+    assert memory_model.zero1_owners([p.numel() for p in params], world_size) == _torch_partition(params, world_size)
+
+
+def test_zero1_shards_only_the_optimizer_state_and_every_tensor_has_one_owner():
+    exp = Experiment(optimizer="adam", sharding="zero1")
+    whole = memory_model.state_bytes(exp.replace(sharding="none", world_size=4))
+    biggest = memory_model.optimizer_state_bytes(exp, [max(memory_model.parameter_numels(exp))], [True])
+    for w in (1, 2, 3, 4, 8):
+        shares = [memory_model.state_bytes(exp.replace(world_size=w), rank=r) for r in range(w)]
+        assert sum(s["optimizer_state"] for s in shares) == whole["optimizer_state"], w
+        for c in ("parameters", "gradients", "ddp_buckets"):
+            assert {s[c] for s in shares} == {whole[c]}, (w, c)
+        # greedy, largest first: no rank holds more than an even share plus the largest tensor's state
+        largest = max(s["optimizer_state"] for s in shares)
+        assert whole["optimizer_state"] / w <= largest <= whole["optimizer_state"] / w + biggest, w
+    with pytest.raises(ValueError, match="covers 'none' and 'zero1', not 'fsdp2'"):
+        memory_model.state_bytes(exp.replace(sharding="fsdp2"))
 
 
 def test_bucket_views_remove_the_gradient_copy_after_backward():

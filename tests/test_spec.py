@@ -1,3 +1,4 @@
+import dataclasses
 import json
 import re
 import subprocess
@@ -46,7 +47,7 @@ def test_fault_rank_defaults_to_the_last_rank():
 
 
 def test_experiment_is_frozen():
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError, match="cannot assign to field 'world_size'"):
         Experiment().world_size = 3
 
 

@@ -7,9 +7,13 @@ What classic data parallelism holds on every rank, with P parameters of e bytes 
 - optimizer state from the first step on: nothing for plain SGD, P*e of momentum for SGD with
   momentum, 2*P*e for Adam/AdamW (plus one 4-byte `step` counter per parameter tensor);
 - activations: what the forward saves for backward, proportional to local batch x sequence length.
-None of the model-state terms depends on the world size: adding ranks adds copies, it does not
-divide them. The model covers plain DDP (no sharding) with one micro-step per optimizer step. `activation_bytes` is exact for the built-in models (checked against the saved-tensor
-meter); tests compare every category with real runs. Used by notebook 02 and its widget.
+None of these depends on the world size: adding ranks adds copies, it does not divide them.
+ZeRO-1 (`sharding="zero1"`, torch's `ZeroRedundancyOptimizer`) changes one term: each rank keeps the
+optimizer state of only the whole parameter tensors it owns (`zero1_owners`), so the state differs
+from rank to rank and sums over the ranks to the unsharded state; parameters, gradients and buckets
+stay whole. The model covers plain DDP and ZeRO-1 with one micro-step per optimizer step (not FSDP2).
+`activation_bytes` is exact for the built-in models (checked against the saved-tensor meter); tests
+compare every category with real runs. Used by notebook 02 and its widget.
 """
 
 from __future__ import annotations
@@ -55,21 +59,49 @@ def activation_bytes(exp, rank: int = 0) -> int:
     return ids + t * INDEX_BYTES + exp.n_layers * block + final + head
 
 
-def state_bytes(exp, numels: list[int] | None = None, trainable: list[bool] | None = None) -> dict[str, int]:
-    """Model-state bytes per rank once the optimizer has stepped: parameters, gradients, buckets, state.
+def zero1_owners(numels: list[int], world_size: int) -> list[int]:
+    """The rank that keeps each parameter tensor's optimizer state under ZeRO-1, by torch's rule
+    (`ZeroRedundancyOptimizer._partition_parameters`, one parameter group, frozen parameters
+    included): tensors sorted by element count, largest first (a stable sort: equal sizes keep their
+    order), each given to the rank with the fewest elements so far (the lowest such rank on a tie)."""
+    loads = [0] * world_size
+    owners = [0] * len(numels)
+    for i in sorted(range(len(numels)), key=lambda i: numels[i], reverse=True):
+        owner = loads.index(min(loads))
+        owners[i] = owner
+        loads[owner] += numels[i]
+    return owners
+
+
+def optimizer_state_bytes(exp, numels: list[int], trainable: list[bool]) -> int:
+    """The optimizer's state for these parameter tensors once it has stepped (frozen ones have none)."""
+    g = sum(n for n, t in zip(numels, trainable) if t) * DTYPE_BYTES[exp.dtype]
+    if exp.optimizer == "sgd":
+        return g if exp.momentum else 0
+    return 2 * g + 4 * sum(trainable)   # Adam/AdamW: two moments and a float32 step counter each
+
+
+def state_bytes(exp, numels: list[int] | None = None, trainable: list[bool] | None = None,
+                rank: int = 0) -> dict[str, int]:
+    """Model-state bytes on `rank` once the optimizer has stepped: parameters, gradients, buckets, state.
     `numels` and `trainable` (every parameter tensor's size and requires_grad, as a run records them)
     stand in for the spec's model: a user's model, or frozen parameters, which get no gradient, no
-    bucket slot and no optimizer state."""
+    bucket slot and no optimizer state. Under ZeRO-1 the state is that of the tensors `rank` owns."""
+    if exp.sharding not in ("none", "zero1"):
+        raise ValueError(f"Experiment.sharding: the memory model covers 'none' and 'zero1', not "
+                         f"{exp.sharding!r}; measure it instead")
     numels = parameter_numels(exp) if numels is None else list(numels)
     trainable = [True] * len(numels) if trainable is None else list(trainable)
     e = DTYPE_BYTES[exp.dtype]
-    p = sum(numels) * e
     g = sum(n for n, t in zip(numels, trainable) if t) * e
-    if exp.optimizer == "sgd":
-        opt = g if exp.momentum else 0
+    if exp.sharding == "zero1":
+        mine = [o == rank for o in zero1_owners(numels, exp.world_size)]
+        opt = optimizer_state_bytes(exp, [n for n, m in zip(numels, mine) if m],
+                                    [t for t, m in zip(trainable, mine) if m])
     else:
-        opt = 2 * g + 4 * sum(trainable)
-    return {"parameters": p, "gradients": g, "ddp_buckets": g if exp.sync == "ddp" else 0, "optimizer_state": opt}
+        opt = optimizer_state_bytes(exp, numels, trainable)
+    return {"parameters": sum(numels) * e, "gradients": g, "ddp_buckets": g if exp.sync == "ddp" else 0,
+            "optimizer_state": opt}
 
 
 def predict(exp, rank: int = 0, step: int = 1, numels: list[int] | None = None,
@@ -78,7 +110,7 @@ def predict(exp, rank: int = 0, step: int = 1, numels: list[int] | None = None,
     after the last forward, after the last backward, after the optimizer step (before zero_grad).
     Given a run's `numels` and `trainable` (a user's model), the model-state terms come from them and
     the activations, which only a built-in model's shapes determine, are None (measure them)."""
-    s = state_bytes(exp, numels, trainable)
+    s = state_bytes(exp, numels, trainable, rank)
     if numels is None or exp.model in ("transformer", "mlp"):
         acts = activation_bytes(exp, rank)
     else:

@@ -65,8 +65,8 @@ def memory(run, step: int = 1) -> pd.DataFrame:
 
 
 def _predicted_by_the_model(run) -> None:
-    if run.spec.sharding != "none" or run.spec.accum_steps != 1:
-        raise ValueError("the analytic memory model covers plain DDP with accum_steps=1; "
+    if run.spec.sharding not in ("none", "zero1") or run.spec.accum_steps != 1:
+        raise ValueError("the analytic memory model covers plain DDP and ZeRO-1 with accum_steps=1; "
                          "use tables.memory_sweep or tables.sharding for this run")
 
 

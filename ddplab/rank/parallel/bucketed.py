@@ -1,18 +1,29 @@
-"""A small gradient synchronizer with an explicit bucket plan, so the lab can measure plans DDP
-cannot express (for example its last bucket split in two).
+"""A small gradient synchronizer with an explicit bucket plan: any grouping of the parameters into
+buckets, all-reduced in the order the plan lists them.
 
     sync = BucketedSync(module, [["head.weight", "head.bias"], ["blocks.1.ff.weight", ...], ...], group)
     loss_fn(sync(x)).backward()     # each bucket's all-reduce starts as soon as its last gradient is ready
     optimizer.step()                # .grad now holds the average over the ranks, as with DDP
 
-It does what DDP's reducer does, in plain Python: at construction it broadcasts rank 0's parameters
-(not buffers: the lab's models have none) and gives each bucket one flat buffer; during backward a
-post-accumulate-grad hook counts each bucket's gradients, and when a bucket is complete and every
-bucket before it in the plan has started, copies its gradients into the buffer, divides by the world
-size and launches an asynchronous all-reduce (in plan order, as DDP does, so every rank issues the
-same sequence of collectives). A callback queued on the autograd engine runs when
-backward ends: it waits for every bucket and copies the averages back into `.grad`. A bucket whose
-gradients never all arrived (a parameter unused in this forward) is an error naming them.
+DDP itself can split its last bucket: torch 2.13's `DistributedDataParallel(..., bucket_cap_mb_list=[...])`
+gives every bucket its own size cap, in the order the buckets are all-reduced (the bucket of the
+first-ready gradients first), at construction and when it rebuilds its buckets after the first step
+(`_BucketCapacityConfig.compute_bucket_size_limits` in torch/nn/parallel/distributed.py; the bucket
+sizes in `_get_ddp_logging_data()` confirm the order), so a small last cap cuts the final bucket in two.
+What this class adds: a plan is any membership, not only consecutive runs of the ready order cut by
+size; it holds from the first step (DDP's first buckets follow the parameters' definition order until
+the rebuild); and the mechanism is plain Python that the lab can read, timing every bucket itself.
+
+It does what DDP's reducer does: at construction it broadcasts rank 0's parameters (not buffers: the
+lab's models have none) and gives each bucket one flat tensor; during backward a post-accumulate-grad
+hook counts each bucket's gradients, and when a bucket is complete and every bucket before it in the plan
+has started, copies its gradients into the flat tensor, divides by the world size and launches an
+asynchronous all-reduce (in plan order, as DDP does, so every rank issues the same sequence of
+collectives). A callback queued on the autograd engine runs when backward ends: it waits for every
+bucket and copies the averages back into `.grad`. A bucket whose gradients never all arrived (a
+parameter unused in this forward) is an error naming them. As a module it is the wrapped module under
+the name `module`, as with DDP: `state_dict()` keys are the module's with a `module.` prefix, and
+`.to()` moves the flat tensors with the parameters.
 
 Every bucket's launch and completion time is recorded (`take()`), in the format of
 `rank/probes/buckets.BucketLog`, so measured timelines read the same for DDP and for this. On gloo the
@@ -54,7 +65,8 @@ class BucketedSync(torch.nn.Module):
             for p in params.values():   # like DDP: every rank starts from rank 0's parameters
                 dist.broadcast(p.data, src=src, group=group)
         self._params = [[params[n] for n in b] for b in self.plan]
-        self._buffers = [torch.empty(sum(p.numel() for p in b), dtype=b[0].dtype, device=b[0].device)
+        # the flat tensors are not registered buffers: like DDP's reducer's, they are not model state
+        self._flat = [torch.empty(sum(p.numel() for p in b), dtype=b[0].dtype, device=b[0].device)
                          for b in self._params]
         self._bucket_of = {}
         for j, b in enumerate(self.plan):
@@ -66,6 +78,13 @@ class BucketedSync(torch.nn.Module):
 
     def forward(self, *args, **kwargs):
         return self.module(*args, **kwargs)
+
+    def _apply(self, fn, recurse=True):
+        # `.to()`, `.double()` and the like convert the parameters in place (same Parameter objects,
+        # so the hooks stay); the flat tensors must follow them
+        super()._apply(fn, recurse)
+        self._flat = [fn(buf) for buf in self._flat]
+        return self
 
     # ---- during backward --------------------------------------------------------------------
     def _reset(self):
@@ -92,7 +111,7 @@ class BucketedSync(torch.nn.Module):
         return hook
 
     def _launch(self, j: int):
-        buf, offset = self._buffers[j], 0
+        buf, offset = self._flat[j], 0
         for p in self._params[j]:
             n = p.numel()
             buf[offset:offset + n].copy_(p.grad.reshape(-1))
@@ -119,7 +138,7 @@ class BucketedSync(torch.nn.Module):
                 offset = 0
                 for p in self._params[j]:
                     n = p.numel()
-                    p.grad.copy_(self._buffers[j][offset:offset + n].view_as(p.grad))
+                    p.grad.copy_(self._flat[j][offset:offset + n].view_as(p.grad))
                     offset += n
         finally:
             self._reset()  # the next backward starts clean, even after an error
