@@ -20,7 +20,12 @@ SCALING_MODEL = dict(d_model=128, n_layers=2, n_heads=4, seq_len=64, steps=8)
 
 
 def strong_scaling(global_batch: int = 32, world_sizes=(1, 2, 4), **overrides) -> list[Experiment]:
-    """Notebook 06: the global batch stays fixed; more ranks means smaller local batches."""
+    """Notebook 06: the global batch stays fixed; more ranks means smaller local batches. A global batch
+    that does not split evenly is refused: rounding the local batch down would drop examples silently."""
+    for w in world_sizes:
+        if global_batch % w:
+            raise ValueError(f"strong_scaling: global_batch={global_batch} does not split evenly over {w} ranks; "
+                             f"{global_batch // w} per rank would drop {global_batch % w} examples every step")
     return [Experiment(name=f"strong-w{w}", world_size=w, local_batch=global_batch // w,
                        **{**SCALING_MODEL, **overrides}) for w in world_sizes]
 

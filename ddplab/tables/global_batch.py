@@ -1,5 +1,6 @@
 """Tables of global-batch semantics (notebook 06): accumulation with and without no_sync, strong and
-weak scaling, and two global batch sizes at a matched example budget."""
+weak scaling, two global batch sizes at a matched example budget, and the examples each optimizer
+step actually consumed, counted from the ranks' records."""
 
 from __future__ import annotations
 
@@ -28,6 +29,29 @@ def accumulation(runs, warmup: int = 1) -> pd.DataFrame:
                      "activation_mib_per_micro_step": max(max(st.activation_bytes) for st in r0.steps) / MIB,
                      "reduced_rel_error": check(run)[0]["reduced_rel_error"]})
     return pd.DataFrame(rows).set_index("run")
+
+
+def examples_per_step(run) -> pd.DataFrame:
+    """Per optimizer step, from the ranks' records: the sample ids all ranks consumed (`consumed`,
+    counting an id twice if two ranks or micro-steps took it) and how many of them are `distinct`."""
+    rows = []
+    for i in range(run.spec.steps):
+        ids = [j for r in run.ranks for j in r.steps[i].sample_ids]
+        rows.append({"step": i, "consumed": len(ids), "distinct": len(set(ids))})
+    return pd.DataFrame(rows).set_index("step")
+
+
+def examples_seen(runs, asked: int, warmup: int = 2) -> pd.DataFrame:
+    """Per run: the global batch the experiment meant (`asked`), the fewest distinct examples its ranks
+    consumed in one optimizer step, the median step time (slowest rank, after `warmup` steps) and the
+    examples per second counted from what the ranks consumed, not from what was asked."""
+    rows = []
+    for run in runs:
+        step_ms = statistics.median(run.step_ms(warmup))
+        distinct = int(examples_per_step(run)["distinct"].min())
+        rows.append({"run": run.spec.name, "asked_per_step": asked, "distinct_per_step": distinct,
+                     "step_ms": step_ms, "examples_per_s": distinct / (step_ms / 1e3)})
+    return pd.DataFrame(rows).set_index("run").round(3)
 
 
 def scaling(runs, kind: str, warmup: int = 2) -> pd.DataFrame:
