@@ -38,3 +38,15 @@ def test_loss_by_examples_bins_steps_by_examples_seen():
 def test_scaling_kind_is_checked():
     with pytest.raises(ValueError, match="strong"):
         tables.scaling([], "medium")
+
+
+def test_examples_per_step_counts_what_the_ranks_consumed_not_what_was_asked():
+    from types import SimpleNamespace as NS
+
+    from ddplab.tables.global_batch import examples_per_step
+
+    step = lambda ids: NS(sample_ids=ids)
+    run = NS(spec=NS(steps=2), ranks=[NS(steps=[step([0, 1]), step([4, 5])]),
+                                      NS(steps=[step([2, 3]), step([4, 5])])])   # step 1: both ranks took 4, 5
+    table = examples_per_step(run)
+    assert table["consumed"].tolist() == [4, 4] and table["distinct"].tolist() == [4, 2]

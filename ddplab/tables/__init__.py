@@ -8,7 +8,7 @@ The chapters' tables are at hand as `tables.<name>(run)`. Used by every notebook
 """
 
 from .comm import allreduce_sweep, bytes_on_wire, compute_vs_comm, fit_summary, fit_sweep
-from .global_batch import accumulation, batch_size_study, loss_by_examples, scaling
+from .global_batch import accumulation, batch_size_study, examples_per_step, examples_seen, loss_by_examples, scaling
 from .gradients import gradient_check, gradient_values, normalization
 from .memory import memory, memory_cuda, memory_moments, memory_sweep, moments_sweep, predicted_moments, sharding
 from .ranks import id_ranges, ranks, reference, steps
