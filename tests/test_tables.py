@@ -50,3 +50,18 @@ def test_examples_per_step_counts_what_the_ranks_consumed_not_what_was_asked():
                                       NS(steps=[step([2, 3]), step([4, 5])])])   # step 1: both ranks took 4, 5
     table = examples_per_step(run)
     assert table["consumed"].tolist() == [4, 4] and table["distinct"].tolist() == [4, 2]
+
+
+def test_off_line_tells_a_weight_bias_swap_from_a_real_reordering():
+    import pandas as pd
+
+    from ddplab.tables.readiness import off_line
+
+    # source order a.weight, a.bias, b.weight, b.bias; reverse source positions 3, 2, 1, 0
+    order = pd.DataFrame({"reverse_source_position": [3, 2, 1, 0], "ready_position": [2, 3, 0, 1]},
+                         index=["a.weight", "a.bias", "b.weight", "b.bias"])
+    order["as_assumed"] = order["ready_position"] == order["reverse_source_position"]
+    assert off_line(order)["swapped_within_module"].tolist() == [True, True, True, True]
+    order["ready_position"] = [0, 3, 2, 1]   # a.weight ready first: not a swap with its bias
+    order["as_assumed"] = order["ready_position"] == order["reverse_source_position"]
+    assert not off_line(order).loc["a.weight", "swapped_within_module"]

@@ -16,7 +16,7 @@ def allreduce_fit(table, model, title: str = ""):
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.6))
     a.errorbar(sizes, table["ms"], yerr=[table["ms"] - table["ms_min"], table["ms_max"] - table["ms"]], fmt="o",
                ms=4, capsize=2, label="measured (median, min-max)")
-    a.plot(sizes, pred, "-", label=f"fit: {model.alpha_s * 1e3:.2f} ms + n / {model.bandwidth_bytes_per_s / 1e9:.2f} GB/s"
+    a.plot(sizes, pred, "-", label=f"fit: {model.alpha_s * 1e3:.2f} ms + S / {model.bandwidth_bytes_per_s / 1e9:.2f} GB/s"
            + (f", floor {model.floor_s * 1e3:.2f} ms" if model.floor_s else ""))
     a.set_xscale("log", base=2)
     a.set_yscale("log")
@@ -35,15 +35,21 @@ def allreduce_fit(table, model, title: str = ""):
 
 
 def compute_vs_comm(table):
-    """Compute time grows with the local batch; the gradient all-reduce does not."""
+    """Compute time per local batch (median, min-max over steps) against the gradient all-reduce,
+    measured at the gradient's size and as the fit predicts it: the same at every local batch."""
     fig, ax = plt.subplots(figsize=(7, 3.4))
-    ax.plot(table.index, table["compute_ms"], "o-", label="forward + backward compute")
-    ax.plot(table.index, table["allreduce_ms_predicted"], "s--", label="gradient all-reduce (fitted model)")
+    med = table["compute_ms"]
+    ax.errorbar(table.index, med, yerr=[med - table["compute_ms_min"], table["compute_ms_max"] - med], fmt="o-",
+                capsize=3, label="forward + backward compute (median, min-max over steps)")
+    ax.plot(table.index, table["allreduce_ms"], "s-", label="gradient all-reduce, measured at its size")
+    ax.plot(table.index, table["allreduce_ms_fit"], ":", color="gray", label="gradient all-reduce, fitted model")
+    for b, ratio in table["compute_to_comm"].items():
+        ax.annotate(f"{ratio:.1f}x", (b, med[b]), textcoords="offset points", xytext=(6, -12), fontsize=8)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("local batch (examples per rank)")
     ax.set_ylabel("ms per step")
-    ax.set_title("The payload is fixed by the model; compute grows with the local batch")
+    ax.set_title("Compute per step against the gradient's all-reduce (labels: compute / all-reduce)", fontsize=10)
     ax.legend(fontsize=8)
     fig.tight_layout()
     return fig

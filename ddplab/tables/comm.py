@@ -53,21 +53,28 @@ def bytes_on_wire(runs) -> pd.DataFrame:
         payload = run.ranks[0].model.parameter_bytes
         written = statistics.median(st.write_bytes for r in run.ranks for st in r.steps)
         formula = comm.ring_bytes_per_rank(payload, run.world_size)
-        rows.append({"world_size": run.world_size, "payload_mib": payload / MIB,
+        rows.append({"world_size": run.world_size, "local_batch": run.spec.local_batch_of(0), "payload_mib": payload / MIB,
                      "written_mib_per_rank": written / MIB, "ring_formula_mib": formula / MIB,
                      "ratio": written / formula})
     return pd.DataFrame(rows).set_index("world_size")
 
 
-def compute_vs_comm(runs_alone, model: comm.AlphaBeta, warmup: int = 1) -> pd.DataFrame:
-    """Per local batch: forward+backward compute time (runs without synchronization), the gradient
-    payload, and the all-reduce time the fitted model predicts for it; their ratio."""
+def compute_vs_comm(runs_alone, sweep: pd.DataFrame, model: comm.AlphaBeta, warmup: int = 1) -> pd.DataFrame:
+    """Per local batch: forward+backward compute time (runs without synchronization; median, min and
+    max over steps, each step timed by its slowest rank), the gradient payload, the all-reduce of
+    exactly that payload as the sweep measured it (`recipes.allreduce_sweep(extra_bytes=...)`) and as
+    the fitted model predicts it, and compute over the measured all-reduce."""
     rows = []
     for run in runs_alone:
-        compute = statistics.median(max(r.steps[i].phase_ms["forward"] + r.steps[i].phase_ms["backward"] for r in run.ranks)
-                                    for i in range(warmup, run.spec.steps))
+        per_step = [max(r.steps[i].phase_ms["forward"] + r.steps[i].phase_ms["backward"] for r in run.ranks)
+                    for i in range(warmup, run.spec.steps)]
         payload = run.ranks[0].model.parameter_bytes
-        comm_ms = model.predict(payload) * 1e3
-        rows.append({"local_batch": run.spec.local_batch_of(0), "payload_mib": payload / MIB,
-                     "compute_ms": compute, "allreduce_ms_predicted": comm_ms, "compute_to_comm": compute / comm_ms})
+        if payload not in sweep.index:
+            raise ValueError(f"the sweep did not time the gradient's size ({payload} bytes): "
+                             f"use recipes.allreduce_sweep(extra_bytes=({payload},))")
+        measured = sweep.loc[payload, "ms"]
+        compute = statistics.median(per_step)
+        rows.append({"local_batch": run.spec.local_batch_of(0), "payload_mib": payload / MIB, "compute_ms": compute,
+                     "compute_ms_min": min(per_step), "compute_ms_max": max(per_step), "allreduce_ms": measured,
+                     "allreduce_ms_fit": model.predict(payload) * 1e3, "compute_to_comm": compute / measured})
     return pd.DataFrame(rows).set_index("local_batch").round(3)

@@ -1,5 +1,6 @@
-"""Tables of gradient readiness (notebook 04): the order gradients became ready against source order,
-each bucket's launch and completion on every rank, and summed against exposed communication."""
+"""Tables of gradient readiness (notebook 04): the order gradients became ready against source order
+(and which parameters leave the naive line, and how), each bucket's launch and completion on every
+rank, summed against exposed communication, and the tail the last-ready gradient leaves."""
 
 from __future__ import annotations
 
@@ -48,3 +49,38 @@ def exposed_vs_summed(run_ddp, run_alone, warmup: int = 2) -> pd.Series:
     with_ddp, without = statistics.median(run_ddp.step_ms(warmup)), statistics.median(run_alone.step_ms(warmup))
     return pd.Series({"summed_bucket_durations_ms": summed, "exposed_ms": with_ddp - without,
                       "step_ms_ddp": with_ddp, "step_ms_no_sync": without}).round(3)
+
+
+def off_line(order: pd.DataFrame) -> pd.DataFrame:
+    """The parameters a `ready_order` table has off the naive line, each with its module and whether
+    it merely swapped places with the other parameter of that module (a weight/bias pair whose two
+    ready positions are each other's reverse-source positions)."""
+    off = order[~order["as_assumed"]]
+    rows = []
+    for name, row in off.iterrows():
+        module = name.rpartition(".")[0]
+        pair = [p for p in order.index if p.rpartition(".")[0] == module and p != name]
+        swapped = len(pair) == 1 and order.loc[pair[0], "reverse_source_position"] == row["ready_position"] \
+            and order.loc[pair[0], "ready_position"] == row["reverse_source_position"]
+        rows.append({"parameter": name, "module": module, "swapped_within_module": bool(swapped)})
+    return pd.DataFrame(rows, columns=["parameter", "module", "swapped_within_module"]).set_index("parameter")
+
+
+def dependency_tail(run, step: int = -1) -> pd.DataFrame:
+    """Per rank: the last gradient to become ready, the bucket launched last and whether it holds that
+    gradient, when it launched after that gradient and how long its all-reduce took, how many other
+    buckets were still in flight at that moment, the communication left after the last gradient (last
+    completion minus last ready) and the backward compute before it (backward start to last ready)."""
+    rows = []
+    for r in run.ranks:
+        st = r.steps[step]
+        last_bucket = max(st.buckets, key=lambda b: b.launch_ns)
+        last_ready = st.backward.last_ready_ns
+        rows.append({"rank": r.rank, "last_ready": st.backward.ready[-1].param, "last_bucket": last_bucket.index,
+                     "holds_last_ready": st.backward.ready[-1].param in last_bucket.params,
+                     "launch_after_last_ready_ms": ms_after(last_bucket.launch_ns, last_ready),
+                     "last_bucket_ms": ms_after(last_bucket.done_ns, last_bucket.launch_ns),
+                     "others_in_flight": sum(b.done_ns > last_ready for b in st.buckets if b is not last_bucket),
+                     "tail_ms": ms_after(max(b.done_ns for b in st.buckets), last_ready),
+                     "backward_compute_ms": ms_after(last_ready, st.backward.start_ns)})
+    return pd.DataFrame(rows).set_index("rank").round(3)
