@@ -80,6 +80,8 @@ def test_zero1_shards_only_the_optimizer_state_and_every_tensor_has_one_owner():
         assert whole["optimizer_state"] / w <= largest <= whole["optimizer_state"] / w + biggest, w
     with pytest.raises(ValueError, match="covers 'none' and 'zero1', not 'fsdp2'"):
         memory_model.state_bytes(exp.replace(sharding="fsdp2"))
+    with pytest.raises(ValueError, match="rank: 4 is not one of the experiment's ranks 0..3"):
+        memory_model.state_bytes(exp.replace(world_size=4), rank=4)   # not a silent empty share
 
 
 def test_bucket_views_remove_the_gradient_copy_after_backward():

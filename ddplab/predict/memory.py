@@ -90,6 +90,8 @@ def state_bytes(exp, numels: list[int] | None = None, trainable: list[bool] | No
     if exp.sharding not in ("none", "zero1"):
         raise ValueError(f"Experiment.sharding: the memory model covers 'none' and 'zero1', not "
                          f"{exp.sharding!r}; measure it instead")
+    if not 0 <= rank < exp.world_size:
+        raise ValueError(f"rank: {rank} is not one of the experiment's ranks 0..{exp.world_size - 1}")
     numels = parameter_numels(exp) if numels is None else list(numels)
     trainable = [True] * len(numels) if trainable is None else list(trainable)
     e = DTYPE_BYTES[exp.dtype]

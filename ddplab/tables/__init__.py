@@ -12,10 +12,10 @@ from .global_batch import accumulation, batch_size_study, examples_per_step, exa
 from .gradients import gradient_check, gradient_values, normalization
 from .memory import memory, memory_cuda, memory_moments, memory_sweep, moments_sweep, predicted_moments, sharding
 from .ranks import id_ranges, ranks, reference, steps
-from .readiness import bucket_timeline, exposed_vs_summed, ready_order
+from .readiness import bucket_timeline, dependency_tail, exposed_vs_summed, off_line, ready_order
 
 __all__ = ["accumulation", "allreduce_sweep", "batch_size_study", "bucket_timeline", "bytes_on_wire",
-           "compute_vs_comm", "examples_per_step", "examples_seen", "exposed_vs_summed", "fit_summary", "fit_sweep", "gradient_check", "gradient_values",
+           "compute_vs_comm", "dependency_tail", "examples_per_step", "examples_seen", "exposed_vs_summed", "fit_summary", "fit_sweep", "gradient_check", "gradient_values",
            "id_ranges", "loss_by_examples", "memory", "memory_cuda", "memory_moments", "memory_sweep", "moments_sweep",
-           "normalization", "predicted_moments", "ranks",
+           "normalization", "off_line", "predicted_moments", "ranks",
            "ready_order", "reference", "scaling", "sharding", "steps"]

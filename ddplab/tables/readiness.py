@@ -74,6 +74,9 @@ def dependency_tail(run, step: int = -1) -> pd.DataFrame:
     rows = []
     for r in run.ranks:
         st = r.steps[step]
+        if not st.buckets or not st.backward or not st.backward.ready:
+            raise ValueError(f"run {run.spec.name!r}: step {step} has no bucket or readiness events; run it with "
+                             f"probes=('readiness', 'buckets') and a synchronizing step")
         last_bucket = max(st.buckets, key=lambda b: b.launch_ns)
         last_ready = st.backward.last_ready_ns
         rows.append({"rank": r.rank, "last_ready": st.backward.ready[-1].param, "last_bucket": last_bucket.index,

@@ -5,14 +5,15 @@ buckets, all-reduced in the order the plan lists them.
     loss_fn(sync(x)).backward()     # each bucket's all-reduce starts as soon as its last gradient is ready
     optimizer.step()                # .grad now holds the average over the ranks, as with DDP
 
-DDP itself can split its last bucket: torch 2.13's `DistributedDataParallel(..., bucket_cap_mb_list=[...])`
-gives every bucket its own size cap, in the order the buckets are all-reduced (the bucket of the
-first-ready gradients first), at construction and when it rebuilds its buckets after the first step
-(`_BucketCapacityConfig.compute_bucket_size_limits` in torch/nn/parallel/distributed.py; the bucket
-sizes in `_get_ddp_logging_data()` confirm the order), so a small last cap cuts the final bucket in two.
-What this class adds: a plan is any membership, not only consecutive runs of the ready order cut by
-size; it holds from the first step (DDP's first buckets follow the parameters' definition order until
-the rebuild); and the mechanism is plain Python that the lab can read, timing every bucket itself.
+DDP itself takes per-bucket caps: torch 2.13's `DistributedDataParallel(..., bucket_cap_mb_list=[...])`
+(`_BucketCapacityConfig.compute_bucket_size_limits` in torch/nn/parallel/distributed.py) uses them from
+construction, so there are several buckets from the first step even with the default flags. At
+construction DDP fills buckets in the parameters' definition order and reverses the list, so the first
+cap bounds the bucket of the earliest-defined parameters, which is reduced last; after the rebuild the
+buckets follow the ready order. Whether the last cap repeats for any further buckets is up to the C++
+reducer: to split only the final bucket, give as many caps as there are buckets. What this class adds:
+a plan is any membership, not only consecutive runs of an order cut by size; it holds from the first
+step; and the mechanism is plain Python that the lab can read, timing every bucket itself.
 
 It does what DDP's reducer does: at construction it broadcasts rank 0's parameters (not buffers: the
 lab's models have none) and gives each bucket one flat tensor; during backward a post-accumulate-grad
