@@ -297,9 +297,13 @@ def test_ctrl_c_while_run_starts_its_session_is_one_line_and_leaves_no_rank(tmp_
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=env)
     assert proc.stdout.readline().strip() == "READY"
     deadline = time.monotonic() + 60
-    while not list((tmp_path / "runs" / ".sessions").glob("*/rank0.progress")):   # its ranks are starting
+    # torchrun is starting: the launcher opened the session's log; its ranks need a second or more for
+    # `import torch`, so 0.2 s later the session is still starting (a rank's first progress line came too
+    # late: a fast start had sometimes finished, and the Ctrl-C then stopped the job instead)
+    while not list((tmp_path / "runs" / ".sessions").glob("*/launch.log")):
         assert time.monotonic() < deadline and proc.poll() is None, "the session never started"
-        time.sleep(0.05)
+        time.sleep(0.02)
+    time.sleep(0.2)
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=30)
     assert "INTERRUPTED interrupted: the session's 2 ranks stopped while starting" in out, out
