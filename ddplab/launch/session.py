@@ -86,9 +86,7 @@ def for_launch(exps: list[Experiment], backend: str, device: str, warm: bool | N
     pins = {e.pin_cpus for e in exps}
     if not wanted(warm) or len(pins) > 1 or (s is not None and not s.implicit):
         return None   # the user's own session stays as it is
-    world_size = max(e.world_size for e in exps)
-    if s is not None:   # one `run` started, too small or on another backend: its ranks make way
-        s.close()
+    world_size = max(e.world_size for e in exps)   # the old one, if `run` started it, leaves in Session()
     if say is not None:
         say(f"ddplab: starting a session of {world_size} warm ranks on {backend}/{device} "
             f"(later runs that fit reuse them)")
