@@ -46,13 +46,14 @@ def judge(ev, exp, runs) -> list[Finding]:
                         f"bucket {disorder[0]} launches before bucket {disorder[0] - 1}: DDP launches them in order")))
     tol = MS_ROUNDING * (2 * len(rows) + 1)   # every time rounded, and the sum of them
     summed_true = sum(d - a for _, a, d in rows)
-    out.append(Finding("buckets", "summed bucket durations", abs(summed - summed_true) <= tol,
-                       f"{summed_true:.2f} ms: every all-reduce's launch-to-done, added up"
-                       if abs(summed - summed_true) <= tol else
+    ok = abs(summed - summed_true) <= tol
+    out.append(Finding("buckets", "summed bucket durations", ok,
+                       f"{summed_true:.2f} ms: every all-reduce's launch-to-done, added up" if ok else
                        f"your trace's durations add up to {summed_true:.2f} ms; you wrote {summed:.2f}"))
     end = max(d for _, _, d in rows)
     exposed_true = max(0.0, end - last_ready)
-    if abs(exposed - exposed_true) <= tol:
+    ok = abs(exposed - exposed_true) <= tol
+    if ok:
         msg = (f"{exposed_true:.2f} ms of communication still running after the last gradient was ready, of "
                f"{summed_true:.2f} ms summed: the rest overlapped backward's compute, or another bucket")
     elif abs(exposed - summed_true) <= tol:
@@ -62,6 +63,5 @@ def judge(ev, exp, runs) -> list[Finding]:
     else:
         msg = (f"from your trace, the last bucket is done {exposed_true:.2f} ms after the last gradient was ready "
                f"(0 if before); you wrote {exposed:.2f}")
-    out.append(Finding("buckets", "exposed tail (after the last gradient was ready)", abs(exposed - exposed_true) <= tol,
-                       msg))
+    out.append(Finding("buckets", "exposed tail (after the last gradient was ready)", ok, msg))
     return out

@@ -66,7 +66,8 @@ def judge(ev, exp, runs) -> list[Finding]:
                    f"{name}[{i}] on each rank matches a re-run of your check case" if not bad else
                    f"rank {bad[0]}'s local gradient of {name}[{i}] is {local_true[bad[0]]:.9g} in a re-run of your "
                    f"check case (seed {exp.seed}, local batches {b}); you wrote {local[bad[0]]:.9g}")]
-    if same(reduced, reduced_true):
+    ok = same(reduced, reduced_true)
+    if ok:
         msg = (f"{reduced_true:.9g}: the mean of the {exp.world_size} local gradients (DDP sums them and divides by "
                f"the world size, folding 1/{exp.world_size} into the copy into the bucket)")
     elif abs(reduced - sum(local_true)) <= tol * exp.world_size:
@@ -74,10 +75,11 @@ def judge(ev, exp, runs) -> list[Finding]:
                f"holds their mean, {reduced_true:.9g}")
     else:
         msg = f"DDP's reduced {name}[{i}] is {reduced_true:.9g} on every rank (the mean of the local ones); you wrote {reduced:.9g}"
-    out.append(Finding("gradients", "DDP's reduced gradient", same(reduced, reduced_true), msg))
+    out.append(Finding("gradients", "DDP's reduced gradient", ok, msg))
     mean = sum(local_true) / len(local_true)
     weighted = sum(bi * g for bi, g in zip(b, local_true)) / sum(b)
-    if same(glob, ref_true):
+    ok = same(glob, ref_true)
+    if ok:
         msg = (f"{ref_true:.9g}: the one-process gradient of all {sum(b)} examples, the local gradients weighted by "
                f"b_r / B; DDP's reduced value ({reduced_true:.9g}) differs from it because the batches are unequal")
     elif abs(glob - mean) <= tol:
@@ -86,7 +88,7 @@ def judge(ev, exp, runs) -> list[Finding]:
                f"sum_r (b_r / B) g_r = {weighted:.9g}, which is what one process computes on all {sum(b)} examples")
     else:
         msg = f"one process computing the gradient of all {sum(b)} examples gets {ref_true:.9g}; you wrote {glob:.9g}"
-    out.append(Finding("gradients", "the global-batch gradient", same(glob, ref_true), msg))
+    out.append(Finding("gradients", "the global-batch gradient", ok, msg))
     conv = ev.get("convention")
     if conv is None:
         out.append(Finding("gradients", CONVENTION, None,
