@@ -105,7 +105,7 @@ def test_the_synchronizer_is_an_nn_module_in_every_respect(one_rank_group):
             assert p.grad.dtype == torch.float64 and torch.equal(p.grad, q.grad), n
 
 
-PLANS = ("ddp:0.004", "plan:0.004", "split:0.004", "bare:default", "ddp:default")
+PLANS = ("ddp:0.004", "plan:0.004", "split:0.004", "ddp-split:0.004", "bare:default", "ddp:default")
 SMALL = dict(task=BucketSweep(plans=PLANS, rounds=2, steps_per_round=1), vocab_size=64, d_model=32, n_layers=2,
              n_heads=4, local_batch=2, seq_len=8)
 
@@ -127,7 +127,12 @@ def test_bucketed_sync_matches_ddp_in_a_real_sweep(runs_dir, world_size):
     assert buckets.plan_for(run, "ddp:default") == buckets.ddp_rule(ins, None)
     assert buckets.plan_for(run, "plan:0.004") == buckets.plan_for(run, "ddp:0.004")
     split = buckets.plan_for(run, "split:0.004")
-    assert len(split) == len(buckets.plan_for(run, "plan:0.004")) + 1
+    assert buckets.is_last_split(split, buckets.plan_for(run, "plan:0.004"))
+    # DDP itself, given one bucket_cap_mb_list cap per bucket, builds the split plan tensor for tensor
+    assert buckets.plan_for(run, "ddp-split:0.004") == split
+    early = bucket_sweep.launched_before_last_ready(run, "split:0.004", len(split) - 2)
+    assert len(early) == world_size * SMALL["task"].rounds * SMALL["task"].steps_per_round
+    assert bucket_sweep.launched_before_last_ready(run, "split:0.004", len(split)) == []   # no such bucket
     # the tail comparison is the medians of each step's and rank's (last all-reduce done - last ready),
     # its verdict follows from their difference and the threshold, and swapping the plans flips it
     tails = bucket_sweep.tail_difference(run, "plan:0.004", "split:0.004")

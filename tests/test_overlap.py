@@ -84,3 +84,24 @@ def test_a_sweep_where_synchronization_looks_free_cannot_judge_timing():
     assert not bucket_sweep.trustworthy(ok.assign(spread_ms=[15.0, 4.0, 4.0]))[0]
     noisy_plan, why = bucket_sweep.trustworthy(ok.assign(spread_ms=[3.0, 14.0, 4.0]))   # one plan's 11.7%
     assert not noisy_plan and "plan ddp:1 scattered by 12%" in why
+
+
+def test_step_difference_says_faster_slower_or_tie_from_medians_and_spreads():
+    t = pd.DataFrame({"step_ms": [100.0, 90.0, 98.0], "spread_ms": [2.0, 3.0, 2.0]}, index=["a", "b", "c"])
+    faster = bucket_sweep.step_difference(t, "a", "b")
+    assert faster["verdict"] == "faster" and faster["faster_by_ms"] == 10.0 and faster["threshold_ms"] == 6.0
+    assert bucket_sweep.step_difference(t, "b", "a")["verdict"] == "slower"   # swapped: the other way round
+    assert bucket_sweep.step_difference(t, "a", "c")["verdict"] == "tie"      # 2 ms apart, threshold 4 ms
+    assert bucket_sweep.step_difference(t.assign(spread_ms=[6.0, 3.0, 2.0]), "a", "b")["verdict"] == "tie"
+
+
+def test_is_last_split_accepts_only_the_last_bucket_cut_in_two_in_order():
+    plan = [["a", "b"], ["c", "d", "e"]]
+    assert buckets.is_last_split([["a", "b"], ["c"], ["d", "e"]], plan)
+    assert buckets.is_last_split([["a", "b"], ["c", "d"], ["e"]], plan)
+    assert not buckets.is_last_split([["a"], ["b"], ["c", "d", "e"]], plan)        # the first bucket cut
+    assert not buckets.is_last_split([["a", "b"], ["d"], ["c", "e"]], plan)        # reordered
+    assert not buckets.is_last_split([["a", "b"], ["c"], ["d"], ["e"]], plan)      # cut in three
+    assert not buckets.is_last_split(plan, plan) and not buckets.is_last_split([["a", "b"], [], ["c", "d", "e"]], plan)
+    split = schedule.split_bucket([[g.name for g in INS.grads[:3]], [g.name for g in INS.grads[3:]]], INS.grads)
+    assert buckets.is_last_split(split, [[g.name for g in INS.grads[:3]], [g.name for g in INS.grads[3:]]])

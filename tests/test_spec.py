@@ -143,6 +143,7 @@ SWEEP = dict(task=BucketSweep(plans=("ddp:1", "split:4")))
     (dict(task=BucketSweep(plans=("fsdp:1",))), "task.plans"),                      # unknown kind
     (dict(task=BucketSweep(plans=("ddp:0",))), "task.plans"),                       # cap 0
     (dict(task=BucketSweep(plans=("split:default",))), "task.plans"),               # explicit plans need a cap
+    (dict(task=BucketSweep(plans=("ddp-split:default",))), "task.plans"),
     (dict(task=BucketSweep(plans=("ddp:-1",))), "task.plans"),
     (dict(task=BucketSweep(plans=("ddp:1",), rounds=0)), "task.rounds"),
     (dict(task=BucketSweep(plans=("ddp:1",), steps_per_round=0)), "task.steps_per_round"),
@@ -159,9 +160,10 @@ def test_bucket_sweep_plans_are_validated(kwargs, field):
 def test_bucket_sweep_plans_parse_and_round_trip():
     from ddplab.spec import parse_plan
 
-    e = Experiment(task=BucketSweep(plans=["ddp:default", "bare:0.25", "plan:4", "split:1e-4"]))
+    e = Experiment(task=BucketSweep(plans=["ddp:default", "bare:0.25", "plan:4", "split:1e-4", "ddp-split:4"]))
     assert Experiment.from_json(e.to_json()) == e and e.task.plans[0] == "ddp:default"
-    assert [parse_plan(p) for p in e.task.plans] == [("ddp", None), ("bare", 0.25), ("plan", 4.0), ("split", 1e-4)]
+    assert [parse_plan(p) for p in e.task.plans] == [("ddp", None), ("bare", 0.25), ("plan", 4.0), ("split", 1e-4),
+                                                     ("ddp-split", 4.0)]
 
 
 # ---- fields a task does not read ---------------------------------------------------------------

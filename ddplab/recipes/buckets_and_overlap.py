@@ -21,7 +21,8 @@ def bucket_sweep(world_size: int = 2, caps_mb=(ONE_PER_PARAMETER_MB, 0.25, 1, 2,
     bucket to a single bucket), DDP's default, and `BucketedSync` with DDP's plan at `split_cap_mb`,
     as is and with its last bucket split in two; `rounds` interleaved rounds of `steps` steps each.
     Ranks are pinned one per core by default: the timings are steadier (notes: performance anchors)."""
-    plans = tuple(f"ddp:{c:g}" for c in caps_mb) + ("ddp:default", f"plan:{split_cap_mb:g}", f"split:{split_cap_mb:g}")
+    plans = tuple(f"ddp:{c:g}" for c in caps_mb) + ("ddp:default", f"plan:{split_cap_mb:g}", f"split:{split_cap_mb:g}",
+                                                   f"ddp-split:{split_cap_mb:g}")
     task = BucketSweep(plans=plans, rounds=rounds, steps_per_round=steps)
     sweep = Experiment(**{**dict(name=f"bucket-sweep-w{world_size}", task=task, world_size=world_size,
                                  pin_cpus=pin_cpus, **BUCKET_MODEL), **overrides})

@@ -182,9 +182,10 @@ class AllReduceSweep(TaskSpec):
 
 # a bucket-sweep plan: "<kind>:<cap in MiB>"; ddp = torch DDP with the readiness and bucket probes,
 # bare = torch DDP without probes, plan = BucketedSync with DDP's rule, split = the same with its last
-# bucket cut in two; "ddp:default" and "bare:default" leave bucket_cap_mb at None
-PLAN_KINDS = ("ddp", "bare", "plan", "split")
-_PLAN = re.compile(r"^(ddp|bare|plan|split):(default|\d+(\.\d+)?(e-?\d+)?)$")
+# bucket cut in two, ddp-split = the split plan run by torch DDP itself (one `bucket_cap_mb_list` cap per
+# bucket); "ddp:default" and "bare:default" leave bucket_cap_mb at None
+PLAN_KINDS = ("ddp", "bare", "plan", "split", "ddp-split")
+_PLAN = re.compile(r"^(ddp|bare|plan|split|ddp-split):(default|\d+(\.\d+)?(e-?\d+)?)$")
 
 
 def parse_plan(plan: str) -> tuple[str, float | None]:

@@ -5,7 +5,10 @@
   ready, communication end and exposed tail, as the ranks recorded them;
 - `inputs(run)`: what the simulator takes from the same run: every gradient's median ready time in
   the compute-only backward, that backward's length, forward and optimizer time;
-- `trustworthy`, `tail_difference`: whether this machine's noise lets the sweep judge a timing claim.
+- `trustworthy`, `tail_difference`, `step_difference`: whether this machine's noise lets the sweep judge
+  a timing claim, and the verdict on two plans' exposed tails or steps ("tie" when it cannot tell);
+- `launched_before_last_ready`, `summed_vs_added`: did a bucket start before backward's end; three
+  ways to price a plan's communication.
 Numbers in, DataFrames out (no processes); `tables/buckets.py` puts the simulator beside them.
 Used by notebook 05, its bucket slider and bench/simulator_accuracy.py.
 """
@@ -180,3 +183,33 @@ def tail_difference(run, a: str, b: str, k: float = 2.0) -> dict:
     diff = mb - ma
     verdict = "tie" if abs(diff) <= threshold else ("shorter" if diff < 0 else "longer")
     return {"tail_a_ms": ma, "tail_b_ms": mb, "diff_ms": diff, "threshold_ms": threshold, "verdict": verdict}
+
+
+def step_difference(table: pd.DataFrame, a: str, b: str, k: float = 2.0) -> dict:
+    """Is plan `b`'s step faster than plan `a`'s, in `measured(run)`? The difference of their medians
+    (positive: `b` is faster), the tie threshold k x the larger of their spreads, and a verdict
+    "faster", "slower" or "tie" (the same rule as `buckets.ordering`)."""
+    diff = table.loc[a, "step_ms"] - table.loc[b, "step_ms"]
+    threshold = k * max(table.loc[a, "spread_ms"], table.loc[b, "spread_ms"])
+    verdict = "tie" if abs(diff) <= threshold else ("faster" if diff > 0 else "slower")
+    return {"step_a_ms": table.loc[a, "step_ms"], "step_b_ms": table.loc[b, "step_ms"], "faster_by_ms": diff,
+            "threshold_ms": threshold, "verdict": verdict}
+
+
+def launched_before_last_ready(run, name: str, bucket: int) -> list[bool]:
+    """For every timed step of plan `name` on every rank: did bucket `bucket` start its all-reduce
+    before that step's last gradient was ready (so part of it could hide behind backward)?"""
+    return [st.backward.ms(b.launch_ns) < st.last_ready_ms for steps in _arm_steps(run, name)
+            for st in steps for b in st.buckets if b.index == bucket]
+
+
+def summed_vs_added(run, name: str, link: AlphaBeta, cost, ins: Inputs, layout) -> dict:
+    """Three ways to price plan `name`'s communication, per step (ms): its buckets' launch-to-done
+    intervals summed (median over rank 0's steps), their isolated costs under `cost` summed, and what
+    the plan really added to the step (its step time minus the compute-only step's)."""
+    flights = in_flight(run, name, link)
+    size = {g.name: g.bytes for g in ins.grads}
+    table = measured(run)
+    return {"summed_in_flight_ms": float(flights.groupby("step")["in_flight_ms"].sum().median()),
+            "summed_isolated_ms": sum(cost.allreduce_ms(sum(size[n] for n in b)) for b in layout),
+            "added_ms": float(table.loc[name, "step_ms"] - table.loc["compute-only", "step_ms"])}

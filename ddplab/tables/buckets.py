@@ -6,7 +6,8 @@
 - `ordering(...)`: for every pair of plans, does the prediction order them as the measurement does?
   Pairs whose medians differ by less than twice the run-to-run spread are ties, not verdicts; a
   prediction of equal times for a resolved pair counts as not ordered;
-- `candidates`, `bucket_table`, `summary`: the worked example's tables of one schedule or a few.
+- `candidates`, `bucket_table`, `summary`: the worked example's tables of one schedule or a few;
+- `is_last_split`: is one plan another with its last bucket cut in two.
 Numbers in, DataFrames out (no processes). Used by notebook 05, its bucket slider and
 bench/simulator_accuracy.py.
 """
@@ -126,6 +127,12 @@ def ordering(table: pd.DataFrame, predicted: str = "calibrated_ms", k: float = 2
     df = pd.DataFrame(rows, columns=["a", "b", "measured_diff_ms", "threshold_ms", "predicted_diff_ms", "verdict", "agrees"])
     df["agrees"] = df["agrees"].astype("boolean")  # True / False, <NA> for a tie
     return df
+
+
+def is_last_split(split: list[list[str]], plan: list[list[str]]) -> bool:
+    """Is `split` exactly `plan` with its last bucket cut in two (same buckets before it, and the two
+    pieces, in order, are the last bucket tensor for tensor)?"""
+    return len(split) == len(plan) + 1 and all(split[-2:]) and split[:-2] + [split[-2] + split[-1]] == plan
 
 
 def summary(s: simulator.Schedule) -> dict:

@@ -6,7 +6,9 @@ Every plan gets its own copy of the same model (same seed), its own wrapper and 
 - "ddp:<cap>": torch DDP with that `bucket_cap_mb`, traced by the readiness and bucket probes;
 - "bare:<cap>": torch DDP with its own C++ all-reduce and no probe (to price the probes);
 - "plan:<cap>" / "split:<cap>": `BucketedSync` with DDP's bucketing rule applied to the measured
-  ready order, as is or with the last bucket cut in two.
+  ready order, as is or with the last bucket cut in two;
+- "ddp-split:<cap>": the split plan run by torch DDP itself, one `bucket_cap_mb_list` cap per bucket,
+  traced by the probes (its real buckets can be compared with the split's, tensor for tensor).
 Each plan first takes 2 warm-up steps (DDP rebuilds its buckets after the first), then goes back to
 the common starting parameters for one check step with its real buckets: the reduced gradients and
 updated parameters of every synchronized plan are compared with the first plan's, and so are the
@@ -159,11 +161,17 @@ def _arm(ctx, name: str, index: int, base, grads) -> _Arm:
             wrapper.register_comm_hook(None, buckets.hook)
         return _Arm(name, module, wrapper, ready, buckets)
     plan = simulator.ddp_plan(grads, cap * MIB)
-    if kind == "split":
+    if kind in ("split", "ddp-split"):
         if len(plan[-1]) < 2:
             raise ValueError(f"Experiment.task.plans: {name!r}: at this cap the last bucket is one tensor "
                              f"({plan[-1][0]}), so there is nothing to split; use a larger cap")
         plan = simulator.split_bucket(plan, grads)
+    if kind == "ddp-split":
+        caps = ddp_wrapper.caps_for(plan, {g.name: g.bytes for g in grads})
+        wrapper = ddp_wrapper.wrap(module, ctx.device, ctx.group, bucket_cap_mb_list=caps)
+        buckets = BucketLog(ctx.group, {id(p): n for n, p in module.named_parameters()})
+        wrapper.register_comm_hook(None, buckets.hook)
+        return _Arm(name, module, wrapper, ready, buckets)
     wrapper = BucketedSync(module, plan, ctx.group)
     return _Arm(name, module, wrapper, ready, wrapper)
 
