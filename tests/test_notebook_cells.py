@@ -50,3 +50,27 @@ def test_some_cells_are_compared_by_nbval():
     tagged = [p.name for p in NOTEBOOKS for c in _code_cells(p)
               if "nbval-check-output" in c.get("metadata", {}).get("tags", [])]
     assert len(tagged) >= 5, tagged
+
+
+def _lines(cell) -> int:
+    return len("".join(cell["source"]).rstrip("\n").split("\n"))
+
+
+def test_notebook_05_reads_as_a_lesson_short_cells():
+    """Issue 13: notebook 05's code cells hold at most 8 lines (logic lives in library calls), its
+    markdown cells at most 15."""
+    nb = json.loads((ROOT / "notebooks" / "05_buckets_and_overlap.ipynb").read_text())
+    long = [(i, c["cell_type"], _lines(c)) for i, c in enumerate(nb["cells"])
+            if _lines(c) > (8 if c["cell_type"] == "code" else 15)]
+    assert long == []
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "notebooks").glob("*.ipynb")), ids=lambda p: p.name)
+def test_every_chapter_has_a_collapsible_knowledge_check_and_a_blank_self_test(path):
+    """The answer guide is folded (<details>), and the self-test cell leaves the learner's answer at None
+    (CI checks the cell's reference answer; a learner fills in theirs)."""
+    cells = json.loads(path.read_text())["cells"]
+    md = ["".join(c["source"]) for c in cells if c["cell_type"] == "markdown"]
+    assert any("<details>" in s and "Answer guide" in s for s in md)
+    tests = ["".join(c["source"]) for c in _code_cells(path) if "verify.self_test(" in "".join(c["source"])]
+    assert tests and all(re.search(r"^my_\w+ = None\b", s, re.MULTILINE) for s in tests)

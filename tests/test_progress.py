@@ -40,6 +40,11 @@ def test_a_sweep_round_counts_as_done_only_once_the_next_one_starts(tmp_path):
     watch.poll()
     assert watch.steps_done[0] == {0: 0, 1: 2}
     assert "0/5 rounds done, slowest rank in 'round ddp:1'" in watch.line(1.0)
+    # a rank that finished did every round, though its last round record counted only the ones before
+    with open(rundir.progress_file(tmp_path, 1), "a") as f:
+        f.write(rec(4, "plan:4") + json.dumps({"t_ns": 0, "phase": "done", "step": -1, "micro": 0}) + "\n")
+    watch.poll()
+    assert watch.steps_done[0] == {0: 0, 1: 5}
 
 
 def test_the_line_names_the_experiment_the_slowest_ranks_are_on(tmp_path):

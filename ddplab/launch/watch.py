@@ -55,6 +55,8 @@ class Watch:
                     self.frozen.pop(r, None)   # it moves again
                     phase = self.phases[i].get(rec["phase"])
                     done = rec.get("step", -1) + (1 if phase is not None and phase.ends_step else 0)
+                    if rec["phase"] == "done":   # a finished rank did every step, whatever its last phase counted
+                        done = exp.task.total_steps(exp)
                     self.steps_done[i][r] = max(self.steps_done[i].get(r, 0), done)
                 moved = True
         self.current = self._current()
