@@ -4,13 +4,17 @@ Nothing here launches ranks or imports rank code; torch loads only to read saved
     ranks (00), gradients (01, 06), memory (02), comm (03, 05), readiness (04),
     bucket_sweep and buckets (05: the sweep as measured; the simulator beside it), global_batch (06)
 
-The chapters' tables are at hand as `tables.<name>(run)`. Used by every notebook.
+The chapters' tables are at hand as `tables.<name>(run)`, and the key checks of notebooks 01, 02 and 06
+as `tables.verify_*` (they raise `verify.CheckFailed`; tests/test_key_checks.py makes each fail). Used by
+every notebook.
 """
 
 from .comm import allreduce_sweep, bytes_on_wire, compute_vs_comm, fit_summary, fit_sweep
-from .global_batch import accumulation, batch_size_study, examples_per_step, examples_seen, loss_by_examples, scaling
-from .gradients import gradient_check, gradient_values, normalization
-from .memory import memory, memory_cuda, memory_moments, memory_sweep, moments_sweep, predicted_moments, sharding
+from .global_batch import (accumulation, batch_size_study, examples_per_step, examples_seen, loss_by_examples, scaling,
+                           verify_distinct_examples)
+from .gradients import gradient_check, gradient_values, normalization, verify_global_batch_gradient
+from .memory import (memory, memory_cuda, memory_moments, memory_sweep, moments_sweep, predicted_moments, sharding,
+                     verify_model_state)
 from .ranks import id_ranges, ranks, reference, steps
 from .readiness import bucket_timeline, dependency_tail, exposed_vs_summed, off_line, ready_order
 
@@ -18,4 +22,5 @@ __all__ = ["accumulation", "allreduce_sweep", "batch_size_study", "bucket_timeli
            "compute_vs_comm", "dependency_tail", "examples_per_step", "examples_seen", "exposed_vs_summed", "fit_summary", "fit_sweep", "gradient_check", "gradient_values",
            "id_ranges", "loss_by_examples", "memory", "memory_cuda", "memory_moments", "memory_sweep", "moments_sweep",
            "normalization", "off_line", "predicted_moments", "ranks",
-           "ready_order", "reference", "scaling", "sharding", "steps"]
+           "ready_order", "reference", "scaling", "sharding", "steps",
+           "verify_distinct_examples", "verify_global_batch_gradient", "verify_model_state"]

@@ -1,6 +1,6 @@
 """Tables of global-batch semantics (notebook 06): accumulation with and without no_sync, strong and
 weak scaling, two global batch sizes at a matched example budget, and the examples each optimizer
-step actually consumed, counted from the ranks' records."""
+step actually consumed, counted from the ranks' records (`verify_distinct_examples`: the chapter's check)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import statistics
 
 import pandas as pd
 
+from .. import verify
 from ..units import MIB
 from .gradients import check
 
@@ -39,6 +40,16 @@ def examples_per_step(run) -> pd.DataFrame:
         ids = [j for r in run.ranks for j in r.steps[i].sample_ids]
         rows.append({"step": i, "consumed": len(ids), "distinct": len(set(ids))})
     return pd.DataFrame(rows).set_index("step")
+
+
+def verify_distinct_examples(run, per_step: int) -> None:
+    """Notebook 06's check: every optimizer step of `run` took `per_step` distinct examples, counted
+    from the sample ids its ranks recorded (`examples_per_step`), not from what the spec asked for.
+    Raises `verify.CheckFailed` for a data path that drops examples or ranks that read the same
+    examples (tests/test_key_checks.py)."""
+    distinct = examples_per_step(run)["distinct"].tolist()
+    verify.equal(f"{run.spec.name}: distinct examples in each of its {len(distinct)} optimizer steps", distinct,
+                 [per_step] * len(distinct))
 
 
 def examples_seen(runs, asked: int, warmup: int = 2) -> pd.DataFrame:

@@ -1,12 +1,14 @@
 """Local, reduced and reference gradients of a finished run, compared (the gradients probe's tensors,
 `rank/probes/gradients.py`). `check` and `check_case` give the rows, `combine` what a synchronization
-with other weights would have produced. torch loads on use. Used by notebooks 01 and 06.
+with other weights would have produced, `verify_global_batch_gradient` notebook 01's central check.
+torch loads on use. Used by notebooks 01 and 06.
 """
 
 from __future__ import annotations
 
 import pandas as pd
 
+from .. import verify
 from ..tensors import flat_float64
 
 
@@ -69,6 +71,17 @@ def combine(run, weights: list[float]) -> dict:
 def gradient_check(run) -> pd.DataFrame:
     """Per rank: local and reduced gradient against the single-process reference (gradients probe)."""
     return pd.DataFrame(check(run)).set_index("rank")
+
+
+def verify_global_batch_gradient(check: pd.DataFrame, rel_error: float = 1e-5) -> None:
+    """Notebook 01's central check, on a `gradient_check(run)` table: after the all-reduce every rank
+    holds the global-batch gradient (relative error against the single-process reference below
+    `rel_error`, float32 rounding) and the same bits on every rank. Raises `verify.CheckFailed`
+    otherwise: for a rank-mean loss over unequal local batches, or ranks that never synchronize
+    (tests/test_key_checks.py)."""
+    verify.below("after the all-reduce every rank holds the global-batch gradient, up to float32 rounding",
+                 check["reduced_rel_error"], rel_error)
+    verify.that("the reduced gradient has the same bits on every rank", check["reduced_identical_on_all_ranks"])
 
 
 def gradient_values(run, names=None, k: int = 3) -> pd.DataFrame:

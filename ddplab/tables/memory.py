@@ -5,17 +5,21 @@ The ledger is sampled at three moments of a step (after the forward, the backwar
 step); `memory_moments` keeps them apart, so a row's categories were held together and add up.
 `memory` takes each category at its largest over the step instead (activations are largest after
 the forward, gradients after the backward) and gives the step's peak, which falls between samples.
+`verify_model_state` is notebook 02's check that the model state is what the model predicts.
 Used by notebook 02 and its widget; the figures of `plots/memory.py` draw the moments."""
 
 from __future__ import annotations
 
 import pandas as pd
 
+from .. import verify
 from ..predict.memory import CATEGORIES, predict
 from ..units import MIB
 
 # the moments the worker samples the ledger at, as figures and tables name them
 MOMENTS = {"forward": "after forward", "backward": "after backward", "step": "after optimizer step"}
+# the categories that make up the model state (everything but the activations)
+MODEL_STATE = ("parameters", "gradients", "ddp_buckets", "optimizer_state")
 
 
 def _predict(run, r, step: int) -> dict:
@@ -62,6 +66,18 @@ def memory(run, step: int = 1) -> pd.DataFrame:
     df = pd.DataFrame(rows, index=pd.Index([r.rank for r in run.ranks], name="rank"))
     df.columns = pd.MultiIndex.from_tuples(cols, names=["MiB", ""])
     return df.round(3)
+
+
+def verify_model_state(table: pd.DataFrame) -> None:
+    """Notebook 02's check, on a `memory(run)` table: parameters, gradients, DDP's buckets and the
+    optimizer state, each at its largest in the step, are what the model predicts on every rank (MiB
+    to 3 decimals). Raises `verify.CheckFailed` where they differ, e.g. for a prediction made for
+    another optimizer, dtype, or without DDP's buckets (tests/test_key_checks.py). Bucket views do not
+    show here: the buckets are allocated from DDP's construction on, so at their largest they are the
+    same either way (`memory_moments` tells the moments apart)."""
+    for c in MODEL_STATE:
+        verify.equal(f"{c} at their largest, on every rank, as predicted (MiB)", table[(c, "measured")].tolist(),
+                     table[(c, "predicted")].tolist())
 
 
 def _predicted_by_the_model(run) -> None:
