@@ -8,6 +8,8 @@ import torch
 import torch.distributed as dist
 
 import ddplab
+from ddplab.predict.buckets import Cost
+from ddplab.predict.comm import AlphaBeta
 from ddplab.rank.parallel.bucketed import BucketedSync
 from ddplab.spec import BucketSweep
 from ddplab.tables import bucket_sweep, buckets
@@ -133,13 +135,26 @@ def test_bucketed_sync_matches_ddp_in_a_real_sweep(runs_dir, world_size):
     early = bucket_sweep.launched_before_last_ready(run, "split:0.004", len(split) - 2)
     assert len(early) == world_size * SMALL["task"].rounds * SMALL["task"].steps_per_round
     assert bucket_sweep.launched_before_last_ready(run, "split:0.004", len(split)) == []   # no such bucket
-    # the tail comparison is the medians of each step's and rank's (last all-reduce done - last ready),
-    # its verdict follows from their difference and the threshold, and swapping the plans flips it
+    # the last bucket holds the last gradient: it can only be launched once that is ready
+    assert not any(bucket_sweep.launched_before_last_ready(run, "split:0.004", len(split) - 1))
+    # three prices of one plan's communication, from the same tables the notebook prints
+    link = AlphaBeta(1e-4, 1e-9)
+    cost = Cost(link)
+    price = bucket_sweep.summed_vs_added(run, "ddp:0.004", link, cost, ins, buckets.plan_for(run, "ddp:0.004"))
+    table = bucket_sweep.measured(run)
+    assert price["added_ms"] == pytest.approx(table.loc["ddp:0.004", "step_ms"] - table.loc["compute-only", "step_ms"])
+    assert price["summed_isolated_ms"] == pytest.approx(sum(cost.allreduce_ms(sum(
+        sweep.parameter_bytes[n] for n in b)) for b in buckets.plan_for(run, "ddp:0.004")))
+    assert price["summed_in_flight_ms"] > 0 and price["span_ms"] > 0 and price["added_noise_ms"] >= 0
+    # the tail comparison is the medians over steps of each step's longest (last all-reduce done - last
+    # ready) over the ranks, its verdict follows from their difference and the threshold, and swapping
+    # the plans flips it
     tails = bucket_sweep.tail_difference(run, "plan:0.004", "split:0.004")
     for key, name in (("tail_a_ms", "plan:0.004"), ("tail_b_ms", "split:0.004")):
-        raw = [(max(b.done_ns for b in x.buckets) - x.backward.ready[-1].t_ns) / 1e6
-               for r in run.ranks for x in r.result.arm(name).steps]
-        assert len(raw) == world_size * SMALL["task"].rounds * SMALL["task"].steps_per_round
+        per_rank = [[(max(b.done_ns for b in x.buckets) - x.backward.ready[-1].t_ns) / 1e6
+                     for x in r.result.arm(name).steps] for r in run.ranks]
+        raw = [max(step) for step in zip(*per_rank)]
+        assert len(raw) == SMALL["task"].rounds * SMALL["task"].steps_per_round
         assert tails[key] == pytest.approx(statistics.median(raw), abs=1e-6), key
     assert tails["diff_ms"] == pytest.approx(tails["tail_b_ms"] - tails["tail_a_ms"])
     expected = "tie" if abs(tails["diff_ms"]) <= tails["threshold_ms"] else \

@@ -105,3 +105,15 @@ def test_is_last_split_accepts_only_the_last_bucket_cut_in_two_in_order():
     assert not buckets.is_last_split(plan, plan) and not buckets.is_last_split([["a", "b"], [], ["c", "d", "e"]], plan)
     split = schedule.split_bucket([[g.name for g in INS.grads[:3]], [g.name for g in INS.grads[3:]]], INS.grads)
     assert buckets.is_last_split(split, [[g.name for g in INS.grads[:3]], [g.name for g in INS.grads[3:]]])
+
+
+def test_caps_for_gives_each_bucket_its_own_size_in_mib_exactly():
+    from ddplab.rank.parallel.ddp import caps_for
+
+    sizes = {"a": 3 * 2 ** 20, "b": 1000, "c": 2 ** 19 + 7}
+    caps = caps_for([["a"], ["b", "c"]], sizes)
+    assert caps == [3.0, (1000 + 2 ** 19 + 7) / 2 ** 20]
+    # DDP turns a cap into bytes as int(cap * 2**20): the bytes come back exact, so each bucket closes
+    # on its own last tensor (at >= its cap) and not one tensor later
+    assert [int(c * 2 ** 20) for c in caps] == [3 * 2 ** 20, 1000 + 2 ** 19 + 7]
+    assert not buckets.is_last_split([["x"]], [])

@@ -172,11 +172,13 @@ def trustworthy(table: pd.DataFrame, max_spread: float = 0.10) -> tuple[bool, st
 
 
 def tail_difference(run, a: str, b: str, k: float = 2.0) -> dict:
-    """Is plan `b`'s exposed tail (per step and rank: last all-reduce done minus last gradient ready)
-    shorter than plan `a`'s? Medians, their difference, and a tie threshold of k standard errors
-    (robust: 1.4826 x MAD / sqrt(n), the larger of the two); verdict "shorter", "longer" or "tie"."""
+    """Is plan `b`'s exposed tail (per step: last all-reduce done minus last gradient ready, on the
+    rank where it is longest) shorter than plan `a`'s? Medians, their difference, and a tie threshold of
+    k standard errors (robust: 1.4826 x MAD / sqrt(steps), the larger of the two); verdict "shorter",
+    "longer" or "tie". One value per step, not per rank: the ranks' tails in one step end on the same
+    collective, so they are not independent samples."""
     def tails(name):
-        return [x.after_last_ready_ms for s in _arm_steps(run, name) for x in s]
+        return [max(x.after_last_ready_ms for x in s) for s in _arm_steps(run, name)]
     ta, tb = tails(a), tails(b)
     ma, mb = statistics.median(ta), statistics.median(tb)
     threshold = k * max(_robust_spread(ta) / len(ta) ** 0.5, _robust_spread(tb) / len(tb) ** 0.5)
@@ -203,13 +205,17 @@ def launched_before_last_ready(run, name: str, bucket: int) -> list[bool]:
             for st in steps for b in st.buckets if b.index == bucket]
 
 
-def summed_vs_added(run, name: str, link: AlphaBeta, cost, ins: Inputs, layout) -> dict:
+def summed_vs_added(run, name: str, link: AlphaBeta, cost, ins: Inputs, layout, k: float = 2.0) -> dict:
     """Three ways to price plan `name`'s communication, per step (ms): its buckets' launch-to-done
     intervals summed (median over rank 0's steps), their isolated costs under `cost` summed, and what
-    the plan really added to the step (its step time minus the compute-only step's)."""
+    the plan really added to the step (its step time minus the compute-only step's), known to within
+    `added_noise_ms` (k x the larger of the two step times' spreads); and the median communication
+    span (first launch to last done), which the summed intervals exceed when buckets overlap each other."""
     flights = in_flight(run, name, link)
     size = {g.name: g.bytes for g in ins.grads}
     table = measured(run)
     return {"summed_in_flight_ms": float(flights.groupby("step")["in_flight_ms"].sum().median()),
+            "span_ms": float(table.loc[name, "comm_end_ms"] - table.loc[name, "first_launch_ms"]),
             "summed_isolated_ms": sum(cost.allreduce_ms(sum(size[n] for n in b)) for b in layout),
-            "added_ms": float(table.loc[name, "step_ms"] - table.loc["compute-only", "step_ms"])}
+            "added_ms": float(table.loc[name, "step_ms"] - table.loc["compute-only", "step_ms"]),
+            "added_noise_ms": float(k * max(table.loc[name, "spread_ms"], table.loc["compute-only", "spread_ms"]))}

@@ -132,7 +132,8 @@ def ordering(table: pd.DataFrame, predicted: str = "calibrated_ms", k: float = 2
 def is_last_split(split: list[list[str]], plan: list[list[str]]) -> bool:
     """Is `split` exactly `plan` with its last bucket cut in two (same buckets before it, and the two
     pieces, in order, are the last bucket tensor for tensor)?"""
-    return len(split) == len(plan) + 1 and all(split[-2:]) and split[:-2] + [split[-2] + split[-1]] == plan
+    return (len(plan) >= 1 and len(split) == len(plan) + 1 and all(split[-2:])
+            and split[:-2] + [split[-2] + split[-1]] == plan)
 
 
 def summary(s: simulator.Schedule) -> dict:

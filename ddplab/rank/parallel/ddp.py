@@ -3,7 +3,8 @@ averaged bucket by bucket during backward (notes/ddp-internals.md, sections 1-2)
 
 `bucket_cap_mb=None` keeps DDP's default (25 MiB, and a 1 MiB first bucket after the rebuild); any
 explicit value sets the first bucket too. `bucket_cap_mb_list` gives each bucket its own cap (torch
-2.13: used at construction and at the rebuild, in ready order); `caps_for` turns a plan into those caps. Used by the train task and the bucket sweep.
+2.13): at construction over the parameters in definition order (then the bucket list is reversed),
+and at the rebuild over the ready order; `caps_for` turns a plan cut from the ready order into caps. Used by the train task and the bucket sweep.
 """
 
 from __future__ import annotations
