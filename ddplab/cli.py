@@ -13,8 +13,9 @@ import argparse
 import dataclasses
 import sys
 
-from .spec import Experiment, Fault, experiment
+from .spec import Experiment, Fault, Straggler, experiment
 from .spec.fault import FAULT_KINDS
+from .spec.straggler import WHERE as STRAGGLER_WHERE
 
 
 def _ints(text: str):
@@ -72,7 +73,7 @@ def run_flags() -> dict[str, tuple[str, object, str]]:
     """flag -> (Experiment field, type, help), one flag for every field the command line can set."""
     flags = {}
     for f in dataclasses.fields(Experiment):
-        if f.name in ("task", "fault"):   # sections: the train task, and fault injection (FAULT_FLAGS)
+        if f.name in ("task", "fault", "straggler"):   # sections: the train task, FAULT_FLAGS, STRAGGLER_FLAGS
             continue
         kind = SPECIAL.get(f.name) or TYPES[type(getattr(Experiment(), f.name))]
         flags[FLAG_NAMES.get(f.name, "--" + f.name.replace("_", "-"))] = (f.name, kind, HELP[f.name])
@@ -83,16 +84,23 @@ RUN_FLAGS = run_flags()
 # flag -> (Fault field, type, help)
 FAULT_FLAGS = {"--fault": ("kind", str, FAULT_HELP["kind"]), "--fault-rank": ("rank", int, FAULT_HELP["rank"]),
                "--fault-step": ("step", int, FAULT_HELP["step"])}
+# flag -> (Straggler field, type, help)
+STRAGGLER_FLAGS = {"--straggler": ("where", str, f"slow one rank every step: {', '.join(STRAGGLER_WHERE)}"),
+                   "--straggler-rank": ("rank", int, "the slow rank (default 1)"),
+                   "--straggler-ms": ("ms", float, "how much slower, ms per step (default 20)")}
 
 
 def experiment_from_args(args: argparse.Namespace) -> Experiment:
     def given(flags):
         values = {field: getattr(args, flag[2:].replace("-", "_")) for flag, (field, _, _) in flags.items()}
         return {k: v for k, v in values.items() if v is not None}
-    fault = given(FAULT_FLAGS)
+    fault, slow = given(FAULT_FLAGS), given(STRAGGLER_FLAGS)
     if fault and "kind" not in fault:
         raise ValueError("Experiment.fault: --fault-rank and --fault-step need --fault")
-    return Experiment(**given(RUN_FLAGS), **({"fault": Fault(**fault)} if fault else {}))
+    if slow and "where" not in slow:
+        raise ValueError("Experiment.straggler: --straggler-rank and --straggler-ms need --straggler")
+    return Experiment(**given(RUN_FLAGS), **({"fault": Fault(**fault)} if fault else {}),
+                      **({"straggler": Straggler(**slow)} if slow else {}))
 
 
 def _cmd_run(args) -> int:
@@ -131,7 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ddplab", description="A hands-on lab for data-parallel training.")
     sub = parser.add_subparsers(dest="command", required=True)
     p_run = sub.add_parser("run", help="run an experiment on real torchrun ranks and print a per-rank table")
-    for flag, (_, kind, help_text) in {**RUN_FLAGS, **FAULT_FLAGS}.items():
+    for flag, (_, kind, help_text) in {**RUN_FLAGS, **FAULT_FLAGS, **STRAGGLER_FLAGS}.items():
         p_run.add_argument(flag, type=kind, default=None, help=help_text)
     p_run.add_argument("--out", default=None, help="run directory (default runs/<name>-<hash>)")
     p_run.set_defaults(func=_cmd_run)

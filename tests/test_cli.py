@@ -19,9 +19,10 @@ DDPLAB = shutil.which("ddplab") or str(Path(sys.executable).parent / "ddplab")
 
 
 def test_every_field_the_command_line_can_set_has_a_flag():
-    fields = {f.name for f in dataclasses.fields(Experiment)} - {"task", "fault"}
+    fields = {f.name for f in dataclasses.fields(Experiment)} - {"task", "fault", "straggler"}
     assert {field for field, _, _ in cli.RUN_FLAGS.values()} == fields
     assert {field for field, _, _ in cli.FAULT_FLAGS.values()} == {f.name for f in dataclasses.fields(cli.Fault)}
+    assert {field for field, _, _ in cli.STRAGGLER_FLAGS.values()} == {f.name for f in dataclasses.fields(cli.Straggler)}
 
 
 def test_help_lists_what_the_spec_accepts():
@@ -37,6 +38,10 @@ def test_flags_parse_into_the_experiment():
     exp = cli.experiment_from_args(cli.build_parser().parse_args(parser_args))
     assert exp.local_batch == (4, 8) and exp.probes == ("gradients", "bytes") and exp.find_unused_parameters
     assert exp.fault == cli.Fault("crash", rank=0, step=0)
+    slow = cli.experiment_from_args(cli.build_parser().parse_args(["run", "--straggler", "data", "--straggler-ms", "5"]))
+    assert slow.straggler == cli.Straggler(rank=1, where="data", ms=5.0)
+    with pytest.raises(ValueError, match="straggler"):
+        cli.experiment_from_args(cli.build_parser().parse_args(["run", "--straggler-ms", "5"]))
 
 
 def test_a_factory_that_exits_is_refused_naming_the_model(tmp_path):

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from ddplab import Experiment
-from ddplab.spec import AllReduceSweep, BucketSweep, Fault, Train
+from ddplab.spec import AllReduceSweep, BucketSweep, Fault, Straggler, Train
 
 
 def test_defaults_are_valid_and_round_trip_through_json():
@@ -241,3 +241,29 @@ def test_a_task_that_leaves_name_and_task_out_of_its_reads_still_accepts_them():
     from tests.toy_task import Toy
 
     assert Experiment(name="mine", task=Toy(), world_size=2).name == "mine"
+
+
+@pytest.mark.parametrize("straggler, field", [
+    (dict(rank=2), "straggler.rank"),                       # world_size is 2
+    (dict(where="network"), "straggler.where"),
+    (dict(ms=0), "straggler.ms"), (dict(ms=float("nan")), "straggler.ms"), (dict(ms=True), "straggler.ms"),
+    (dict(ms=70_000), "straggler.ms"),                      # past the 60 s collective timeout
+    ({"rank": 1, "speed": 2}, "straggler"),                 # an unknown field
+])
+def test_a_bad_straggler_is_refused_naming_its_field(straggler, field):
+    with pytest.raises(ValueError, match=f"Experiment.{re.escape(field)}"):
+        Experiment(world_size=2, straggler=straggler if "speed" in straggler else Straggler(**straggler))
+
+
+def test_a_straggler_needs_someone_to_wait_for_it_and_round_trips():
+    from ddplab.spec import BucketSweep
+
+    with pytest.raises(ValueError, match="world_size >= 2"):
+        Experiment(world_size=1, straggler=Straggler(rank=0))
+    with pytest.raises(ValueError, match="sync='ddp'"):
+        Experiment(sync="none", straggler=Straggler())
+    with pytest.raises(ValueError, match="Experiment.straggler: the bucket-sweep task does not read it"):
+        Experiment(task=BucketSweep(plans=("ddp:1",)), straggler=Straggler())
+    e = Experiment(steps=3, straggler={"rank": 0, "where": "data", "ms": 5})
+    assert e.straggler == Straggler(0, "data", 5) and Experiment.from_json(e.to_json()) == e
+    assert e.hash != Experiment(steps=3).hash

@@ -3,7 +3,7 @@
 arguments override any field. Used by the notebooks, the CLI and the tests.
 
     launch_and_ranks (00), synchronized_gradient (01), replicated_memory (02), communication (03),
-    gradient_readiness (04), buckets_and_overlap (05), global_batch (06)
+    gradient_readiness (04), buckets_and_overlap (05), global_batch (06), slowest_rank (07)
 """
 
 from .buckets_and_overlap import BUCKET_MODEL, ONE_PER_PARAMETER_MB, bucket_sweep
@@ -12,10 +12,12 @@ from .global_batch import SCALING_MODEL, accumulation, batch_size_study, strong_
 from .gradient_readiness import backward_trace, readiness_cases
 from .launch_and_ranks import crash, launch_and_ranks, skip_backward
 from .replicated_memory import MEMORY_MODEL, memory_sweeps, replicated_memory, sharding_preview
+from .slowest_rank import STRAGGLER_MODEL, delay_sweep, stragglers
 from .synchronized_gradient import synchronized_gradient, unequal_work
 
-__all__ = ["BUCKET_MODEL", "COMM_MODEL", "MEMORY_MODEL", "ONE_PER_PARAMETER_MB", "SCALING_MODEL", "accumulation",
-           "allreduce_sweep", "backward_trace", "batch_size_study", "bucket_sweep", "bytes_on_wire", "crash",
+__all__ = ["BUCKET_MODEL", "COMM_MODEL", "MEMORY_MODEL", "ONE_PER_PARAMETER_MB", "SCALING_MODEL", "STRAGGLER_MODEL",
+           "accumulation", "allreduce_sweep", "backward_trace", "batch_size_study", "bucket_sweep", "bytes_on_wire", "crash",
+           "delay_sweep", "stragglers",
            "launch_and_ranks", "local_batch_sweep", "memory_sweeps", "readiness_cases", "replicated_memory",
            "sharding_preview", "skip_backward", "strong_scaling", "synchronized_gradient", "unequal_work",
            "weak_scaling"]

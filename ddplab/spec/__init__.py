@@ -1,12 +1,13 @@
 """The spec stage: `Experiment` and its sections, validated and JSON round-tripping (no torch).
 
-    from ddplab.spec import Experiment, Fault, AllReduceSweep, BucketSweep, Train
+    from ddplab.spec import Experiment, Fault, Straggler, AllReduceSweep, BucketSweep, Train
 Used by every notebook, through `recipes`.
 """
 
 from .experiment import Experiment
 from .fault import Fault
+from .straggler import Straggler
 from .tasks import AllReduceSweep, BucketSweep, Phase, TaskSpec, Train, parse_plan, register
 
-__all__ = ["AllReduceSweep", "BucketSweep", "Experiment", "Fault", "Phase", "TaskSpec", "Train", "parse_plan",
+__all__ = ["AllReduceSweep", "BucketSweep", "Experiment", "Fault", "Phase", "Straggler", "TaskSpec", "Train", "parse_plan",
            "register"]

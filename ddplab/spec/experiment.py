@@ -3,7 +3,8 @@
 The spec travels to every rank as `run_dir/spec.json`, so it must round-trip through JSON exactly
 and hash the same on every machine. It is in sections: the common fields below describe the model,
 the data-parallel setup and where the ranks run; `task` is the task's own section (`spec/tasks.py`:
-`Train()`, `AllReduceSweep(...)`, `BucketSweep(...)`) and `fault` the fault injection (`spec/fault.py`).
+`Train()`, `AllReduceSweep(...)`, `BucketSweep(...)`), `fault` the fault injection (`spec/fault.py`) and
+`straggler` a rank slowed on purpose (`spec/straggler.py`).
 A field the task does not read must stay at its default, or the spec is refused naming it.
 Used by every notebook, through `recipes` and `ddplab.run`.
 
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field
 
 from .checks import bad, is_int, is_number
 from .fault import Fault
+from .straggler import Straggler
 from .tasks import TaskSpec, Train
 
 BUILTIN_MODELS = ("transformer", "mlp", "branchy")
@@ -31,7 +33,8 @@ DEVICES = ("auto", "cpu", "cuda")
 SYNC_MODES = ("ddp", "none")
 LOSS_NORMS = ("rank-mean", "global-sample", "global-token")
 DTYPES = ("float32", "float64")
-PROBES = ("reference", "gradients", "buckets", "activations", "memory", "memory-snapshot", "readiness", "bytes")
+PROBES = ("reference", "gradients", "buckets", "activations", "memory", "memory-snapshot", "readiness", "bytes",
+          "profile")
 SHARDING = ("none", "zero1", "fsdp2")
 _FACTORY = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 # upper bounds that keep a spec inside what one machine can hold or run (refused beyond them, before
@@ -88,6 +91,7 @@ class Experiment:
     timeout_s: float = 60.0                  # how long a rank may wait in one collective
     pin_cpus: bool = False                   # CPU runs: pin rank r to core r mod cores (steadier timings)
     fault: Fault | None = None               # fault injection (spec/fault.py), to study failures
+    straggler: Straggler | None = None       # one rank slower by a known amount every step (spec/straggler.py)
     # extra measurements the ranks record
     probes: tuple[str, ...] = field(default_factory=tuple)
 
@@ -101,6 +105,7 @@ class Experiment:
         if fault is not None and fault.rank is None:
             fault = dataclasses.replace(fault, rank=self.world_size - 1 if is_int(self.world_size) else 0)
         object.__setattr__(self, "fault", fault)
+        object.__setattr__(self, "straggler", Straggler.from_dict(self.straggler))
         _validate(self)
 
     # ---- per-rank views -------------------------------------------------------------------
@@ -132,6 +137,7 @@ class Experiment:
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         d["task"] = self.task.to_dict()
         d["fault"] = dataclasses.asdict(self.fault) if self.fault else None
+        d["straggler"] = dataclasses.asdict(self.straggler) if self.straggler else None
         return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
 
     def to_json(self) -> str:
@@ -215,6 +221,8 @@ def _validate(e: Experiment) -> None:
     _validate_placement(e)
     if e.fault is not None:
         e.fault.check(e)
+    if e.straggler is not None:
+        e.straggler.check(e)
     _validate_probes(e)
     e.task.check(e)
 

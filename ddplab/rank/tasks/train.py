@@ -4,7 +4,8 @@ Build the same model from the same seed on every rank, wrap it (DDP, FSDP2 or no
 each optimizer step: for each micro-step take this rank's shard of the global batch, forward,
 backward (DDP averages the gradients during the last micro-step's backward; `no_sync` skips the
 all-reduce before), then one optimizer step. Probes (`rank/probes/`) record what the lab measures
-beyond the timings, attached by name; an injected fault (`spec/fault.py`) misbehaves on one rank.
+beyond the timings, attached by name; an injected fault (`spec/fault.py`) misbehaves on one rank, and
+a straggler (`spec/straggler.py`) is slower by a known amount in every step.
 """
 
 from __future__ import annotations
@@ -51,6 +52,9 @@ def run(ctx):
             ids = shard_ids(exp.local_batches, exp.accum_steps, step, micro, rank)
             x, y = (t.to(device) for t in data.batch(exp.seed, ids, exp.seq_len_of(rank), exp.vocab_size))
             sample_ids += ids
+            slow = exp.straggler if exp.straggler and exp.straggler.rank == rank else None
+            if slow and slow.where == "data":
+                time.sleep(slow.ms / 1e3)   # a data loader that hands this rank its batch late
             clock.mark("data")
             last = micro == exp.accum_steps - 1
             synced = ddp is not None and (last or not exp.no_sync)
@@ -61,6 +65,9 @@ def run(ctx):
                     loss = micro_loss(exp.loss_norm, losses, exp.accum_steps, scale, global_count)
                 probes.after_forward(step, micro)
                 clock.mark("forward")
+                if slow and slow.where != "data":
+                    delay(slow, device)
+                    clock.mark("straggler")
                 if exp.fault and exp.fault.hits(rank, step) and inject_fault(ctx, step, micro, synced):
                     continue
                 log.enter("backward", step, micro, collective=GRADIENT_ALL_REDUCE if synced else None)
@@ -124,6 +131,20 @@ def loss_scale(ctx, step: int, clock) -> tuple[float, float]:
         scale = exp.world_size
     clock.mark("count")
     return scale, count.item()
+
+
+def delay(slow, device) -> None:
+    """The straggler's extra time before its backward (`spec/straggler.py`): a pause, or matrix
+    products that keep its core busy for `slow.ms`."""
+    if slow.where == "before-backward":
+        time.sleep(slow.ms / 1e3)
+        return
+    a = torch.randn(128, 128, device=device)
+    end = time.perf_counter() + slow.ms / 1e3
+    while time.perf_counter() < end:
+        a = torch.tanh(a @ a)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)   # wall time is the measure: no queue of kernels left behind
 
 
 def inject_fault(ctx, step: int, micro: int, synced: bool) -> bool:

@@ -1,0 +1,63 @@
+"""Figures of stragglers (notebook 07): every rank's wait and other time per step, run by run, and the
+step time against the delay injected into one rank. Numbers from `tables/stragglers.py`."""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+
+RANK_COLORS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink", "tab:gray")
+
+
+def waits(tables: dict, title: str = ""):
+    """One row of boxes per run (`tables`: run name -> `compute_and_wait(run)`): for each rank, the
+    per-step wait at the final bucket (left) and the rest of its step (right), over the run's steps."""
+    names = list(tables)
+    ranks = sorted({r for t in tables.values() for r in t.index.get_level_values("rank")})
+    fig, axes = plt.subplots(1, 2, figsize=(11, 0.55 * len(names) * len(ranks) + 1.6), sharey=True,
+                             layout="constrained")
+    height = 0.8 / len(ranks)
+    for ax, column, label in ((axes[0], "wait_ms", "wait at the final bucket (ms)"),
+                              (axes[1], "other_ms", "the rest of the step (ms)")):
+        for j, rank in enumerate(ranks):
+            data = [tables[n].xs(rank, level="rank")[column].tolist() for n in names]
+            pos = [i + (j - (len(ranks) - 1) / 2) * height for i in range(len(names))]
+            box = ax.boxplot(data, positions=pos, widths=height * 0.85, vert=False, patch_artist=True,
+                             manage_ticks=False, flierprops={"markersize": 3})
+            for patch in box["boxes"]:
+                patch.set_facecolor(RANK_COLORS[j % len(RANK_COLORS)])
+                patch.set_alpha(0.75)
+            ax.plot([], [], "s", color=RANK_COLORS[j % len(RANK_COLORS)], label=f"rank {rank}")
+        ax.set_xlabel(label)
+        ax.grid(axis="x", alpha=0.3)
+        ax.set_xlim(left=0)
+    axes[0].set_yticks(range(len(names)), names)
+    axes[0].invert_yaxis()
+    axes[1].legend(loc="lower right", fontsize=9)
+    if title:
+        fig.suptitle(title)
+    return fig
+
+
+def delay_response(table, fit=None, title: str = ""):
+    """The step time each run lost against its baseline, and the early ranks' extra wait, against the
+    delay injected into one rank (`table`: `tables.stragglers.delay_response`); the line y = x is
+    where the step follows the slowest rank exactly; `fit` (slope, intercept) adds the fitted line."""
+    fig, ax = plt.subplots(figsize=(6.5, 4.2), layout="constrained")
+    top = max(table["delay_ms"].max(), table["step_added_ms"].max(), table["extra_wait_ms"].max()) * 1.1
+    ax.plot([0, top], [0, top], color="0.6", lw=1, ls="--", label="y = injected delay")
+    ax.scatter(table["delay_ms"], table["step_added_ms"], s=40, color="tab:red", label="step time added", zorder=3)
+    ax.scatter(table["delay_ms"], table["extra_wait_ms"], s=40, marker="x", color="tab:blue",
+               label="early ranks' extra wait", zorder=3)
+    if fit is not None:
+        slope, intercept = fit
+        ax.plot([0, top], [intercept, intercept + slope * top], color="tab:red", lw=1,
+                label=f"fit: step added = {slope:.2f} x delay {intercept:+.1f} ms")
+    ax.set_xlim(0, top)
+    ax.set_ylim(0, top)
+    ax.set_xlabel("delay injected into one rank, every step (ms)")
+    ax.set_ylabel("ms, against the run without a straggler")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=9, loc="upper left")
+    if title:
+        ax.set_title(title)
+    return fig

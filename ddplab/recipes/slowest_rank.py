@@ -1,0 +1,34 @@
+"""Notebook 07, the slowest rank: stragglers on purpose, and what every early rank waits."""
+
+from __future__ import annotations
+
+from ..spec import Experiment, Straggler
+
+# a small transformer whose step takes ~15 ms on 2 CPU ranks: a 10-40 ms straggler stands out of the noise;
+# buckets of 0.05 MiB give several all-reduces per step, so every step has several arrivals to compare
+STRAGGLER_MODEL = dict(d_model=64, n_layers=2, n_heads=4, vocab_size=64, local_batch=8, seq_len=32, bucket_cap_mb=0.05)
+
+
+def stragglers(world_size: int = 2, ms: float = 20, rank: int = 1, steps: int = 12, pin_cpus: bool = True,
+               **overrides) -> list[Experiment]:
+    """Notebook 07: the same DDP run without a straggler ("straggler-none"), then with rank `rank` slower by
+    `ms` every step in each of three places (a late batch, a pause before backward, extra compute
+    before backward), and with twice the sequence length on that rank (no injected delay: more work).
+    The bucket probe records every rank's arrival at every all-reduce."""
+    base = dict(world_size=world_size, steps=steps, probes=("buckets",), pin_cpus=pin_cpus, **STRAGGLER_MODEL)
+    base.update(overrides)
+    none = Experiment(name="straggler-none", **base)
+    slowed = [none.replace(name=f"straggler-{where}", straggler=Straggler(rank, where, ms))
+              for where in ("data", "before-backward", "compute")]
+    longer = tuple(2 * none.seq_len if r == rank else none.seq_len for r in range(world_size))
+    return [none, *slowed, none.replace(name="straggler-longer-sequences", seq_len=longer)]
+
+
+def delay_sweep(delays_ms=(10, 20, 40), world_size: int = 2, rank: int = 1, steps: int = 12, pin_cpus: bool = True,
+                **overrides) -> list[Experiment]:
+    """Notebook 07: a pause before backward on rank `rank` of each of `delays_ms`, to see the step follow
+    the slowest rank (its baseline is `stragglers()`'s "straggler-none")."""
+    base = dict(world_size=world_size, steps=steps, probes=("buckets",), pin_cpus=pin_cpus, **STRAGGLER_MODEL)
+    base.update(overrides)
+    return [Experiment(name=f"delay-{ms:g}ms", straggler=Straggler(rank, "before-backward", ms), **base)
+            for ms in delays_ms]

@@ -1,0 +1,51 @@
+"""A straggler on purpose: one rank made slower by a known amount in every step, to study how a
+synchronous reduction waits for its slowest participant (pure).
+
+    Experiment(world_size=2, steps=12, straggler=Straggler(rank=1, where="before-backward", ms=20))
+
+- "data": the rank's batch arrives `ms` late (a slow data loader: it sleeps before its forward);
+- "before-backward": the rank pauses `ms` between its forward and its backward (a host-side stall);
+- "compute": the rank does `ms` of extra compute before its backward (matrix products that keep its
+  core busy, as an extra layer or a monitoring hook would).
+A rank with longer sequences is the fourth kind, and needs no straggler: give `seq_len` per rank.
+Only the train task injects stragglers. Used by notebook 07.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .checks import bad, is_int, is_number
+
+WHERE = ("data", "before-backward", "compute")
+MAX_MS = 10_000.0   # ten seconds a step: far beyond any lesson here, and under any collective timeout
+
+
+@dataclass(frozen=True)
+class Straggler:
+    rank: int = 1
+    where: str = "before-backward"
+    ms: float = 20.0
+
+    def check(self, exp) -> None:
+        if self.where not in WHERE:
+            bad("straggler.where", f"must be one of {', '.join(WHERE)} (got {self.where!r})")
+        if not is_int(self.rank) or not 0 <= self.rank < exp.world_size:
+            bad("straggler.rank", f"must be a rank in 0..{exp.world_size - 1} (got {self.rank!r})")
+        if not is_number(self.ms) or not 0 < self.ms <= MAX_MS:
+            bad("straggler.ms", f"must be a number of milliseconds in (0, {MAX_MS:g}] (got {self.ms!r})")
+        if exp.world_size < 2:
+            bad("straggler", "needs world_size >= 2: with one rank nobody waits for it")
+        if exp.sync != "ddp":
+            bad("straggler", "needs sync='ddp': without synchronization nobody waits for the slow rank")
+        if self.ms >= 1000 * exp.timeout_s:
+            bad("straggler.ms", f"a delay of {self.ms:g} ms reaches the collective timeout ({exp.timeout_s:g} s): "
+                                "the peers would time out instead of waiting")
+
+    @staticmethod
+    def from_dict(d) -> "Straggler | None":
+        if d is None or isinstance(d, Straggler):
+            return d
+        if not isinstance(d, dict) or set(d) - {"rank", "where", "ms"}:
+            bad("straggler", f"must be Straggler(rank, where, ms) or None (got {d!r})")
+        return Straggler(**d)

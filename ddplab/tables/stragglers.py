@@ -1,0 +1,142 @@
+"""Who waits for whom in a synchronous step (notebook 07): for every bucket's all-reduce, when each rank
+arrived (launched it: the bucket probe's launch time, on the host's one clock), how long every early
+rank then waited for the last one, and who that was; per step and rank, the time spent waiting and
+the rest of the step. A collective completes only when its last rank has joined, so an early rank's
+wait is the last arrival minus its own.
+
+- `arrivals(run)`: one row per step, bucket and rank;
+- `last_arrivals(run)`: per rank, how often it was the last to arrive;
+- `compute_and_wait(run)`: per step and rank, the wait at the step's final bucket (after it, an early
+  rank has nothing left to compute) and the step's other time;
+- `per_rank(run)`: their medians per rank, with the run-to-run spread of the wait;
+- `delay_response(runs, baseline)`: per straggler run, the injected delay against what the early
+  ranks waited and what the step lost, each beside the baseline run without a straggler.
+Needs the buckets probe (`probes=("buckets",)`). Numbers in, DataFrames out (no processes).
+"""
+
+from __future__ import annotations
+
+import statistics
+
+import pandas as pd
+
+from .bucket_sweep import _robust_spread
+
+SKIP = 1   # steps left out at the start: DDP's first iteration runs one bucket, then rebuilds
+
+
+def _buckets(run, skip: int):
+    if any(s.buckets is None for r in run.ranks for s in r.steps):
+        raise ValueError(f"{run.spec.name}: no bucket events: run it with probes=('buckets',) to see arrivals")
+    if run.spec.steps <= skip:
+        raise ValueError(f"{run.spec.name}: {run.spec.steps} step(s), all within the first {skip} left out; "
+                         "run more steps")
+    for i in range(skip, run.spec.steps):
+        yield i, {r.rank: {b.index: b for b in r.steps[i].buckets} for r in run.ranks}
+
+
+def arrivals(run, skip: int = SKIP) -> pd.DataFrame:
+    """Per step (from `skip` on), bucket and rank: arrival_ms after the first rank's arrival at that
+    bucket, wait_ms until the last rank's arrival (0 for the last), and whether it was the last."""
+    rows = []
+    for step, by_rank in _buckets(run, skip):
+        for index in sorted(by_rank[0]):
+            launch = {r: b[index].launch_ns for r, b in by_rank.items()}
+            first, last = min(launch.values()), max(launch.values())
+            late = max(launch, key=launch.get)
+            for r, t in sorted(launch.items()):
+                rows.append({"step": step, "bucket": index, "rank": r, "arrival_ms": (t - first) / 1e6,
+                             "wait_ms": (last - t) / 1e6, "last": r == late})
+    return pd.DataFrame(rows).set_index(["step", "bucket", "rank"])
+
+
+def last_arrivals(run, skip: int = SKIP) -> pd.DataFrame:
+    """Per rank: how many of the run's all-reduces (steps x buckets) it joined last, and the share."""
+    a = arrivals(run, skip)
+    counts = a.groupby(level="rank")["last"].sum().astype(int)
+    total = len(a) // run.world_size
+    return pd.DataFrame({"arrived_last": counts, "of": total, "share": counts / total})
+
+
+def compute_and_wait(run, skip: int = SKIP) -> pd.DataFrame:
+    """Per step and rank: the step time, the wait at the step's final bucket (the last rank's arrival
+    minus this rank's), and everything else in the step (`other_ms` = step - wait)."""
+    a = arrivals(run, skip)
+    final = a.index.get_level_values("bucket").max()
+    rows = []
+    for r in run.ranks:
+        for i in range(skip, run.spec.steps):
+            wait = float(a.loc[(i, final, r.rank), "wait_ms"])
+            rows.append({"step": i, "rank": r.rank, "step_ms": r.steps[i].step_ms, "wait_ms": wait,
+                         "other_ms": r.steps[i].step_ms - wait})
+    return pd.DataFrame(rows).set_index(["step", "rank"])
+
+
+def per_rank(run, skip: int = SKIP) -> pd.DataFrame:
+    """Per rank: median step, wait and other time over the steps, the wait's spread (1.4826 x MAD),
+    and how often it arrived last at the final bucket."""
+    cw = compute_and_wait(run, skip)
+    a = arrivals(run, skip)
+    final = a.xs(a.index.get_level_values("bucket").max(), level="bucket")
+    rows = []
+    for rank, g in cw.groupby(level="rank"):
+        rows.append({"rank": rank, "step_ms": statistics.median(g["step_ms"]), "wait_ms": statistics.median(g["wait_ms"]),
+                     "wait_spread_ms": _robust_spread(list(g["wait_ms"])), "other_ms": statistics.median(g["other_ms"]),
+                     "last_at_final_bucket": int(final.xs(rank, level="rank")["last"].sum())})
+    return pd.DataFrame(rows).set_index("rank")
+
+
+def _slowest_step_ms(run, skip: int) -> list[float]:
+    return [max(r.steps[i].step_ms for r in run.ranks) for i in range(skip, run.spec.steps)]
+
+
+def delay_response(runs, baseline, skip: int = SKIP) -> pd.DataFrame:
+    """Per run with a straggler: where and how much it was delayed, the early ranks' median wait at the
+    final bucket, the step time (median over steps, each at its slowest rank), and both against the
+    `baseline` run without a straggler (`extra_wait_ms`, `step_added_ms`), with the spread of the
+    early ranks' per-step wait (1.4826 x MAD)."""
+    base_step = statistics.median(_slowest_step_ms(baseline, skip))
+    base_wait = statistics.median(compute_and_wait(baseline, skip)["wait_ms"])
+    rows = []
+    for run in runs:
+        slow = run.spec.straggler
+        if slow is None:
+            raise ValueError(f"{run.spec.name}: no straggler in this run's spec; pass it as the baseline")
+        cw = compute_and_wait(run, skip)
+        early = cw[cw.index.get_level_values("rank") != slow.rank]["wait_ms"].tolist()
+        step = statistics.median(_slowest_step_ms(run, skip))
+        rows.append({"run": run.spec.name, "where": slow.where, "slow_rank": slow.rank, "delay_ms": slow.ms,
+                     "early_wait_ms": statistics.median(early), "wait_spread_ms": _robust_spread(early),
+                     "extra_wait_ms": statistics.median(early) - base_wait, "step_ms": step,
+                     "step_added_ms": step - base_step})
+    return pd.DataFrame(rows).set_index("run")
+
+
+def wait_tolerance_ms(row) -> float:
+    """How far an early rank's extra wait may sit from the injected delay and still match it: twice the
+    per-step spread of its wait (this run's noise), plus a tenth of the delay (a sleep overshoots, and
+    the slow rank's own backward varies, by a share of the time it runs alone)."""
+    return 2 * row["wait_spread_ms"] + 0.1 * row["delay_ms"]
+
+
+def verify_wait_matches_delay(table: pd.DataFrame) -> None:
+    """Notebook 07's check, on a `delay_response` table: in every run the early ranks waited, at the
+    final bucket, the delay injected into the slow rank, within `wait_tolerance_ms`. Raises
+    `verify.CheckFailed` otherwise (tests/test_stragglers.py feeds it a wrong delay)."""
+    from .. import verify
+
+    for name, row in table.iterrows():
+        verify.below(f"{name}: the early ranks' extra wait ({row['extra_wait_ms']:.1f} ms) is the {row['delay_ms']:g} ms "
+                     f"injected into rank {row['slow_rank']} ({row['where']}): |difference| in ms, against the tolerance",
+                     abs(row["extra_wait_ms"] - row["delay_ms"]), wait_tolerance_ms(row))
+
+
+def step_slope(table: pd.DataFrame) -> tuple[float, float]:
+    """(slope, intercept) of the least-squares line through (delay_ms, step_added_ms): 1 and 0 when
+    the step follows the slowest rank exactly."""
+    x, y = table["delay_ms"].astype(float), table["step_added_ms"].astype(float)
+    if x.nunique() < 2:
+        raise ValueError("delay_ms: a slope needs runs with at least two different delays")
+    mx, my = x.mean(), y.mean()
+    slope = float(((x - mx) * (y - my)).sum() / ((x - mx) ** 2).sum())
+    return slope, float(my - slope * mx)

@@ -1,0 +1,86 @@
+"""Stragglers on purpose (notebook 07, issue 15): the spec injects a known delay into one rank, the bucket
+probe sees every rank's arrival at every all-reduce, and the tables say who waited for whom. One real
+2-rank launch: a run without a straggler, a pause before backward and a late batch on rank 1, and a
+rank with twice the sequence length."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+import ddplab
+from ddplab import verify
+from ddplab.recipes.slowest_rank import stragglers as straggler_runs
+from ddplab.tables import stragglers
+from tests.conftest import leftovers
+
+DELAY_MS = 25
+
+
+@pytest.fixture(scope="module")
+def runs(runs_dir):
+    exps = straggler_runs(ms=DELAY_MS, steps=8, d_model=32, n_layers=1, n_heads=2, local_batch=4, seq_len=16)
+    exps = [e for e in exps if e.name != "straggler-compute"]
+    out = {r.spec.name: r for r in ddplab.run_many(exps, runs_dir / "stragglers", progress=False)}
+    assert not leftovers(runs_dir / "stragglers")
+    return out
+
+
+@pytest.mark.slow
+def test_the_slow_rank_arrives_last_and_every_early_rank_waits_for_it(runs):
+    run = runs["straggler-before-backward"]
+    a = stragglers.arrivals(run)
+    assert set(a.index.get_level_values("rank")) == {0, 1}
+    # at every all-reduce exactly one rank is last, and its wait is 0; the other waited for it
+    assert (a.groupby(level=["step", "bucket"])["last"].sum() == 1).all()
+    assert (a.loc[a["last"], "wait_ms"] == 0).all() and (a["wait_ms"] >= 0).all()
+    last = stragglers.last_arrivals(run)
+    assert last.loc[1, "share"] > 0.9 and last["arrived_last"].sum() == last["of"].iloc[0]
+    cw = stragglers.compute_and_wait(run)
+    assert (cw["other_ms"] + cw["wait_ms"] - cw["step_ms"]).abs().max() < 1e-9
+
+
+@pytest.mark.slow
+def test_the_early_ranks_wait_is_the_injected_delay_and_the_step_loses_it(runs):
+    table = stragglers.delay_response([runs["straggler-before-backward"], runs["straggler-data"]],
+                                      runs["straggler-none"])
+    assert list(table["delay_ms"]) == [DELAY_MS, DELAY_MS] and list(table["slow_rank"]) == [1, 1]
+    stragglers.verify_wait_matches_delay(table)
+    assert (table["step_added_ms"] > 0.5 * DELAY_MS).all()
+    # the key check can fail: the same runs, claimed to carry twice the delay they had
+    wrong = table.assign(delay_ms=2 * table["delay_ms"])
+    with pytest.raises(verify.CheckFailed, match="extra wait"):
+        stragglers.verify_wait_matches_delay(wrong)
+
+
+@pytest.mark.slow
+def test_more_work_on_one_rank_makes_it_the_straggler_without_any_delay(runs):
+    run = runs["straggler-longer-sequences"]
+    assert run.spec.straggler is None and run.spec.seq_len_of(1) == 2 * run.spec.seq_len_of(0)
+    per = stragglers.per_rank(run)
+    assert per.loc[1, "last_at_final_bucket"] > per.loc[0, "last_at_final_bucket"]
+    assert per.loc[0, "wait_ms"] > per.loc[1, "wait_ms"]
+
+
+@pytest.mark.slow
+def test_arrivals_need_the_bucket_probe_and_delay_response_needs_stragglers(runs):
+    base = runs["straggler-none"]
+    with pytest.raises(ValueError, match="no straggler"):
+        stragglers.delay_response([base], base)
+    with pytest.raises(ValueError, match="all within the first"):
+        stragglers.arrivals(base, skip=base.spec.steps)
+
+
+@pytest.mark.slow
+def test_arrivals_refuse_a_run_without_bucket_events(run2):
+    with pytest.raises(ValueError, match="probes=\\('buckets',\\)"):
+        stragglers.arrivals(run2)
+
+
+def test_the_step_slope_of_a_perfect_straggler_is_one():
+    table = pd.DataFrame({"delay_ms": [10.0, 20.0, 40.0], "step_added_ms": [11.0, 21.0, 41.0]})
+    assert stragglers.step_slope(table) == pytest.approx((1.0, 1.0))
+    with pytest.raises(ValueError, match="delay_ms"):
+        stragglers.step_slope(table.assign(delay_ms=20.0))
+    row = {"wait_spread_ms": 1.5, "delay_ms": 20.0}
+    assert stragglers.wait_tolerance_ms(row) == pytest.approx(5.0)
