@@ -7,6 +7,9 @@
         rank{r}.progress       JSON lines: which phase of which step rank r entered, and when
         rank{r}.error.json     written by a rank that fails: its phase and traceback
         rank{r}.memory.pickle  CUDA allocator snapshot (the memory-snapshot probe; pytorch.org/memory_viz)
+        rank{r}.memory-timeline.json  the profiler's memory timeline by category (the profile probe)
+        traces/rank{r}.pt.trace.json  the profiler's chrome trace (the profile probe; every rank's in one
+                               folder, nothing else there, as Holistic Trace Analysis reads it)
         launch.log             torchrun's own output
         launch.json            the launcher's record: command, exit status, wall time, whether complete
 
@@ -48,6 +51,18 @@ def error_file(run_dir: Path, rank: int) -> Path:
 
 def snapshot_file(run_dir: Path, rank: int) -> Path:
     return Path(run_dir) / f"rank{rank}.memory.pickle"
+
+
+def trace_dir(run_dir: Path) -> Path:
+    return Path(run_dir) / "traces"
+
+
+def trace_file(run_dir: Path, rank: int) -> Path:
+    return trace_dir(run_dir) / f"rank{rank}.pt.trace.json"
+
+
+def memory_timeline_file(run_dir: Path, rank: int) -> Path:
+    return Path(run_dir) / f"rank{rank}.memory-timeline.json"
 
 
 def write_json_atomic(path: Path, obj) -> None:

@@ -1,7 +1,8 @@
 """Views: matplotlib figures of finished runs and of the pure models, one module per concept. Each
 function returns the Figure; nothing here launches ranks or imports rank code.
 
-    ranks (00), gradients (01), memory (02), comm (03, 05), readiness (04), buckets (05), global_batch (06)
+    ranks (00), gradients (01), memory (02), comm (03, 05), readiness (04), buckets (05), global_batch (06),
+    stragglers and traces (07)
 Used by every notebook.
 """
 
@@ -12,7 +13,8 @@ from .gradients import gradient_check, normalization_errors, rank_weights
 from .memory import memory, memory_prediction, memory_sweep
 from .ranks import sample_ownership, step_times, update_error
 from .readiness import backward_timeline, ready_order
+from .traces import trace_timeline
 
 __all__ = ["allreduce_fit", "backward_timeline", "batch_size_study", "compute_vs_comm", "gradient_check", "memory",
            "memory_prediction", "memory_sweep", "normalization_errors", "rank_weights", "ready_curve", "ready_order", "sample_ownership",
-           "scaling", "step_times", "sweep_comparison", "timeline", "timelines", "update_error"]
+           "scaling", "step_times", "sweep_comparison", "timeline", "timelines", "trace_timeline", "update_error"]

@@ -1,4 +1,5 @@
 """Pure models, numbers in and numbers out (no torch, no processes): `comm` (cost formulas and the
 alpha-beta fit), `buckets` (the bucket-schedule simulator), `memory` (per-rank memory of DDP),
-`loss_weights` (how much each rank's gradient counts). Notebooks put them beside measurements;
+`loss_weights` (how much each rank's gradient counts), `balance` (what a set of sequences costs a
+rank, and two ways to split sequences over ranks). Notebooks put them beside measurements;
 tests use real runs as their oracle."""

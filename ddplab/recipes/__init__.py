@@ -12,12 +12,12 @@ from .global_batch import SCALING_MODEL, accumulation, batch_size_study, strong_
 from .gradient_readiness import backward_trace, readiness_cases
 from .launch_and_ranks import crash, launch_and_ranks, skip_backward
 from .replicated_memory import MEMORY_MODEL, memory_sweeps, replicated_memory, sharding_preview
-from .slowest_rank import STRAGGLER_MODEL, delay_sweep, stragglers
+from .slowest_rank import STRAGGLER_MODEL, balance_study, delay_sweep, profiled, stragglers
 from .synchronized_gradient import synchronized_gradient, unequal_work
 
 __all__ = ["BUCKET_MODEL", "COMM_MODEL", "MEMORY_MODEL", "ONE_PER_PARAMETER_MB", "SCALING_MODEL", "STRAGGLER_MODEL",
            "accumulation", "allreduce_sweep", "backward_trace", "batch_size_study", "bucket_sweep", "bytes_on_wire", "crash",
-           "delay_sweep", "stragglers",
+           "balance_study", "delay_sweep", "profiled", "stragglers",
            "launch_and_ranks", "local_batch_sweep", "memory_sweeps", "readiness_cases", "replicated_memory",
            "sharding_preview", "skip_backward", "strong_scaling", "synchronized_gradient", "unequal_work",
            "weak_scaling"]

@@ -1,8 +1,9 @@
-"""Notebook 07, the slowest rank: stragglers on purpose, and what every early rank waits."""
+"""Notebook 07, the slowest rank: stragglers on purpose, what every early rank waits, the same steps
+under the profiler, and ranks balanced by cost rather than by tokens."""
 
 from __future__ import annotations
 
-from ..spec import Experiment, Straggler
+from ..spec import BalanceStudy, Experiment, Straggler
 
 # a small transformer whose step takes ~15 ms on 2 CPU ranks: a 10-40 ms straggler stands out of the noise;
 # buckets of 0.05 MiB give several all-reduces per step, so every step has several arrivals to compare
@@ -32,3 +33,26 @@ def delay_sweep(delays_ms=(10, 20, 40), world_size: int = 2, rank: int = 1, step
     base.update(overrides)
     return [Experiment(name=f"delay-{ms:g}ms", straggler=Straggler(rank, "before-backward", ms), **base)
             for ms in delays_ms]
+
+
+def profiled(ms: float = 20, world_size: int = 2, rank: int = 1, steps: int = 3, pin_cpus: bool = True,
+             **overrides) -> Experiment:
+    """Notebook 07: the pause-before-backward straggler under PyTorch Profiler on every rank (the
+    profile probe: one chrome trace per rank, aligned on a barrier, and the profiler's memory
+    timeline), with Adam, so the memory timeline has optimizer state to show."""
+    fields = dict(world_size=world_size, steps=steps, probes=("profile",), pin_cpus=pin_cpus, optimizer="adam",
+                  lr=1e-3, straggler=Straggler(rank, "before-backward", ms), **STRAGGLER_MODEL)
+    fields.update(overrides)
+    return Experiment(name="profiled-straggler", **fields)
+
+
+def balance_study(rounds: int = 10, steps: int = 8, pin_cpus: bool = True, **overrides) -> Experiment:
+    """Notebook 07: equal tokens, unequal cost. A pool of four 512-token and thirty-two 64-token
+    sequences (4096 tokens) on 2 ranks, split two ways: by length groups with equal tokens per rank
+    (one rank gets the long sequences: 8x the squared-length sum), and by estimated cost (greedy,
+    the cost model fitted on this machine by the task's calibration phase). A narrow model with long
+    sequences, so attention's quadratic term is a large share of the compute."""
+    task = BalanceStudy(pool=(512,) * 4 + (64,) * 32, calibration_tokens=2048, rounds=rounds, steps_per_round=steps)
+    fields = dict(world_size=2, seq_len=512, d_model=32, n_layers=2, n_heads=4, vocab_size=64, pin_cpus=pin_cpus)
+    fields.update(overrides)
+    return Experiment(name="balance-study", task=task, **fields)

@@ -7,7 +7,7 @@ Used by every notebook, through `recipes`.
 from .experiment import Experiment
 from .fault import Fault
 from .straggler import Straggler
-from .tasks import AllReduceSweep, BucketSweep, Phase, TaskSpec, Train, parse_plan, register
+from .tasks import AllReduceSweep, BalanceStudy, BucketSweep, Phase, TaskSpec, Train, parse_plan, register
 
-__all__ = ["AllReduceSweep", "BucketSweep", "Experiment", "Fault", "Phase", "Straggler", "TaskSpec", "Train", "parse_plan",
+__all__ = ["AllReduceSweep", "BalanceStudy", "BucketSweep", "Experiment", "Fault", "Phase", "Straggler", "TaskSpec", "Train", "parse_plan",
            "register"]

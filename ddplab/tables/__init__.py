@@ -2,13 +2,16 @@
 Nothing here launches ranks or imports rank code; torch loads only to read saved tensors.
 
     ranks (00), gradients (01, 06), memory (02), comm (03, 05), readiness (04),
-    bucket_sweep and buckets (05: the sweep as measured; the simulator beside it), global_batch (06)
+    bucket_sweep and buckets (05: the sweep as measured; the simulator beside it), global_batch (06),
+    stragglers, traces and balance (07: who waits for whom; the profiler's traces and memory timeline;
+    equal tokens against cost-balanced batching)
 
 The chapters' tables are at hand as `tables.<name>(run)`, and the key checks of notebooks 01, 02 and 06
 as `tables.verify_*` (they raise `verify.CheckFailed`; tests/test_key_checks.py makes each fail). Used by
 every notebook.
 """
 
+from .balance import balance_assignment, balance_calibration, balance_fit, balance_timing, balance_verdict
 from .comm import allreduce_sweep, bytes_on_wire, compute_vs_comm, fit_summary, fit_sweep
 from .global_batch import (accumulation, batch_size_study, examples_per_step, examples_seen, loss_by_examples, scaling,
                            verify_distinct_examples)
@@ -17,10 +20,13 @@ from .memory import (memory, memory_cuda, memory_moments, memory_sweep, moments_
                      verify_model_state)
 from .ranks import id_ranges, ranks, reference, steps
 from .readiness import bucket_timeline, dependency_tail, exposed_vs_summed, off_line, ready_order
+from .traces import hta_analysis, memory_timeline, memory_timeline_peaks, trace_events, trace_folder
 
-__all__ = ["accumulation", "allreduce_sweep", "batch_size_study", "bucket_timeline", "bytes_on_wire",
-           "compute_vs_comm", "dependency_tail", "examples_per_step", "examples_seen", "exposed_vs_summed", "fit_summary", "fit_sweep", "gradient_check", "gradient_values",
-           "id_ranges", "loss_by_examples", "memory", "memory_cuda", "memory_moments", "memory_sweep", "moments_sweep",
+__all__ = ["accumulation", "allreduce_sweep", "balance_assignment", "balance_calibration", "balance_fit",
+           "balance_timing", "balance_verdict", "batch_size_study", "bucket_timeline", "bytes_on_wire",
+           "compute_vs_comm", "dependency_tail", "examples_per_step", "examples_seen", "exposed_vs_summed", "fit_summary", "fit_sweep", "gradient_check", "gradient_values", "hta_analysis",
+           "id_ranges", "loss_by_examples", "memory", "memory_cuda", "memory_moments", "memory_sweep", "memory_timeline",
+           "memory_timeline_peaks", "moments_sweep",
            "normalization", "off_line", "predicted_moments", "ranks",
-           "ready_order", "reference", "scaling", "sharding", "steps",
+           "ready_order", "reference", "scaling", "sharding", "steps", "trace_events", "trace_folder",
            "verify_distinct_examples", "verify_global_batch_gradient", "verify_model_state"]

@@ -113,10 +113,11 @@ def delay_response(runs, baseline, skip: int = SKIP) -> pd.DataFrame:
 
 
 def wait_tolerance_ms(row) -> float:
-    """How far an early rank's extra wait may sit from the injected delay and still match it: twice the
-    per-step spread of its wait (this run's noise), plus a tenth of the delay (a sleep overshoots, and
-    the slow rank's own backward varies, by a share of the time it runs alone)."""
-    return 2 * row["wait_spread_ms"] + 0.1 * row["delay_ms"]
+    """How far an early rank's extra wait may sit from the injected delay and still match it: three
+    times the per-step spread of its wait (this run's noise), plus 15% of the delay (a sleep
+    overshoots, and while one rank is delayed the other computes alone, so the two ranks' own compute
+    differs by a share of the delay: a few ms in 20 on this machine)."""
+    return 3 * row["wait_spread_ms"] + 0.15 * row["delay_ms"]
 
 
 def verify_wait_matches_delay(table: pd.DataFrame) -> None:

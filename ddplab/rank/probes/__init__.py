@@ -12,7 +12,7 @@ fills. `needs` names the probes it reads from, attached before it; a probe attac
 another needs it records nothing of its own, unless that one `shows` it (readiness shows the buckets).
 Probes are attached in one fixed order (`ORDER`), so their contexts nest the same way however the
 probes are listed: the ready-time window of a backward sits inside the bytes count. Runs inside a rank.
-Used by notebooks 00-04 and 06.
+Used by notebooks 00-04, 06 and 07.
 """
 
 from __future__ import annotations
@@ -126,8 +126,10 @@ class ProbeSet:
         return self._merged("tensors")
 
 
-# the order probes are attached and their contexts entered (outermost first)
-ORDER = ("reference", "gradients", "buckets", "activations", "memory", "memory-snapshot", "bytes", "readiness")
+# the order probes are attached and their contexts entered (outermost first); the profiler first, so
+# its labels span each phase as the other probes see it and its barrier runs before they start a step
+ORDER = ("profile", "reference", "gradients", "buckets", "activations", "memory", "memory-snapshot", "bytes",
+         "readiness")
 
 
 def registry() -> dict[str, type]:
@@ -137,11 +139,12 @@ def registry() -> dict[str, type]:
     from .bytes import BytesProbe
     from .gradients import GradientsProbe
     from .memory import MemoryProbe, MemorySnapshotProbe
+    from .profile import ProfileProbe
     from .readiness import ReadinessProbe
     from .reference import ReferenceProbe
 
     classes = (ReferenceProbe, GradientsProbe, BucketsProbe, ActivationsProbe, MemoryProbe, MemorySnapshotProbe,
-               ReadinessProbe, BytesProbe)
+               ReadinessProbe, BytesProbe, ProfileProbe)
     return {c.name: c for c in classes}
 
 

@@ -1,0 +1,101 @@
+"""The profiler's view of one step on every rank (notebook 07): the lab's phases and every all-reduce,
+one lane per thread of each rank, all aligned on the end of the barrier that starts the step
+(`tables.traces`). Returns the Figure."""
+
+from __future__ import annotations
+
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
+
+from ..tables.traces import trace_events
+from .canvas import subplots
+
+PHASE_COLORS = {"barrier": "#d9d9d9", "forward": "#1f77b4", "backward": "#ff7f0e", "optimizer": "#2ca02c"}
+PHASE_LABELS = {"barrier": "ddplab:barrier (waiting for every rank)", "forward": "ddplab:forward",
+                "backward": "ddplab:backward", "optimizer": "ddplab:optimizer"}
+ALL_REDUCE_COLORS = ("#d62728", "#ff9896")   # consecutive all-reduces alternate, so none hides the next
+LAUNCH_COLOR = "black"
+
+
+def _lanes(events) -> list[tuple[int, str]]:
+    """(rank, thread) per lane, top to bottom: each rank's main thread, then each other thread that has
+    events in the step (gloo's workers, which run two all-reduces at once; a GPU stream), in the order
+    they started work."""
+    lanes = []
+    for rank in sorted(events["rank"].unique()):
+        lanes.append((rank, "main"))
+        others = events[(events["rank"] == rank) & ~events["main_thread"]].sort_values("start_ms")
+        lanes += [(rank, t) for t in dict.fromkeys(others["thread"])]
+    return lanes
+
+
+def _lane_label(rank: int, thread: str, lanes) -> str:
+    if thread == "main":
+        return f"rank {rank}\nmain thread"
+    others = [t for r, t in lanes if r == rank and t != "main"]
+    return f"rank {rank}\n{thread.rsplit(' ', 1)[0]} {others.index(thread) + 1}"
+
+
+def _names(events) -> str:
+    return ", ".join(sorted(set(events["name"])))
+
+
+def trace_timeline(run, step: int | None = None, detached: bool = False):
+    """One profiled step (default: the last) of every rank: on each rank's main thread the barrier
+    wait, forward, backward and optimizer step, with a triangle where an all-reduce is launched; below
+    it one lane per thread that ran all-reduces (gloo's workers, or the GPU). t = 0 is where each rank
+    left the step's barrier; a legend names every mark drawn."""
+    events = trace_events(run)
+    steps = sorted(int(k) for k in events["step"].unique())
+    step = steps[-1] if step is None else step
+    if step not in steps:
+        raise ValueError(f"step {step} was not profiled in run {run.spec.name!r}; the profiled steps are {steps}")
+    events = events[events["step"] == step]
+    lanes = _lanes(events)
+    y = {lane: i for i, lane in enumerate(lanes)}
+    fig, ax = subplots((10, 0.55 * len(lanes) + 2.0), detached=detached)
+    fig.set_layout_engine("constrained")
+    shown = set()
+    for (rank, thread), i in y.items():
+        main = thread == "main"
+        mine = events[(events["rank"] == rank) & (events["thread"] == thread)]
+        for kind, color in PHASE_COLORS.items():
+            bars = mine[mine["kind"] == kind]
+            if not bars.empty:
+                ax.broken_barh(list(zip(bars["start_ms"], bars["dur_ms"])), (i - 0.35, 0.7), facecolors=color,
+                               edgecolor="white", linewidth=0.5)
+                shown.add(kind)
+        comm = mine[mine["kind"] == "all_reduce"]
+        if main and not comm.empty:   # the op that hands the tensor to the backend: brief, so a mark
+            ax.plot(comm["start_ms"], [i - 0.45] * len(comm), ls="", marker="v", color=LAUNCH_COLOR, ms=6)
+            shown.add("launch")
+        elif not comm.empty:
+            for n, (start, dur) in enumerate(zip(comm["start_ms"], comm["dur_ms"])):
+                ax.broken_barh([(start, dur)], (i - 0.35, 0.7), facecolors=ALL_REDUCE_COLORS[n % 2],
+                               edgecolor="white", linewidth=0.5)
+            shown.add("all_reduce")
+    ax.axvline(0, color="black", lw=1, ls="--")
+    for i in range(1, len(lanes)):   # a rule between ranks
+        if lanes[i][0] != lanes[i - 1][0]:
+            ax.axhline(i - 0.5, color="#969696", lw=0.8)
+    ax.set_yticks(range(len(lanes)), [_lane_label(r, t, lanes) for r, t in lanes], fontsize=8)
+    ax.set_ylim(len(lanes) - 0.4, -0.7)
+    ax.set_xlabel("ms after the rank left the step's barrier (the barrier releases every rank at once)")
+    ax.grid(axis="x", alpha=0.3)
+    reduces = events[(events["kind"] == "all_reduce") & ~events["main_thread"]]
+    ranks = events["rank"].nunique()
+    per_rank = sorted(set(reduces.groupby("rank").size()))
+    ax.set_title(f"step {step} on {ranks} ranks: {' or '.join(map(str, per_rank))} all-reduce(s) per rank, the longest "
+                 f"{reduces['dur_ms'].max():.2f} ms" if not reduces.empty else
+                 f"step {step} on {ranks} ranks: no all-reduce ran off the main thread", fontsize=9, loc="left")
+    handles = [Patch(color=PHASE_COLORS[k], label=PHASE_LABELS[k]) for k in PHASE_COLORS if k in shown]
+    launches = events[(events["kind"] == "all_reduce") & events["main_thread"]]
+    if "launch" in shown:
+        handles.append(Line2D([], [], ls="", marker="v", color=LAUNCH_COLOR, ms=6,
+                              label=f"all-reduce launched ({_names(launches)})"))
+    if "all_reduce" in shown:
+        alternates = ";\nshade alternates" if reduces.groupby(["rank", "thread"]).size().max() > 1 else ""
+        handles.append(Patch(color=ALL_REDUCE_COLORS[0], label=f"all-reduce running ({_names(reduces)}{alternates})"))
+    handles.append(Line2D([], [], color="black", lw=1, ls="--", label="barrier released: t = 0 on every rank"))
+    fig.legend(handles=handles, loc="outside upper center", ncol=4, fontsize=8, frameon=False)
+    return fig

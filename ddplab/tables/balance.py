@@ -1,0 +1,162 @@
+"""What a balance study measured (`BalanceStudy`, `rank/tasks/balance.py`), as tables.
+
+- `balance_calibration(run)`: every calibration point with what the cost model (c + a x tokens +
+  b x sum_sq) and the tokens-only model (c + a x tokens) predict for it, and their errors;
+- `balance_fit(run)`: the two models side by side: coefficients, R^2, mean and max |error|;
+- `balance_assignment(run)`: per policy and rank, the sequences, tokens, sum of squared lengths,
+  the cost model's estimate and the check step's reduced-gradient difference from the first policy;
+- `balance_timing(run)`: per policy and rank, median compute and wait, and the step (timed by its
+  slowest rank), each with its run-to-run spread;
+- `balance_verdict(run)`: does cost balancing shorten the step, and the longest wait, by more than
+  twice the larger spread? Otherwise "cannot resolve".
+The spread is `bucket_sweep`'s: 1.4826 x the MAD of the per-round medians, and at least what
+step-to-step noise implies for a median of one round's steps. Numbers in, DataFrames out (no
+processes). Used by notebook 07.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+import pandas as pd
+
+from ..predict import balance as cost
+from .bucket_sweep import _robust_spread
+
+K_SPREADS = 2.0   # a difference is resolved when it exceeds this many times the larger spread
+
+
+def balance_record(run, rank: int = 0):
+    """What `rank` recorded (`record.BalanceRecord`)."""
+    if run.spec.task.kind != "balance-study":
+        raise ValueError(f"this run is a {run.spec.task.kind} run, not a balance study: run a BalanceStudy task")
+    return run.ranks[rank].result
+
+
+def _records(run) -> list:
+    balance_record(run)
+    return [r.result for r in run.ranks]
+
+
+def _samples(rec) -> list[tuple[int, int, float]]:
+    return [(p.tokens, p.sum_sq, p.median_ms) for p in rec.calibration]
+
+
+def fitted_models(run) -> dict[str, cost.CostModel]:
+    """{"cost": c + a x tokens + b x sum_sq, "tokens": c + a x tokens}, fitted to the calibration
+    points (the cost model is the one the ranks fitted and assigned with)."""
+    samples = _samples(balance_record(run))
+    return {"cost": cost.fit(samples), "tokens": cost.fit_tokens(samples)}
+
+
+def balance_calibration(run) -> pd.DataFrame:
+    """One row per calibration point: its shape, the rank that timed it, its median and range (ms),
+    and each model's prediction and error (predicted - measured)."""
+    rec, fitted = balance_record(run), fitted_models(run)
+    rows = []
+    for p in rec.calibration:
+        row = {"count": p.count, "length": p.length, "tokens": p.tokens, "sum_sq": p.sum_sq, "rank": p.rank,
+               "measured_ms": p.median_ms, "min_ms": min(p.ms), "max_ms": max(p.ms)}
+        for name, m in fitted.items():
+            row[f"{name}_model_ms"] = m.predict(p.tokens, p.sum_sq)
+            row[f"{name}_error_ms"] = row[f"{name}_model_ms"] - p.median_ms
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def balance_fit(run) -> pd.DataFrame:
+    """One row per model ("cost", "tokens"): its coefficients and how well it explains the points."""
+    samples = _samples(balance_record(run))
+    rows = []
+    for name, m in fitted_models(run).items():
+        q = cost.quality(m, samples)
+        rows.append({"model": name, "formula": "c + a*tokens + b*sum_sq" if name == "cost" else "c + a*tokens",
+                     "c_ms": m.c_ms, "a_ms_per_token": m.a_ms_per_token, "b_ms_per_sq": m.b_ms_per_sq,
+                     "r2": q.r2, "mean_abs_error_ms": q.mean_abs_error_ms, "max_abs_error_ms": q.max_abs_error_ms,
+                     "mean_rel_error": q.mean_rel_error})
+    return pd.DataFrame(rows).set_index("model")
+
+
+def balance_assignment(run) -> pd.DataFrame:
+    """One row per (policy, rank): what it computes every step and what the cost model expects."""
+    rows = []
+    for rank, rec in enumerate(_records(run)):
+        for a in rec.arms:
+            rows.append({"policy": a.policy, "rank": rank, "sequences": cost.describe(a.lengths),
+                         "count": len(a.lengths), "tokens": a.tokens, "sum_sq": a.sum_sq,
+                         "predicted_ms": a.predicted_ms, "grad_rel_diff": a.grad_rel_diff})
+    return pd.DataFrame(rows).set_index(["policy", "rank"]).sort_index()
+
+
+def _rounds(steps, value) -> dict[int, list[float]]:
+    """Per round, `value(step)` of every step in it."""
+    out: dict[int, list[float]] = {}
+    for s in steps:
+        out.setdefault(s.round, []).append(value(s))
+    return out
+
+
+def summarize(rounds: dict[int, list[float]]) -> tuple[float, float]:
+    """(median, spread) of a timed quantity: the median of the per-round medians, and the spread
+    1.4826 x MAD of them, at least what step-to-step noise implies for a median of one round's steps
+    (a few rounds can agree by luck), as `bucket_sweep.measured` does."""
+    medians = [statistics.median(v) for v in rounds.values()]
+    every = [t for v in rounds.values() for t in v]
+    per_round = max(1, round(len(every) / len(rounds)))
+    return statistics.median(medians), max(_robust_spread(medians), _robust_spread(every) / per_round ** 0.5)
+
+
+def _per_step(records, policy: str) -> list[list]:
+    """Per timed step of `policy`, every rank's record of it (`record.BalanceStep`)."""
+    return [list(s) for s in zip(*(rec.arm(policy).steps for rec in records))]
+
+
+def _slowest(records, policy: str, value) -> dict[int, list[float]]:
+    """Per round, the largest `value` over the ranks of each step."""
+    out: dict[int, list[float]] = {}
+    for s in _per_step(records, policy):
+        out.setdefault(s[0].round, []).append(max(value(x) for x in s))
+    return out
+
+
+def balance_timing(run) -> pd.DataFrame:
+    """One row per (policy, rank): median compute_ms and wait_ms with their spreads, the cost model's
+    predicted compute, and (the same on every row of a policy) the step, timed by its slowest rank
+    from the common start to the all-reduce's return, and the longest wait of any rank."""
+    records = _records(run)
+    rows = []
+    for policy in [a.policy for a in records[0].arms]:
+        step_ms, step_spread = summarize(_slowest(records, policy, lambda x: x.step_ms))
+        wait_ms, wait_spread = summarize(_slowest(records, policy, lambda x: x.wait_ms))
+        for rank, rec in enumerate(records):
+            arm = rec.arm(policy)
+            compute, compute_spread = summarize(_rounds(arm.steps, lambda x: x.compute_ms))
+            wait, spread = summarize(_rounds(arm.steps, lambda x: x.wait_ms))
+            rows.append({"policy": policy, "rank": rank, "tokens": arm.tokens, "sum_sq": arm.sum_sq,
+                         "predicted_ms": arm.predicted_ms, "compute_ms": compute, "compute_spread_ms": compute_spread,
+                         "wait_ms": wait, "wait_spread_ms": spread, "step_ms": step_ms, "step_spread_ms": step_spread,
+                         "max_wait_ms": wait_ms, "max_wait_spread_ms": wait_spread})
+    return pd.DataFrame(rows).set_index(["policy", "rank"]).sort_index()
+
+
+def verdict(a_ms: float, a_spread: float, b_ms: float, b_spread: float, better: str, worse: str,
+            k: float = K_SPREADS) -> dict:
+    """Is `b` below `a` by more than k x the larger spread (`better`), above it (`worse`), or neither
+    ("cannot resolve")? `by_ms` > 0 means b is lower."""
+    by, threshold = a_ms - b_ms, k * max(a_spread, b_spread)
+    word = better if by > threshold else worse if by < -threshold else "cannot resolve"
+    return {"tokens_ms": a_ms, "cost_ms": b_ms, "by_ms": by, "threshold_ms": threshold, "verdict": word}
+
+
+def balance_verdict(run, k: float = K_SPREADS) -> pd.DataFrame:
+    """Cost balancing against equal tokens, on the step ("faster" / "slower") and on the longest wait
+    of any rank ("shorter" / "longer"), or "cannot resolve" where the difference is within k spreads."""
+    table = balance_timing(run)
+    policies = set(table.index.get_level_values("policy"))
+    if not {"tokens", "cost"} <= policies:
+        raise ValueError(f"a verdict needs both policies, tokens and cost (this study ran {sorted(policies)})")
+    t, c = table.loc["tokens"].iloc[0], table.loc["cost"].iloc[0]
+    rows = {"step_ms": verdict(t["step_ms"], t["step_spread_ms"], c["step_ms"], c["step_spread_ms"], "faster", "slower", k),
+            "max_wait_ms": verdict(t["max_wait_ms"], t["max_wait_spread_ms"], c["max_wait_ms"], c["max_wait_spread_ms"],
+                                   "shorter", "longer", k)}
+    return pd.DataFrame.from_dict(rows, orient="index")
