@@ -7,6 +7,7 @@ import random
 import statistics
 from types import SimpleNamespace
 
+import pandas as pd
 import pytest
 
 import ddplab
@@ -232,8 +233,24 @@ def test_a_real_study_reduces_one_gradient_and_the_cost_model_beats_tokens(runs_
     fit = views.balance_fit(run)
     assert views.fitted_models(run)["cost"] == cost.CostModel(**vars(recs[0].fit))   # the tables refit what the ranks used
     print(fit[["r2", "mean_abs_error_ms", "max_abs_error_ms"]].round(3).to_dict("index"))
-    assert fit.loc["cost", "r2"] > 0.9 and fit.loc["cost", "r2"] > fit.loc["tokens", "r2"]
-    assert fit.loc["cost", "mean_abs_error_ms"] < 0.5 * fit.loc["tokens", "mean_abs_error_ms"]
+    # in sample the nested cost model cannot fit worse than the tokens-only one; how much better is
+    # this machine's noise (a CI run: R^2 0.81 against 0.23), so the test judges out of sample, below
+    assert fit.loc["cost", "r2"] >= fit.loc["tokens", "r2"] and fit.loc["cost", "b_ms_per_sq"] > 0
     timing = views.balance_timing(run)
     assert set(timing.index) == {(p, r) for p in ("tokens", "cost") for r in (0, 1)}
     print(views.balance_verdict(run).to_dict("index"), statistics.median(timing["step_ms"]))
+    # out of sample: the cost model predicts the gap between the equal-token ranks, the token count cannot
+    gaps = views.imbalance(run)
+    assert gaps.loc["tokens", "tokens_model_gap_ms"] == pytest.approx(0.0, abs=1e-9)
+    views.verify_cost_explains_imbalance(gaps)
+
+
+def test_the_imbalance_check_fails_when_the_ranks_took_the_same_time():
+    """The key check can fail: equal-token ranks that measured no gap, while the cost model expected one."""
+    from ddplab import verify
+
+    table = pd.DataFrame({"slow_rank": [0], "fast_rank": [1], "measured_gap_ms": [0.3], "cost_model_gap_ms": [19.5],
+                          "tokens_model_gap_ms": [0.0]}, index=pd.Index(["tokens"], name="policy"))
+    with pytest.raises(verify.CheckFailed, match="measured / predicted"):
+        views.verify_cost_explains_imbalance(table)
+    views.verify_cost_explains_imbalance(table.assign(measured_gap_ms=17.4))

@@ -40,21 +40,22 @@ def waits(tables: dict, title: str = ""):
 
 def delay_response(table, fit=None, title: str = ""):
     """The step time each run lost against its baseline, and the early ranks' extra wait, against the
-    delay injected into one rank (`table`: `tables.stragglers.delay_response`); the line y = x is
-    where the step follows the slowest rank exactly; `fit` (slope, intercept) adds the fitted line."""
+    delay the slow rank lost (`table`: `tables.stragglers.delay_response`, its measured delay); the line
+    y = x is where the step follows the slowest rank exactly; `fit` (`step_slope`) adds the fitted line."""
     fig, ax = plt.subplots(figsize=(6.5, 4.2), layout="constrained")
-    top = max(table["delay_ms"].max(), table["step_added_ms"].max(), table["extra_wait_ms"].max()) * 1.1
-    ax.plot([0, top], [0, top], color="0.6", lw=1, ls="--", label="y = injected delay")
-    ax.scatter(table["delay_ms"], table["step_added_ms"], s=40, color="tab:red", label="step time added", zorder=3)
-    ax.scatter(table["delay_ms"], table["extra_wait_ms"], s=40, marker="x", color="tab:blue",
+    x = table["measured_delay_ms"]
+    top = max(x.max(), table["step_added_ms"].max(), table["extra_wait_ms"].max()) * 1.1
+    ax.plot([0, top], [0, top], color="0.6", lw=1, ls="--", label="y = the delay")
+    ax.scatter(x, table["step_added_ms"], s=40, color="tab:red", label="step time added", zorder=3)
+    ax.scatter(x, table["extra_wait_ms"], s=40, marker="x", color="tab:blue",
                label="early ranks' extra wait", zorder=3)
     if fit is not None:
-        slope, intercept = fit
+        slope, intercept = fit["slope"], fit["intercept"]
         ax.plot([0, top], [intercept, intercept + slope * top], color="tab:red", lw=1,
                 label=f"fit: step added = {slope:.2f} x delay {intercept:+.1f} ms")
     ax.set_xlim(0, top)
     ax.set_ylim(0, top)
-    ax.set_xlabel("delay injected into one rank, every step (ms)")
+    ax.set_xlabel("delay one rank lost, every step (ms, as its own clock measured it)")
     ax.set_ylabel("ms, against the run without a straggler")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=9, loc="upper left")

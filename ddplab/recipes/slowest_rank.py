@@ -14,14 +14,14 @@ def stragglers(world_size: int = 2, ms: float = 20, rank: int = 1, steps: int = 
                **overrides) -> list[Experiment]:
     """Notebook 07: the same DDP run without a straggler ("straggler-none"), then with rank `rank` slower by
     `ms` every step in each of three places (a late batch, a pause before backward, extra compute
-    before backward), and with twice the sequence length on that rank (no injected delay: more work).
+    before backward), and with three times the sequence length on that rank (no injected delay: more work).
     The bucket probe records every rank's arrival at every all-reduce."""
     base = dict(world_size=world_size, steps=steps, probes=("buckets",), pin_cpus=pin_cpus, **STRAGGLER_MODEL)
     base.update(overrides)
     none = Experiment(name="straggler-none", **base)
     slowed = [none.replace(name=f"straggler-{where}", straggler=Straggler(rank, where, ms))
               for where in ("data", "before-backward", "compute")]
-    longer = tuple(2 * none.seq_len if r == rank else none.seq_len for r in range(world_size))
+    longer = tuple(3 * none.seq_len if r == rank else none.seq_len for r in range(world_size))
     return [none, *slowed, none.replace(name="straggler-longer-sequences", seq_len=longer)]
 
 
@@ -35,7 +35,7 @@ def delay_sweep(delays_ms=(10, 20, 40), world_size: int = 2, rank: int = 1, step
             for ms in delays_ms]
 
 
-def profiled(ms: float = 20, world_size: int = 2, rank: int = 1, steps: int = 3, pin_cpus: bool = True,
+def profiled(ms: float = 20, world_size: int = 2, rank: int = 1, steps: int = 6, pin_cpus: bool = True,
              **overrides) -> Experiment:
     """Notebook 07: the pause-before-backward straggler under PyTorch Profiler on every rank (the
     profile probe: one chrome trace per rank, aligned on a barrier, and the profiler's memory

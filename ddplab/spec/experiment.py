@@ -297,7 +297,13 @@ def _validate_placement(e: Experiment) -> None:
         bad("timeout_s", f"must be a number of seconds in [{lo:g}, {hi:g}] (got {e.timeout_s!r})")
 
 
+MAX_PROFILED_STEPS = 20   # every step after the first is traced with stacks, shapes and memory: megabytes each
+
+
 def _validate_probes(e: Experiment) -> None:
+    if "profile" in e.probes and e.steps > MAX_PROFILED_STEPS:
+        bad("probes", f"'profile' traces every step after the first (stacks, shapes, memory: megabytes a step): "
+                      f"at most {MAX_PROFILED_STEPS} steps (got steps={e.steps}); profile a short run")
     if "memory-snapshot" in e.probes and "memory" not in e.probes:
         bad("probes", "'memory-snapshot' records the CUDA allocator beside the ledger: add 'memory' too")
     if "memory-snapshot" in e.probes and e.device == "cpu":

@@ -3,10 +3,13 @@ synchronous reduction waits for its slowest participant (pure).
 
     Experiment(world_size=2, steps=12, straggler=Straggler(rank=1, where="before-backward", ms=20))
 
-- "data": the rank's batch arrives `ms` late (a slow data loader: it sleeps before its forward);
-- "before-backward": the rank pauses `ms` between its forward and its backward (a host-side stall);
-- "compute": the rank does `ms` of extra compute before its backward (matrix products that keep its
-  core busy, as an extra layer or a monitoring hook would).
+- "data": the rank's first batch of the step arrives `ms` late (a slow data loader, stood in for by a
+  pause before its forward);
+- "before-backward": the rank pauses `ms` before its last backward (a host-side stall);
+- "compute": the rank does `ms` of extra compute before its last backward (matrix products that keep
+  its core busy, as an extra layer or a monitoring hook would).
+Once per optimizer step, whatever `accum_steps`: the step's all-reduce waits `ms` more. The delay the
+rank really lost is recorded as its step's "straggler" phase (`TrainStep.phase_ms`).
 A rank with longer sequences is the fourth kind, and needs no straggler: give `seq_len` per rank.
 Only the train task injects stragglers. Used by notebook 07.
 """
@@ -28,16 +31,19 @@ class Straggler:
     ms: float = 20.0
 
     def check(self, exp) -> None:
+        if exp.world_size < 2:
+            bad("straggler", "needs world_size >= 2: with one rank nobody waits for it")
         if self.where not in WHERE:
             bad("straggler.where", f"must be one of {', '.join(WHERE)} (got {self.where!r})")
         if not is_int(self.rank) or not 0 <= self.rank < exp.world_size:
             bad("straggler.rank", f"must be a rank in 0..{exp.world_size - 1} (got {self.rank!r})")
         if not is_number(self.ms) or not 0 < self.ms <= MAX_MS:
             bad("straggler.ms", f"must be a number of milliseconds in (0, {MAX_MS:g}] (got {self.ms!r})")
-        if exp.world_size < 2:
-            bad("straggler", "needs world_size >= 2: with one rank nobody waits for it")
         if exp.sync != "ddp":
             bad("straggler", "needs sync='ddp': without synchronization nobody waits for the slow rank")
+        if exp.sharding == "fsdp2":
+            bad("straggler", "the arrivals are read from DDP's buckets (the buckets probe), and fsdp2 has none; "
+                             "use sharding 'none' or 'zero1'")
         if self.ms >= 1000 * exp.timeout_s:
             bad("straggler.ms", f"a delay of {self.ms:g} ms reaches the collective timeout ({exp.timeout_s:g} s): "
                                 "the peers would time out instead of waiting")

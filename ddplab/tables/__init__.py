@@ -11,7 +11,8 @@ as `tables.verify_*` (they raise `verify.CheckFailed`; tests/test_key_checks.py 
 every notebook.
 """
 
-from .balance import balance_assignment, balance_calibration, balance_fit, balance_timing, balance_verdict
+from .balance import (balance_assignment, balance_calibration, balance_fit, balance_timing, balance_verdict,
+                      imbalance, verify_cost_explains_imbalance)
 from .comm import allreduce_sweep, bytes_on_wire, compute_vs_comm, fit_summary, fit_sweep
 from .global_batch import (accumulation, batch_size_study, examples_per_step, examples_seen, loss_by_examples, scaling,
                            verify_distinct_examples)
@@ -22,7 +23,7 @@ from .ranks import id_ranges, ranks, reference, steps
 from .readiness import bucket_timeline, dependency_tail, exposed_vs_summed, off_line, ready_order
 from .traces import hta_analysis, memory_timeline, memory_timeline_peaks, trace_events, trace_folder
 
-__all__ = ["accumulation", "allreduce_sweep", "balance_assignment", "balance_calibration", "balance_fit",
+__all__ = ["accumulation", "allreduce_sweep", "balance_assignment", "balance_calibration", "balance_fit", "imbalance", "verify_cost_explains_imbalance",
            "balance_timing", "balance_verdict", "batch_size_study", "bucket_timeline", "bytes_on_wire",
            "compute_vs_comm", "dependency_tail", "examples_per_step", "examples_seen", "exposed_vs_summed", "fit_summary", "fit_sweep", "gradient_check", "gradient_values", "hta_analysis",
            "id_ranges", "loss_by_examples", "memory", "memory_cuda", "memory_moments", "memory_sweep", "memory_timeline",

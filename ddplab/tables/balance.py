@@ -8,7 +8,9 @@
 - `balance_timing(run)`: per policy and rank, median compute and wait, and the step (timed by its
   slowest rank), each with its run-to-run spread;
 - `balance_verdict(run)`: does cost balancing shorten the step, and the longest wait, by more than
-  twice the larger spread? Otherwise "cannot resolve".
+  twice the larger spread? Otherwise "cannot resolve";
+- `imbalance(run)`, `verify_cost_explains_imbalance`: out of sample, does the cost model predict the
+  measured gap between the slowest and fastest rank better than the token count?
 The spread is `bucket_sweep`'s: 1.4826 x the MAD of the per-round medians, and at least what
 step-to-step noise implies for a median of one round's steps. Numbers in, DataFrames out (no
 processes). Used by notebook 07.
@@ -160,3 +162,39 @@ def balance_verdict(run, k: float = K_SPREADS) -> pd.DataFrame:
             "max_wait_ms": verdict(t["max_wait_ms"], t["max_wait_spread_ms"], c["max_wait_ms"], c["max_wait_spread_ms"],
                                    "shorter", "longer", k)}
     return pd.DataFrame.from_dict(rows, orient="index")
+
+
+def imbalance(run) -> pd.DataFrame:
+    """Per policy, out of sample: the gap between its slowest and fastest rank's median compute as
+    measured in the study's steps, and the gap each fitted model predicts between the same two ranks
+    from their sequences (`cost`: c + a x tokens + b x sum_sq; `tokens`: c + a x tokens, which sees
+    no gap between ranks of equal tokens)."""
+    models, timing = fitted_models(run), balance_timing(run)
+    rows = []
+    for policy in dict.fromkeys(timing.index.get_level_values("policy")):
+        compute = timing.loc[policy, "compute_ms"]
+        slow, fast = compute.idxmax(), compute.idxmin()
+        lengths = {r: rec.arm(policy).lengths for r, rec in enumerate(_records(run))}
+        gap = {name: m.lengths_ms(lengths[slow]) - m.lengths_ms(lengths[fast]) for name, m in models.items()}
+        rows.append({"policy": policy, "slow_rank": slow, "fast_rank": fast,
+                     "measured_gap_ms": compute[slow] - compute[fast],
+                     "cost_model_gap_ms": gap["cost"], "tokens_model_gap_ms": gap["tokens"]})
+    return pd.DataFrame(rows).set_index("policy")
+
+
+def verify_cost_explains_imbalance(table: pd.DataFrame, policy: str = "tokens", factor: float = 2.0) -> None:
+    """Notebook 07's check, on an `imbalance` table: for `policy`'s split, the cost model's predicted gap
+    between the slowest and the fastest rank is within `factor` of the measured gap (either way), in
+    the same direction, while the token count predicts no gap at all for ranks of equal tokens. Out
+    of sample: the models were fitted on the calibration shapes, not on these steps. A factor, not a
+    tolerance in ms: inside a real step both ranks compute at once and share the machine, which
+    shrinks or stretches the gap by a share of it (measured here: 0.7-0.9 x the prediction). Raises
+    `verify.CheckFailed` otherwise (tests/test_balance.py feeds it ranks that took the same time)."""
+    from .. import verify
+
+    row = table.loc[policy]
+    ratio = row["measured_gap_ms"] / row["cost_model_gap_ms"] if row["cost_model_gap_ms"] > 0 else float("nan")
+    verify.between(f"{policy} split: the measured gap between ranks {int(row['slow_rank'])} and {int(row['fast_rank'])} "
+                   f"({row['measured_gap_ms']:.1f} ms) against the cost model's prediction ({row['cost_model_gap_ms']:.1f} ms; "
+                   f"the token count predicts {row['tokens_model_gap_ms']:.1f} ms): measured / predicted",
+                   ratio, 1 / factor, factor)

@@ -208,25 +208,36 @@ def trace_folder(run) -> Path:
 
 
 def hta_analysis(run):
-    """Holistic Trace Analysis over every rank's trace of `run` (`hta.trace_analysis.TraceAnalysis`),
-    with the progress lines its parser prints from worker processes kept out of the notebook (they go
-    to the file descriptors themselves, so they are silenced there while it parses)."""
-    import os
-    import sys
+    """Holistic Trace Analysis over every rank's trace of `run` (`hta.trace_analysis.TraceAnalysis`,
+    every profiled step kept, the last included), without the progress lines its parser logs (at
+    WARNING, from its worker processes too): logging is switched off up to WARNING while it parses."""
+    import logging
 
     from hta.trace_analysis import TraceAnalysis
 
     folder = str(trace_folder(run))
-    sys.stdout.flush()
-    sys.stderr.flush()
-    saved = [os.dup(1), os.dup(2)]
-    with open(os.devnull, "w") as null:
-        os.dup2(null.fileno(), 1)
-        os.dup2(null.fileno(), 2)
-        try:
-            return TraceAnalysis(trace_dir=folder)
-        finally:
-            os.dup2(saved[0], 1)
-            os.dup2(saved[1], 2)
-            for fd in saved:
-                os.close(fd)
+    logging.disable(logging.WARNING)
+    try:
+        return TraceAnalysis(trace_dir=folder, include_last_profiler_step=True)
+    finally:
+        logging.disable(logging.NOTSET)
+
+
+def backward_lag(run, slow_rank: int) -> pd.DataFrame:
+    """Per profiled step, from the traces: how much longer every other rank's `ddplab:backward` lasted
+    than the slow rank's (`lag_ms`, the median over the other ranks), and the slow rank's pause between
+    the end of its forward and the start of its backward (`pause_ms`). An early rank's backward cannot
+    return before the slow rank has joined its last all-reduce, so the lag should be the pause."""
+    ev = trace_events(run)
+    main = ev[ev["main_thread"] & ev["kind"].isin(["forward", "backward"])]
+    if slow_rank not in set(main["rank"]):
+        raise ValueError(f"slow_rank: {slow_rank} is not a rank of {run.spec.name} (ranks {sorted(set(main['rank']))})")
+    span = main.pivot_table(index=["step", "rank"], columns="kind", values=["start_ms", "end_ms", "dur_ms"], aggfunc="first")
+    rows = []
+    for step in sorted(set(main["step"])):
+        s = span.xs(step, level="step")
+        others = [r for r in s.index if r != slow_rank]
+        rows.append({"step": step,
+                     "lag_ms": float((s.loc[others, ("dur_ms", "backward")] - s.loc[slow_rank, ("dur_ms", "backward")]).median()),
+                     "pause_ms": float(s.loc[slow_rank, ("start_ms", "backward")] - s.loc[slow_rank, ("end_ms", "forward")])})
+    return pd.DataFrame(rows).set_index("step")

@@ -52,11 +52,14 @@ def run(ctx):
             ids = shard_ids(exp.local_batches, exp.accum_steps, step, micro, rank)
             x, y = (t.to(device) for t in data.batch(exp.seed, ids, exp.seq_len_of(rank), exp.vocab_size))
             sample_ids += ids
-            slow = exp.straggler if exp.straggler and exp.straggler.rank == rank else None
-            if slow and slow.where == "data":
-                time.sleep(slow.ms / 1e3)   # a data loader that hands this rank its batch late
             clock.mark("data")
             last = micro == exp.accum_steps - 1
+            # a straggler is slower once per optimizer step: its first batch is late, or it pauses or
+            # computes more before its last backward
+            slow = exp.straggler if exp.straggler and exp.straggler.rank == rank else None
+            if slow and slow.where == "data" and micro == 0:
+                delay(slow, device)
+                clock.mark("straggler")
             synced = ddp is not None and (last or not exp.no_sync)
             with ddp.no_sync() if ddp is not None and not synced else nullcontext():
                 log.enter("forward", step, micro)
@@ -65,7 +68,7 @@ def run(ctx):
                     loss = micro_loss(exp.loss_norm, losses, exp.accum_steps, scale, global_count)
                 probes.after_forward(step, micro)
                 clock.mark("forward")
-                if slow and slow.where != "data":
+                if slow and slow.where != "data" and last:
                     delay(slow, device)
                     clock.mark("straggler")
                 if exp.fault and exp.fault.hits(rank, step) and inject_fault(ctx, step, micro, synced):
@@ -134,12 +137,15 @@ def loss_scale(ctx, step: int, clock) -> tuple[float, float]:
 
 
 def delay(slow, device) -> None:
-    """The straggler's extra time before its backward (`spec/straggler.py`): a pause, or matrix
-    products that keep its core busy for `slow.ms`."""
-    if slow.where == "before-backward":
+    """The straggler's extra time (`spec/straggler.py`): a pause (a late batch, a paused host), or
+    matrix products that keep its core busy for `slow.ms`. On a GPU the queued work finishes first,
+    so the delay is not hidden behind it; the products' input is fixed, so no random stream moves."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    if slow.where in ("data", "before-backward"):
         time.sleep(slow.ms / 1e3)
         return
-    a = torch.randn(128, 128, device=device)
+    a = torch.full((128, 128), 1.0 / 128, device=device)
     end = time.perf_counter() + slow.ms / 1e3
     while time.perf_counter() < end:
         a = torch.tanh(a @ a)
