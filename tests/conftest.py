@@ -37,3 +37,13 @@ def run2(runs_dir):
 def run4(runs_dir):
     """A real 4-rank gloo run: notebook 00's experiment (global batch 64)."""
     return ddplab.run(recipes.launch_and_ranks(), runs_dir / "t4", progress=False)
+
+
+def ctrl_c_reaches_it() -> None:
+    """`preexec_fn` for a process a test sends Ctrl-C to: SIGINT back to its default in the child.
+    A command started in the background by a non-interactive shell (`cmd &`, as a CI script may be)
+    ignores SIGINT, every process it starts inherits that, and Python then never raises
+    KeyboardInterrupt: the test would wait for an interrupt that cannot arrive."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

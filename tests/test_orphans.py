@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from tests.conftest import leftovers
+from tests.conftest import ctrl_c_reaches_it, leftovers
 
 pytestmark = pytest.mark.slow
 
@@ -31,7 +31,7 @@ LAUNCHER = textwrap.dedent("""
 def _launcher(run_dir) -> subprocess.Popen:
     # the run directory travels in the environment, so only torchrun and the ranks name it on their command line
     return subprocess.Popen([sys.executable, "-c", LAUNCHER], stdout=subprocess.PIPE, text=True,
-                            env={**os.environ, "RUN_DIR": str(run_dir)})
+                            env={**os.environ, "RUN_DIR": str(run_dir)}, preexec_fn=ctrl_c_reaches_it)
 
 
 def _wait_for_no_leftovers(run_dir, within_s: float) -> list[str]:

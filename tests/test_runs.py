@@ -18,7 +18,7 @@ from ddplab.launch.cold import run_dir_for
 from ddplab.launch.watch import STALL_GRACE_S
 from ddplab.spec import Fault
 
-from .conftest import leftovers
+from .conftest import ctrl_c_reaches_it, leftovers
 
 pytestmark = pytest.mark.slow
 
@@ -149,7 +149,8 @@ def test_keyboard_interrupt_kills_the_whole_process_tree(tmp_path):
         ddplab.run(ddplab.Experiment(world_size=2, steps=2, fault=Fault("stall", step=1), timeout_s=300),
                    {str(run_dir)!r}, progress=False)
     """)
-    proc = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE, text=True,
+                            preexec_fn=ctrl_c_reaches_it)
     deadline = time.monotonic() + 120
     while not any(r and r[-1]["phase"] == "forward" and r[-1]["step"] == 1
                   for staged in run_dir.parent.glob(f".{run_dir.name}.*.partial")   # a launch writes there first

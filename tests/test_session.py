@@ -19,7 +19,7 @@ from ddplab.launch import session as sessions
 from ddplab.predict.memory import CATEGORIES
 from ddplab.spec import Fault
 
-from .conftest import leftovers
+from .conftest import ctrl_c_reaches_it, leftovers
 
 pytestmark = pytest.mark.slow
 
@@ -116,7 +116,7 @@ def test_ctrl_c_during_a_warm_job_stops_it_and_the_session(tmp_path):
         except KeyboardInterrupt as e:
             print("INTERRUPTED", e, flush=True)
     """)
-    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, preexec_fn=ctrl_c_reaches_it)
     session_dir = Path(proc.stdout.readline().split()[1])
     deadline = time.monotonic() + 60
     while not any(rundir.read_progress(p, 1) for p in (tmp_path).glob(".long.*.partial")):
@@ -294,7 +294,8 @@ def test_ctrl_c_while_run_starts_its_session_is_one_line_and_leaves_no_rank(tmp_
             print("INTERRUPTED", e, flush=True)
     """)
     env = {**os.environ, "DDPLAB_RUNS": str(tmp_path / "runs")}
-    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=env,
+                            preexec_fn=ctrl_c_reaches_it)
     assert proc.stdout.readline().strip() == "READY"
     deadline = time.monotonic() + 60
     # torchrun is starting: the launcher opened the session's log; its ranks need a second or more for
