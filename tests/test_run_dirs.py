@@ -40,7 +40,7 @@ def test_a_crashing_launch_does_not_touch_a_healthy_one_in_the_same_directory(tm
         from ddplab.spec import Fault
         kind, out = sys.argv[1], sys.argv[2]
         if kind == "healthy":
-            exp = ddplab.Experiment(name="healthy", model="tests.user_models:slow", world_size=2, steps=400)
+            exp = ddplab.Experiment(name="healthy", model="tests.user_models:slow", world_size=2, steps=300)
         else:
             exp = ddplab.Experiment(name="crashing", world_size=2, steps=2, fault=Fault("crash", step=0))
         try:
@@ -57,7 +57,7 @@ def test_a_crashing_launch_does_not_touch_a_healthy_one_in_the_same_directory(tm
     crashing = subprocess.run([sys.executable, "-c", script, "crashing", str(out)], capture_output=True, text=True,
                               timeout=120)
     assert crashing.stdout.strip() == "failed", crashing.stderr
-    assert healthy.poll() is None, "the crashing launch took the healthy one down"   # it lasts >= 20 s
+    assert healthy.poll() is None, "the crashing launch took the healthy one down"   # it lasts >= 15 s
     said, _ = healthy.communicate(timeout=180)
     assert said.strip() == "complete"
     assert ddplab.load_run(out).spec.name == "healthy"

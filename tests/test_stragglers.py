@@ -20,7 +20,7 @@ DELAY_MS = 25
 @pytest.fixture(scope="module")
 def runs(runs_dir):
     # the notebook's model: with a smaller one a rank with 3x the sequence length is not reliably slower
-    exps = straggler_runs(ms=DELAY_MS, steps=10)
+    exps = straggler_runs(ms=DELAY_MS, steps=7)
     out = {r.spec.name: r for r in ddplab.run_many(exps, runs_dir / "stragglers", progress=False)}
     assert not leftovers(runs_dir / "stragglers")
     return out
