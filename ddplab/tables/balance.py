@@ -18,12 +18,10 @@ processes). Used by notebook 07.
 
 from __future__ import annotations
 
-import statistics
-
 import pandas as pd
 
 from ..predict import balance as cost
-from .bucket_sweep import _robust_spread
+from .bucket_sweep import round_summary as summarize   # (median, spread) over rounds, as the bucket sweep
 
 K_SPREADS = 2.0   # a difference is resolved when it exceeds this many times the larger spread
 
@@ -96,16 +94,6 @@ def _rounds(steps, value) -> dict[int, list[float]]:
     for s in steps:
         out.setdefault(s.round, []).append(value(s))
     return out
-
-
-def summarize(rounds: dict[int, list[float]]) -> tuple[float, float]:
-    """(median, spread) of a timed quantity: the median of the per-round medians, and the spread
-    1.4826 x MAD of them, at least what step-to-step noise implies for a median of one round's steps
-    (a few rounds can agree by luck), as `bucket_sweep.measured` does."""
-    medians = [statistics.median(v) for v in rounds.values()]
-    every = [t for v in rounds.values() for t in v]
-    per_round = max(1, round(len(every) / len(rounds)))
-    return statistics.median(medians), max(_robust_spread(medians), _robust_spread(every) / per_round ** 0.5)
 
 
 def _per_step(records, policy: str) -> list[list]:

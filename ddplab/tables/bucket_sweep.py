@@ -63,13 +63,9 @@ def measured(run) -> pd.DataFrame:
         steps = _arm_steps(run, name)
         rounds = step_times(run, name)
         medians = [statistics.median(v) for v in rounds.values()]
-        every = [t for v in rounds.values() for t in v]
-        per_round = max(1, round(len(every) / len(rounds)))
+        step_ms, spread_ms = round_summary(rounds)
         med = lambda f: statistics.median(f(x) for s in steps for x in s)  # noqa: E731 - over steps and ranks
-        row = {"plan": name, "cap_mb": cap_of(name), "step_ms": statistics.median(medians),
-               # a few rounds can agree by luck: the spread is at least what step-to-step noise
-               # implies for a median of that many steps
-               "spread_ms": max(_robust_spread(medians), _robust_spread(every) / per_round ** 0.5),
+        row = {"plan": name, "cap_mb": cap_of(name), "step_ms": step_ms, "spread_ms": spread_ms,
                "round_min_ms": min(medians), "round_max_ms": max(medians),
                "forward_ms": med(lambda x: x.forward_ms), "backward_ms": med(lambda x: x.backward_ms),
                "optimizer_ms": med(lambda x: x.optimizer_ms)}
@@ -91,6 +87,16 @@ def _robust_spread(values) -> float:
         return 0.0
     m = statistics.median(values)
     return 1.4826 * statistics.median(abs(v - m) for v in values)
+
+
+def round_summary(rounds: dict[int, list[float]]) -> tuple[float, float]:
+    """(median, spread) of a quantity timed in interleaved rounds: the median of the per-round medians,
+    and the spread 1.4826 x MAD of them, at least what step-to-step noise implies for a median of one
+    round's steps (a few rounds can agree by luck)."""
+    medians = [statistics.median(v) for v in rounds.values()]
+    every = [t for v in rounds.values() for t in v]
+    per_round = max(1, round(len(every) / len(rounds)))
+    return statistics.median(medians), max(_robust_spread(medians), _robust_spread(every) / per_round ** 0.5)
 
 
 @dataclass(frozen=True)

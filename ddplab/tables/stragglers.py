@@ -67,7 +67,10 @@ def last_arrivals(run, skip: int = SKIP) -> pd.DataFrame:
 def compute_and_wait(run, skip: int = SKIP) -> pd.DataFrame:
     """Per step and rank: the step time, the wait at the step's final bucket (the last rank's arrival
     minus this rank's), and everything else in the step (`other_ms` = step - wait)."""
-    a = arrivals(run, skip)
+    return _compute_and_wait(run, arrivals(run, skip), skip)
+
+
+def _compute_and_wait(run, a: pd.DataFrame, skip: int) -> pd.DataFrame:
     final = a.index.get_level_values("bucket").max()
     rows = []
     for r in run.ranks:
@@ -81,8 +84,8 @@ def compute_and_wait(run, skip: int = SKIP) -> pd.DataFrame:
 def per_rank(run, skip: int = SKIP) -> pd.DataFrame:
     """Per rank: median step, wait and other time over the steps, the wait's spread (1.4826 x MAD),
     and how often it arrived last at the final bucket."""
-    cw = compute_and_wait(run, skip)
     a = arrivals(run, skip)
+    cw = _compute_and_wait(run, a, skip)
     final = a.xs(a.index.get_level_values("bucket").max(), level="bucket")
     rows = []
     for rank, g in cw.groupby(level="rank"):

@@ -42,6 +42,7 @@ def run(ctx):
     probes = attach(exp.probes, Attachment(ctx, module, ddp, optimizer))
     initial = parameter_checksum(module)
     clock = Clock(device)
+    slow = exp.straggler if exp.straggler and exp.straggler.rank == rank else None   # this rank, slowed
     steps = []
     for step in range(exp.steps):
         clock.mark("start")
@@ -56,7 +57,6 @@ def run(ctx):
             last = micro == exp.accum_steps - 1
             # a straggler is slower once per optimizer step: its first batch is late, or it pauses or
             # computes more before its last backward
-            slow = exp.straggler if exp.straggler and exp.straggler.rank == rank else None
             if slow and slow.where == "data" and micro == 0:
                 delay(slow, device)
                 clock.mark("straggler")
