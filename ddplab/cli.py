@@ -56,6 +56,7 @@ HELP = {
     "bucket_cap_mb": "DDP bucket cap in MiB, or 'none' for the default",
     "gradient_as_bucket_view": "DDP: gradients are views into the buckets",
     "find_unused_parameters": "DDP: find parameters the forward did not use",
+    "distributed_debug": "off, or info: torch's TORCH_DISTRIBUTED_DEBUG level for DDP (names unused parameters)",
     "optimizer": ", ".join(experiment.OPTIMIZERS), "lr": "learning rate", "momentum": "SGD momentum",
     "seed": "seed for the model and the data", "seed_per_rank": "rank r builds its model from seed + r",
     "backend": ", ".join(experiment.BACKENDS), "device": ", ".join(experiment.DEVICES),

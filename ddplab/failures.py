@@ -14,6 +14,8 @@ Used by `launch.run` and `results.load_run`; notebook 00 ends with a crash and a
 
 from __future__ import annotations
 
+import re
+import signal
 from dataclasses import dataclass, field
 
 _LOST_PEER = ("connection closed", "connection reset", "broken pipe", "socket closed")
@@ -145,10 +147,62 @@ def _last_phases(progress: dict[int, list[dict]], ranks) -> str:
     return "; ".join(f"rank {r} was last in {_where(progress[r][-1])}" for r in ranks if progress.get(r))
 
 
+@dataclass
+class Deaths:
+    """What is known of ranks that died without a word: the signal that ended each (from torchrun's
+    report of its workers' exit codes), Python's faulthandler dump of a rank a fatal signal killed
+    (rank{r}.fatal.txt), and the native (C++) error messages printed just before (gloo's checks
+    abort the process: no Python exception, no error file)."""
+
+    signals: dict[int, str] = field(default_factory=dict)    # rank -> "SIGABRT"
+    stacks: dict[int, str] = field(default_factory=dict)     # rank -> faulthandler's dump
+    native: list[str] = field(default_factory=list)          # "what():" lines of C++ exceptions
+
+
+_EXIT = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank[^\n]*\n\s*exitcode\s*:\s*(-?\d+)")
+_NATIVE = re.compile(r"what\(\):\s*(.+)")
+
+
+def deaths_from(log_text: str, stacks: dict[int, str] | None = None) -> Deaths:
+    """`Deaths` from the text of launch.log (torchrun's failure report and what the ranks printed)
+    and the faulthandler dumps the ranks left (pure). A negative exit code is a signal."""
+    signals = {}
+    for rank, code in _EXIT.findall(log_text):
+        if int(code) < 0:
+            try:
+                signals[int(rank)] = signal.Signals(-int(code)).name
+            except ValueError:
+                signals[int(rank)] = f"signal {-int(code)}"
+    native = list(dict.fromkeys(m.strip() for m in _NATIVE.findall(log_text)))
+    return Deaths(signals, dict(stacks or {}), native)
+
+
+def _died(ranks, progress: dict, deaths: Deaths | None) -> str:
+    """What is known of how each of `ranks` died: its signal, its last phase, the native error."""
+    if deaths is None:
+        return ""
+    out = []
+    for r in ranks:
+        sig = deaths.signals.get(r)
+        if sig is None and r in deaths.stacks:
+            sig = deaths.stacks[r].splitlines()[0].replace("Fatal Python error: ", "a fatal signal: ")
+        if sig is None:
+            continue
+        where = f" in {_where(progress[r][-1])}" if progress.get(r) else ""
+        why = (" (SIGKILL cannot be caught: the kernel's out-of-memory killer, a scheduler or `kill -9` sent it)"
+               if sig == "SIGKILL" else "")
+        out.append(f"Rank {r} was killed by {sig}{where}{why}.")
+    if deaths.native and out:
+        out.append("The native error it printed: " + " / ".join(deaths.native[:2]))
+    return " ".join(out)
+
+
 def diagnose(progress: dict[int, list[dict]], errors: dict[int, dict], finished: set[int], world_size: int,
-             timeout_s: float, watchdog: bool, phases: dict, frozen: dict[int, str] | None = None) -> Diagnosis:
-    """Explain a failed run from its per-rank records (pure; the launcher gathers the records, and
-    `frozen`, the ranks whose process it saw stopped, and in which state)."""
+             timeout_s: float, watchdog: bool, phases: dict, frozen: dict[int, str] | None = None,
+             deaths: Deaths | None = None) -> Diagnosis:
+    """Explain a failed run from its per-rank records (pure; the launcher gathers the records,
+    `frozen`, the ranks whose process it saw stopped, and in which state, and `deaths`, what is known
+    of ranks that died without writing anything)."""
     causes = sorted((e for e in errors.values() if not is_timeout(e) and not is_lost_peer(e)), key=lambda e: e["t_ns"])
     if causes:
         first = causes[0]
@@ -165,18 +219,38 @@ def diagnose(progress: dict[int, list[dict]], errors: dict[int, dict], finished:
             d.tracebacks = {first["rank"]: first["traceback"]}
         return d
     silent = sorted(set(range(world_size)) - finished - set(errors))
+    stacks = {r: t for r, t in (deaths.stacks if deaths else {}).items() if r in silent}
     if silent and errors:  # peers only lost their connection: the rank that left no word at all went first
+        died = _died(silent, progress, deaths)
         last = _last_phases(progress, silent)
         return Diagnosis("missing-result", silent,
-                         f"{rank_list(silent).capitalize()} exited without writing a result or an error (killed by a "
-                         f"signal, or out of memory?); {rank_list(sorted(errors))} then lost the connection to it."
-                         + (f" {last.capitalize()}." if last else ""))
+                         f"{rank_list(silent).capitalize()} exited without writing a result or an error"
+                         + (f"; {rank_list(sorted(errors))} then lost the connection to it. {died}" if died else
+                            f" (killed by a signal, or out of memory?); {rank_list(sorted(errors))} then lost the "
+                            f"connection to it." + (f" {last.capitalize()}." if last else "")), stacks)
     if errors:
         first = min(errors.values(), key=lambda e: e["t_ns"])
         return Diagnosis("crash", [first["rank"]], f"Rank {first['rank']} lost its peers in {_where(first)}: "
                          f"{first['type']}: {first['message']}", {first["rank"]: first["traceback"]})
     missing = sorted(set(range(world_size)) - finished)
+    died = _died(missing, progress, deaths)
     detail = _last_phases(progress, missing)
     return Diagnosis("missing-result", missing,
-                     f"{rank_list(missing).capitalize()} exited without writing a result or an error "
-                     f"(killed by a signal?).{' ' + detail + '.' if detail else ''} See launch.log.")
+                     f"{rank_list(missing).capitalize()} exited without writing a result or an error"
+                     + (f". {died}" if died else f" (killed by a signal?).{' ' + detail + '.' if detail else ''}")
+                     + " See launch.log.", {r: t for r, t in (deaths.stacks if deaths else {}).items() if r in missing})
+
+
+@dataclass
+class Provoked:
+    """One failure provoked on purpose (`launch.failure_lab.provoke`): the fault injected, what the
+    launcher said (None: the run did not fail), seconds from the launch to the error, the
+    collective timeout it ran with, and any process of the run still alive afterwards (orphans)."""
+
+    name: str
+    fault_kind: str | None
+    fault_rank: int | None
+    diagnosis: Diagnosis | None
+    seconds: float
+    timeout_s: float
+    orphans: list[str] = field(default_factory=list)

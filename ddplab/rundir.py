@@ -49,6 +49,11 @@ def error_file(run_dir: Path, rank: int) -> Path:
     return Path(run_dir) / f"rank{rank}.error.json"
 
 
+def fatal_file(run_dir: Path, rank: int) -> Path:
+    """Python's faulthandler dump of the rank's stacks, left only by a rank a fatal signal killed."""
+    return run_dir / f"rank{rank}.fatal.txt"
+
+
 def snapshot_file(run_dir: Path, rank: int) -> Path:
     return Path(run_dir) / f"rank{rank}.memory.pickle"
 

@@ -241,8 +241,19 @@ def _first_failure(exps, run_dirs, launch_dir: Path, proc, timeout_s: float, wat
                 kill_tree(proc, spec_path)  # torchrun stopped its ranks; sweep for any that escaped
             diagnosis = failures.diagnose(prog, errors, finished, exp.world_size, timeout_s, watchdog,
                                           exp.task.all_phases(),
-                                          {r: state for r, state in frozen.items() if r < exp.world_size})
+                                          {r: state for r, state in frozen.items() if r < exp.world_size},
+                                          _deaths(run_dir, launch_dir, exp.world_size, finished | set(errors)))
             if diagnosis.kind == "missing-result":  # no rank could explain itself: show what torchrun saw
                 diagnosis.log_tail = "\n".join((launch_dir / rundir.LOG).read_text().splitlines()[-LOG_TAIL_LINES:])
             return failures.RunFailed(diagnosis, run_dir)
     return None
+
+
+def _deaths(run_dir: Path, launch_dir: Path, world_size: int, accounted: set[int]) -> failures.Deaths | None:
+    """What torchrun's report and the ranks' faulthandler dumps say of ranks that left no file."""
+    silent = set(range(world_size)) - accounted
+    if not silent:
+        return None
+    log = launch_dir / rundir.LOG
+    stacks = {r: f.read_text() for r in silent if (f := rundir.fatal_file(run_dir, r)).exists() and f.stat().st_size}
+    return failures.deaths_from(log.read_text(errors="replace") if log.exists() else "", stacks)

@@ -48,9 +48,11 @@ class Block(nn.Module):
         self.ln2 = nn.LayerNorm(d_model)
         self.mlp = nn.Sequential(nn.Linear(d_model, 4 * d_model), nn.GELU(), nn.Linear(4 * d_model, d_model))
 
+    bypass_mlp = False   # the "unused-parameter" fault (spec/fault.py): a forward that leaves the MLP out
+
     def forward(self, x):
         x = x + self.attn(self.ln1(x))
-        return x + self.mlp(self.ln2(x))
+        return x if self.bypass_mlp else x + self.mlp(self.ln2(x))
 
 
 class TinyTransformer(nn.Module):

@@ -22,6 +22,7 @@ Used by every notebook's runs.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import gc
 import importlib
 import json
@@ -34,7 +35,8 @@ import traceback
 from pathlib import Path
 
 from .. import host, record
-from ..rundir import ProgressLog, error_file, rank_file, save_tensors_atomic, tensor_file, write_json_atomic
+from ..rundir import (ProgressLog, error_file, fatal_file, rank_file, save_tensors_atomic, tensor_file,
+                      write_json_atomic)
 from ..spec import Experiment
 from ..spec.tasks import COMMON_PHASES
 from . import cells, runtime
@@ -84,6 +86,7 @@ def run_experiments(spec_paths: list[Path], env, launch_id: str, warm: tuple | N
         timeout_s = max(e.timeout_s for e in exps)
         if mine:
             log = ProgressLog(mine[0][0], env.rank, mine[0][1].task.all_phases())
+            _FATAL.watch(log.run_dir, env.rank)
         if warm is None:
             widest = max(exps, key=lambda e: e.world_size)  # the launcher checked they all agree
             backend, device_type = host.choose_backend(widest.backend, widest.device, env.world_size,
@@ -102,6 +105,7 @@ def run_experiments(spec_paths: list[Path], env, launch_id: str, warm: tuple | N
             if run_dir != log.run_dir:
                 log.close()
                 log = ProgressLog(run_dir, env.rank, exp.task.all_phases())
+                _FATAL.watch(run_dir, env.rank)
             t0 = time.time_ns()
             ctx = TaskContext(exp, env.rank, device, log, groups[exp.world_size], run_dir)
             result, tensors = runner(exp.task)(ctx)
@@ -128,7 +132,35 @@ def run_experiments(spec_paths: list[Path], env, launch_id: str, warm: tuple | N
         code = 1
     if log:
         log.close()
+    _FATAL.stop()
     return code
+
+
+class _FatalSignals:
+    """If a fatal signal kills this rank (SIGABRT from a C++ check in gloo, SIGSEGV), Python's
+    faulthandler writes every thread's stack to rank{r}.fatal.txt of the run it was in: what the
+    launcher's diagnosis shows for a rank that could not write an error file. Removed again when the
+    rank lives on (an empty file says nothing)."""
+
+    def __init__(self):
+        self.file = None
+
+    def watch(self, run_dir: Path, rank: int) -> None:
+        self.stop()
+        self.file = open(fatal_file(run_dir, rank), "w")
+        faulthandler.enable(self.file, all_threads=True)
+
+    def stop(self) -> None:
+        if self.file is None:
+            return
+        faulthandler.disable()
+        self.file.close()
+        path, self.file = Path(self.file.name), None
+        if path.exists() and path.stat().st_size == 0:
+            path.unlink()
+
+
+_FATAL = _FatalSignals()
 
 
 def _write_error(run_dir: Path, rank: int, phase: str, step: int, e: BaseException) -> None:
@@ -217,10 +249,11 @@ def _fresh_user_modules(spec_texts: list[str]) -> None:
 
 def _baseline() -> None:
     """Put back what a cold rank starts with, in case an earlier job or `%%ddp` cell changed it:
-    autograd on, float32 as the default dtype, no deterministic-algorithms mode, the same threads."""
+    torch.distributed's debug level from the environment, autograd on, float32 as the default dtype, no deterministic-algorithms mode, the same threads."""
     import torch
 
     torch.set_grad_enabled(True)
+    torch.distributed.set_debug_level_from_env()   # an experiment's distributed_debug lasts one job
     torch.set_default_dtype(torch.float32)
     torch.use_deterministic_algorithms(False)
     torch.set_num_threads(_THREADS[0])

@@ -79,6 +79,8 @@ class Experiment:
     bucket_cap_mb: float | None = None       # None = DDP's default (25 MiB, first bucket 1 MiB)
     gradient_as_bucket_view: bool = False
     find_unused_parameters: bool = False     # DDP: find parameters a forward did not use (a graph walk per step)
+    # torch's TORCH_DISTRIBUTED_DEBUG for DDP: "info" names the parameters that got no gradient in DDP's error
+    distributed_debug: str = "off"
     # optimization
     optimizer: str = "sgd"
     lr: float = 0.1
@@ -259,9 +261,21 @@ def _validate_data_parallel(e: Experiment) -> None:
                              f"(got {e.bucket_cap_mb!r})")
 
 
+DISTRIBUTED_DEBUG = ("off", "info")
+
+
 def _validate_unread_by_train(e: Experiment) -> None:
     """Settings the train task itself would ignore in this configuration."""
     without_ddp = "sync='none'" if e.sync != "ddp" else ("sharding='fsdp2'" if e.sharding == "fsdp2" else None)
+    if e.distributed_debug == "detail":
+        bad("distributed_debug", "'detail' wraps every process group in a collective checker, and DDP's constructor "
+                                 "crashes on such a group with gloo in torch 2.13 (a segfault, notes/ddp-internals.md "
+                                 "section 0): use 'info' with DDP; notebook 08 shows DETAIL's checks on plain "
+                                 "collectives in a %%ddp cell")
+    if e.distributed_debug not in DISTRIBUTED_DEBUG:
+        bad("distributed_debug", f"must be one of {', '.join(DISTRIBUTED_DEBUG)} (got {e.distributed_debug!r})")
+    if without_ddp and e.distributed_debug != "off":
+        bad("distributed_debug", f"sets DDP's debug level, and with {without_ddp} there is no DDP; leave it 'off'")
     if without_ddp:
         for name in ("bucket_cap_mb", "gradient_as_bucket_view", "find_unused_parameters"):
             if getattr(e, name) not in (None, False):   # their defaults

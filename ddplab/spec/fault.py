@@ -5,8 +5,17 @@
 - "crash": the rank raises in the middle of its step; its peers lose it;
 - "skip-backward": the rank skips its synchronized backward and goes on to a barrier, while its peers
   wait in the gradient all-reduce (a mismatched collective: a hang until the process-group timeout);
-- "stall": the rank stops (it sleeps) before its backward, outside any collective.
-Only the train task injects faults. Used by notebook 00 and `ddplab run --fault`.
+- "stall": the rank stops (it sleeps) before its backward, outside any collective;
+- "extra-all-reduce": the rank issues one all-reduce of its own (one number) before its backward,
+  which no other rank issues: its peers' first gradient bucket pairs with it (collective order);
+- "shape-mismatch": the rank builds its model with one more token in the vocabulary, so its
+  embedding and head have other shapes than its peers' (DDP's construction compares them);
+- "unused-parameter": the rank's forward bypasses the last block's MLP in that step, so those
+  parameters get no gradient there (DDP's own error at the next forward, unless
+  find_unused_parameters=True, which then reduces zeros in their place);
+- "sigkill": the rank's process is killed with SIGKILL in the middle of its step (as the kernel's
+  out-of-memory killer or a scheduler would): no Python code of it runs again.
+Only the train task injects faults. Used by notebooks 00 and 08 and `ddplab run --fault`.
 """
 
 from __future__ import annotations
@@ -15,7 +24,9 @@ from dataclasses import dataclass
 
 from .checks import bad, is_int
 
-FAULT_KINDS = ("crash", "skip-backward", "stall")
+FAULT_KINDS = ("crash", "skip-backward", "stall", "extra-all-reduce", "shape-mismatch", "unused-parameter", "sigkill")
+# faults that only mean something between synchronized ranks
+NEEDS_PEERS = ("skip-backward", "extra-all-reduce", "shape-mismatch", "unused-parameter")
 
 
 @dataclass(frozen=True)
@@ -31,10 +42,18 @@ class Fault:
             bad("fault.rank", f"must be a rank in 0..{exp.world_size - 1} (got {self.rank!r})")
         if not is_int(self.step) or not 0 <= self.step < exp.steps:
             bad("fault.step", f"must be a step in 0..{exp.steps - 1} (got {self.step!r})")
-        if self.kind == "skip-backward" and exp.world_size < 2:
-            bad("fault", "'skip-backward' needs world_size >= 2: with one rank nobody waits for it")
-        if self.kind == "skip-backward" and exp.sync != "ddp":
-            bad("fault", "'skip-backward' needs sync='ddp': without synchronization nobody waits for it")
+        if self.kind in NEEDS_PEERS and exp.world_size < 2:
+            bad("fault", f"'{self.kind}' needs world_size >= 2: with one rank no peer disagrees with it")
+        if self.kind in NEEDS_PEERS and exp.sync != "ddp":
+            bad("fault", f"'{self.kind}' needs sync='ddp': without synchronization no peer waits for it")
+        if self.kind == "unused-parameter":
+            if exp.model != "transformer":
+                bad("fault", "'unused-parameter' bypasses a block's MLP: it needs model='transformer'")
+            if not 0 <= self.step < exp.steps - 1:
+                bad("fault.step", f"'unused-parameter' shows at the forward after the faulty step: the step must be "
+                                  f"in 0..{exp.steps - 2}, before the last (got {self.step!r}, steps={exp.steps})")
+        if self.kind == "shape-mismatch" and self.step != 0:
+            bad("fault.step", "'shape-mismatch' happens when the model is built, before step 0: leave step at 0")
 
     def hits(self, rank: int, step: int) -> bool:
         return rank == self.rank and step == self.step

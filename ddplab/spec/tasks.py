@@ -150,6 +150,8 @@ class Train(TaskSpec):
               Phase("count", 4, "all-reduce of the example or token counts"), Phase("forward", 5),
               Phase("backward", 6), Phase("skip-backward", 6, f"barrier instead of the {GRADIENT_ALL_REDUCE}",
                                           deviation=True),
+              Phase("extra-all-reduce", 6, "an all_reduce that no other rank issued", deviation=True),
+              Phase("sigkill", 6, deviation=True),
               Phase("optimizer", 7, ends_step=True))
     reads = None          # every field
 

@@ -10,8 +10,10 @@ a straggler (`spec/straggler.py`) is slower by a known amount in every step.
 
 from __future__ import annotations
 
+import os
+import signal
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 
 import torch
 import torch.distributed as dist
@@ -33,7 +35,7 @@ def run(ctx):
     exp, rank, device, log = ctx.exp, ctx.rank, ctx.device, ctx.log
     log.enter("build")
     # seed_per_rank: deliberately different starting points, to watch DDP's construction broadcast
-    model = models.build(exp.replace(seed=exp.seed + rank) if exp.seed_per_rank else exp)
+    model = models.build(_own_model(exp, rank))
     model = model.to(device=device, dtype=torch_dtype(exp.dtype))
     built = parameter_checksum(model)
     model, ddp = wrap(ctx, model)
@@ -63,7 +65,7 @@ def run(ctx):
             synced = ddp is not None and (last or not exp.no_sync)
             with ddp.no_sync() if ddp is not None and not synced else nullcontext():
                 log.enter("forward", step, micro)
-                with probes.forward(micro):
+                with probes.forward(micro), bypassed_mlp(module, _fault(exp, "unused-parameter", rank, step)):
                     losses = token_losses(model(x), y)
                     loss = micro_loss(exp.loss_norm, losses, exp.accum_steps, scale, global_count)
                 probes.after_forward(step, micro)
@@ -109,6 +111,8 @@ def wrap(ctx, model):
     exp = ctx.exp
     if exp.sync == "ddp" and exp.sharding != "fsdp2":
         ctx.log.enter("ddp-construct")
+        if exp.distributed_debug == "info":   # read by DDP's reducer when it is built (the worker resets it)
+            dist.set_debug_level(dist.DebugLevel.INFO)
         ddp = ddp_wrapper.wrap(model, ctx.device, ctx.group, exp.bucket_cap_mb, exp.gradient_as_bucket_view,
                                exp.find_unused_parameters)
         return ddp, ddp
@@ -153,13 +157,49 @@ def delay(slow, device) -> None:
             torch.cuda.synchronize(device)   # wall time is the measure: no queue of kernels left behind
 
 
+def _fault(exp, kind: str, rank: int, step: int) -> bool:
+    return exp.fault is not None and exp.fault.kind == kind and exp.fault.hits(rank, step)
+
+
+def _own_model(exp, rank: int):
+    """The experiment this rank builds its model from: deliberately different starting points with
+    seed_per_rank (to watch DDP's construction broadcast), one more token with the shape-mismatch fault."""
+    if exp.seed_per_rank:
+        exp = exp.replace(seed=exp.seed + rank)
+    if _fault(exp, "shape-mismatch", rank, 0):
+        exp = exp.replace(vocab_size=exp.vocab_size + 1)
+    return exp
+
+
+@contextmanager
+def bypassed_mlp(module, bypass: bool):
+    """The unused-parameter fault: this forward leaves out the last block's MLP (and its norm)."""
+    if not bypass:
+        yield
+        return
+    block = module.blocks[-1]
+    block.bypass_mlp = True
+    try:
+        yield
+    finally:
+        block.bypass_mlp = False
+
+
 def inject_fault(ctx, step: int, micro: int, synced: bool) -> bool:
-    """Misbehave as `exp.fault` says, on the faulty rank and step; True if the backward is skipped."""
+    """Misbehave as `exp.fault` says, on the faulty rank and step, between its forward and its
+    backward; True if the backward is skipped."""
     kind = ctx.exp.fault.kind
     if kind == "crash":
         raise RuntimeError(f"injected fault: rank {ctx.rank} crashed in step {step} (fault='crash')")
     if kind == "stall":
         time.sleep(10 ** 6)  # a rank that stops making progress outside any collective
+    if kind == "sigkill":
+        ctx.log.enter("sigkill", step, micro)
+        os.kill(os.getpid(), signal.SIGKILL)   # nothing of this process runs after it: no error file
+    if kind == "extra-all-reduce" and synced:
+        # one collective its peers never issue: their first gradient bucket is paired with it
+        ctx.log.enter("extra-all-reduce", step, micro)
+        dist.all_reduce(torch.ones(1, device=ctx.device), group=ctx.group)
     if kind == "skip-backward" and synced:
         # this rank goes on to the next collective while its peers wait in the all-reduce
         ctx.log.enter("skip-backward", step, micro)

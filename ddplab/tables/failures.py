@@ -1,0 +1,62 @@
+"""The failure lab's tables (notebook 08): what the launcher said about each failure provoked on
+purpose, how long it took, and what DDP's find_unused_parameters costs a healthy run.
+
+`failure_table(outcomes)` takes `launch.failure_lab.provoke` outcomes (`failures.Provoked`);
+`verify_failures_diagnosed` raises `verify.CheckFailed` unless every one named its faulty rank within
+`timeout_s` + 15 s and left no process behind (tests/test_failure_lab.py feeds it wrong outcomes).
+"""
+
+from __future__ import annotations
+
+import statistics
+
+import pandas as pd
+
+from .. import verify
+from ..failures import Provoked
+
+DIAGNOSIS_GRACE_S = 15.0   # the launch's own start and stop, beyond the collective timeout
+
+
+def failure_table(outcomes: list[Provoked]) -> pd.DataFrame:
+    """One row per provoked failure: the fault and its rank, the diagnosis' kind and the ranks it names,
+    seconds from the launch to the error against timeout_s + 15 s, orphans, and the first sentence."""
+    rows = []
+    for o in outcomes:
+        d = o.diagnosis
+        rows.append({"fault": o.fault_kind, "faulty_rank": o.fault_rank, "diagnosis": d.kind if d else "no failure",
+                     "named_ranks": d.ranks if d else [], "named_right": bool(d) and d.ranks == [o.fault_rank],
+                     "seconds": round(o.seconds, 1), "bound_s": o.timeout_s + DIAGNOSIS_GRACE_S,
+                     "orphans": len(o.orphans), "says": _first_sentence(d.summary) if d else ""})
+    return pd.DataFrame(rows).set_index("fault")
+
+
+def _first_sentence(text: str) -> str:
+    head = text.split(". ", 1)[0]
+    return head if head.endswith(".") else head + "."
+
+
+def verify_failures_diagnosed(outcomes: list[Provoked]) -> None:
+    """Every provoked failure failed the run, named exactly its faulty rank, within timeout_s + 15 s,
+    with no process of the run left alive."""
+    table = failure_table(outcomes)
+    verify.equal("failures whose diagnosis names exactly the faulty rank", table["named_right"].tolist(),
+                 [True] * len(table))
+    verify.below("seconds from launch to diagnosis, beyond timeout_s + 15 s",
+                 (table["seconds"] - table["bound_s"]).tolist(), 0.0)
+    verify.equal("processes left behind by the failed runs", int(table["orphans"].sum()), 0)
+
+
+def find_unused_cost(runs, warmup: int = 2) -> pd.DataFrame:
+    """Per run: find_unused_parameters, the buckets DDP used in the first and in the last step (it
+    rebuilds them in gradient-ready order after step 0 only without find_unused_parameters), and the
+    step time after `warmup` steps (median, and the spread 1.4826 x MAD)."""
+    rows = []
+    for run in runs:
+        steps = run.ranks[0].steps
+        ms = run.step_ms(warmup)
+        m = statistics.median(ms)
+        rows.append({"run": run.spec.name, "find_unused_parameters": run.spec.find_unused_parameters,
+                     "buckets_first_step": len(steps[0].buckets or []), "buckets_last_step": len(steps[-1].buckets or []),
+                     "step_ms": m, "spread_ms": 1.4826 * statistics.median(abs(v - m) for v in ms)})
+    return pd.DataFrame(rows).set_index("run")

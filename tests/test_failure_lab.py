@@ -1,0 +1,136 @@
+"""The failure lab (notebook 08, issue 16): each way a data-parallel job breaks is diagnosed by rank,
+within timeout_s + 15 s, with no process left behind; and the diagnosis' pieces fail on wrong input."""
+
+from __future__ import annotations
+
+import pytest
+
+import ddplab
+from ddplab import Experiment, failures, tables
+from ddplab.failures import Diagnosis, Provoked
+from ddplab.launch.failure_lab import provoke
+from ddplab.recipes.failure_lab import WHERE, failure_lab, find_unused_cost, unused_parameter_fixes
+from ddplab.spec import Fault
+from ddplab.verify import CheckFailed
+from tests.conftest import leftovers
+
+# what torchrun printed for a rank gloo aborted and one killed with SIGKILL (2.13, trimmed)
+REPORT = """terminate called after throwing an instance of 'gloo::EnforceNotMet'
+  what():  [enforce fail at gloo/transport/tcp/pair.cc:456] op.preamble.length <= op.nbytes. 109312 vs 4. \
+Received data size doesn't match expected size. Is there a distributed collective mismatch in your code?
+Failures:
+[1]:
+  rank      : 1 (local_rank: 1)
+  exitcode  : -9 (pid: 12013)  (SIGKILL)
+Root Cause (first observed failure):
+[0]:
+  rank      : 0 (local_rank: 0)
+  exitcode  : -6 (pid: 11447)  (SIGABRT)
+[2]:
+  rank      : 2 (local_rank: 2)
+  exitcode  : 1 (pid: 11448)
+"""
+
+
+def test_torchruns_report_gives_each_dead_ranks_signal_and_the_native_error():
+    d = failures.deaths_from(REPORT)
+    assert d.signals == {0: "SIGABRT", 1: "SIGKILL"}      # rank 2 exited with 1: a Python error, no signal
+    assert len(d.native) == 1 and "collective mismatch" in d.native[0]
+    assert failures.deaths_from("nothing useful").signals == {}
+
+
+def test_a_rank_that_died_of_a_signal_is_named_with_it_and_its_last_phase():
+    progress = {0: [{"phase": "extra-all-reduce", "step": 1}], 1: [{"phase": "backward", "step": 1}]}
+    lost = {1: {"rank": 1, "phase": "backward", "step": 1, "t_ns": 1, "type": "RuntimeError",
+                "message": "Connection closed by peer", "traceback": "tb"}}
+    deaths = failures.deaths_from(REPORT, {0: "Fatal Python error: Aborted\n\nThread ..."})
+    d = failures.diagnose(progress, lost, set(), 2, 5, False, Experiment().task.all_phases(), deaths=deaths)
+    assert d.kind == "missing-result" and d.ranks == [0]
+    assert "Rank 0 was killed by SIGABRT in 'extra-all-reduce' of step 1" in d.summary
+    assert "collective mismatch" in d.summary and d.tracebacks == {0: "Fatal Python error: Aborted\n\nThread ..."}
+    plain = failures.diagnose(progress, lost, set(), 2, 5, False, Experiment().task.all_phases())
+    assert "killed by a signal, or out of memory?" in plain.summary   # without torchrun's report: no signal named
+
+
+@pytest.mark.parametrize("fault, field", [
+    (dict(kind="unused-parameter", step=1), "fault.step"),          # the last step: no next forward shows it
+    (dict(kind="shape-mismatch", step=1), "fault.step"),
+    (dict(kind="extra-all-reduce", rank=0), "fault"),               # world_size 1 below
+])
+def test_a_fault_that_cannot_show_is_refused_naming_the_field(fault, field):
+    ws = 1 if fault["kind"] == "extra-all-reduce" else 2
+    with pytest.raises(ValueError, match=rf"^Experiment\.{field}"):
+        Experiment(world_size=ws, steps=2, fault=Fault(**fault))
+
+
+def test_unused_parameter_needs_the_transformer_and_detail_debugging_is_refused_with_ddp():
+    with pytest.raises(ValueError, match=r"^Experiment\.fault.*transformer"):
+        Experiment(model="mlp", steps=2, fault=Fault("unused-parameter", rank=1))
+    with pytest.raises(ValueError, match=r"^Experiment\.distributed_debug.*segfault"):
+        Experiment(distributed_debug="detail")
+    with pytest.raises(ValueError, match=r"^Experiment\.distributed_debug.*no DDP"):
+        Experiment(distributed_debug="info", sync="none")
+    with pytest.raises(ValueError, match=r"^Experiment\.distributed_debug"):
+        Experiment(distributed_debug="loud")
+
+
+def _outcome(**changes) -> Provoked:
+    base = dict(name="x", fault_kind="crash", fault_rank=1, diagnosis=Diagnosis("crash", [1], "Rank 1 failed."),
+                seconds=3.0, timeout_s=5.0, orphans=[])
+    return Provoked(**{**base, **changes})
+
+
+@pytest.mark.parametrize("wrong", [dict(diagnosis=Diagnosis("crash", [0], "Rank 0 failed.")),   # the wrong rank
+                                   dict(diagnosis=None),                                         # it did not fail
+                                   dict(seconds=21.0),                                           # past 5 + 15 s
+                                   dict(orphans=["python -m ddplab.rank.worker ..."])])
+def test_the_diagnosis_check_fails_on_a_wrong_rank_a_late_answer_or_an_orphan(wrong):
+    tables.failures.verify_failures_diagnosed([_outcome()])
+    with pytest.raises(CheckFailed):
+        tables.failures.verify_failures_diagnosed([_outcome(), _outcome(**wrong)])
+
+
+@pytest.fixture(scope="module")
+def provoked(runs_dir):
+    exps = failure_lab()
+    return {kind: provoke(e, runs_dir / "failure-lab" / kind) for kind, e in exps.items()}
+
+
+EXPECTED = {"extra-all-reduce": ("missing-result", ["killed by SIGABRT in 'extra-all-reduce' of step 1",
+                                                    "collective mismatch"]),
+            "shape-mismatch": ("crash", ["'ddp-construct'", "appears not to match sizes"]),
+            "unused-parameter": ("crash", ["'forward' of step 1", "Expected to have finished reduction",
+                                           "Parameter indices which did not receive grad for rank 1"]),
+            "sigkill": ("missing-result", ["killed by SIGKILL in 'sigkill' of step 1"])}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", list(EXPECTED))
+def test_each_failure_is_diagnosed_by_rank_within_the_timeout_with_no_orphans(provoked, kind, runs_dir):
+    o = provoked[kind]
+    want_kind, phrases = EXPECTED[kind]
+    assert o.diagnosis is not None, f"{kind}: the run did not fail"
+    assert o.diagnosis.kind == want_kind and o.diagnosis.ranks == [WHERE[kind][0]], o.diagnosis
+    for phrase in phrases:
+        assert phrase in o.diagnosis.summary, (phrase, o.diagnosis.summary)
+    assert o.seconds < o.timeout_s + 15 and not o.orphans
+    assert not leftovers(runs_dir / "failure-lab" / kind)
+    tables.failures.verify_failures_diagnosed([o])
+
+
+@pytest.mark.slow
+def test_info_names_the_unused_parameters_and_find_unused_parameters_runs_through(runs_dir):
+    exps = unused_parameter_fixes()
+    o = provoke(exps["info"], runs_dir / "unused-info")
+    assert o.diagnosis.ranks == [1]
+    assert "Parameters which did not receive grad for rank 1: blocks.1.mlp.2.bias" in o.diagnosis.summary
+    run = ddplab.run(exps["find-unused"], runs_dir / "unused-found", progress=False)
+    assert len({s.param_checksum for r in run.ranks for s in r.steps[-1:]}) == 1   # replicas still agree
+
+
+@pytest.mark.slow
+def test_find_unused_parameters_keeps_the_construction_buckets_and_ddp_rebuilds_without_it(runs_dir):
+    off, on = ddplab.run_many(find_unused_cost(steps=4), runs_dir / "find-unused", progress=False)
+    t = tables.failures.find_unused_cost([off, on])
+    assert t.loc["find-unused-off", "buckets_first_step"] == 1 < t.loc["find-unused-off", "buckets_last_step"]
+    assert t.loc["find-unused-on", "buckets_first_step"] == t.loc["find-unused-on", "buckets_last_step"] > 1
