@@ -1,13 +1,15 @@
 """The spec stage: `Experiment` and its sections, validated and JSON round-tripping (no torch).
 
-    from ddplab.spec import Experiment, Fault, Straggler, AllReduceSweep, BucketSweep, Train
+    from ddplab.spec import Experiment, Fault, Straggler, AllReduceSweep, BucketSweep, Train, DataCoverage, Resume
 Used by every notebook, through `recipes`.
 """
 
+from .coverage import DataCoverage
 from .experiment import Experiment
 from .fault import Fault
+from .resume import Resume
 from .straggler import Straggler
 from .tasks import AllReduceSweep, BalanceStudy, BucketSweep, Phase, TaskSpec, Train, parse_plan, register
 
-__all__ = ["AllReduceSweep", "BalanceStudy", "BucketSweep", "Experiment", "Fault", "Phase", "Straggler", "TaskSpec", "Train", "parse_plan",
+__all__ = ["AllReduceSweep", "BalanceStudy", "BucketSweep", "DataCoverage", "Resume", "Experiment", "Fault", "Phase", "Straggler", "TaskSpec", "Train", "parse_plan",
            "register"]

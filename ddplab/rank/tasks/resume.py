@@ -1,0 +1,155 @@
+"""The resume task (`Resume`, notebook 08): a short DDP training script that can checkpoint after
+`save_at` steps and stop, and, in a new launch, resume from that checkpoint.
+
+What a checkpoint holds, and where:
+- model and optimizer: torch.distributed.checkpoint (DCP). `get_state_dict(ddp, optimizer)` gives both
+  keyed by parameter name (DDP's `module.` prefix stripped, the optimizer's state keyed by name, not by
+  position); `dcp.save` writes every replicated tensor once, spread over the ranks' `__<r>_0.distcp`
+  files, and rank 0 commits `.metadata`; `dcp.load` fills the tensors it is handed, in place, whatever
+  the world size that wrote them.
+- `rank{r}.state.pt`: what is this rank's own: its CPU random state (the augmentation's stream) and its
+  sampler position (epoch, ids taken from its shard, ids the world took in the epoch).
+A resume restores what `task.restore` names; the rest starts afresh, as a resume that forgot it would:
+a new optimizer, the sampler at epoch 0, the RNG reseeded as at the start. Runs inside a rank.
+Reference: https://pytorch.org/docs/stable/distributed.checkpoint.html
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_optimizer_state_dict, get_state_dict,
+                                                     set_model_state_dict, set_optimizer_state_dict)
+from torch.utils.data import DistributedSampler
+
+from ...rundir import save_tensors_atomic
+from ...spec.resume import CheckpointInfo, ResumeRecord, ResumeStep, checkpoint_dir, rank_state_file
+from .. import data, models
+from ..parallel import ddp as ddp_wrapper
+from ..runtime import Clock
+from ..training import flat_parameters, make_optimizer, parameter_checksum, token_losses, torch_dtype
+
+AUGMENT_STREAM = 1_000_003   # rank r's augmentation stream is seeded with seed + AUGMENT_STREAM x (r + 1)
+
+
+def run(ctx):
+    """Train steps start..end-1 (resume, then save if asked); return (ResumeRecord, rank 0's parameters
+    after every step as `params`, one row per step in `steps`)."""
+    exp, task, rank, log = ctx.exp, ctx.exp.task, ctx.rank, ctx.log
+    log.enter("build")
+    model = models.build(exp).to(device=ctx.device, dtype=torch_dtype(exp.dtype))
+    log.enter("ddp-construct")
+    ddp = ddp_wrapper.wrap(model, ctx.device, ctx.group)
+    optimizer = make_optimizer(exp, ddp.parameters())
+    torch.manual_seed(exp.seed + AUGMENT_STREAM * (rank + 1))   # after build, which seeds the RNG itself
+    sampler = DistributedSampler(range(task.dataset_size), num_replicas=exp.world_size, rank=rank, shuffle=True,
+                                 seed=exp.seed, drop_last=True)
+    start, epoch, offset, resumed = 0, 0, 0, None
+    if task.resume_from is not None:
+        start = task.start_step()
+        log.enter("load-checkpoint", start)
+        resumed, epoch, offset = restore(ctx, ddp, optimizer)
+    start_epoch, start_offset = epoch, offset
+    sampler.set_epoch(epoch)   # reseeds the shuffle with seed + epoch
+    shard = list(sampler)      # this rank's ids of the epoch: positions rank, rank + W, ... of one permutation
+    end = task.save_at if task.save_at is not None else exp.steps
+    clock, steps, params = Clock(ctx.device), [], []
+    for step in range(start, end):
+        clock.mark("start")
+        if offset + exp.local_batch > len(shard):   # no full batch left: the next epoch
+            epoch, offset = epoch + 1, 0
+            sampler.set_epoch(epoch)
+            shard = list(sampler)
+        ids = shard[offset:offset + exp.local_batch]
+        offset += exp.local_batch
+        x, y = data.batch(exp.seed, ids, exp.seq_len, exp.vocab_size)
+        x, augmented = augment(x, task.augment_p, exp.vocab_size)
+        x, y = x.to(ctx.device), y.to(ctx.device)
+        log.enter("forward", step)
+        losses = token_losses(ddp(x), y)
+        loss = losses.mean()
+        log.enter("backward", step)
+        loss.backward()                    # DDP averages the ranks' gradients: the global batch's mean
+        log.enter("optimizer", step)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        clock.mark("step")
+        steps.append(ResumeStep(step=step, epoch=epoch, sample_ids=ids, loss=loss.item(),
+                                loss_sum=losses.sum().item(), tokens=y.numel(), augmented=augmented,
+                                param_checksum=parameter_checksum(model), step_ms=sum(clock.durations_ms().values())))
+        if rank == 0:
+            params.append(flat_parameters(model))
+    saved = None
+    if task.save_at is not None:
+        log.enter("save-checkpoint", end - 1)
+        saved = save(ctx, ddp, optimizer, end, epoch, offset)
+    record = ResumeRecord(start_step=start, start_epoch=start_epoch, start_offset=start_offset,
+                          restored=list(task.restore) if resumed else [], saved=saved, resumed=resumed, steps=steps)
+    tensors = {"params": torch.stack(params), "steps": torch.tensor([s.step for s in steps])} if rank == 0 else {}
+    return record, tensors
+
+
+def augment(x: torch.Tensor, p: float, vocab_size: int) -> tuple[torch.Tensor, int]:
+    """Replace each input token by a random one with probability p, drawn from torch's global CPU RNG
+    (the stream a resume must restore); (the inputs, how many were replaced)."""
+    if p == 0:
+        return x, 0
+    replace = torch.rand(x.shape) < p
+    return torch.where(replace, torch.randint(vocab_size, x.shape), x), int(replace.sum())
+
+
+def save(ctx, ddp, optimizer, step: int, epoch: int, offset: int) -> CheckpointInfo:
+    """Write the checkpoint after `step` optimizer steps: DCP for model and optimizer (a collective),
+    then this rank's own file (its RNG state first: nothing may draw from it in between)."""
+    exp = ctx.exp
+    own = {"step": step, "epoch": epoch, "rank_offset": offset, "epoch_consumed": offset * exp.world_size,
+           "world_size": exp.world_size, "local_batch": exp.local_batch, "rng": torch.get_rng_state()}
+    clock = Clock(ctx.device)
+    clock.mark("start")
+    model_state, optimizer_state = get_state_dict(ddp, optimizer)
+    dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=checkpoint_dir(ctx.run_dir),
+             process_group=ctx.group)
+    clock.mark("save")
+    save_tensors_atomic(rank_state_file(ctx.run_dir, ctx.rank), own)
+    return _info(ctx.run_dir, own, clock.durations_ms()["save"])
+
+
+def restore(ctx, ddp, optimizer) -> tuple[CheckpointInfo, int, int]:
+    """Load what `task.restore` names from `task.resume_from`; (what was read, epoch, offset into this
+    rank's shard) for the sampler. DCP loads into the state dicts in place; set_*_state_dict puts them
+    into the model and the optimizer (its state, step count and param groups)."""
+    exp, task = ctx.exp, ctx.exp.task
+    source = task.resume_from
+    own = torch.load(rank_state_file(source, ctx.rank if ctx.rank < task.saved_spec().world_size else 0),
+                     weights_only=True)
+    clock = Clock(ctx.device)
+    clock.mark("start")
+    state = {}
+    if "model" in task.restore:
+        state["model"] = get_model_state_dict(ddp)
+    if "optimizer" in task.restore:   # a fresh optimizer's state is made here (a step at lr 0), then replaced
+        state["optimizer"] = get_optimizer_state_dict(ddp, optimizer)
+    if state:
+        dcp.load(state, checkpoint_id=checkpoint_dir(source), process_group=ctx.group)
+    if "model" in state:
+        set_model_state_dict(ddp, state["model"])
+    if "optimizer" in state:
+        set_optimizer_state_dict(ddp, optimizer, state["optimizer"])
+    clock.mark("load")
+    if "rng" in task.restore:
+        torch.set_rng_state(own["rng"])
+    epoch, offset = 0, 0
+    if "sampler" in task.restore:
+        epoch = own["epoch"]
+        # the world's count over the new world size is right at any world size; a rank's own count is
+        # right only at the one it was counted in
+        offset = own["epoch_consumed"] // exp.world_size if task.sampler_position == "global" else own["rank_offset"]
+    return _info(source, own, clock.durations_ms()["load"]), epoch, offset
+
+
+def _info(run_dir, own: dict, ms: float) -> CheckpointInfo:
+    cp = checkpoint_dir(run_dir)
+    dcp_bytes = sum(f.stat().st_size for f in cp.iterdir() if f.name == ".metadata" or f.suffix == ".distcp")
+    return CheckpointInfo(path=str(cp), step=own["step"], epoch=own["epoch"], rank_offset=own["rank_offset"],
+                          epoch_consumed=own["epoch_consumed"], world_size=own["world_size"],
+                          local_batch=own["local_batch"], dcp_bytes=dcp_bytes, ms=ms)
