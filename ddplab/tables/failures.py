@@ -60,3 +60,15 @@ def find_unused_cost(runs, warmup: int = 2) -> pd.DataFrame:
                      "buckets_first_step": len(steps[0].buckets or []), "buckets_last_step": len(steps[-1].buckets or []),
                      "step_ms": m, "spread_ms": 1.4826 * statistics.median(abs(v - m) for v in ms)})
     return pd.DataFrame(rows).set_index("run")
+
+
+def find_unused_verdict(cost: pd.DataFrame) -> str:
+    """One sentence on a `find_unused_cost` table: the step time find_unused_parameters=True added,
+    judged against the two runs' spread (twice the larger one), or that the machine cannot resolve it."""
+    off, on = cost[~cost["find_unused_parameters"]].iloc[0], cost[cost["find_unused_parameters"]].iloc[0]
+    diff, noise = on["step_ms"] - off["step_ms"], 2 * max(off["spread_ms"], on["spread_ms"])
+    if abs(diff) <= noise:
+        return (f"find_unused_parameters=True: {diff:+.2f} ms per step, within the noise (+/- {noise:.2f} ms): this "
+                f"machine cannot resolve the graph walk's cost on this small model")
+    return (f"find_unused_parameters=True made the median step {'slower' if diff > 0 else 'faster'} by "
+            f"{abs(diff):.2f} ms (noise +/- {noise:.2f} ms)")

@@ -127,3 +127,23 @@ def verify_resume_tracks(reference, resumed, rel: float = 1e-4) -> None:
                 expected=f"the same in all {len(d)}")
     verify.below(f"{resumed.spec.name} tracks {reference.spec.name}: relative parameter distance per step",
                  d["param_distance"], rel)
+
+
+def resume_summary(reference, resumed: list, saved=None) -> pd.DataFrame:
+    """One row per resumed run against `reference`: the first step that departs (None: bit-identical
+    throughout), |loss difference| and relative parameter distance at the first resumed step and at
+    the last, whether every step trained on the reference's global batch, and (given the saving run)
+    how many examples of the interrupted epoch the optimizer saw twice or more, and never."""
+    rows = []
+    for run in resumed:
+        d = departure(reference, run)
+        first, last = d.index[0], d.index[-1]
+        row = {"resume": run.spec.name, "first_departure": d.attrs["first_departure"],
+               "loss_diff_first": d.at[first, "loss_diff"], "distance_first": d.at[first, "param_distance"],
+               "distance_last": d.at[last, "param_distance"], "same_examples": bool(d["same_examples"].all())}
+        if saved is not None:
+            c = coverage_across_resume(saved, run).iloc[0]
+            row.update(seen_twice_or_more=int(c["twice"] + c["more"]), never_seen=int(c["never"]),
+                       epoch_finished=bool(c["epoch_finished"]))
+        rows.append(row)
+    return pd.DataFrame(rows).set_index("resume")

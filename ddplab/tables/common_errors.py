@@ -1,0 +1,346 @@
+"""Tables of the four common errors of data parallelism (notebook 08, seed claim C18), each as the
+wrong claim's number beside what the runs measured and what the right model says, on the same runs
+(`recipes.common_errors`, one launch):
+
+- `weak_as_strong`: weak-scaling throughput read as a strong-scaling speed-up, beside the step time
+  at a fixed global batch (`verify_fixed_global_batch`);
+- `divided_state`: model-state memory divided by the data-parallel degree, beside the per-rank
+  ledger and the replicated model of `predict/memory.py` (`verify_replicated_state`);
+- `summed_as_exposed`: the bucket all-reduce durations summed, beside the communication the step
+  exposed (`verify_summed_overstates`);
+- `source_as_ready_order`: parameter source order taken for gradient-ready order, beside the order
+  the readiness probe measured (`verify_ready_not_source_order`);
+- `common_errors(runs)`: one row per error, with a verdict computed from the numbers.
+
+The `verify_*` checks raise `verify.CheckFailed` when the right claim does not hold on the runs given.
+Timings are judged against their own spread: where the noise is larger than a difference, the
+verdict says "cannot resolve". Numbers in, DataFrames out (no processes).
+"""
+
+from __future__ import annotations
+
+import statistics
+
+import pandas as pd
+
+from .. import verify
+from ..predict.memory import state_bytes
+from ..recipes.common_errors import PREFIX
+from ..units import MIB, ms_after
+from .bucket_sweep import _robust_spread
+from .global_batch import examples_per_step, scaling
+from .memory import MODEL_STATE
+from .readiness import ready_order
+
+GROUPS = ("weak", "strong", "memory", "overlap", "ready")
+
+
+def error_runs(runs) -> dict[str, list]:
+    """The runs of a `recipes.common_errors()` launch (a list, or a dict by name), by group: "weak",
+    "strong", "memory", "overlap" ([DDP, compute-only]) and "ready", in launch order. Runs of other
+    recipes launched beside them (names without the "errors-" prefix) are left out."""
+    runs = list(runs.values()) if isinstance(runs, dict) else list(runs)
+    groups: dict[str, list] = {g: [] for g in GROUPS}
+    for run in runs:
+        name = run.spec.name
+        if not name.startswith(PREFIX):
+            continue
+        group = name[len(PREFIX):].split("-")[0]
+        if group not in groups:
+            raise ValueError(f"run {name!r} is not one of recipes.common_errors(): its names start with "
+                             f"{PREFIX!r} and a group ({', '.join(GROUPS)})")
+        groups[group].append(run)
+    missing = [g for g, rs in groups.items() if not rs]
+    if missing:
+        raise ValueError(f"no runs of group(s) {', '.join(missing)}: pass every run of recipes.common_errors()")
+    groups["overlap"].sort(key=lambda r: r.spec.sync != "ddp")   # DDP first, then compute-only
+    return groups
+
+
+def _noise(values, k: float) -> float:
+    """k standard errors of the median of `values` (robust: 1.4826 x MAD / sqrt(n))."""
+    return k * _robust_spread(values) / len(values) ** 0.5
+
+
+# ---- 1. strong scaling claimed after growing the global batch -------------------------------------
+
+def weak_as_strong(weak_runs, strong_runs, warmup: int = 2) -> pd.DataFrame:
+    """Per world size: the weak runs' global batch, step time (median, min-max over steps) and the
+    throughput ratio over the fewest ranks that the wrong claim reads as a speed-up (`claimed_speedup`, and
+    `claimed_speedup_low`-`claimed_speedup_high` from the step ranges);
+    the strong runs' global batch and step time, and the speed-up at that fixed global batch
+    (`speedup` = T1 / TW, `speedup_low`-`speedup_high` from the step ranges); `verdict`: is the
+    fixed-global-batch step faster than on the fewest ranks, slower, or do the ranges overlap ("cannot
+    resolve"). The weak and strong runs must cover the same world sizes."""
+    weak, strong = scaling(weak_runs, "weak", warmup), scaling(strong_runs, "strong", warmup)
+    if weak.index.tolist() != strong.index.tolist():
+        raise ValueError(f"the weak runs have world sizes {weak.index.tolist()}, the strong runs "
+                         f"{strong.index.tolist()}: give both series the same world sizes")
+    t1, lo1, hi1 = strong["step_ms"].iloc[0], strong["step_ms_min"].iloc[0], strong["step_ms_max"].iloc[0]
+    grows = weak["global_batch"] / weak["global_batch"].iloc[0]   # examples per step, relative to the fewest ranks'
+    df = pd.DataFrame({"weak_global_batch": weak["global_batch"], "weak_step_ms": weak["step_ms"],
+                       "weak_step_ms_min": weak["step_ms_min"], "weak_step_ms_max": weak["step_ms_max"],
+                       "claimed_speedup": weak["speedup"],
+                       "claimed_speedup_low": grows * weak["step_ms_min"].iloc[0] / weak["step_ms_max"],
+                       "claimed_speedup_high": grows * weak["step_ms_max"].iloc[0] / weak["step_ms_min"],
+                       "strong_global_batch": strong["global_batch"], "strong_step_ms": strong["step_ms"],
+                       "strong_step_ms_min": strong["step_ms_min"], "strong_step_ms_max": strong["step_ms_max"],
+                       "speedup": t1 / strong["step_ms"], "speedup_low": lo1 / strong["step_ms_max"],
+                       "speedup_high": hi1 / strong["step_ms_min"]})
+    df["verdict"] = ["faster" if hi < lo1 else "slower" if lo > hi1 else "cannot resolve"
+                     for lo, hi in zip(df["strong_step_ms_min"], df["strong_step_ms_max"])]
+    df.iloc[0, df.columns.get_loc("verdict")] = "baseline"
+    return df.round(3)
+
+
+def verify_fixed_global_batch(strong_runs, weak_runs) -> None:
+    """The right claim's premise: the strong runs keep one global batch at every world size (from the
+    spec, and counted from the distinct examples each step consumed), and the weak runs do not (so
+    their throughput answers another optimization problem). Raises `verify.CheckFailed` for strong
+    runs whose global batch differs, or weak runs that kept it fixed."""
+    strong = sorted(strong_runs, key=lambda r: r.world_size)
+    verify.above("the strong runs span more than one world size (distinct world sizes)",
+                 len({r.world_size for r in strong}), 1)
+    g = strong[0].spec.global_batch
+    verify.equal("strong scaling: one global batch at every world size (global batch per run)",
+                 [r.spec.global_batch for r in strong], [g] * len(strong))
+    verify.equal("strong scaling: every step consumed that many distinct examples (fewest per step, per run)",
+                 [int(examples_per_step(r)["distinct"].min()) for r in strong], [g] * len(strong))
+    weak = [r.spec.global_batch for r in sorted(weak_runs, key=lambda r: r.world_size)]
+    verify.equal("weak scaling: the global batch changes with the world size (distinct global batches, runs)",
+                 len(set(weak)), len(weak))
+
+
+# ---- 2. model-state memory divided by the data-parallel degree -------------------------------------
+
+def replicated_state_bytes(run, rank: int) -> int:
+    """The replicated model's model state on `rank` (`predict.memory.state_bytes`, from the parameter
+    sizes the run recorded): parameters, gradients, DDP's buckets and optimizer state, in bytes."""
+    m = run.ranks[rank].memory
+    return sum(state_bytes(run.spec, m.parameter_numels or None, m.trainable or None, rank).values())
+
+
+def _memory_step(run, step: int):
+    if run.ranks[0].memory is None or run.spec.steps <= step:
+        raise ValueError(f"run {run.spec.name!r}: needs probes=('memory',) and more than {step} step(s)")
+    return [r.memory.steps[step] for r in run.ranks]
+
+
+def divided_state(memory_runs, predicted=replicated_state_bytes, step: int = 1) -> pd.DataFrame:
+    """Per world size and rank: the model state the memory probe measured after the optimizer step of
+    step `step` (parameters + gradients + buckets + optimizer state, bytes), the wrong claim's number
+    (one replica's state divided by the world size), `predicted(run, rank)` (the replicated model by
+    default), the ratios of measured to each, and the activations measured after the forward (they,
+    not the model state, shrink with the local batch at a fixed global batch)."""
+    rows = []
+    for run in sorted(memory_runs, key=lambda r: r.world_size):
+        w = run.world_size
+        for r, st in zip(run.ranks, _memory_step(run, step)):
+            measured = sum(st.phases["step"][c] for c in MODEL_STATE)
+            divided = replicated_state_bytes(run, r.rank) / w
+            right = predicted(run, r.rank)
+            rows.append({"world_size": w, "rank": r.rank, "local_batch": run.spec.local_batch_of(r.rank),
+                         "model_state_bytes": measured, "divided_bytes": divided, "predicted_bytes": right,
+                         "measured_over_divided": measured / divided, "measured_over_predicted": measured / right,
+                         "activation_bytes": st.phases["forward"]["activations"]})
+    return pd.DataFrame(rows).set_index(["world_size", "rank"])
+
+
+def verify_replicated_state(table: pd.DataFrame) -> None:
+    """On a `divided_state` table: every rank at every world size holds the same model-state bytes,
+    exactly what the prediction says, and the divided prediction misses by exactly the world size.
+    Raises `verify.CheckFailed` for a prediction divided by W, or ranks whose state differs (sharding)."""
+    measured = table["model_state_bytes"].tolist()
+    verify.equal("model state per rank (bytes) is the same on every rank at every world size", measured,
+                 [measured[0]] * len(measured))
+    verify.equal("the prediction gives every rank's model state exactly (bytes)", table["predicted_bytes"].tolist(),
+                 measured)
+    verify.close("dividing by the world size misses by exactly that factor (measured / divided)",
+                 table["measured_over_divided"], [float(w) for w, _ in table.index], rel=1e-12)
+
+
+# ---- 3. summed all-reduce durations read as exposed overhead -----------------------------------
+
+def _per_step(run, warmup: int) -> list[dict]:
+    """Per step after `warmup`, on the rank whose communication stuck out least after its last
+    gradient (the one whose backward ended last: it waited for no other rank), in ms: its buckets'
+    launch-to-done durations summed, their span (first launch to last done), the tail (last done
+    minus last gradient ready), and how many buckets launched before that last gradient."""
+    out = []
+    for i in range(warmup, run.spec.steps):
+        per_rank = []
+        for r in run.ranks:
+            st = r.steps[i]
+            if not st.buckets or not st.backward or not st.backward.ready:
+                raise ValueError(f"run {run.spec.name!r}: step {i} has no bucket or readiness events; run it with "
+                                 f"probes=('readiness',) and sync='ddp'")
+            last = st.backward.last_ready_ns
+            end = max(b.done_ns for b in st.buckets)
+            per_rank.append({"summed": sum(ms_after(b.done_ns, b.launch_ns) for b in st.buckets),
+                             "span": ms_after(end, min(b.launch_ns for b in st.buckets)),
+                             "tail": ms_after(end, last), "buckets": len(st.buckets),
+                             "during_backward": sum(b.launch_ns < last for b in st.buckets)})
+        out.append(min(per_rank, key=lambda x: x["tail"]))
+    return out
+
+
+def summed_as_exposed(ddp_run, compute_only_run, warmup: int = 4, k: float = 2.0) -> pd.DataFrame:
+    """One row per quantity, ms (median over the steps after `warmup`) and its noise (k standard
+    errors of the median): the buckets' all-reduce durations summed (the wrong claim's number), the
+    span they cover, the exposed tail (communication after the last gradient was ready, same step),
+    the step's time over the compute-only step's (slowest rank, median over steps), and the sum's excess
+    over each measure of exposure (paired per step for the tail). attrs: `buckets` and
+    `launched_during_backward` (medians per step)."""
+    if compute_only_run.spec.sync != "none":
+        raise ValueError(f"run {compute_only_run.spec.name!r} synchronizes: the compute-only step needs sync='none'")
+    steps = _per_step(ddp_run, warmup)
+    t_ddp, t_alone = ddp_run.step_ms(warmup), compute_only_run.step_ms(warmup)
+    col = {q: [s[q] for s in steps] for q in ("summed", "span", "tail")}
+    excess_tail = [s["summed"] - s["tail"] for s in steps]
+    added = statistics.median(t_ddp) - statistics.median(t_alone)
+    added_noise = max(_noise(t_ddp, k), _noise(t_alone, k))
+    rows = {"summed all-reduce durations": (statistics.median(col["summed"]), _noise(col["summed"], k)),
+            "communication span": (statistics.median(col["span"]), _noise(col["span"], k)),
+            "exposed tail": (statistics.median(col["tail"]), _noise(col["tail"], k)),
+            "step over compute-only step": (added, added_noise),
+            "summed minus exposed tail": (statistics.median(excess_tail), _noise(excess_tail, k)),
+            "summed minus step over compute-only": (statistics.median(col["summed"]) - added,
+                                                    max(_noise(col["summed"], k), added_noise))}
+    df = pd.DataFrame([{"quantity": q, "ms": v, "noise_ms": n} for q, (v, n) in rows.items()]).set_index("quantity")
+    df["resolved"] = df["ms"].abs() > df["noise_ms"]
+    df.attrs.update(buckets=statistics.median(s["buckets"] for s in steps),
+                    launched_during_backward=statistics.median(s["during_backward"] for s in steps))
+    return df.round(3)
+
+
+def verify_summed_overstates(table: pd.DataFrame) -> None:
+    """On a `summed_as_exposed` table: the summed durations exceed the exposed tail of the same steps
+    by more than the noise. Raises `verify.CheckFailed` where they do not (one bucket launched after
+    the last gradient: nothing overlapped, so the sum is the tail)."""
+    excess = table.loc["summed minus exposed tail"]
+    verify.above(f"the summed all-reduce durations exceed the exposed tail by more than the noise "
+                 f"({excess['noise_ms']:.2f} ms) (summed minus tail, ms)", excess["ms"], excess["noise_ms"])
+
+
+# ---- 4. source order assumed to be ready order -------------------------------------------------
+
+def source_as_ready_order(run, step: int = -1, rank: int = 0) -> pd.DataFrame:
+    """Per parameter in source order (`named_parameters()`): its source position (the wrong claim's
+    ready position), the reverse source position (the claim DDP's first buckets make), the ready
+    position the readiness probe measured, its bucket, and whether it is at either assumed position."""
+    df = ready_order(run, step, rank).rename(columns={"as_assumed": "at_reverse_source_position"})
+    df["at_source_position"] = df["ready_position"] == df["source_position"]
+    return df
+
+
+def verify_ready_not_source_order(table: pd.DataFrame) -> None:
+    """On a `source_as_ready_order` table: the measured ready order is neither the source order nor its
+    reverse (the executed graph decides). Raises `verify.CheckFailed` for a model where one of them
+    holds (a chain of layers, like the MLP, is ready in reverse source order)."""
+    ready = table["ready_position"].sort_values().index.tolist()
+    source = table.index.tolist()
+    verify.that("the ready order is not the source order", ready != source,
+                seen=f"{int(table['at_source_position'].sum())} of {len(table)} at their source position",
+                expected="not all")
+    verify.that("nor the reverse source order", ready != source[::-1],
+                seen=f"{int(table['at_reverse_source_position'].sum())} of {len(table)} at their reverse source "
+                     f"position", expected="not all")
+
+
+# ---- the four, side by side --------------------------------------------------------------------
+
+def _scaling_row(weak_runs, strong_runs) -> dict:
+    t = weak_as_strong(weak_runs, strong_runs)
+    weak_gb, strong_gb = sorted(set(t["weak_global_batch"])), sorted(set(t["strong_global_batch"]))
+    base = t.iloc[0]
+    claimed = ", ".join(f"{r['claimed_speedup']:.2f}x ({r['claimed_speedup_low']:.2f}-{r['claimed_speedup_high']:.2f}) "
+                        f"on {w}" for w, r in t.iloc[1:].iterrows())
+    fixed = ", ".join(f"{r['speedup']:.2f}x ({r['speedup_low']:.2f}-{r['speedup_high']:.2f}, {r['verdict']}) on {w}"
+                      for w, r in t.iloc[1:].iterrows())
+    says = (f"weak runs (global batch {', '.join(map(str, weak_gb))}): examples/s over {t.index[0]} rank {claimed}; "
+            f"at a fixed global batch of {', '.join(map(str, strong_gb))} ({base['strong_step_ms']:.1f} ms a step on "
+            f"{t.index[0]}, {base['strong_step_ms_min']:.1f}-{base['strong_step_ms_max']:.1f}): speed-up {fixed}")
+    if len(strong_gb) != 1 or len(weak_gb) == 1:
+        verdict = "not shown: the strong runs must share one global batch and the weak runs must not"
+    else:
+        later = list(t.iloc[1:].iterrows())
+        resolved = [f"{w} ranks are {r['verdict']}" for w, r in later if r["verdict"] != "cannot resolve"]
+        unresolved = [str(w) for w, r in later if r["verdict"] == "cannot resolve"]
+        timing = "; ".join(([f"at the fixed global batch, {', '.join(resolved)} than 1"] if resolved else []) +
+                           ([f"cannot resolve {' and '.join(unresolved)} ranks against 1 (step ranges overlap)"]
+                            if unresolved else []))
+        verdict = (f"wrong: the weak runs changed the global batch ({weak_gb[0]} to {weak_gb[-1]}), so their "
+                   f"throughput ratio is not a speed-up; {timing}")
+    return {"says": says, "verdict": verdict}
+
+
+def _memory_row(memory_runs) -> dict:
+    t = divided_state(memory_runs)
+    by_w = t.groupby(level="world_size")
+    sizes = by_w["model_state_bytes"].agg(["min", "max"])
+    says = "; ".join(f"{w} ranks: {lo / MIB:.3f}-{hi / MIB:.3f} MiB per rank" if lo != hi else
+                     f"{w} ranks: {lo / MIB:.3f} MiB on every rank" for w, (lo, hi) in sizes.iterrows())
+    divided = by_w["divided_bytes"].first()
+    says += "; divided by W: " + ", ".join(f"{d / MIB:.3f} MiB" for d in divided)
+    acts = by_w[["local_batch", "activation_bytes"]].max()
+    says += "; activations: " + ", ".join(f"{a / MIB:.3f} MiB on {w} (local batch {lb})"
+                                          for w, (lb, a) in acts.iterrows())
+    replicated = t["model_state_bytes"].nunique() == 1 and (t["model_state_bytes"] == t["predicted_bytes"]).all()
+    if replicated:
+        ratios = ", ".join(f"{r:g}x" for r in by_w["measured_over_divided"].first())
+        verdict = (f"wrong: every rank holds the whole model state at every world size; dividing by W is off by "
+                   f"{ratios}, the replicated model is exact")
+    else:
+        verdict = "not shown: the ranks' model state differs across ranks or world sizes, or from the replicated model"
+    return {"says": says, "verdict": verdict}
+
+
+def _overlap_row(ddp_run, compute_only_run) -> dict:
+    t = summed_as_exposed(ddp_run, compute_only_run)
+    v = t["ms"]
+    says = (f"{t.attrs['launched_during_backward']:g} of {t.attrs['buckets']:g} buckets launched during backward; "
+            f"summed durations {v['summed all-reduce durations']:.1f} ms, exposed tail {v['exposed tail']:.1f} ms, "
+            f"step over compute-only {v['step over compute-only step']:.1f} "
+            f"± {t.loc['step over compute-only step', 'noise_ms']:.1f} ms")
+    parts = []
+    for q, what in (("summed minus exposed tail", "the exposed tail"),
+                    ("summed minus step over compute-only", "the step's extra time")):
+        x, n = t.loc[q, "ms"], t.loc[q, "noise_ms"]
+        parts.append(f"cannot resolve the sum against {what} (difference {x:.1f} ms, noise {n:.1f} ms)" if abs(x) <= n
+                     else f"the sum {'over' if x > 0 else 'under'}states {what} by {abs(x):.1f} ms (noise {n:.1f} ms)")
+    over = t.loc["summed minus exposed tail", "ms"] > t.loc["summed minus exposed tail", "noise_ms"]
+    return {"says": says, "verdict": ("wrong: " if over else "not shown: ") + "; ".join(parts)}
+
+
+def _order_row(run) -> dict:
+    t = source_as_ready_order(run)
+    n = len(t)
+    first = t["ready_position"].idxmin()
+    says = (f"{run.spec.model}: {int(t['at_source_position'].sum())} of {n} gradients ready at their source position, "
+            f"{int(t['at_reverse_source_position'].sum())} at their reverse source position; ready first: {first} "
+            f"(source position {t.loc[first, 'source_position']})")
+    ready = t["ready_position"].sort_values().index.tolist()
+    if ready in (t.index.tolist(), t.index.tolist()[::-1]):
+        which = "the source order" if ready == t.index.tolist() else "the reverse source order"
+        verdict = f"not shown: on this model the ready order is {which}"
+    else:
+        verdict = "wrong: the ready order is neither the source order nor its reverse; the executed graph decides"
+    return {"says": says, "verdict": verdict}
+
+
+MISCLAIMS = {
+    "global batch": "weak-scaling runs (global batch grows with the ranks) show a strong-scaling speed-up",
+    "replicated memory": "model-state memory per rank is the one-process state divided by the world size",
+    "summed all-reduce": "the bucket all-reduce durations, summed, are the communication overhead of a step",
+    "ready order": "gradients become ready in parameter source order (or its reverse)",
+}
+
+
+def common_errors(runs) -> pd.DataFrame:
+    """One row per error of a `recipes.common_errors()` launch (the list `run_many` returned, or a dict
+    by name): the misclaim, what these runs say (numbers from them), and a verdict computed from those
+    numbers ("wrong: ...", "not shown: ..." or "cannot resolve ..." where the noise is larger)."""
+    g = error_runs(runs)
+    rows = {"global batch": _scaling_row(g["weak"], g["strong"]), "replicated memory": _memory_row(g["memory"]),
+            "summed all-reduce": _overlap_row(*g["overlap"]), "ready order": _order_row(g["ready"][0])}
+    return pd.DataFrame([{"error": e, "misclaim": MISCLAIMS[e], **row} for e, row in rows.items()]).set_index("error")

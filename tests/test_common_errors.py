@@ -1,0 +1,268 @@
+"""The four common errors (notebook 08, seed claim C18): each right claim holds on real runs of
+`recipes.common_errors()`, all in one launch, and its check fails for a wrong input: weak runs fed as
+strong scaling, a prediction divided by the world size, a single bucket launched after backward (nothing
+overlaps), a chain-shaped model whose gradients are ready in reverse source order, or a recorded order
+rewritten to the source order. The fast tests check the recipe and the tables' logic on hand-built data.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from types import SimpleNamespace
+
+import pandas as pd
+import pytest
+
+import ddplab
+from ddplab import verify
+from ddplab.recipes.common_errors import PREFIX, common_error_groups, common_errors
+# by name from the modules: once the packages export `common_errors` (the function), the name
+# `ddplab.tables.common_errors` is the function, not this module
+from ddplab.tables.common_errors import (common_errors as summary, divided_state, error_runs, replicated_state_bytes,
+                                         source_as_ready_order, summed_as_exposed, verify_fixed_global_batch,
+                                         verify_ready_not_source_order, verify_replicated_state,
+                                         verify_summed_overstates, weak_as_strong)
+
+GROUPS = common_error_groups()
+# wrong inputs the lab can configure: the overlap model with every gradient in one bucket (launched
+# only after the last gradient is ready), and the MLP (a chain: ready in exactly reverse source order)
+ONE_BUCKET = GROUPS["overlap"][0].replace(name="wrong-overlap-one-bucket", bucket_cap_mb=64)
+CHAIN = GROUPS["ready"][0].replace(name="wrong-ready-mlp", model="mlp")
+
+
+@pytest.fixture(scope="module")
+def launch(runs_dir):
+    start = time.perf_counter()
+    runs = ddplab.run_many([*common_errors(), ONE_BUCKET, CHAIN], runs_dir / "common-errors", progress=False)
+    wall_s = time.perf_counter() - start
+    by_name = {r.spec.name: r for r in runs}
+    wrong = {n: by_name.pop(n) for n in (ONE_BUCKET.name, CHAIN.name)}
+    return SimpleNamespace(runs=list(by_name.values()), groups=error_runs(by_name), wrong=wrong, wall_s=wall_s)
+
+
+# ---- 1. strong scaling claimed after growing the global batch -------------------------------------
+@pytest.mark.slow
+def test_strong_runs_keep_the_global_batch_and_weak_runs_grow_it(launch, capsys):
+    g = launch.groups
+    verify_fixed_global_batch(g["strong"], g["weak"])
+    assert "verified: strong scaling: one global batch at every world size" in capsys.readouterr().out
+    table = weak_as_strong(g["weak"], g["strong"])
+    assert table.index.tolist() == [1, 2, 4]
+    assert table["weak_global_batch"].tolist() == [8, 16, 32] and table["strong_global_batch"].tolist() == [32] * 3
+    assert (table["strong_step_ms_min"] <= table["strong_step_ms"]).all()
+    assert (table["strong_step_ms"] <= table["strong_step_ms_max"]).all()
+    assert table["verdict"].iloc[0] == "baseline"
+    assert set(table["verdict"].iloc[1:]) <= {"faster", "slower", "cannot resolve"}
+
+
+@pytest.mark.slow
+def test_weak_runs_fed_as_strong_scaling_fail_the_fixed_global_batch_check(launch):
+    g = launch.groups
+    with pytest.raises(verify.CheckFailed, match="one global batch at every world size"):
+        verify_fixed_global_batch(g["weak"], g["weak"])
+
+
+@pytest.mark.slow
+def test_strong_runs_fed_as_weak_scaling_fail_the_check(launch):
+    g = launch.groups
+    with pytest.raises(verify.CheckFailed, match="the global batch changes with the world size"):
+        verify_fixed_global_batch(g["strong"], g["strong"])
+
+
+# ---- 2. model-state memory divided by the data-parallel degree -------------------------------------
+@pytest.mark.slow
+def test_model_state_per_rank_is_the_same_at_2_and_4_ranks_and_predicted_to_the_byte(launch):
+    table = divided_state(launch.groups["memory"])
+    verify_replicated_state(table)
+    assert table.index.tolist() == [(2, 0), (2, 1), (4, 0), (4, 1), (4, 2), (4, 3)]
+    assert table["model_state_bytes"].nunique() == 1
+    assert table["measured_over_divided"].tolist() == [2.0, 2.0, 4.0, 4.0, 4.0, 4.0]
+    acts = table.groupby(level="world_size")["activation_bytes"].max()
+    assert acts[4] < acts[2]   # at a fixed global batch the activations do shrink
+
+
+@pytest.mark.slow
+def test_a_prediction_divided_by_the_world_size_fails_the_memory_check(launch):
+    def divided(run, rank):
+        return replicated_state_bytes(run, rank) / run.world_size
+
+    table = divided_state(launch.groups["memory"], predicted=divided)
+    with pytest.raises(verify.CheckFailed, match="the prediction gives every rank's model state exactly"):
+        verify_replicated_state(table)
+
+
+# ---- 3. summed all-reduce durations read as exposed overhead ---------------------------------------
+@pytest.mark.slow
+def test_summed_all_reduce_durations_overstate_the_exposed_tail(launch, capsys):
+    table = summed_as_exposed(*launch.groups["overlap"])
+    verify_summed_overstates(table)
+    assert "verified: the summed all-reduce durations exceed the exposed tail" in capsys.readouterr().out
+    assert table.attrs["buckets"] > 1 and table.attrs["launched_during_backward"] >= 1
+    # per step the tail (last done - last ready) lies inside the span (last done - first launch)
+    assert table.loc["exposed tail", "ms"] <= table.loc["communication span", "ms"]
+
+
+@pytest.mark.slow
+def test_one_bucket_launched_after_backward_fails_the_summed_check(launch):
+    table = summed_as_exposed(launch.wrong[ONE_BUCKET.name], launch.groups["overlap"][1])
+    assert table.attrs["buckets"] == 1 and table.attrs["launched_during_backward"] == 0
+    with pytest.raises(verify.CheckFailed, match="exceed the exposed tail"):
+        verify_summed_overstates(table)
+
+
+# ---- 4. source order assumed to be ready order -----------------------------------------------------
+@pytest.mark.slow
+def test_branchy_ready_order_is_neither_source_nor_reverse_source_order(launch):
+    run = launch.groups["ready"][0]
+    table = source_as_ready_order(run)
+    verify_ready_not_source_order(table)
+    assert table.loc["head.weight", "source_position"] == 0 and table.loc["head.weight", "ready_position"] <= 1
+    # deterministic: every rank and every step records the same order
+    orders = {tuple(e.param for e in st.backward.ready) for r in run.ranks for st in r.steps}
+    assert len(orders) == 1
+
+
+@pytest.mark.slow
+def test_a_chain_model_ready_in_reverse_source_order_fails_the_order_check(launch):
+    table = source_as_ready_order(launch.wrong[CHAIN.name])
+    assert table["at_reverse_source_position"].all()
+    with pytest.raises(verify.CheckFailed, match="nor the reverse source order"):
+        verify_ready_not_source_order(table)
+
+
+@pytest.mark.slow
+def test_a_recorded_order_rewritten_to_source_order_fails_the_order_check(launch):
+    run = launch.groups["ready"][0]
+    r0 = run.ranks[0]
+    st = r0.steps[-1]
+    at = {e.param: e.t_ns for e in st.backward.ready}
+    times = sorted(at.values())
+    rewritten = [dataclasses.replace(e, param=name, t_ns=t) for e, name, t in
+                 zip(st.backward.ready, r0.parameter_names, times)]
+    step = dataclasses.replace(st, backward=dataclasses.replace(st.backward, ready=rewritten))
+    result = dataclasses.replace(r0.result, steps=[*r0.result.steps[:-1], step])
+    fake = dataclasses.replace(run, ranks=[dataclasses.replace(r0, result=result), *run.ranks[1:]])
+    with pytest.raises(verify.CheckFailed, match="the ready order is not the source order"):
+        verify_ready_not_source_order(source_as_ready_order(fake))
+
+
+# ---- the four, side by side ------------------------------------------------------------------------
+@pytest.mark.slow
+def test_summary_has_one_row_per_error_and_verdicts_computed_from_the_runs(launch):
+    table = summary(launch.runs)
+    print(f"launch wall time {launch.wall_s:.1f} s")
+    for error, row in table.iterrows():
+        print(f"{error}: {row['says']} => {row['verdict']}")
+    assert table.index.tolist() == ["global batch", "replicated memory", "summed all-reduce", "ready order"]
+    # the determined ones are wrong on any machine; the timing one was verified above
+    assert table["verdict"].str.startswith("wrong: ").all(), table["verdict"].tolist()
+    assert launch.wall_s < 60, f"the launch took {launch.wall_s:.1f} s; notebook 08's budget is 60 s"
+
+
+@pytest.mark.slow
+def test_summary_verdict_follows_the_runs_not_fixed_text(launch):
+    # strong runs renamed into the weak group: the global batch no longer grows, so the error is not shown
+    g = launch.groups
+    as_weak = [dataclasses.replace(r, spec=r.spec.replace(name=r.spec.name.replace("strong", "weak")))
+               for r in g["strong"]]
+    weak = {r.spec.name for r in g["weak"]}
+    others = [r for r in launch.runs if r.spec.name not in weak]
+    verdict = summary([*as_weak, *others]).loc["global batch", "verdict"]
+    assert verdict.startswith("not shown: "), verdict
+
+
+# ---- fast: the recipe and the tables' logic --------------------------------------------------------
+def test_recipe_is_one_list_whose_groups_say_what_each_error_needs():
+    exps = common_errors()
+    assert len({e.name for e in exps}) == len(exps) and all(e.name.startswith(PREFIX) for e in exps)
+    assert {e.hash for e in exps} and len({e.hash for e in exps}) == len(exps)
+    g = common_error_groups()
+    assert [e.global_batch for e in g["strong"]] == [32, 32, 32]
+    assert [e.global_batch for e in g["weak"]] == [8, 16, 32]
+    assert [e.world_size for e in g["memory"]] == [2, 4] and len({e.global_batch for e in g["memory"]}) == 1
+    ddp, alone = g["overlap"]
+    assert (ddp.sync, alone.sync) == ("ddp", "none") and "readiness" in ddp.probes
+    assert ddp.replace(name=alone.name, sync="none", bucket_cap_mb=None, probes=()) == alone
+    assert g["ready"][0].model == "branchy"
+    assert len(exps) == sum(len(v) for v in g.values())
+
+
+def test_recipe_refuses_a_global_batch_that_does_not_split():
+    with pytest.raises(ValueError, match="does not split evenly over 4 ranks"):
+        common_errors(global_batch=30)
+
+
+def test_error_runs_refuses_an_unknown_group_and_leaves_other_recipes_runs_out():
+    foreign = SimpleNamespace(spec=ddplab.Experiment(name="errors-nonsense"))
+    with pytest.raises(ValueError, match="not one of recipes.common_errors"):
+        error_runs([foreign])
+    with pytest.raises(ValueError, match="no runs of group"):   # a run of another recipe is not counted
+        error_runs([SimpleNamespace(spec=ddplab.Experiment(name="ready-plain"))])
+
+
+def _scaling_run(exp, step_ms):
+    """A stand-in for a finished run: step times and, per step, the sample ids every rank consumed."""
+    ids = range(exp.global_batch)
+    steps = [SimpleNamespace(sample_ids=list(ids[r::exp.world_size])) for r in range(exp.world_size)]
+    ranks = [SimpleNamespace(steps=[steps[r]] * exp.steps) for r in range(exp.world_size)]
+    return SimpleNamespace(spec=exp, world_size=exp.world_size, ranks=ranks,
+                           step_ms=lambda warmup=0: list(step_ms)[warmup:])
+
+
+def test_fixed_batch_verdict_says_cannot_resolve_where_the_step_ranges_overlap():
+    g = common_error_groups(steps=5)
+    weak = [_scaling_run(e, [9, 9, 4, 5, 6]) for e in g["weak"]]
+    # 1 rank 10-12 ms; 2 ranks 6-8 ms (faster); 4 ranks 9-13 ms (overlaps)
+    strong = [_scaling_run(e, t) for e, t in zip(g["strong"], ([99, 99, 10, 11, 12], [99, 99, 6, 7, 8],
+                                                                [99, 99, 9, 11, 13]))]
+    table = weak_as_strong(weak, strong)
+    assert table["verdict"].tolist() == ["baseline", "faster", "cannot resolve"]
+    assert table.loc[2, "speedup"] == pytest.approx(11 / 7, abs=1e-3)
+    assert table.loc[2, "claimed_speedup"] == pytest.approx(2.0, abs=1e-3)   # twice the examples, same time
+    assert (table.loc[2, "speedup_low"], table.loc[2, "speedup_high"]) == pytest.approx((10 / 8, 12 / 6), abs=1e-3)
+    verify_fixed_global_batch(strong, weak)
+    with pytest.raises(verify.CheckFailed):
+        verify_fixed_global_batch(weak, weak)
+
+
+def _state_table(measured, predicted, divided_by):
+    index = pd.MultiIndex.from_tuples([(2, 0), (2, 1), (4, 0)], names=["world_size", "rank"])
+    return pd.DataFrame({"model_state_bytes": measured, "predicted_bytes": predicted,
+                         "measured_over_divided": [m / (p / d) for m, p, d in zip(measured, predicted, divided_by)]},
+                        index=index)
+
+
+def test_replicated_state_check_fails_for_unequal_ranks_or_a_divided_prediction():
+    verify_replicated_state(_state_table([100] * 3, [100] * 3, [2, 2, 4]))
+    with pytest.raises(verify.CheckFailed, match="the same on every rank"):   # e.g. ZeRO-1's sharded state
+        verify_replicated_state(_state_table([100, 60, 100], [100] * 3, [2, 2, 4]))
+    with pytest.raises(verify.CheckFailed, match="exactly"):
+        verify_replicated_state(_state_table([100] * 3, [50, 50, 25], [2, 2, 4]))
+
+
+def test_summed_check_fails_within_the_noise():
+    def table(excess_ms, noise_ms):
+        return pd.DataFrame({"ms": [excess_ms], "noise_ms": [noise_ms]},
+                            index=pd.Index(["summed minus exposed tail"], name="quantity"))
+
+    verify_summed_overstates(table(5.0, 1.0))
+    with pytest.raises(verify.CheckFailed):
+        verify_summed_overstates(table(0.5, 1.0))   # a difference inside the noise proves nothing
+
+
+def test_order_check_fails_for_source_order_and_for_its_reverse():
+    names = ["a", "b", "c"]
+
+    def table(ready):
+        n = len(names)
+        return pd.DataFrame({"source_position": range(n), "ready_position": ready,
+                             "at_source_position": [r == i for i, r in enumerate(ready)],
+                             "at_reverse_source_position": [r == n - 1 - i for i, r in enumerate(ready)]},
+                            index=pd.Index(names, name="parameter"))
+
+    verify_ready_not_source_order(table([1, 0, 2]))
+    with pytest.raises(verify.CheckFailed, match="not the source order"):
+        verify_ready_not_source_order(table([0, 1, 2]))
+    with pytest.raises(verify.CheckFailed, match="reverse source order"):
+        verify_ready_not_source_order(table([2, 1, 0]))
