@@ -266,3 +266,17 @@ def test_order_check_fails_for_source_order_and_for_its_reverse():
         verify_ready_not_source_order(table([0, 1, 2]))
     with pytest.raises(verify.CheckFailed, match="reverse source order"):
         verify_ready_not_source_order(table([2, 1, 0]))
+
+
+def test_the_overlap_sentence_says_what_the_step_paid_against_the_sum():
+    from ddplab.tables.common_errors import overlap_sentence
+
+    def table(gap_ms, noise_ms):
+        rows = {"summed all-reduce durations": (14.0, 2.0, True), "exposed tail": (1.0, 0.3, True),
+                "step over compute-only step": (14.0 - gap_ms, 1.0, True),
+                "summed minus step over compute-only": (gap_ms, noise_ms, abs(gap_ms) > noise_ms)}
+        return pd.DataFrame([{"quantity": q, "ms": m, "noise_ms": n, "resolved": r} for q, (m, n, r) in rows.items()]
+                            ).set_index("quantity")
+    assert "within the noise" in overlap_sentence(table(-0.9, 2.4))
+    assert "less than the sum" in overlap_sentence(table(8.0, 2.0))
+    assert "more than the sum" in overlap_sentence(table(-6.0, 2.0))

@@ -134,3 +134,13 @@ def test_find_unused_parameters_keeps_the_construction_buckets_and_ddp_rebuilds_
     t = tables.failures.find_unused_cost([off, on])
     assert t.loc["find-unused-off", "buckets_first_step"] == 1 < t.loc["find-unused-off", "buckets_last_step"]
     assert t.loc["find-unused-on", "buckets_first_step"] == t.loc["find-unused-on", "buckets_last_step"] > 1
+
+
+def test_the_find_unused_verdict_resolves_only_beyond_twice_the_spread():
+    import pandas as pd
+
+    def cost(off_ms, on_ms, spread):
+        return pd.DataFrame({"find_unused_parameters": [False, True], "step_ms": [off_ms, on_ms],
+                             "spread_ms": [spread, spread]}, index=["off", "on"])
+    assert "cannot resolve" in tables.failures.find_unused_verdict(cost(10.0, 11.0, 1.0))
+    assert "slower by 3.00 ms" in tables.failures.find_unused_verdict(cost(10.0, 13.0, 1.0))

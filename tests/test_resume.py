@@ -5,6 +5,7 @@ the spec's refusals; the slow ones share two launches (the saving runs, then eve
 
 from __future__ import annotations
 
+import pandas as pd
 import pytest
 
 import ddplab
@@ -218,3 +219,17 @@ def test_the_sampler_restarted_at_epoch_0_never_finishes_the_interrupted_epoch(r
 @pytest.mark.slow
 def test_no_rank_outlives_the_launches(runs, runs_dir):
     assert leftovers(runs_dir / "resume-base") == [] and leftovers(runs_dir / "resume-resumed") == []
+
+
+@pytest.mark.slow
+def test_the_summary_puts_each_resume_where_it_departs(runs):
+    broken = [runs[n] for n in ["resume-right", *BROKEN]]
+    s = tables.resume_summary(runs["uninterrupted"], broken, saved=runs["saved"])
+    save_at = runs["saved"].spec.task.save_at
+    assert pd.isna(s.loc["resume-right", "first_departure"]) and s.loc["resume-right", "distance_last"] == 0
+    assert (s.loc[BROKEN, "first_departure"] == save_at).all() and (s.loc[BROKEN, "distance_last"] > 0).all()
+    assert s.loc["resume-epoch-0", "never_seen"] == 16 and not s.loc["resume-epoch-0", "same_examples"]
+    moved = tables.resume_summary(runs["uninterrupted-w4"], [runs["resume-adjusted-w2"], runs["resume-unadjusted-w2"]],
+                                  saved=runs["saved-w4"])
+    assert moved["same_examples"].tolist() == [True, False] and moved["seen_twice_or_more"].tolist()[0] == 0
+    assert moved.loc["resume-unadjusted-w2", "seen_twice_or_more"] > 0

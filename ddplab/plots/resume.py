@@ -4,6 +4,8 @@ draw and is named in the legend instead."""
 
 from __future__ import annotations
 
+from matplotlib.ticker import MaxNLocator
+
 from ..tables.resume import departure
 from .canvas import subplots
 
@@ -26,6 +28,7 @@ def departures(reference, resumed: list, detached: bool = False):
     ax.axvline(start - 0.5, color="0.5", ls="--", lw=1)
     ax.text(start - 0.45, 0.98, " resumed from the checkpoint", transform=ax.get_xaxis_transform(), va="top",
             fontsize=8, color="0.35")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("relative parameter distance\nto the uninterrupted run")
     ax.legend(fontsize=8, loc="lower right", frameon=False)

@@ -213,6 +213,19 @@ def summed_as_exposed(ddp_run, compute_only_run, warmup: int = 4, k: float = 2.0
     return df.round(3)
 
 
+def overlap_sentence(table: pd.DataFrame) -> str:
+    """What one `summed_as_exposed` table says, in a sentence: the summed durations, the exposed tail,
+    and the step's time over the compute-only step against the sum (resolved or not)."""
+    summed, tail = table.loc["summed all-reduce durations", "ms"], table.loc["exposed tail", "ms"]
+    added, gap = table.loc["step over compute-only step"], table.loc["summed minus step over compute-only"]
+    if not gap["resolved"]:
+        versus = "as much as the sum, within the noise"
+    else:
+        versus = "less than the sum" if gap["ms"] > 0 else "more than the sum"
+    return (f"summed all-reduce durations {summed:.1f} ms, exposed tail {tail:.1f} ms; the step took "
+            f"{added['ms']:.1f} ms longer than a compute-only step: {versus} (noise +/- {gap['noise_ms']:.1f} ms)")
+
+
 def verify_summed_overstates(table: pd.DataFrame) -> None:
     """On a `summed_as_exposed` table: the summed durations exceed the exposed tail of the same steps
     by more than the noise. Raises `verify.CheckFailed` where they do not (one bucket launched after
