@@ -177,6 +177,13 @@ def deaths_from(log_text: str, stacks: dict[int, str] | None = None) -> Deaths:
     return Deaths(signals, dict(stacks or {}), native)
 
 
+def _culprits(ranks: list[int], deaths: Deaths | None) -> list[int]:
+    """Of the ranks that left no file, those a signal other than SIGTERM ended, if any: when one worker
+    dies, torchrun's agent stops the others with SIGTERM, and those are not the cause."""
+    hard = [r for r in ranks if deaths is not None and deaths.signals.get(r) not in (None, "SIGTERM")]
+    return hard or ranks
+
+
 def _died(ranks, progress: dict, deaths: Deaths | None) -> str:
     """What is known of how each of `ranks` died: its signal, its last phase, the native error."""
     if deaths is None:
@@ -219,6 +226,7 @@ def diagnose(progress: dict[int, list[dict]], errors: dict[int, dict], finished:
             d.tracebacks = {first["rank"]: first["traceback"]}
         return d
     silent = sorted(set(range(world_size)) - finished - set(errors))
+    silent = _culprits(silent, deaths)
     stacks = {r: t for r, t in (deaths.stacks if deaths else {}).items() if r in silent}
     if silent and errors:  # peers only lost their connection: the rank that left no word at all went first
         died = _died(silent, progress, deaths)
@@ -232,7 +240,7 @@ def diagnose(progress: dict[int, list[dict]], errors: dict[int, dict], finished:
         first = min(errors.values(), key=lambda e: e["t_ns"])
         return Diagnosis("crash", [first["rank"]], f"Rank {first['rank']} lost its peers in {_where(first)}: "
                          f"{first['type']}: {first['message']}", {first["rank"]: first["traceback"]})
-    missing = sorted(set(range(world_size)) - finished)
+    missing = _culprits(sorted(set(range(world_size)) - finished), deaths)
     died = _died(missing, progress, deaths)
     detail = _last_phases(progress, missing)
     return Diagnosis("missing-result", missing,
