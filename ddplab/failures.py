@@ -230,6 +230,9 @@ def diagnose(progress: dict[int, list[dict]], errors: dict[int, dict], finished:
     stacks = {r: t for r, t in (deaths.stacks if deaths else {}).items() if r in silent}
     if silent and errors:  # peers only lost their connection: the rank that left no word at all went first
         died = _died(silent, progress, deaths)
+        waited = sorted({rec["collective"] for r in errors if progress.get(r) and (rec := progress[r][-1]).get("collective")})
+        if died and waited:
+            died += f" Its peers were waiting in {_the(waited[0])}."
         last = _last_phases(progress, silent)
         return Diagnosis("missing-result", silent,
                          f"{rank_list(silent).capitalize()} exited without writing a result or an error"

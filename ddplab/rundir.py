@@ -50,7 +50,8 @@ def error_file(run_dir: Path, rank: int) -> Path:
 
 
 def fatal_file(run_dir: Path, rank: int) -> Path:
-    """Python's faulthandler dump of the rank's stacks, left only by a rank a fatal signal killed."""
+    """Python's faulthandler dump of the rank's stacks: written by a rank a fatal signal (SIGABRT,
+    SIGSEGV) killed; empty where a rank was ended otherwise (SIGTERM, SIGKILL) before it could remove it."""
     return run_dir / f"rank{rank}.fatal.txt"
 
 

@@ -55,6 +55,7 @@ def test_a_rank_that_died_of_a_signal_is_named_with_it_and_its_last_phase():
 @pytest.mark.parametrize("fault, field", [
     (dict(kind="unused-parameter", step=1), "fault.step"),          # the last step: no next forward shows it
     (dict(kind="shape-mismatch", step=1), "fault.step"),
+    (dict(kind="shape-mismatch", rank=0), "fault.rank"),            # DDP compares every rank with rank 0
     (dict(kind="extra-all-reduce", rank=0), "fault"),               # world_size 1 below
 ])
 def test_a_fault_that_cannot_show_is_refused_naming_the_field(fault, field):
@@ -96,12 +97,15 @@ def provoked(runs_dir):
     return {kind: provoke(e, runs_dir / "failure-lab" / kind) for kind, e in exps.items()}
 
 
-EXPECTED = {"extra-all-reduce": ("missing-result", ["killed by SIGABRT in 'extra-all-reduce' of step 1",
+EXPECTED = {"skip-backward": ("hang", ["Rank 1 never arrived", "DDP gradient all-reduce",
+                                     "the collective timed out after timeout_s=3 s"]),
+            "extra-all-reduce": ("missing-result", ["killed by SIGABRT in 'extra-all-reduce' of step 1",
                                                     "collective mismatch"]),
             "shape-mismatch": ("crash", ["'ddp-construct'", "appears not to match sizes"]),
             "unused-parameter": ("crash", ["'forward' of step 1", "Expected to have finished reduction",
                                            "Parameter indices which did not receive grad for rank 1"]),
-            "sigkill": ("missing-result", ["killed by SIGKILL in 'sigkill' of step 1"])}
+            "sigkill": ("missing-result", ["killed by SIGKILL in 'sigkill' of step 1",
+                                           "Its peers were waiting in the DDP gradient all-reduce"])}
 
 
 @pytest.mark.slow

@@ -52,6 +52,9 @@ class Fault:
             if not 0 <= self.step < exp.steps - 1:
                 bad("fault.step", f"'unused-parameter' shows at the forward after the faulty step: the step must be "
                                   f"in 0..{exp.steps - 2}, before the last (got {self.step!r}, steps={exp.steps})")
+        if self.kind == "shape-mismatch" and self.rank == 0:
+            bad("fault.rank", "'shape-mismatch' must be on a rank other than 0: DDP checks every rank's parameter shapes "
+                              "against rank 0's, and the ranks that differ from rank 0 are the ones that raise")
         if self.kind == "shape-mismatch" and self.step != 0:
             bad("fault.step", "'shape-mismatch' happens when the model is built, before step 0: leave step at 0")
 

@@ -111,10 +111,12 @@ def wrap(ctx, model):
     exp = ctx.exp
     if exp.sync == "ddp" and exp.sharding != "fsdp2":
         ctx.log.enter("ddp-construct")
-        if exp.distributed_debug == "info":   # read by DDP's reducer when it is built (the worker resets it)
+        if exp.distributed_debug == "info":   # read by DDP's reducer when it is built
             dist.set_debug_level(dist.DebugLevel.INFO)
         ddp = ddp_wrapper.wrap(model, ctx.device, ctx.group, exp.bucket_cap_mb, exp.gradient_as_bucket_view,
                                exp.find_unused_parameters)
+        if exp.distributed_debug == "info":   # this DDP keeps its level; the launch's next experiments do not
+            dist.set_debug_level_from_env()
         return ddp, ddp
     if exp.sharding == "fsdp2":
         ctx.log.enter("fsdp-construct")
