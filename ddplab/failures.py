@@ -184,6 +184,11 @@ def _culprits(ranks: list[int], deaths: Deaths | None) -> list[int]:
     return hard or ranks
 
 
+def _stacks(deaths: Deaths | None, ranks) -> dict[int, str]:
+    """The faulthandler dumps of those of `ranks` that left one (a Diagnosis' tracebacks)."""
+    return {r: t for r, t in (deaths.stacks if deaths else {}).items() if r in ranks}
+
+
 def _died(ranks, progress: dict, deaths: Deaths | None) -> str:
     """What is known of how each of `ranks` died: its signal, its last phase, the native error."""
     if deaths is None:
@@ -227,7 +232,7 @@ def diagnose(progress: dict[int, list[dict]], errors: dict[int, dict], finished:
         return d
     silent = sorted(set(range(world_size)) - finished - set(errors))
     silent = _culprits(silent, deaths)
-    stacks = {r: t for r, t in (deaths.stacks if deaths else {}).items() if r in silent}
+    stacks = _stacks(deaths, silent)
     if silent and errors:  # peers only lost their connection: the rank that left no word at all went first
         died = _died(silent, progress, deaths)
         waited = sorted({rec["collective"] for r in errors if progress.get(r) and (rec := progress[r][-1]).get("collective")})
@@ -249,7 +254,7 @@ def diagnose(progress: dict[int, list[dict]], errors: dict[int, dict], finished:
     return Diagnosis("missing-result", missing,
                      f"{rank_list(missing).capitalize()} exited without writing a result or an error"
                      + (f". {died}" if died else f" (killed by a signal?).{' ' + detail + '.' if detail else ''}")
-                     + " See launch.log.", {r: t for r, t in (deaths.stacks if deaths else {}).items() if r in missing})
+                     + " See launch.log.", _stacks(deaths, missing))
 
 
 @dataclass

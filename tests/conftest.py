@@ -2,23 +2,19 @@
 
 from __future__ import annotations
 
-import psutil
+from pathlib import Path
+
 import pytest
 
 import ddplab
 from ddplab import recipes
+from ddplab.launch.failure_lab import orphans
 
 
 def leftovers(run_dir) -> list[str]:
     """Command lines of any live process started for this run directory (or for a launch staged
-    beside it, `rundir.staging_dir`)."""
-    needles = (str(run_dir), f"{run_dir.parent}/.{run_dir.name}.")
-    found = []
-    for p in psutil.process_iter(["cmdline", "status"]):
-        cmd = " ".join(p.info["cmdline"] or [])
-        if any(n in cmd for n in needles) and p.info["status"] != psutil.STATUS_ZOMBIE:
-            found.append(cmd)
-    return found
+    beside it, `rundir.staging_dir`): the failure lab's own orphan search."""
+    return orphans(Path(run_dir))
 
 
 @pytest.fixture(scope="session")

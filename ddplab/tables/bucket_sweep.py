@@ -80,13 +80,18 @@ def measured(run) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index("plan")
 
 
-def _robust_spread(values) -> float:
+def robust_spread(values) -> float:
     """The run-to-run spread: 1.4826 x the median absolute deviation (the standard deviation for
     normal noise, but one disturbed round does not inflate it)."""
     if len(values) < 2:
         return 0.0
     m = statistics.median(values)
     return 1.4826 * statistics.median(abs(v - m) for v in values)
+
+
+def median_error(values) -> float:
+    """The standard error of a median of `values`, robustly: `robust_spread` / sqrt(n)."""
+    return robust_spread(values) / len(values) ** 0.5 if values else 0.0
 
 
 def round_summary(rounds: dict[int, list[float]]) -> tuple[float, float]:
@@ -96,7 +101,7 @@ def round_summary(rounds: dict[int, list[float]]) -> tuple[float, float]:
     medians = [statistics.median(v) for v in rounds.values()]
     every = [t for v in rounds.values() for t in v]
     per_round = max(1, round(len(every) / len(rounds)))
-    return statistics.median(medians), max(_robust_spread(medians), _robust_spread(every) / per_round ** 0.5)
+    return statistics.median(medians), max(robust_spread(medians), robust_spread(every) / per_round ** 0.5)
 
 
 @dataclass(frozen=True)
@@ -187,7 +192,7 @@ def tail_difference(run, a: str, b: str, k: float = 2.0) -> dict:
         return [max(x.after_last_ready_ms for x in s) for s in _arm_steps(run, name)]
     ta, tb = tails(a), tails(b)
     ma, mb = statistics.median(ta), statistics.median(tb)
-    threshold = k * max(_robust_spread(ta) / len(ta) ** 0.5, _robust_spread(tb) / len(tb) ** 0.5)
+    threshold = k * max(median_error(ta), median_error(tb))
     diff = mb - ma
     verdict = "tie" if abs(diff) <= threshold else ("shorter" if diff < 0 else "longer")
     return {"tail_a_ms": ma, "tail_b_ms": mb, "diff_ms": diff, "threshold_ms": threshold, "verdict": verdict}

@@ -27,10 +27,10 @@ from .. import verify
 from ..predict.memory import state_bytes
 from ..recipes.common_errors import PREFIX
 from ..units import MIB, ms_after
-from .bucket_sweep import _robust_spread
+from .bucket_sweep import median_error
 from .global_batch import examples_per_step, scaling
 from .memory import MODEL_STATE
-from .readiness import ready_order
+from .readiness import ready_order, traced_step
 
 GROUPS = ("weak", "strong", "memory", "overlap", "ready")
 
@@ -59,7 +59,7 @@ def error_runs(runs) -> dict[str, list]:
 
 def _noise(values, k: float) -> float:
     """k standard errors of the median of `values` (robust: 1.4826 x MAD / sqrt(n))."""
-    return k * _robust_spread(values) / len(values) ** 0.5
+    return k * median_error(values)
 
 
 # ---- 1. strong scaling claimed after growing the global batch -------------------------------------
@@ -170,10 +170,7 @@ def _per_step(run, warmup: int) -> list[dict]:
     for i in range(warmup, run.spec.steps):
         per_rank = []
         for r in run.ranks:
-            st = r.steps[i]
-            if not st.buckets or not st.backward or not st.backward.ready:
-                raise ValueError(f"run {run.spec.name!r}: step {i} has no bucket or readiness events; run it with "
-                                 f"probes=('readiness',) and sync='ddp'")
+            st = traced_step(run, r, i)
             last = st.backward.last_ready_ns
             end = max(b.done_ns for b in st.buckets)
             per_rank.append({"summed": sum(ms_after(b.done_ns, b.launch_ns) for b in st.buckets),

@@ -14,6 +14,7 @@ import pandas as pd
 
 from .. import verify
 from ..failures import Provoked
+from .bucket_sweep import robust_spread
 
 DIAGNOSIS_GRACE_S = 15.0   # the launch's own start and stop, beyond the collective timeout
 
@@ -62,7 +63,7 @@ def find_unused_cost(runs, warmup: int = 2) -> pd.DataFrame:
         m = statistics.median(ms)
         rows.append({"run": run.spec.name, "find_unused_parameters": run.spec.find_unused_parameters,
                      "buckets_first_step": len(steps[0].buckets or []), "buckets_last_step": len(steps[-1].buckets or []),
-                     "step_ms": m, "spread_ms": 1.4826 * statistics.median(abs(v - m) for v in ms)})
+                     "step_ms": m, "spread_ms": robust_spread(ms)})
     return pd.DataFrame(rows).set_index("run")
 
 

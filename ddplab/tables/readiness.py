@@ -66,6 +66,15 @@ def off_line(order: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["parameter", "module", "swapped_within_module"]).set_index("parameter")
 
 
+def traced_step(run, rank_result, step: int):
+    """`rank_result`'s step `step`, which must carry bucket and readiness events (else ValueError)."""
+    st = rank_result.steps[step]
+    if not st.buckets or not st.backward or not st.backward.ready:
+        raise ValueError(f"run {run.spec.name!r}: step {step} has no bucket or readiness events; run it with "
+                         f"probes=('readiness', 'buckets') and a synchronizing step")
+    return st
+
+
 def dependency_tail(run, step: int = -1) -> pd.DataFrame:
     """Per rank: the last gradient to become ready, the bucket launched last and whether it holds that
     gradient, when it launched after that gradient and how long its all-reduce took, how many other
@@ -73,10 +82,7 @@ def dependency_tail(run, step: int = -1) -> pd.DataFrame:
     completion minus last ready) and the backward compute before it (backward start to last ready)."""
     rows = []
     for r in run.ranks:
-        st = r.steps[step]
-        if not st.buckets or not st.backward or not st.backward.ready:
-            raise ValueError(f"run {run.spec.name!r}: step {step} has no bucket or readiness events; run it with "
-                             f"probes=('readiness', 'buckets') and a synchronizing step")
+        st = traced_step(run, r, step)
         last_bucket = max(st.buckets, key=lambda b: b.launch_ns)
         last_ready = st.backward.last_ready_ns
         rows.append({"rank": r.rank, "last_ready": st.backward.ready[-1].param, "last_bucket": last_bucket.index,

@@ -20,7 +20,7 @@ import statistics
 
 import pandas as pd
 
-from .bucket_sweep import _robust_spread
+from .bucket_sweep import robust_spread
 
 SKIP = 1   # steps left out at the start: DDP's first iteration runs one bucket, then rebuilds
 
@@ -28,7 +28,7 @@ SKIP = 1   # steps left out at the start: DDP's first iteration runs one bucket,
 def spread(values) -> float:
     """The per-step spread of a timing: 1.4826 x its median absolute deviation (the standard deviation
     for normal noise; one disturbed step does not inflate it)."""
-    return _robust_spread(list(values))
+    return robust_spread(list(values))
 
 
 def _buckets(run, skip: int):
@@ -90,7 +90,7 @@ def per_rank(run, skip: int = SKIP) -> pd.DataFrame:
     rows = []
     for rank, g in cw.groupby(level="rank"):
         rows.append({"rank": rank, "step_ms": statistics.median(g["step_ms"]), "wait_ms": statistics.median(g["wait_ms"]),
-                     "wait_spread_ms": _robust_spread(list(g["wait_ms"])), "other_ms": statistics.median(g["other_ms"]),
+                     "wait_spread_ms": robust_spread(list(g["wait_ms"])), "other_ms": statistics.median(g["other_ms"]),
                      "last_at_final_bucket": int(final.xs(rank, level="rank")["last"].sum())})
     return pd.DataFrame(rows).set_index("rank")
 
@@ -120,8 +120,8 @@ def delay_response(runs, baseline, skip: int = SKIP) -> pd.DataFrame:
         steps = _slowest_step_ms(run, skip)
         rows.append({"run": run.spec.name, "where": slow.where, "slow_rank": slow.rank, "delay_ms": slow.ms,
                      "measured_delay_ms": statistics.median(lost), "early_wait_ms": statistics.median(early),
-                     "wait_spread_ms": _robust_spread(early), "extra_wait_ms": statistics.median(early) - base_wait,
-                     "step_ms": statistics.median(steps), "step_spread_ms": _robust_spread(steps),
+                     "wait_spread_ms": robust_spread(early), "extra_wait_ms": statistics.median(early) - base_wait,
+                     "step_ms": statistics.median(steps), "step_spread_ms": robust_spread(steps),
                      "steps": len(steps), "step_added_ms": statistics.median(steps) - base_step})
     return pd.DataFrame(rows).set_index("run")
 
