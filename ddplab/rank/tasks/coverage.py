@@ -2,12 +2,12 @@
 DDP training script builds them, iterated for a few epochs with nothing but bookkeeping in the loop.
 
 Every rank records the ids of every batch, then the ranks all_gather them, so each record shows what
-every rank got (a rank that ran another number of epochs or batches shows there too). Runs inside a rank.
+every rank got (a rank that ran another number of epochs or batches shows there too), with torch's
+`all_gather_object`. Runs inside a rank.
 """
 
 from __future__ import annotations
 
-import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
@@ -43,37 +43,6 @@ def run(ctx):
         batches = [batch.tolist() for batch in loader]
         epochs.append(EpochBatches(epoch, batches, len(batches)))
     ctx.log.enter("all-gather ids", task.epochs)
-    gathered = [_decode(ids) for ids in _all_gather(_encode(epochs), ctx)]
+    gathered = [None] * exp.world_size   # every rank's epochs as it sent them: ranks that disagree still show
+    dist.all_gather_object(gathered, epochs, group=ctx.group)
     return CoverageRecord(task.dataset_size, len(sampler), sampler.total_size, len(loader), epochs, gathered), {}
-
-
-def _all_gather(flat: list[int], ctx) -> list[list[int]]:
-    """Every rank's list of ints (lengths may differ): all_gather the lengths, then the padded lists."""
-    n = torch.tensor([len(flat)], dtype=torch.int64, device=ctx.device)
-    lengths = [torch.zeros_like(n) for _ in range(ctx.exp.world_size)]
-    dist.all_gather(lengths, n, group=ctx.group)
-    longest = max(int(x) for x in lengths)
-    mine = torch.zeros(longest, dtype=torch.int64, device=ctx.device)
-    mine[:len(flat)] = torch.tensor(flat, dtype=torch.int64)
-    every = [torch.zeros_like(mine) for _ in range(ctx.exp.world_size)]
-    dist.all_gather(every, mine, group=ctx.group)
-    return [t[:int(k)].tolist() for t, k in zip(every, lengths)]
-
-
-def _encode(epochs: list[EpochBatches]) -> list[int]:
-    """[epochs, then per epoch: batches, then per batch: its length and its ids]."""
-    flat = [len(epochs)]
-    for e in epochs:
-        flat.append(len(e.batches))
-        for b in e.batches:
-            flat += [len(b), *b]
-    return flat
-
-
-def _decode(flat: list[int]) -> list[EpochBatches]:
-    it = iter(flat)
-    epochs = []
-    for epoch in range(next(it)):
-        batches = [[next(it) for _ in range(next(it))] for _ in range(next(it))]
-        epochs.append(EpochBatches(epoch, batches, len(batches)))
-    return epochs
