@@ -65,14 +65,14 @@ class Run:
         return self.spec.world_size
 
     def step_ms(self, warmup: int = 0) -> list[float]:
-        """Wall time of each step after `warmup` steps: the slowest rank's, since a synchronous step
-        is done only when every rank is."""
-        return [max(r.steps[i].step_ms for r in self.ranks) for i in range(warmup, self.spec.steps)]
+        """Wall time of each step the ranks recorded, after `warmup` of them: the slowest rank's, since a
+        synchronous step is done only when every rank is (a resume records only the steps it ran)."""
+        return [max(r.steps[i].step_ms for r in self.ranks) for i in range(warmup, len(self.ranks[0].steps))]
 
     def global_loss(self) -> list[float]:
-        """Per step, the mean token loss over the whole global batch (all ranks' tokens)."""
+        """Per recorded step, the mean token loss over the whole global batch (all ranks' tokens)."""
         return [sum(r.steps[i].loss_sum for r in self.ranks) / sum(r.steps[i].tokens for r in self.ranks)
-                for i in range(self.spec.steps)]
+                for i in range(len(self.ranks[0].steps))]
 
     def tensors(self, rank: int) -> dict:
         """The tensors rank saved (probes), loaded safely with weights_only=True."""

@@ -233,3 +233,11 @@ def test_the_summary_puts_each_resume_where_it_departs(runs):
                                   saved=runs["saved-w4"])
     assert moved["same_examples"].tolist() == [True, False] and moved["seen_twice_or_more"].tolist()[0] == 0
     assert moved.loc["resume-unadjusted-w2", "seen_twice_or_more"] > 0
+
+
+@pytest.mark.slow
+def test_a_saving_or_resumed_run_times_and_scores_the_steps_it_recorded(runs):
+    saved, right = runs["saved"], runs["resume-right"]
+    assert len(saved.step_ms()) == saved.spec.task.save_at and len(right.step_ms(1)) == len(right.ranks[0].steps) - 1
+    ref = runs["uninterrupted"].global_loss()
+    assert right.global_loss() == ref[right.ranks[0].result.start_step:]   # bit-identical: the same losses
