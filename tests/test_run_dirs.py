@@ -3,6 +3,7 @@ old one only when complete; concurrent launches into one directory never touch e
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -40,7 +41,7 @@ def test_a_crashing_launch_does_not_touch_a_healthy_one_in_the_same_directory(tm
         from ddplab.spec import Fault
         kind, out = sys.argv[1], sys.argv[2]
         if kind == "healthy":
-            exp = ddplab.Experiment(name="healthy", model="tests.user_models:slow", world_size=2, steps=300)
+            exp = ddplab.Experiment(name="healthy", model="tests.user_models:held", world_size=2, steps=2)
         else:
             exp = ddplab.Experiment(name="crashing", world_size=2, steps=2, fault=Fault("crash", step=0))
         try:
@@ -49,7 +50,11 @@ def test_a_crashing_launch_does_not_touch_a_healthy_one_in_the_same_directory(tm
         except ddplab.RunFailed:
             print("failed")
     """)
-    healthy = subprocess.Popen([sys.executable, "-c", script, "healthy", str(out)], stdout=subprocess.PIPE, text=True)
+    hold = tmp_path / "hold"   # the healthy run's forward waits while this file exists
+    hold.touch()
+    env = {**os.environ, "DDPLAB_TEST_HOLD": str(hold)}
+    healthy = subprocess.Popen([sys.executable, "-c", script, "healthy", str(out)], stdout=subprocess.PIPE, text=True,
+                               env=env)
     deadline = time.monotonic() + 60
     while not list(tmp_path.glob(".shared.*.partial/rank1.progress")):
         assert time.monotonic() < deadline and healthy.poll() is None, "the healthy launch never started"
@@ -57,7 +62,8 @@ def test_a_crashing_launch_does_not_touch_a_healthy_one_in_the_same_directory(tm
     crashing = subprocess.run([sys.executable, "-c", script, "crashing", str(out)], capture_output=True, text=True,
                               timeout=120)
     assert crashing.stdout.strip() == "failed", crashing.stderr
-    assert healthy.poll() is None, "the crashing launch took the healthy one down"   # it lasts >= 15 s
+    assert healthy.poll() is None, "the crashing launch took the healthy one down"   # held until now
+    hold.unlink()
     said, _ = healthy.communicate(timeout=180)
     assert said.strip() == "complete"
     assert ddplab.load_run(out).spec.name == "healthy"

@@ -59,3 +59,20 @@ class _Slow(_TokenLinear):
 def slow(vocab_size: int, d_model: int):
     """`_TokenLinear` whose forward sleeps 50 ms: a run of known minimum length."""
     return _Slow(vocab_size, d_model)
+
+
+class _Held(_TokenLinear):
+    def forward(self, idx):
+        import os
+        import time
+
+        hold, deadline = os.environ.get("DDPLAB_TEST_HOLD"), time.monotonic() + 60
+        while hold and "RANK" in os.environ and os.path.exists(hold) and time.monotonic() < deadline:
+            time.sleep(0.02)   # the test holds every forward until it deletes the file (at most 60 s)
+        return super().forward(idx)
+
+
+def held(vocab_size: int, d_model: int):
+    """`_TokenLinear` whose forward, inside a rank, waits while the file named by $DDPLAB_TEST_HOLD exists
+    (the launcher's own check of the factory runs through): a run that lasts as long as the test needs."""
+    return _Held(vocab_size, d_model)
