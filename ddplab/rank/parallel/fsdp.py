@@ -1,5 +1,6 @@
 """FSDP2 (`fully_shard`): each rank keeps a shard of every layer's parameters, gradients and optimizer
-state, gathering a layer's parameters only while it computes (notebook 02's sharding preview)."""
+state, gathering a layer's parameters only while it computes (notebook 02's sharding preview, and
+notebook 09's memory over one step)."""
 
 from __future__ import annotations
 
@@ -9,13 +10,28 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
 
 
-def fully_shard_layers(model, group, device) -> None:
+def fully_shard_layers(model, group, device, reshard_after_forward: bool = True,
+                       prefetch: bool = False) -> list[tuple[str, nn.Module]]:
     """Shard every layer (each element of a ModuleList or Sequential child, else each child with
-    parameters), then the root, over the ranks of `group` (None = all ranks)."""
+    parameters), then the root, over the ranks of `group` (None = all ranks); return the layers'
+    (name, module), the units FSDP2 gathers one at a time, in the order the built-in models call them.
+    `reshard_after_forward=False` keeps a unit's gathered parameters from its forward to its backward;
+    `prefetch=True` has each unit start gathering the next one in forward and the previous one in
+    backward (FSDP2's explicit prefetching)."""
     mesh = DeviceMesh.from_group(group or dist.group.WORLD, device.type)
-    for child in model.children():
-        layers = list(child) if isinstance(child, (nn.ModuleList, nn.Sequential)) else [child]
-        for layer in layers:
+    units = []
+    for name, child in model.named_children():
+        layers = list(child.named_children()) if isinstance(child, (nn.ModuleList, nn.Sequential)) else [("", child)]
+        for sub, layer in layers:
             if any(True for _ in layer.parameters()):
-                fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+                fully_shard(layer, mesh=mesh, reshard_after_forward=reshard_after_forward)
+                units.append((f"{name}.{sub}" if sub else name, layer))
+    fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward)
+    if prefetch:
+        modules = [m for _, m in units]
+        for i, m in enumerate(modules):
+            if i + 1 < len(modules):
+                m.set_modules_to_forward_prefetch([modules[i + 1]])
+            if i > 0:
+                m.set_modules_to_backward_prefetch([modules[i - 1]])
+    return units

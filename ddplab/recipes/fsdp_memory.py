@@ -1,0 +1,31 @@
+"""Notebook 09, FSDP2 memory over time: one launch that records a training step of the built-in
+transformer under FSDP2 with `reshard_after_forward` on and off, with and without explicit prefetch,
+on 4 ranks; and the lab's own model under DDP, ZeRO-1 and FSDP2 for ZeRO's stages 0, 1 and 3."""
+
+from __future__ import annotations
+
+from ..spec import Experiment
+from ..spec.fsdp import FsdpMemory
+from .replicated_memory import sharding_preview
+
+# parameters dominate (a block is 1.7 MiB gathered, its activations 0.4 MiB), and dims that do not divide
+# by 4 ranks (a vocabulary of 250, 18 positions) show FSDP2's padding
+FSDP_MODEL = dict(model="transformer", d_model=192, n_layers=3, n_heads=4, vocab_size=250, seq_len=18,
+                  optimizer="adam", lr=1e-3)
+
+
+def fsdp_memory(world_size: int = 4, local_batch: int = 2, reshard_after_forward=(True, False),
+                prefetch=(False, True), **overrides) -> Experiment:
+    """Notebook 09: every combination of `reshard_after_forward` x `prefetch` in one launch, one recorded
+    step each (after one warm-up step), on `world_size` ranks. Keyword arguments override Experiment fields."""
+    fields = dict(name=f"fsdp-memory-w{world_size}", world_size=world_size, local_batch=local_batch,
+                  task=FsdpMemory(reshard_after_forward=reshard_after_forward, prefetch=prefetch), **FSDP_MODEL)
+    fields.update(overrides)
+    return Experiment(**fields)
+
+
+def zero_stages_measured(world_size: int = 4, local_batch: int = 4) -> list[Experiment]:
+    """Notebook 09: the lab's model trained with DDP (ZeRO stage 0), ZeRO-1 (torch's
+    ZeroRedundancyOptimizer) and FSDP2 (stage 3), each with the memory probe, for one `ddplab.run_many`
+    launch; `tables.fsdp.zero_measured` sets them beside `predict.zero` (torch has no stage 2)."""
+    return sharding_preview(world_size, local_batch)

@@ -1,0 +1,195 @@
+"""Tables of FSDP2's memory over one step (notebook 09): the units and their padded shards, the measured
+peak of every configuration and rank beside the naive estimate "checkpoint / world size" and beside
+the predicted peak (`predict/fsdp.py`), one configuration's timeline sample by sample, and ZeRO's
+stages for any model size (`predict/zero.py`). The chapter's checks: `verify_fsdp_peak_predicted`,
+`verify_peak_exceeds_shard_estimate` and `verify_reshard_frees_gathered_units`. Measured numbers come
+from the ranks' records (`spec/fsdp.py`), predictions from the spec alone."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from .. import verify
+from ..predict import fsdp as model
+from ..predict import zero
+from ..spec.fsdp import SAMPLE_CATEGORIES
+from ..units import DTYPE_BYTES, MIB, ms_after
+
+
+def _configs(run) -> list[tuple[bool, bool]]:
+    return [(c.reshard_after_forward, c.prefetch) for c in run.ranks[0].result.configs]
+
+
+def config_label(reshard_after_forward: bool, prefetch: bool) -> str:
+    """'reshard, prefetch' / 'keep gathered, no prefetch': a configuration in words."""
+    return f"{'reshard' if reshard_after_forward else 'keep gathered'}, {'prefetch' if prefetch else 'no prefetch'}"
+
+
+def _config(run, rank: int, reshard_after_forward: bool, prefetch: bool):
+    for c in run.ranks[rank].result.configs:
+        if (c.reshard_after_forward, c.prefetch) == (reshard_after_forward, prefetch):
+            return c
+    raise ValueError(f"run {run.spec.name!r} has no configuration reshard_after_forward={reshard_after_forward}, "
+                     f"prefetch={prefetch}; it has {_configs(run)}")
+
+
+def units(run, rank: int = 0) -> pd.DataFrame:
+    """Per FSDP2 unit on `rank`: its parameters' dim-0 sizes and elements, the shard it stores (measured,
+    and predicted with ceil(dim0 / world_size) rows each), the padding that adds, and its size gathered."""
+    exp, rec = run.spec, run.ranks[rank].result
+    w, e = exp.world_size, DTYPE_BYTES[exp.dtype]
+    rows = []
+    for u, p in zip(rec.units, model.units(exp)):
+        rows.append({"unit": u.name, "dim0": u.dim0, "numel": sum(u.numels), "shard_bytes": u.shard_bytes,
+                     "predicted_shard_bytes": model.shard_bytes(p, w, e),
+                     "padding_bytes": u.shard_bytes * w - sum(u.numels) * e, "gathered_bytes": u.gathered_bytes})
+    return pd.DataFrame(rows).set_index("unit")
+
+
+def shard_estimate_bytes(run) -> float:
+    """The naive per-rank estimate: a full checkpoint (parameters + optimizer state, measured: the
+    parameters' bytes and every rank's optimizer state summed) divided by the world size."""
+    optimizer = sum(r.result.configs[0].samples[-1].bytes["optimizer_state"] for r in run.ranks)
+    return (run.ranks[0].result.parameter_bytes + optimizer) / run.spec.world_size
+
+
+def peaks(run, predictor=None) -> pd.DataFrame:
+    """Per configuration and rank: the measured peak, the persistent sharded state (parameters,
+    gradients and optimizer state after the step), the naive estimate checkpoint / world size, the
+    predicted peak (`predictor(exp, reshard_after_forward, prefetch, rank)`, by default
+    `predict.fsdp.peak`), all in MiB, and the ratios: peak over estimate, predicted over measured."""
+    predictor = predictor or model.peak
+    exp, estimate = run.spec, shard_estimate_bytes(run)
+    rows = []
+    for r in run.ranks:
+        for c in r.result.configs:
+            end = c.samples[-1].bytes
+            predicted = predictor(exp, c.reshard_after_forward, c.prefetch, r.rank)
+            rows.append({"configuration": config_label(c.reshard_after_forward, c.prefetch), "rank": r.rank,
+                         "reshard_after_forward": c.reshard_after_forward, "prefetch": c.prefetch,
+                         "measured_peak_mib": c.peak_bytes / MIB,
+                         "sharded_state_mib": sum(end[k] for k in model.STATE) / MIB,
+                         "shard_estimate_mib": estimate / MIB, "predicted_peak_mib": predicted / MIB,
+                         "peak_over_estimate": c.peak_bytes / estimate,
+                         "predicted_over_measured": predicted / c.peak_bytes})
+    return pd.DataFrame(rows).set_index(["configuration", "rank"]).round(3)
+
+
+def peak_breakdown(run, rank: int = 0) -> pd.DataFrame:
+    """Per configuration: what is alive at the predicted peak (MiB by category, `predict.fsdp.peak_moment`),
+    where in the step it falls, and the measured peak beside it."""
+    rows = []
+    for reshard, prefetch in _configs(run):
+        m = model.peak_moment(run.spec, reshard, prefetch, rank)
+        unit = model.units(run.spec)[m["unit"]].name if m["unit"] is not None else ""
+        rows.append({"configuration": config_label(reshard, prefetch), "at": f"{m['event']} {unit}".strip(),
+                     **{k: v / MIB for k, v in m["bytes"].items() if k != "other"},
+                     "predicted_peak_mib": m["total"] / MIB,
+                     "measured_peak_mib": _config(run, rank, reshard, prefetch).peak_bytes / MIB})
+    return pd.DataFrame(rows).set_index("configuration").round(3)
+
+
+def timeline(run, reshard_after_forward: bool = True, prefetch: bool = False, rank: int = 0) -> pd.DataFrame:
+    """One configuration's samples on `rank`, in order: the event and unit, ms since the step's start,
+    MiB per category, the total, the most live since the previous sample, the gathered units, and the
+    predicted total at the same moment (`predict.fsdp.timeline`)."""
+    c = _config(run, rank, reshard_after_forward, prefetch)
+    names = [u.name for u in run.ranks[rank].result.units]
+    predicted = [m for m in model.timeline(run.spec, reshard_after_forward, prefetch, rank) if m["sampled"]]
+    t0 = c.samples[0].t_ns
+    rows = []
+    for s, p in zip(c.samples, predicted):
+        rows.append({"event": s.event, "unit": names[s.unit] if s.unit is not None else "",
+                     "t_ms": ms_after(s.t_ns, t0), **{k: s.bytes[k] / MIB for k in SAMPLE_CATEGORIES},
+                     "total_mib": s.total / MIB, "peak_since_last_mib": s.peak_since_last / MIB,
+                     "predicted_total_mib": p["total"] / MIB, "gathered_units": [names[i] for i in s.gathered_units]})
+    df = pd.DataFrame(rows)
+    df.index.name = "sample"
+    return df.round(3)
+
+
+def verify_fsdp_peak_predicted(run, tolerance: float = 0.10, predictor=None) -> None:
+    """Notebook 09's check: for every configuration and rank, the predicted peak is within `tolerance`
+    (relative) of the measured peak. `predictor` as in `peaks`; raises `verify.CheckFailed` naming the
+    worst configuration and rank."""
+    table = peaks(run, predictor)
+    errors = (table["predicted_over_measured"] - 1).abs()
+    worst = errors.idxmax()
+    claim = (f"{run.spec.name}: the predicted FSDP2 peak is within {tolerance:.0%} of the measured peak "
+             f"for all {len(table)} configurations x ranks")
+    seen = (f"worst {errors.max():.1%} off ({worst[0]}, rank {worst[1]}: predicted "
+            f"{table.loc[worst, 'predicted_peak_mib']:.2f} MiB, measured {table.loc[worst, 'measured_peak_mib']:.2f} MiB)")
+    verify.that(claim, bool((errors <= tolerance).all()), seen=seen, expected=f"every one within {tolerance:.0%}")
+
+
+def verify_peak_exceeds_shard_estimate(run) -> None:
+    """Notebook 09's check: checkpoint / world size underestimates the peak in every configuration and
+    on every rank (gathered units, unsharded gradients, communication buffers and activations come on
+    top of the sharded state)."""
+    ratio = peaks(run)["peak_over_estimate"]
+    verify.above(f"{run.spec.name}: measured peak / (checkpoint / world size), every configuration and rank",
+                 list(ratio), 1.0)
+
+
+def verify_reshard_frees_gathered_units(run, rank: int = 0) -> None:
+    """Notebook 09's check, on the timeline: with reshard_after_forward=True every unit's gathered
+    parameters are freed at its post-forward; with False every unit is still gathered when the loss is
+    computed (all of them at once). Raises `verify.CheckFailed` naming the configuration and units."""
+    names = [u.name for u in run.ranks[rank].result.units]
+    problems, checked = [], 0
+    for c in run.ranks[rank].result.configs:
+        label = config_label(c.reshard_after_forward, c.prefetch)
+        if c.reshard_after_forward:
+            kept = [names[s.unit] for s in c.samples if s.event == "post-forward" and s.unit in s.gathered_units]
+            if kept:
+                problems.append(f"{label}: {', '.join(kept)} still gathered after its forward")
+        else:
+            at_loss = next(s for s in c.samples if s.event == "loss")
+            missing = [n for i, n in enumerate(names) if i not in at_loss.gathered_units]
+            if missing:
+                problems.append(f"{label}: {', '.join(missing)} not gathered at the loss")
+        checked += 1
+    verify.that(f"{run.spec.name}: resharding frees each unit after its forward, keeping them holds all "
+                f"{len(names)} units gathered at the loss (rank {rank}, {checked} configurations)", not problems,
+                seen="; ".join(problems) or "as described", expected="as described")
+
+
+def zero_stages(psi: float, n_devices: int, precision: str = "mixed") -> pd.DataFrame:
+    """ZeRO stage 0..3 per-device model state for `psi` parameters on `n_devices`, in GB (10**9 bytes):
+    `predict.zero.zero_stages` as a table, one row per stage."""
+    d = zero.zero_stages(psi, n_devices, precision)
+    df = pd.DataFrame(d).set_index("stage")
+    for k in ("parameters", "gradients", "optimizer_state", "total"):
+        df[f"{k}_gb"] = df.pop(f"{k}_bytes") / zero.GB
+    return df[["sharded", "parameters_gb", "gradients_gb", "optimizer_state_gb", "total_gb", "reduction"]]
+
+
+_STAGE = {"none": 0, "zero1": 1, "fsdp2": 3}
+
+
+def zero_measured(runs, step: int = 1) -> pd.DataFrame:
+    """ZeRO stages on the lab's own model (`recipes.fsdp_memory.zero_stages_measured`: DDP = stage 0,
+    ZeRO-1, FSDP2 = stage 3; fp32 Adam), per stage and rank, in MiB: the model state each rank measured
+    after optimizer step `step` (parameters + gradients + optimizer state; DDP's buckets left out), the
+    exact prediction for this model (ZeRO-1: torch's whole-tensor partition, `predict.zero.zero1_exact`;
+    FSDP2: padded dim-0 shards, `predict.fsdp.sharded_state`), and the paper's even split
+    (`predict.zero.zero_state_bytes`, precision "fp32")."""
+    rows = []
+    for run in runs:
+        exp = run.spec
+        stage = _STAGE[exp.sharding]
+        numels = run.ranks[0].result.memory.parameter_numels
+        e, psi = DTYPE_BYTES[exp.dtype], sum(numels)
+        steps = [r.result.memory.steps[step].phases["step"] for r in run.ranks]
+        zero1 = zero.zero1_exact(numels, exp.world_size, 2 * e, 4) if stage == 1 else None
+        for r, p in zip(run.ranks, steps):
+            measured = p["parameters"] + p["gradients"] + p["optimizer_state"]
+            if stage == 3:
+                exact = sum(model.sharded_state(exp, r.rank).values())
+            else:
+                optimizer = zero1[r.rank] if stage == 1 else 2 * e * psi + 4 * len(numels)
+                exact = 2 * e * psi + optimizer
+            paper = zero.zero_state_bytes(psi, exp.world_size, stage, "fp32")["total"]
+            rows.append({"stage": stage, "sharding": exp.sharding, "rank": r.rank, "measured_mib": measured / MIB,
+                         "exact_mib": exact / MIB, "paper_mib": paper / MIB, "measured_over_paper": measured / paper})
+    return pd.DataFrame(rows).set_index(["stage", "rank"]).round(3)
