@@ -1,0 +1,276 @@
+"""Tables of tensor parallelism (notebook 09): the split layer against the dense one, the collectives
+counted against Megatron's formula (`predict/tensor_parallel.py`), step times of the dense, split and
+DDP layer, and the dp x tp mesh's groups and what each ran; with the chapter's checks
+`verify_tp_matches_dense`, `verify_tp_collectives` and `verify_mesh_matches_dense`. Every number is
+read from the ranks' records (`spec/tensor_parallel.py`)."""
+
+from __future__ import annotations
+
+import statistics
+
+import pandas as pd
+
+from .. import verify
+from ..predict import tensor_parallel as model
+
+ATOL = 1e-4   # float32 sums in another order: the errors of a correct split are ~1e-6 here
+
+
+def _runs(runs) -> list:
+    runs = runs if isinstance(runs, (list, tuple)) else [runs]
+    for run in runs:
+        if run.spec.task.kind != "tensor-parallel":
+            raise ValueError(f"run {run.spec.name!r} is a {run.spec.task.kind} run, not a tensor-parallel one")
+    return list(runs)
+
+
+def _layer_runs(runs) -> list:
+    runs = [r for r in _runs(runs) if r.spec.task.dp == 1]
+    if not runs:
+        raise ValueError("no tensor-parallel check among these runs (they are dp x tp meshes): use mesh_groups()")
+    return runs
+
+
+def _layer(rank, name: str):
+    return next(x for x in rank.result.layers if x.layer == name)
+
+
+def equality(runs) -> pd.DataFrame:
+    """Per run and layer, the largest error over the ranks of the split layer against the dense one:
+    its output, the input's gradient and the parameters' gathered gradients, beside the output's scale."""
+    rows = []
+    for run in _layer_runs(runs):
+        for name in run.spec.task.layers:
+            per_rank = [_layer(r, name) for r in run.ranks]
+            rows.append({"run": run.spec.name, "layer": name, "tp": run.ranks[0].result.tp,
+                         "output_max_abs": max(x.output_max_abs for x in per_rank),
+                         "output_error": max(x.output_max_abs_error for x in per_rank),
+                         "input_grad_error": max(x.input_grad_max_abs_error for x in per_rank),
+                         "param_grad_error": max(max(x.param_grad_max_abs_error.values()) for x in per_rank),
+                         "params": per_rank[0].params, "local_params": [x.local_params for x in per_rank]})
+    df = pd.DataFrame(rows).set_index(["run", "layer"])
+    df["matches_dense"] = df[["output_error", "input_grad_error", "param_grad_error"]].max(axis=1) < ATOL
+    return df
+
+
+def verify_tp_matches_dense(runs, layers=None, atol: float = ATOL) -> None:
+    """Notebook 09's check: on every rank, the split layer's output, input gradient and gathered
+    parameter gradients equal the dense layer's within `atol` (float32 summed in another order).
+    `layers`: which layers to check (default: every layer of the runs)."""
+    table = equality(runs)
+    if layers is not None:
+        table = table[table.index.get_level_values("layer").isin(list(layers))]
+        if table.empty:
+            raise ValueError(f"none of the layers {list(layers)!r} is in these runs")
+    worst = table[["output_error", "input_grad_error", "param_grad_error"]].max(axis=1)
+    where = ", ".join(f"{layer} on tp={table.loc[(run, layer), 'tp']}" for run, layer in table.index)
+    bad = [f"{layer} on tp={table.loc[(run, layer), 'tp']} off by {worst[(run, layer)]:.3g}"
+           for run, layer in table.index if not worst[(run, layer)] < atol]
+    verify.that(f"the split layer equals the dense one in output and gradients ({where})", not bad,
+                seen="; ".join(bad) if bad else f"at most {worst.max():.2g} off",
+                expected=f"every error < {atol:g}")
+
+
+def collectives(runs) -> pd.DataFrame:
+    """Per run and layer: all-reduces per forward and backward as torch's CommDebugMode counted them
+    (the same on every rank, or the column says `None`) and as the formula says, the bytes of each
+    all-reduce as the ranks logged them against b x t x d x 4, the ring bytes per rank of a step, and
+    DDP's gradient all-reduce of the same layer (its buckets, measured) against parameters x 4."""
+    rows = []
+    for run in _layer_runs(runs):
+        e = run.spec
+        for name in e.task.layers:
+            per_rank = [_layer(r, name) for r in run.ranks]
+            counted = {phase: {x.module_counts["Global"][phase].get("all_reduce", 0) for x in per_rank}
+                       for phase in ("forward", "backward")}
+            logged = {c.bytes for x in per_rank for c in x.collectives}
+            other_ops = sorted({op for x in per_rank for ph in x.module_counts["Global"].values() for op in ph}
+                               - {"all_reduce"})
+            formula = model.step_comm(name, e.local_batch, e.seq_len, e.d_model, run.ranks[0].result.tp)
+            ddp = {sum(x.ddp_bucket_bytes) for x in per_rank}
+            rows.append({"run": e.name, "layer": name, "tp": run.ranks[0].result.tp,
+                         "forward_all_reduces": counted["forward"].pop() if len(counted["forward"]) == 1 else None,
+                         "formula_forward": formula["tp_forward_all_reduces"],
+                         "backward_all_reduces": counted["backward"].pop() if len(counted["backward"]) == 1 else None,
+                         "formula_backward": formula["tp_backward_all_reduces"],
+                         "other_collectives": other_ops,
+                         "all_reduce_bytes": logged.pop() if len(logged) == 1 else None,
+                         "formula_bytes": formula["tp_all_reduce_bytes"],
+                         "groups": sorted({tuple(c.group) for x in per_rank for c in x.collectives}),
+                         "tp_step_ring_bytes_per_rank": formula["tp_step_ring_bytes_per_rank"],
+                         "ddp_all_reduce_bytes": ddp.pop() if len(ddp) == 1 else None,
+                         "formula_ddp_bytes": formula["ddp_all_reduce_bytes"]})
+    return pd.DataFrame(rows).set_index(["run", "layer"])
+
+
+def module_counts(run, layer: str) -> pd.DataFrame:
+    """Per module of one split layer, the collectives torch's CommDebugMode counted in forward and in
+    backward (a parent module includes its children's; "Global" is the whole step), as rank 0 saw
+    them; `same_on_every_rank` says whether every rank counted the same."""
+    run = _layer_runs(run)[0]
+    counts = [_layer(r, layer).module_counts for r in run.ranks]
+    rows = [{"module": module, "forward": dict(phases["forward"]), "backward": dict(phases["backward"]),
+             "same_on_every_rank": all(c.get(module) == phases for c in counts)}
+            for module, phases in counts[0].items()]
+    return pd.DataFrame(rows).set_index("module")
+
+
+def verify_tp_collectives(runs) -> None:
+    """Notebook 09's check: every split layer ran exactly Megatron's all-reduces (one per sublayer in
+    forward, one in backward, nothing else), each of b x t x d x 4 bytes over its whole tp group, and
+    DDP's gradient all-reduce carried parameters x 4 bytes."""
+    table = collectives(runs)
+    misses = []
+    for (run, layer), row in table.iterrows():
+        tp = row["tp"]
+        for seen, due, what in ((row["forward_all_reduces"], row["formula_forward"], "forward all-reduces"),
+                                (row["backward_all_reduces"], row["formula_backward"], "backward all-reduces"),
+                                (row["all_reduce_bytes"], row["formula_bytes"], "bytes an all-reduce"),
+                                (row["ddp_all_reduce_bytes"], row["formula_ddp_bytes"], "DDP gradient bytes")):
+            if seen != due:
+                misses.append(f"{layer} (tp={tp}): {what} {seen} where {due} was due")
+        if row["other_collectives"]:
+            misses.append(f"{layer} (tp={tp}): also ran {', '.join(row['other_collectives'])}")
+        if len(row["groups"]) != 1 or len(row["groups"][0]) != tp:
+            misses.append(f"{layer} (tp={tp}): all-reduces over groups {row['groups']}, not one group of {tp}")
+    verify.that(f"each split layer's collectives are Megatron's formula ({len(table)} layer runs)", not misses,
+                seen="; ".join(misses) if misses else
+                "; ".join(f"{layer} tp={row['tp']}: {row['forward_all_reduces']}+{row['backward_all_reduces']} "
+                          f"all-reduces of {row['all_reduce_bytes']} B" for (_, layer), row in table.iterrows()),
+                expected="the counts and bytes of predict.tensor_parallel")
+
+
+def _stat(values: list[float]) -> tuple[float, float, float]:
+    return statistics.median(values), min(values), max(values)
+
+
+def _slowest(per_rank: list[list[float]]) -> list[float]:
+    """Per step, the slowest rank's value (a step with collectives ends when the last rank does)."""
+    return [max(v) for v in zip(*per_rank)]
+
+
+def timing(runs) -> pd.DataFrame:
+    """Per run, layer and way of running it ("dense": the whole layer on one rank, no communication;
+    "tensor parallel": every rank 1/tp of it; "ddp": every rank the whole layer on 1/world_size of the
+    batch): the step time (forward + backward, the slowest rank per step; median, min, max over the
+    timed steps), and the time spent in communication: tensor parallelism's collectives on the
+    critical path (the rank blocked in them; separate traced steps), DDP's all-reduce from launch to
+    done and the part of backward after the last gradient was ready (its exposed tail). The last
+    column says, from the spread, whether tensor parallelism was faster or slower than the dense layer
+    on this machine, or whether the machine cannot tell; `ideal_ms` is the dense step over tp (the
+    split's compute, were splitting free), and DDP's `hidden_ms` the part of its all-reduces that ran
+    while backward still computed (zero with one bucket: it starts when the last gradient is ready)."""
+    rows = []
+    for run in _layer_runs(runs):
+        for name in run.spec.task.layers:
+            per_rank = [_layer(r, name) for r in run.ranks]
+            steps = {}
+            for way, attr in (("dense", "dense"), ("tensor parallel", "tp"), ("ddp", "ddp")):
+                times = [getattr(x, attr) for x in per_rank]
+                step = _slowest([[f + b for f, b in zip(t.forward_ms, t.backward_ms)] for t in times])
+                steps[way] = step
+                med, lo, hi = _stat(step)
+                row = {"run": run.spec.name, "layer": name, "way": way, "ranks": run.world_size,
+                       "cpus": min(r.result.cpus for r in run.ranks),
+                       "step_ms": med, "step_ms_min": lo, "step_ms_max": hi}
+                if attr == "tp":
+                    comm = _slowest([[f + b for f, b in zip(t.comm_forward_ms, t.comm_backward_ms)] for t in times])
+                    fwd = _slowest([t.comm_forward_ms for t in times])
+                    row.update(comm_ms=_stat(comm)[0], comm_ms_min=min(comm), comm_ms_max=max(comm),
+                               comm_forward_ms=_stat(fwd)[0], on_critical_path=True,
+                               ideal_ms=statistics.median(steps["dense"]) / run.ranks[0].result.tp)
+                elif attr == "ddp":
+                    comm = _slowest([t.comm_backward_ms for t in times])
+                    row.update(comm_ms=_stat(comm)[0], comm_ms_min=min(comm), comm_ms_max=max(comm),
+                               exposed_ms=_stat(_slowest([t.exposed_ms for t in times]))[0],
+                               hidden_ms=_stat(_slowest([t.hidden_ms for t in times]))[0],
+                               buckets=len(per_rank[0].ddp_bucket_bytes), on_critical_path=False)
+                rows.append(row)
+            dense, tp = steps["dense"], steps["tensor parallel"]
+            verdict = ("slower than dense" if min(tp) > max(dense) else
+                       "faster than dense" if max(tp) < min(dense) else "within the spread of dense")
+            rows[-2]["verdict"] = verdict
+    return pd.DataFrame(rows).set_index(["run", "layer", "way"])
+
+
+def timing_sentences(runs) -> list[str]:
+    """One sentence per layer and run, read from `timing`: the split step against the dense one and
+    what of it the collectives took; for a notebook to print (nothing here is fixed text)."""
+    table = timing(runs)
+    out = []
+    for (run, layer), part in table.groupby(level=["run", "layer"], sort=False):
+        dense, tp, ddp = (part.xs(w, level="way").iloc[0] for w in ("dense", "tensor parallel", "ddp"))
+        shared = f" sharing {tp['cpus']} cores" if tp["ranks"] > tp["cpus"] else ""
+        out.append(f"{run}, {layer}: the split step took {tp['step_ms']:.2f} ms ({tp['step_ms_min']:.2f}-"
+                   f"{tp['step_ms_max']:.2f}) on {tp['ranks']} ranks{shared}, {tp['verdict']} "
+                   f"({dense['step_ms']:.2f} ms, "
+                   f"{dense['step_ms_min']:.2f}-{dense['step_ms_max']:.2f}); {tp['comm_ms']:.2f} ms of it blocked in "
+                   f"all-reduces on the critical path, the rest (about {max(0.0, tp['step_ms'] - tp['comm_ms']):.2f} ms) "
+                   f"against {tp['ideal_ms']:.2f} ms were splitting free; DDP's all-reduce took {ddp['comm_ms']:.2f} ms, "
+                   f"{ddp['hidden_ms']:.2f} ms of it hidden behind backward")
+    return out
+
+
+def gpu_prediction(runs, busbw_gb_s: float = 370.0, latency_us: float = 20.0) -> pd.DataFrame:
+    """A model's prediction, not a measurement: per run and layer, the all-reduce time of a step at a
+    GPU link's bus bandwidth (default: 8 x H100 NVLink ring, about 370 GB/s; NCCL's small-message
+    latency is about 6-50 us, notes/performance-anchors.md), tensor parallelism's on the critical
+    path beside DDP's, which can hide behind backward. The shapes are the runs' own."""
+    rows = []
+    for run in _layer_runs(runs):
+        e, tp = run.spec, run.ranks[0].result.tp
+        for name in e.task.layers:
+            c = model.step_comm(name, e.local_batch, e.seq_len, e.d_model, tp)
+            calls = c["tp_forward_all_reduces"] + c["tp_backward_all_reduces"]
+            one = model.predicted_all_reduce_ms(c["tp_all_reduce_bytes"], tp, busbw_gb_s * 1e9, latency_us / 1e3)
+            rows.append({"run": e.name, "layer": name, "tp": tp, "what": f"model at {busbw_gb_s:g} GB/s busbw, "
+                         f"{latency_us:g} us latency", "predicted_tp_critical_path_us": calls * one * 1e3,
+                         "predicted_ddp_all_reduce_us": 1e3 * model.predicted_all_reduce_ms(
+                             c["ddp_all_reduce_bytes"], tp, busbw_gb_s * 1e9, latency_us / 1e3)})
+    return pd.DataFrame(rows).set_index(["run", "layer"])
+
+
+def mesh_groups(run) -> pd.DataFrame:
+    """Per rank of a dp x tp mesh: its coordinates, the ranks of its tp group and of its dp group,
+    and per group what it ran in one training step of each layer (op, phase, bytes)."""
+    run = _runs(run)[0]
+    if run.spec.task.dp == 1:
+        raise ValueError(f"run {run.spec.name!r} has dp=1: no mesh (use equality/collectives/timing)")
+    rows = []
+    for r in run.ranks:
+        res = r.result
+        coordinate = next((i, row.index(r.rank)) for i, row in enumerate(res.mesh) if r.rank in row)
+        for group, kind in ((res.tp_group, "tp"), (res.dp_group, "dp")):
+            ran = [f"{m.layer}: {c.phase} {c.op} {c.bytes} B" for m in res.mesh_layers
+                   for c in m.collectives if c.group == group]
+            rows.append({"rank": r.rank, "dp, tp": coordinate, "group": kind, "ranks": group,
+                         "collectives": len(ran), "bytes": sum(c.bytes for m in res.mesh_layers
+                                                               for c in m.collectives if c.group == group),
+                         "ran": ran})
+    return pd.DataFrame(rows).set_index(["rank", "group"])
+
+
+def mesh_check(run) -> pd.DataFrame:
+    """Per layer of a mesh run: the largest parameter error against the dense layer trained on the
+    global batch (after the last step, over every rank), and each step's loss, mesh beside dense."""
+    run = _runs(run)[0]
+    if run.spec.task.dp == 1:
+        raise ValueError(f"run {run.spec.name!r} has dp=1: no mesh")
+    rows = []
+    for name in run.spec.task.layers:
+        per_rank = [next(m for m in r.result.mesh_layers if m.layer == name) for r in run.ranks]
+        rows.append({"layer": name, "steps": run.spec.steps,
+                     "param_error": max(max(m.param_max_abs_error.values()) for m in per_rank),
+                     "losses": per_rank[0].losses, "dense_losses": per_rank[0].dense_losses,
+                     "loss_error": max(abs(a - b) for m in per_rank for a, b in zip(m.losses, m.dense_losses))})
+    return pd.DataFrame(rows).set_index("layer")
+
+
+def verify_mesh_matches_dense(run, atol: float = ATOL) -> None:
+    """Notebook 09's check: after `steps` SGD steps on the dp x tp mesh, every rank's (gathered)
+    parameters equal the dense layer trained on the global batch within `atol`."""
+    table = mesh_check(run)
+    e = run.spec
+    verify.below(f"{e.task.dp} x {e.world_size // e.task.dp} mesh (dp x tp) after {e.steps} step(s) = the dense "
+                 f"layer trained on the global batch ({', '.join(table.index)})", table["param_error"].tolist(),
+                 atol)
