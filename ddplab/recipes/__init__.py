@@ -4,13 +4,16 @@ arguments override any field. Used by the notebooks, the CLI and the tests.
 
     launch_and_ranks (00), synchronized_gradient (01), replicated_memory (02), communication (03),
     gradient_readiness (04), buckets_and_overlap (05), global_batch (06), slowest_rank (07),
-    failure_lab, coverage, resume and common_errors (08)
+    failure_lab, coverage, resume and common_errors (08), fsdp_memory, tensor_parallel and pipeline (09)
 """
 
 from .buckets_and_overlap import BUCKET_MODEL, ONE_PER_PARAMETER_MB, bucket_sweep
 from .common_errors import common_error_groups, common_errors
 from .coverage import data_coverage
 from .failure_lab import failure_lab, find_unused_cost, unused_parameter_fixes
+from .fsdp_memory import fsdp_memory, zero_stages_measured
+from .pipeline import pipeline_parallel
+from .tensor_parallel import dp_tp_mesh, split_layers, tensor_parallel_runs
 from .communication import COMM_MODEL, allreduce_sweep, bytes_on_wire, local_batch_sweep
 from .global_batch import SCALING_MODEL, accumulation, batch_size_study, strong_scaling, weak_scaling
 from .gradient_readiness import backward_trace, readiness_cases
@@ -26,4 +29,5 @@ __all__ = ["BUCKET_MODEL", "COMM_MODEL", "MEMORY_MODEL", "ONE_PER_PARAMETER_MB",
            "launch_and_ranks", "local_batch_sweep", "memory_sweeps", "readiness_cases", "replicated_memory",
            "sharding_preview", "skip_backward", "strong_scaling", "synchronized_gradient", "unequal_work",
            "weak_scaling", "common_error_groups", "common_errors", "data_coverage", "failure_lab", "find_unused_cost", "unused_parameter_fixes",
-           "resume_baseline", "resumes", "world_size_baseline", "world_size_resumes"]
+           "resume_baseline", "resumes", "world_size_baseline", "world_size_resumes", "fsdp_memory", "zero_stages_measured",
+           "pipeline_parallel", "dp_tp_mesh", "split_layers", "tensor_parallel_runs"]

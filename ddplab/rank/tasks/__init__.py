@@ -1,4 +1,5 @@
-"""The tasks a rank can run, one module each: `train`, `allreduce_sweep`, `bucket_sweep`.
+"""The tasks a rank can run, one module each: `train`, `allreduce_sweep`, `bucket_sweep`, `balance`,
+`coverage`, `resume`, `fsdp_memory`, `tensor_parallel`, `pipeline`.
 
 A task's spec section (`spec/tasks.py`) names its runner, `"ddplab.rank.tasks.<module>:run"`; the
 worker calls it with a `TaskContext` and writes what it returns: the task's record (its part of
