@@ -179,7 +179,8 @@ def test_waiting_for_sends_shows_as_waits_and_cannot_be_resolved(capsys):
     views.verify_bubble_matches_formula(slow_sends)
     out = capsys.readouterr().out
     assert "cannot resolve on this machine: GPipe p=2 m=4" in out and "waited for sends" in out
-    assert "verified: the measured bubble matches" in out
+    # nothing resolved: no "verified" line, but no failure either (the machine, not the formula)
+    assert "verified: the measured bubble" not in out and "cannot verify on this machine" in out
 
 
 def test_verify_bubble_fails_for_unequal_stages_without_waits(capsys):

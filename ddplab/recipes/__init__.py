@@ -4,9 +4,11 @@ arguments override any field. Used by the notebooks, the CLI and the tests.
 
     launch_and_ranks (00), synchronized_gradient (01), replicated_memory (02), communication (03),
     gradient_readiness (04), buckets_and_overlap (05), global_batch (06), slowest_rank (07),
-    failure_lab, coverage, resume and common_errors (08), fsdp_memory, tensor_parallel and pipeline (09)
+    failure_lab, coverage, resume and common_errors (08), beyond_ddp (all of 09 in one launch), fsdp_memory,
+    tensor_parallel and pipeline (09)
 """
 
+from .beyond_ddp import beyond_ddp
 from .buckets_and_overlap import BUCKET_MODEL, ONE_PER_PARAMETER_MB, bucket_sweep
 from .common_errors import common_error_groups, common_errors
 from .coverage import data_coverage
@@ -30,4 +32,4 @@ __all__ = ["BUCKET_MODEL", "COMM_MODEL", "MEMORY_MODEL", "ONE_PER_PARAMETER_MB",
            "sharding_preview", "skip_backward", "strong_scaling", "synchronized_gradient", "unequal_work",
            "weak_scaling", "common_error_groups", "common_errors", "data_coverage", "failure_lab", "find_unused_cost", "unused_parameter_fixes",
            "resume_baseline", "resumes", "world_size_baseline", "world_size_resumes", "fsdp_memory", "zero_stages_measured",
-           "pipeline_parallel", "dp_tp_mesh", "split_layers", "tensor_parallel_runs"]
+           "beyond_ddp", "pipeline_parallel", "dp_tp_mesh", "split_layers", "tensor_parallel_runs"]

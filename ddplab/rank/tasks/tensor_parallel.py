@@ -252,7 +252,9 @@ def run(ctx):
         layers = [LayerRecord(**fields, **t.fields()) for fields, t in checked]
         del checked   # DDP references the process group: gone before teardown
     else:
-        if ctx.group is not None:
+        # init_device_mesh makes its groups from the default group: every rank of the launch (or of the
+        # live session) must be in this experiment, as they are when it is the widest
+        if ctx.group is not None and dist.get_world_size(ctx.group) != dist.get_world_size():
             raise ValueError("Experiment.task.dp: a dp x tp mesh spans every rank of the launch; run it in a "
                              "launch of its own world size (or as the widest experiment of run_many)")
         mesh = init_device_mesh(ctx.device.type, (dp, tp), mesh_dim_names=("dp", "tp"))

@@ -1,0 +1,18 @@
+"""Notebook 09, beyond DDP: every experiment of the chapter for one 4-rank `ddplab.run_many` launch
+(FSDP2 memory over one step, ZeRO's stages measured, the layers split by tensor parallelism and the
+2 x 2 mesh, the pipeline at 2 and 4 stages). A launch costs seconds on its own; one holds them all."""
+
+from __future__ import annotations
+
+from ..spec import Experiment
+from .fsdp_memory import fsdp_memory, zero_stages_measured
+from .pipeline import pipeline_parallel
+from .tensor_parallel import tensor_parallel_runs
+
+
+def beyond_ddp(world_size: int = 4, rounds: int = 3) -> list[Experiment]:
+    """The chapter's experiments, the widest first (the 2 x 2 mesh spans every rank): tensor parallelism
+    (`tensor_parallel_runs`), FSDP2 memory (`fsdp_memory`), ZeRO stages 0/1/3 (`zero_stages_measured`),
+    the pipeline (`pipeline_parallel`, `rounds` timed rounds of every schedule and microbatch count)."""
+    return (tensor_parallel_runs(rounds=max(rounds, 3)) + [fsdp_memory(world_size)]
+            + zero_stages_measured(world_size) + pipeline_parallel(rounds=rounds))
