@@ -29,7 +29,8 @@ def memory_over_step(run, rank: int = 0, configs=None, detached: bool = False):
     """One panel per configuration (default: all of the run's): rank `rank`'s live MiB at every sample
     (x: the samples in order, F> / F< a unit's pre / post forward, B> / B< its pre / post backward),
     stacked by category; the black line is the most live between samples (the step's real envelope),
-    the dashed one the predicted total, the dotted one checkpoint / world size; a triangle marks a
+    the dashed one the predicted total, the dotted one checkpoint / world size, a red star the measured
+    peak (`tables.fsdp.peaks`' `at`); a triangle marks a
     unit gathered at that sample, a shaded column a reduce-scatter (sharded gradients arrived since the last sample)."""
     configs = list(configs) if configs is not None else views._configs(run)
     fig, axes = subplots((13, 3.4 * len(configs)), nrows=len(configs), squeeze=False, detached=detached)
@@ -50,6 +51,8 @@ def memory_over_step(run, rank: int = 0, configs=None, detached: bool = False):
             if row["unit"] and row["unit"] in row["gathered_units"]:
                 ax.plot(i, top * 0.97, marker="v", color="tab:cyan", ms=5, mec="black", mew=0.4)
         c = views._config(run, rank, reshard, prefetch)
+        at = max(x, key=lambda i: c.samples[i].peak_since_last)   # the measured peak: in the window ending here
+        ax.plot(at, c.peak_bytes / MIB, marker="*", color="tab:red", ms=11, mec="black", mew=0.5, ls="")
         ax.set_title(f"{views.config_label(reshard, prefetch)} (rank {rank}): measured peak {c.peak_bytes / MIB:.1f} MiB, "
                      f"{c.peak_bytes / MIB / estimate:.1f}x checkpoint / world size", fontsize=10, loc="left")
         ax.set_xticks(x, [_tick(e, u) for e, u in zip(t["event"], t["unit"])], rotation=90, fontsize=7)
@@ -64,6 +67,8 @@ def memory_over_step(run, rank: int = 0, configs=None, detached: bool = False):
                 Line2D([], [], color="black", lw=1.2, ls="--", label="predicted total (predict.fsdp)"),
                 Line2D([], [], color="0.3", lw=1.2, ls=":", label="checkpoint / world size"),
                 Line2D([], [], color="tab:cyan", marker="v", ls="", mec="black", label="the sample's unit is gathered"),
+                Line2D([], [], color="tab:red", marker="*", ls="", mec="black", ms=9,
+                       label="measured peak (in the window ending at this sample)"),
                 Patch(color="tab:green", alpha=0.15, label="gradients reduce-scattered since the last sample")]
     axes[0, 0].legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
     fig.suptitle(f"{run.spec.name}: FSDP2 memory over one step, {run.spec.world_size} ranks", fontsize=11)

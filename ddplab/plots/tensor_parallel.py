@@ -23,8 +23,9 @@ def _title(run: str, part) -> str:
 def step_times(runs, detached: bool = False):
     """One panel per tensor-parallel run: for every layer a bar per way of running it (median step,
     forward + backward, of the slowest rank; the whisker spans min to max), the hatched part the
-    communication the step waited for: tensor parallelism's all-reduces on the critical path, and the
-    part of DDP's all-reduce that backward did not hide."""
+    communication the step waited for: tensor parallelism's all-reduces on the critical path, and
+    DDP's exposed tail (backward's time after its last gradient was ready, waiting for the
+    all-reduce)."""
     table = timing(runs)
     names = list(dict.fromkeys(table.index.get_level_values("run")))
     layers = [list(dict.fromkeys(table.loc[n].index.get_level_values("layer"))) for n in names]
@@ -41,7 +42,7 @@ def step_times(runs, detached: bool = False):
                         xerr=[[row["step_ms"] - row["step_ms_min"]], [row["step_ms_max"] - row["step_ms"]]],
                         error_kw={"elinewidth": 0.8, "capsize": 2})
                 waited = row["comm_ms"] if way == "tensor parallel" else \
-                    max(0.0, row["comm_ms"] - row["hidden_ms"]) if way == "ddp" else 0.0
+                    row["exposed_ms"] if way == "ddp" else 0.0
                 if waited:
                     ax.barh(y, min(waited, row["step_ms"]), height=0.25, fill=False, hatch="///",
                             edgecolor="black", lw=0)

@@ -23,6 +23,8 @@ much. Used by notebook 09.
 
 from __future__ import annotations
 
+import math
+
 from .memory import zero1_owners
 
 STAGES = (0, 1, 2, 3)
@@ -32,8 +34,8 @@ GB = 10 ** 9
 
 
 def _check(psi, n_devices, precision) -> None:
-    if isinstance(psi, bool) or not isinstance(psi, (int, float)) or not psi > 0:
-        raise ValueError(f"psi: the parameter count must be a positive number (got {psi!r})")
+    if isinstance(psi, bool) or not isinstance(psi, (int, float)) or not psi > 0 or not math.isfinite(psi):
+        raise ValueError(f"psi: the parameter count must be a positive, finite number (got {psi!r})")
     if isinstance(n_devices, bool) or not isinstance(n_devices, int) or n_devices < 1:
         raise ValueError(f"n_devices: must be a positive integer (got {n_devices!r})")
     if precision not in PRECISIONS:
@@ -79,7 +81,17 @@ def zero1_exact(numels: list[int], world_size: int, state_bytes_per_element: int
     their mean; the largest entry is what the busiest rank must hold."""
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size: must be a positive integer (got {world_size!r})")
+    if not isinstance(numels, (list, tuple)):
+        raise ValueError(f"numels: a list of every parameter tensor's element count (got {numels!r})")
+    numels = list(numels)
+    bad = [n for n in numels if isinstance(n, bool) or not isinstance(n, int) or n < 0]
+    if not numels or bad:
+        raise ValueError(f"numels: every parameter tensor's element count, non-negative integers, at least one "
+                         f"(got {'nothing' if not numels else 'e.g. ' + repr(bad[0])})")
+    for name, v in (("state_bytes_per_element", state_bytes_per_element), ("per_tensor_bytes", per_tensor_bytes)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise ValueError(f"{name}: a non-negative integer (got {v!r})")
     per_rank = [0] * world_size
-    for n, owner in zip(numels, zero1_owners(list(numels), world_size)):
+    for n, owner in zip(numels, zero1_owners(numels, world_size)):
         per_rank[owner] += n * state_bytes_per_element + per_tensor_bytes
     return per_rank

@@ -11,8 +11,9 @@ from .tensor_parallel import tensor_parallel_runs
 
 
 def beyond_ddp(world_size: int = 4, rounds: int = 3) -> list[Experiment]:
-    """The chapter's experiments, the widest first (the 2 x 2 mesh spans every rank): tensor parallelism
-    (`tensor_parallel_runs`), FSDP2 memory (`fsdp_memory`), ZeRO stages 0/1/3 (`zero_stages_measured`),
-    the pipeline (`pipeline_parallel`, `rounds` timed rounds of every schedule and microbatch count)."""
+    """The chapter's experiments: tensor parallelism and the 2 x 2 mesh (`tensor_parallel_runs`), FSDP2
+    memory (`fsdp_memory`), ZeRO stages 0/1/3 (`zero_stages_measured`), the pipeline (`pipeline_parallel`,
+    `rounds` timed rounds of every schedule and microbatch count). Every one runs on 4 ranks but tp = 2 and
+    the 2-stage pipeline, which run on ranks 0 and 1."""
     return (tensor_parallel_runs(rounds=max(rounds, 3)) + [fsdp_memory(world_size)]
             + zero_stages_measured(world_size) + pipeline_parallel(rounds=rounds))

@@ -32,8 +32,9 @@ def dp_tp_mesh(dp: int = 2, tp: int = 2, layers: tuple[str, ...] = LAYERS, d_mod
 
 
 def tensor_parallel_runs(rounds: int = 5, mis_sharded: bool = True, ddp_bucket_cap_mb: float | None = 0.05) -> list[Experiment]:
-    """Notebook 09's experiments for ONE `ddplab.run_many` launch (4 ranks): the 2 x 2 mesh and
-    tp = 4 first (the mesh spans every rank), then tp = 2 on ranks 0 and 1, with the mis-sharded
+    """Notebook 09's experiments for ONE `ddplab.run_many` launch (4 ranks): the 2 x 2 mesh, tp = 4,
+    then tp = 2 on ranks 0 and 1 (a mesh makes its groups from its own ranks: it may also run inside a
+    wider launch or session), with the mis-sharded
     attention ("attention-qkv-split") beside the correct layers unless `mis_sharded=False`. DDP's
     buckets are capped at `ddp_bucket_cap_mb` MiB so the MLP's and the block's gradients go in more
     than one bucket and the first all-reduces can run while backward still computes (None: DDP's

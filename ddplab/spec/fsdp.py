@@ -16,7 +16,7 @@ already gathers the previous unit early in backward.
 
 The record is a timeline per configuration: a sample at every unit's pre/post forward and pre/post
 backward, each splitting the rank's live bytes into categories (`SAMPLE_CATEGORIES`), and the measured
-peak of the step. The first `warmup_steps` steps are run and not recorded: in step 0 the optimizer
+peak of the step (on CUDA also the allocator's peak, `torch.cuda.max_memory_allocated`). The first `warmup_steps` steps are run and not recorded: in step 0 the optimizer
 creates its state and FSDP2 allocates its gather buffers.
 Pure: no torch. The rank side is `rank/tasks/fsdp_memory.py`, the pure model `predict/fsdp.py`, the
 views `tables/fsdp.py` and `plots/fsdp.py`, the experiments `recipes/fsdp_memory.py`.
@@ -76,6 +76,9 @@ class FsdpConfigRecord:
     peak_bytes: int               # the measured peak of the step: the most live at once
     loss: float
     step_ms: float
+    # on CUDA, torch.cuda.max_memory_allocated over the step (the allocator's view, beside the tally of
+    # storages above, which is what the model is validated against on the CPU); None on the CPU
+    cuda_peak_bytes: int | None = None
 
 
 @dataclass(frozen=True)

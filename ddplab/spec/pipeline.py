@@ -42,6 +42,8 @@ class StageOp:
     end_ns: int
     in_flight: int          # microbatches forwarded and not yet backwarded on this stage, after this op
     saved_bytes: int        # bytes saved for backward alive on this stage, after this op
+    cpu_ns: int | None = None   # CPU time this stage's process spent in the op (process_time_ns): its own
+                                # compute, without the time it waited for a message or for a core
 
 
 @dataclass(frozen=True)
@@ -82,6 +84,7 @@ class PipelineRecord:
     global_batch: int
     checks: list[UnsplitCheck]
     steps: list[PipelineStep]
+    cores: list[int] | None = None  # the CPU cores this rank could run on (stages on one core take turns)
 
 
 @register

@@ -49,16 +49,18 @@ class StepTimes:
     """Per timed step of one way of running a layer, in milliseconds: forward (with the loss) and
     backward wall time, and (tensor parallel) the part of each spent in collectives on the critical
     path, from separate traced steps, or (DDP) the time its gradient all-reduces were in flight (from a
-    bucket's launch to its done, overlapping buckets counted once) and the
-    part of backward after the last gradient was ready (its exposed tail), and the part of the
-    all-reduces that ran while backward was still computing (hidden by overlap)."""
+    bucket's launch to its done, overlapping buckets counted once), the part of backward after the
+    last gradient was ready (its exposed tail), and the part of the in-flight time before then, while
+    backward still computed (in flight together, which on a machine with cores to spare would hide the
+    all-reduce; on a shared CPU the two may only take turns). One list entry per step: `rounds` rounds
+    of `steps_per_round` steps, in order."""
 
     forward_ms: list[float]
     backward_ms: list[float]
     comm_forward_ms: list[float]
     comm_backward_ms: list[float]
     exposed_ms: list[float]
-    hidden_ms: list[float]
+    during_backward_ms: list[float]
 
 
 @dataclass(frozen=True)
@@ -70,9 +72,11 @@ class LayerRecord:
     layer: str
     params: int                    # parameter elements of the dense layer
     local_params: int              # elements this rank holds of the split layer
-    output_max_abs: float          # the dense output's largest magnitude (the errors' scale)
+    output_max_abs: float          # the dense output's largest magnitude (the output error's scale)
     output_max_abs_error: float
+    input_grad_max_abs: float      # the dense input gradient's largest magnitude
     input_grad_max_abs_error: float
+    param_grad_max_abs: float      # the dense parameter gradients' largest magnitude, over all of them
     param_grad_max_abs_error: dict[str, float]     # per parameter, the gathered full gradient vs dense
     module_counts: dict[str, dict[str, dict[str, int]]]   # CommDebugMode: module -> forward/backward -> op -> n
     collectives: list[Collective]  # one tensor-parallel step's
@@ -91,7 +95,9 @@ class MeshLayerRecord:
     collectives: list[Collective]  # one training step's, each with its group
     losses: list[float]            # per step: the global-batch loss the mesh computed (summed over dp)
     dense_losses: list[float]
+    param_max_abs: float           # after the last step, the dense parameters' largest magnitude
     param_max_abs_error: dict[str, float]   # after the last step, gathered full parameter vs dense
+    update_max_abs: float          # the dense parameters' largest change over the steps (what training moved)
 
 
 @dataclass(frozen=True)
@@ -156,8 +162,8 @@ class TensorParallel(TaskSpec):
             if exp.n_heads % tp:
                 bad("n_heads", f"attention splits by whole heads: n_heads={exp.n_heads} does not divide over "
                                f"tp={tp} ranks")
-        if (4 * exp.d_model) % tp or exp.d_model % tp:
-            bad("d_model", f"the MLP's 4 x d_model hidden features and d_model split over tp={tp} ranks "
+        if any(x in ("mlp", "block") for x in layers) and (4 * exp.d_model) % tp:
+            bad("d_model", f"the MLP's 4 x d_model hidden features split over tp={tp} ranks "
                            f"(got d_model={exp.d_model})")
         for name in ("local_batch", "seq_len"):
             if isinstance(getattr(exp, name), tuple):

@@ -1,8 +1,9 @@
 """Tables of FSDP2's memory over one step (notebook 09): the units and their padded shards, the measured
 peak of every configuration and rank beside the naive estimate "checkpoint / world size" and beside
 the predicted peak (`predict/fsdp.py`), one configuration's timeline sample by sample, and ZeRO's
-stages for any model size (`predict/zero.py`). The chapter's checks: `verify_fsdp_peak_predicted`,
-`verify_peak_exceeds_shard_estimate` and `verify_reshard_frees_gathered_units`. Measured numbers come
+stages for any model size (`predict/zero.py`) and measured on one model (`zero_measured`). The chapter's
+checks: `verify_fsdp_peak_predicted`, `verify_peak_exceeds_shard_estimate`,
+`verify_reshard_frees_gathered_units` and `verify_zero_exact`. Measured numbers come
 from the ranks' records (`spec/fsdp.py`), predictions from the spec alone."""
 
 from __future__ import annotations
@@ -53,25 +54,68 @@ def shard_estimate_bytes(run) -> float:
     return (run.ranks[0].result.parameter_bytes + optimizer) / run.spec.world_size
 
 
+def _where(event: str, unit: int | None, names: list[str]) -> str:
+    return f"{event} {names[unit]}" if unit is not None else event
+
+
+def measured_peak_at(config, names: list[str]) -> str:
+    """Where in the step a configuration's measured peak fell: "at <sample>" when a sample saw it, else
+    "before <sample>" (between that sample and the previous one, where the tracker saw it)."""
+    i = max(range(len(config.samples)), key=lambda i: config.samples[i].peak_since_last)
+    s = config.samples[i]
+    return f"{'at' if s.total >= config.peak_bytes else 'before'} {_where(s.event, s.unit, names)}"
+
+
+def _forward(samples) -> list:
+    """The samples from the step's start until the loss (the forward)."""
+    loss = next(i for i, s in enumerate(samples) if (s["event"] if isinstance(s, dict) else s.event) == "loss")
+    return samples[:loss + 1]
+
+
+def forward_comm_bytes(config) -> int:
+    """The most in FSDP2's all-gather buffers at a forward sample, measured: one unit's flat output
+    without prefetch, two (this unit's and the next one's) with it."""
+    return max(s.bytes["comm_buffers"] for s in _forward(config.samples))
+
+
 def peaks(run, predictor=None) -> pd.DataFrame:
-    """Per configuration and rank: the measured peak, the persistent sharded state (parameters,
-    gradients and optimizer state after the step), the naive estimate checkpoint / world size, the
-    predicted peak (`predictor(exp, reshard_after_forward, prefetch, rank)`, by default
-    `predict.fsdp.peak`), all in MiB, and the ratios: peak over estimate, predicted over measured."""
+    """Per configuration and rank: the measured peak and where it fell (`at`), the persistent sharded
+    state (parameters, gradients and optimizer state after the step), the naive estimate checkpoint /
+    world size, the predicted peak (`predictor(exp, reshard_after_forward, prefetch, rank)`, by default
+    `predict.fsdp.peak`) and where the model puts it (`predicted_at`), all in MiB, and the ratios: peak
+    over estimate, predicted over measured. The step's peak falls in backward, where FSDP2 prefetches
+    the previous unit with or without explicit prefetch, so prefetch does not move it. It shows in the
+    forward: `forward_comm_mib` (the most in all-gather buffers at a forward sample, measured; and
+    `predicted_forward_comm_mib`) holds one more unit with prefetch, while `forward_peak_mib` (the most
+    live in the forward, measured) barely moves: without prefetch the same two buffers coexist briefly
+    when the next unit's all-gather starts. On CUDA the
+    allocator's own peak (`torch.cuda.max_memory_allocated` over the step) is `cuda_peak_mib` beside
+    the tally; the model is validated against the tally, on the CPU."""
     predictor = predictor or model.peak
     exp, estimate = run.spec, shard_estimate_bytes(run)
+    names = [u.name for u in run.ranks[0].result.units]
     rows = []
     for r in run.ranks:
         for c in r.result.configs:
             end = c.samples[-1].bytes
             predicted = predictor(exp, c.reshard_after_forward, c.prefetch, r.rank)
-            rows.append({"configuration": config_label(c.reshard_after_forward, c.prefetch), "rank": r.rank,
-                         "reshard_after_forward": c.reshard_after_forward, "prefetch": c.prefetch,
-                         "measured_peak_mib": c.peak_bytes / MIB,
-                         "sharded_state_mib": sum(end[k] for k in model.STATE) / MIB,
-                         "shard_estimate_mib": estimate / MIB, "predicted_peak_mib": predicted / MIB,
-                         "peak_over_estimate": c.peak_bytes / estimate,
-                         "predicted_over_measured": predicted / c.peak_bytes})
+            walk = model.timeline(exp, c.reshard_after_forward, c.prefetch, r.rank)
+            top = max(walk, key=lambda m: m["total"])
+            row = {"configuration": config_label(c.reshard_after_forward, c.prefetch), "rank": r.rank,
+                   "reshard_after_forward": c.reshard_after_forward, "prefetch": c.prefetch,
+                   "measured_peak_mib": c.peak_bytes / MIB, "at": measured_peak_at(c, names),
+                   "sharded_state_mib": sum(end[k] for k in model.STATE) / MIB,
+                   "shard_estimate_mib": estimate / MIB, "predicted_peak_mib": predicted / MIB,
+                   "predicted_at": _where(top["event"], top["unit"], names),
+                   "forward_peak_mib": max(s.peak_since_last for s in _forward(c.samples)) / MIB,
+                   "forward_comm_mib": forward_comm_bytes(c) / MIB,
+                   "predicted_forward_comm_mib": max(m["bytes"]["comm_buffers"] for m in _forward(walk)
+                                                     if m["sampled"]) / MIB,
+                   "peak_over_estimate": c.peak_bytes / estimate,
+                   "predicted_over_measured": predicted / c.peak_bytes}
+            if getattr(c, "cuda_peak_bytes", None) is not None:
+                row["cuda_peak_mib"] = c.cuda_peak_bytes / MIB
+            rows.append(row)
     return pd.DataFrame(rows).set_index(["configuration", "rank"]).round(3)
 
 
@@ -89,13 +133,32 @@ def peak_breakdown(run, rank: int = 0) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index("configuration").round(3)
 
 
+def _aligned(run, config, predicted: list[dict], names: list[str], rank: int) -> None:
+    """The recorded samples and the model's sampled moments must be the same (event, unit) sequence, or
+    the timeline would set numbers of different moments side by side: a ValueError names the first
+    difference (torch's hook order, or the model's walk, changed)."""
+    seen = [(s.event, s.unit) for s in config.samples]
+    due = [(m["event"], m["unit"]) for m in predicted]
+    if seen == due:
+        return
+    i = next((i for i, (a, b) in enumerate(zip(seen, due)) if a != b), min(len(seen), len(due)))
+
+    def at(seq):
+        return _where(*seq[i], names) if i < len(seq) else "(nothing: the sequence ends)"
+    raise ValueError(f"run {run.spec.name!r}, {config_label(config.reshard_after_forward, config.prefetch)}, rank "
+                     f"{rank}: the recorded samples ({len(seen)}) and predict.fsdp.timeline's sampled moments "
+                     f"({len(due)}) differ first at sample {i}: recorded {at(seen)}, predicted {at(due)}")
+
+
 def timeline(run, reshard_after_forward: bool = True, prefetch: bool = False, rank: int = 0) -> pd.DataFrame:
     """One configuration's samples on `rank`, in order: the event and unit, ms since the step's start,
     MiB per category, the total, the most live since the previous sample, the gathered units, and the
-    predicted total at the same moment (`predict.fsdp.timeline`)."""
+    predicted total at the same moment (`predict.fsdp.timeline`); a ValueError if the recorded and the
+    predicted moments are not the same sequence."""
     c = _config(run, rank, reshard_after_forward, prefetch)
     names = [u.name for u in run.ranks[rank].result.units]
     predicted = [m for m in model.timeline(run.spec, reshard_after_forward, prefetch, rank) if m["sampled"]]
+    _aligned(run, c, predicted, names, rank)
     t0 = c.samples[0].t_ns
     rows = []
     for s, p in zip(c.samples, predicted):
@@ -168,28 +231,60 @@ _STAGE = {"none": 0, "zero1": 1, "fsdp2": 3}
 
 
 def zero_measured(runs, step: int = 1) -> pd.DataFrame:
-    """ZeRO stages on the lab's own model (`recipes.fsdp_memory.zero_stages_measured`: DDP = stage 0,
-    ZeRO-1, FSDP2 = stage 3; fp32 Adam), per stage and rank, in MiB: the model state each rank measured
-    after optimizer step `step` (parameters + gradients + optimizer state; DDP's buckets left out), the
-    exact prediction for this model (ZeRO-1: torch's whole-tensor partition, `predict.zero.zero1_exact`;
-    FSDP2: padded dim-0 shards, `predict.fsdp.sharded_state`), and the paper's even split
-    (`predict.zero.zero_state_bytes`, precision "fp32")."""
+    """ZeRO stages on one model (`recipes.fsdp_memory.zero_stages_measured`: DDP = stage 0, ZeRO-1,
+    FSDP2 = stage 3; fp32 Adam), per stage and rank: the model state each rank measured after optimizer
+    step `step` (parameters + gradients + optimizer state; DDP's buckets left out), the exact prediction
+    for this model (ZeRO-1: torch's whole-tensor partition, `predict.zero.zero1_exact`; FSDP2: padded
+    dim-0 shards, `predict.fsdp.sharded_state`), and the paper's even split K Psi / N
+    (`predict.zero.zero_state_bytes`, precision "fp32"), in bytes (exact integers, to compare with ==)
+    and in MiB; `exact_minus_even_mib` is what the even split misses on each rank."""
     rows = []
     for run in runs:
         exp = run.spec
+        if exp.task.kind != "train" or "memory" not in exp.probes or exp.sharding not in _STAGE:
+            raise ValueError(f"run {exp.name!r}: zero_measured reads Train runs with the memory probe and "
+                             f"sharding one of {', '.join(_STAGE)} (got task {exp.task.kind!r}, probes "
+                             f"{exp.probes!r}, sharding {exp.sharding!r})")
+        if exp.optimizer not in ("adam", "adamw"):
+            raise ValueError(f"run {exp.name!r}: zero_measured compares with ZeRO's Adam accounting; "
+                             f"Experiment.optimizer must be adam or adamw (got {exp.optimizer!r})")
         stage = _STAGE[exp.sharding]
         numels = run.ranks[0].result.memory.parameter_numels
         e, psi = DTYPE_BYTES[exp.dtype], sum(numels)
-        steps = [r.result.memory.steps[step].phases["step"] for r in run.ranks]
+        if not 0 <= step < len(run.ranks[0].result.memory.steps):
+            raise ValueError(f"step: run {exp.name!r} recorded steps 0..{len(run.ranks[0].result.memory.steps) - 1} "
+                             f"(got {step!r})")
         zero1 = zero.zero1_exact(numels, exp.world_size, 2 * e, 4) if stage == 1 else None
-        for r, p in zip(run.ranks, steps):
+        for r in run.ranks:
+            p = r.result.memory.steps[step].phases["step"]
             measured = p["parameters"] + p["gradients"] + p["optimizer_state"]
             if stage == 3:
                 exact = sum(model.sharded_state(exp, r.rank).values())
             else:
                 optimizer = zero1[r.rank] if stage == 1 else 2 * e * psi + 4 * len(numels)
                 exact = 2 * e * psi + optimizer
-            paper = zero.zero_state_bytes(psi, exp.world_size, stage, "fp32")["total"]
-            rows.append({"stage": stage, "sharding": exp.sharding, "rank": r.rank, "measured_mib": measured / MIB,
-                         "exact_mib": exact / MIB, "paper_mib": paper / MIB, "measured_over_paper": measured / paper})
-    return pd.DataFrame(rows).set_index(["stage", "rank"]).round(3)
+            even = zero.zero_state_bytes(psi, exp.world_size, stage, "fp32")["total"]
+            rows.append({"stage": stage, "sharding": exp.sharding, "rank": r.rank, "measured_bytes": int(measured),
+                         "exact_bytes": int(exact), "even_bytes": even, "measured_mib": measured / MIB,
+                         "exact_mib": exact / MIB, "even_mib": even / MIB, "exact_minus_even_mib": (exact - even) / MIB,
+                         "measured_over_even": measured / even})
+    return pd.DataFrame(rows).set_index(["stage", "rank"]).sort_index()
+
+
+def verify_zero_exact(runs, predicted: str = "exact_bytes", step: int = 1) -> None:
+    """Notebook 09's check: every rank's measured model state equals the prediction to the byte, at
+    every stage; `predicted="even_bytes"` holds the paper's even split to the same standard (it fails
+    under ZeRO-1 wherever whole tensors make the ranks uneven). Raises `verify.CheckFailed` naming the
+    worst stage and rank."""
+    t = zero_measured(runs, step)
+    if predicted not in ("exact_bytes", "even_bytes"):
+        raise ValueError(f"predicted: 'exact_bytes' or 'even_bytes' (got {predicted!r})")
+    miss = (t["measured_bytes"] - t[predicted]).abs()
+    worst = miss.idxmax()
+    spread = t["exact_minus_even_mib"].abs().max()
+    verify.that(f"measured model state == {predicted.replace('_bytes', '')} prediction, to the byte, for all "
+                f"{len(t)} stages x ranks (the even split is up to {spread:.2f} MiB off on a rank)",
+                bool((miss == 0).all()),
+                seen=f"worst stage {worst[0]}, rank {worst[1]}: measured {int(t.loc[worst, 'measured_bytes'])} B, "
+                     f"predicted {t.loc[worst, predicted]:.0f} B ({miss.max():.0f} B off)",
+                expected="0 B off everywhere")

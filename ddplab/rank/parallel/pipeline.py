@@ -10,7 +10,9 @@ send/recv in the stage's process group); nothing here schedules anything by hand
 `forward_one_chunk` and `backward_one_chunk` (the schedule names the microbatch in each call, and a
 backward is timed to the moment the schedule gets control back; a module backward hook cannot see
 the end of stage 0's backward, whose inputs are token ids) and the loss function (the last stage),
-and meters the activations saved for backward, alive at once (`LiveSavedBytes`). Runs inside a rank.
+each op on the wall clock and in the CPU time the process spent in it (its own compute, without the
+time it waited for a message or for a core it shares with another stage), and meters the
+activations saved for backward, alive at once (`LiveSavedBytes`). Runs inside a rank.
 Reference: https://pytorch.org/docs/stable/distributed.pipelining.html
 """
 
@@ -90,7 +92,10 @@ class _Held:
 
 class LiveSavedBytes:
     """Saved-tensors hooks that count the bytes saved for backward alive at once, each storage once,
-    parameters excluded (as `probes/activations.SavedTensorMeter`, which counts one forward's).
+    parameters excluded (as `probes/activations.SavedTensorMeter`, which counts one forward's), and
+    integer tensors too: the token ids and targets the embedding and the loss save are not
+    activations, and each microbatch's are a view of the global batch's one storage, which counting
+    each storage once would charge whole to the first microbatch.
     `with meter:` around the schedule's step; `bytes` now, `peak_bytes` since `reset_peak()`."""
 
     def __init__(self, parameters):
@@ -102,7 +107,7 @@ class LiveSavedBytes:
     def _pack(self, t: torch.Tensor):
         storage = t.untyped_storage()
         ptr = storage.data_ptr()
-        if ptr in self._param_storages or t.device.type == "meta":
+        if ptr in self._param_storages or t.device.type == "meta" or not (t.is_floating_point() or t.is_complex()):
             return t
         entry = self._live.get(ptr)
         if entry is None:
@@ -184,11 +189,12 @@ class StageRecorder:
         if not self.on:
             return fn(*args, **kwargs)
         self._sync()
-        start = time.perf_counter_ns()
+        start, cpu_start = time.perf_counter_ns(), time.process_time_ns()
         out = fn(*args, **kwargs)
         self._sync()
-        end = time.perf_counter_ns()
+        end, cpu_end = time.perf_counter_ns(), time.process_time_ns()
         self.in_flight += {"forward": 1, "backward": -1}.get(kind, 0)
         self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
-        self.ops.append(StageOp(kind, int(microbatch), start, end, self.in_flight, self.meter.bytes))
+        self.ops.append(StageOp(kind, int(microbatch), start, end, self.in_flight, self.meter.bytes,
+                                cpu_end - cpu_start))
         return out

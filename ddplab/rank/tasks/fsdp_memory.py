@@ -19,6 +19,9 @@ storage once:
 The total is what was held at the step's start (sharded parameters, optimizer state) plus every
 storage the step's ops allocated and have not freed (`probes.memory.PeakTracker`) plus the gathered
 parameters; the tracker checks it after every op, so the step's peak falls between samples too.
+On CUDA the record also keeps `torch.cuda.max_memory_allocated` over the step: the tally counts
+storages, not the caching allocator's blocks (rounded up, with NCCL's and the streams' own), so the two
+differ; the memory model (`predict/fsdp.py`) is validated against the tally, on the CPU.
 FSDP2's internals read here (`_get_fsdp_state`, `_fsdp_param_group`, `all_gather_outputs`) are
 private to torch 2.13 and are read only, never changed. Runs inside a rank.
 """
@@ -234,6 +237,10 @@ def measure(ctx, reshard_after_forward: bool, prefetch: bool, index: int):
     tracker = StepTracker(view.gather_outputs())
     timeline = Timeline(view, optimizer, meter, tracker, held)
     handles = timeline.hooks()
+    cuda = ctx.device.type == "cuda"
+    if cuda:   # the allocator's peak, beside the tally (which counts storages, not allocator blocks)
+        torch.cuda.synchronize(ctx.device)
+        torch.cuda.reset_peak_memory_stats(ctx.device)
     start = time.perf_counter_ns()
     with warnings.catch_warnings():
         # a full backward hook on a unit whose inputs need no gradient (the embeddings) fires on its
@@ -251,12 +258,16 @@ def measure(ctx, reshard_after_forward: bool, prefetch: bool, index: int):
             timeline.sample("optimizer-end")
             loss_value = loss.item()
             del loss, x, y
+    if cuda:
+        torch.cuda.synchronize(ctx.device)
     step_ms = (time.perf_counter_ns() - start) / 1e6
+    cuda_peak = torch.cuda.max_memory_allocated(ctx.device) if cuda else None
     for h in handles:
         h.remove()
     peak = held + tracker.step_peak
     peak = max([peak] + [s.total for s in timeline.samples])
-    record = FsdpConfigRecord(reshard_after_forward, prefetch, timeline.samples, held, peak, loss_value, step_ms)
+    record = FsdpConfigRecord(reshard_after_forward, prefetch, timeline.samples, held, peak, loss_value, step_ms,
+                              cuda_peak)
     unit_records = view.unit_records(exp.world_size)
     optimizer.zero_grad(set_to_none=True)
     del model, optimizer, view, timeline, tracker, meter, units

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import os
 import time
 
 import torch
@@ -97,7 +98,8 @@ def run(ctx):
     record = PipelineRecord(stage=stage, stages=stages, blocks=stage_blocks(exp.n_layers, stages, stage),
                             parameter_names=names,
                             parameter_bytes=sum(p.numel() * p.element_size() for p in module.parameters()),
-                            global_batch=task.global_batch, checks=checks, steps=steps)
+                            global_batch=task.global_batch, checks=checks, steps=steps,
+                            cores=sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None)
     return record, {}
 
 

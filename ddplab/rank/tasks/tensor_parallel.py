@@ -2,14 +2,19 @@
 
 dp = 1, per layer: build the dense layer from the seed, split a copy over every rank
 (`rank/parallel/tensor.py`), run both on the same input and output gradient, and record how far the
-split output, input gradient and (gathered) parameter gradients are from the dense ones; count the
-collectives of a step with torch's `CommDebugMode` and log their bytes and groups; then time rounds of
-steps, in an order that rotates every round: the dense layer alone (no communication), the split
-layer, the split layer with its collectives timed (`CollectiveLog`), and the dense layer under DDP
-on a 1/world_size slice of the batch, its gradient all-reduce timed from launch to done by a
+split output, input gradient and (gathered) parameter gradients are from the dense ones, beside the
+dense values' largest magnitudes (the errors' scale). Torch's `CommDebugMode` counts that step's
+collectives per module (which Linear issued which all-reduce); a second step under ddplab's
+`CollectiveLog` (`rank/parallel/tensor.py`) records each collective's op, phase, bytes and group,
+which is where the per-step collectives, bytes and groups of the record come from. Then rounds of
+steps are timed, in an order that rotates every round: the dense layer alone (no communication), the
+split layer, the split layer with its collectives timed (`CollectiveLog`), and the dense layer under
+DDP on a 1/world_size slice of the batch, its gradient all-reduce timed from launch to done by a
 pass-through comm hook (`probes/buckets.BucketLog`).
-dp > 1: a dp x tp `init_device_mesh`: the layer split over each tp group, its local gradients averaged
-over the dp group in one all-reduce, SGD; the dense layer trained on the global batch beside it.
+dp > 1: a dp x tp `DeviceMesh` over the experiment's ranks (its groups made by their members only, so
+it runs inside a wider launch or session): the layer split over each tp group, its local gradients
+averaged over the dp group in one all-reduce, SGD; the dense layer trained on the global batch
+beside it.
 Runs inside a rank.
 """
 
@@ -18,11 +23,12 @@ from __future__ import annotations
 import copy
 import os
 import time
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor.debug import CommDebugMode
 
 from ...spec.tensor_parallel import (Collective, LayerRecord, MeshLayerRecord, StepTimes,
@@ -85,6 +91,16 @@ def _union_ns(spans: list[tuple[int, int]]) -> int:
     return total
 
 
+def ddp_comm_split(spans: list[tuple[int, int]], end_ns: int) -> tuple[float, float, float]:
+    """DDP's gradient all-reduces of one step, from their buckets' (launch, done) perf_counter_ns and
+    the ns at which backward returned: ms in flight (overlapping buckets counted once), ms of that
+    before the last bucket launched (while backward still computed: the last launch is when the last
+    gradient was ready), and ms of backward after that launch (the exposed tail)."""
+    last = max(a for a, _ in spans)
+    return (_union_ns(spans) / 1e6, _union_ns([(a, min(b, last)) for a, b in spans]) / 1e6,
+            max(0, end_ns - last) / 1e6)
+
+
 def _zero(module, x) -> None:
     for p in module.parameters():
         p.grad = None
@@ -108,7 +124,9 @@ def check_layer(exp, layer: str, mesh, device) -> tuple[dict, object, object]:
     fields = dict(layer=layer, params=sum(p.numel() for p in dense.parameters()),
                   local_params=sum(local(p).numel() for p in split.parameters()),
                   output_max_abs=yd.abs().max().item(), output_max_abs_error=_max_err(yt, yd),
-                  input_grad_max_abs_error=_max_err(xt.grad, xd.grad), param_grad_max_abs_error=errors,
+                  input_grad_max_abs=xd.grad.abs().max().item(), input_grad_max_abs_error=_max_err(xt.grad, xd.grad),
+                  param_grad_max_abs=max(p.grad.abs().max().item() for p in dense.parameters()),
+                  param_grad_max_abs_error=errors,
                   module_counts=_counts(counter))
     _zero(split, xt)
     log = CollectiveLog()
@@ -159,11 +177,10 @@ class Timed:
             self.bucket_bytes = [e.bytes for e in events]
             # all-reduces run on gloo's threads while backward goes on; what is left after the last
             # gradient is ready (the last bucket's launch) is the exposed tail
-            spans = [(e.launch_ns, e.done_ns) for e in events]
-            last = max(e.launch_ns for e in events)
-            self.times["ddp"]["comm_backward_ms"].append(_union_ns(spans) / 1e6)
-            self.times["ddp"]["exposed_ms"].append(max(0, end - last) / 1e6)
-            self.times["ddp"]["hidden_ms"].append(_union_ns([(a, min(b, last)) for a, b in spans]) / 1e6)
+            in_flight, during, exposed = ddp_comm_split([(e.launch_ns, e.done_ns) for e in events], end)
+            self.times["ddp"]["comm_backward_ms"].append(in_flight)
+            self.times["ddp"]["exposed_ms"].append(exposed)
+            self.times["ddp"]["during_backward_ms"].append(during)
             _zero(self.ddp, self.xs)
         self.times[variant.split("-")[0]]["forward_ms"].append(f)
         self.times[variant.split("-")[0]]["backward_ms"].append(b)
@@ -194,6 +211,7 @@ def train_mesh(ctx, exp, task, layer: str, mesh) -> MeshLayerRecord:
     split = tensor_parallel(copy.deepcopy(dense), layer, tp_mesh)
     b, dp = exp.local_batch, task.dp
     coordinate = mesh.get_coordinate()[0]   # which dp group's share of the global batch this rank computes
+    start = [p.detach().clone() for p in dense.parameters()]
     dense_opt = torch.optim.SGD(dense.parameters(), lr=exp.lr)
     split_opt = torch.optim.SGD(split.parameters(), lr=exp.lr)
     log = CollectiveLog()
@@ -232,7 +250,44 @@ def train_mesh(ctx, exp, task, layer: str, mesh) -> MeshLayerRecord:
         dense_losses.append(dense_loss.item())
     params = dict(dense.named_parameters())
     errors = {name: _max_err(full(p), params[name]) for name, p in split.named_parameters()}
-    return MeshLayerRecord(layer, collectives, losses, dense_losses, errors)
+    scale = max(p.abs().max().item() for p in dense.parameters())
+    moved = max(_max_err(p, p0) for p, p0 in zip(dense.parameters(), start))
+    return MeshLayerRecord(layer, collectives, losses, dense_losses, scale, errors, moved)
+
+
+def _align_group_names(ctx, timeout) -> None:
+    """torch names a group made with `use_local_synchronization` after its ranks and how many groups
+    the rank holds, and its members meet in the store under that name: they must hold as many, and
+    the name must be new (a destroyed group's keys stay in the store, and a group reusing its name
+    would read them). Ranks of a wider launch that skipped an earlier mesh hold fewer: they make
+    one-rank groups up to the experiment's most, and no mesh group is ever destroyed before the
+    launch ends, so a rank's count only grows and every name is new."""
+    from torch.distributed.distributed_c10d import _world
+
+    held = torch.tensor([len(_world.pg_names)])
+    dist.all_reduce(held, dist.ReduceOp.MAX, group=ctx.group)
+    while len(_world.pg_names) < held.item():
+        _KEPT.append(dist.new_group([ctx.rank], timeout=timeout, use_local_synchronization=True))
+
+
+_KEPT: list = []   # the mesh groups (and padding) of this process: kept until the launch tears down
+
+
+def dp_tp_mesh(ctx, dp: int, tp: int) -> DeviceMesh:
+    """The dp x tp mesh over this experiment's ranks (`ctx.group`; every rank of the launch when it
+    is None), rows of tp consecutive ranks: this rank's tp group (its row) and dp group (its column),
+    each made by its own members only (`use_local_synchronization`), so the mesh runs as any
+    experiment of `run_many` or of a session, not only the widest. Every rank makes its tp group, then
+    its dp group: the same order everywhere, so no two groups wait on each other."""
+    ranks = dist.get_process_group_ranks(ctx.group or dist.group.WORLD)
+    layout = torch.tensor(ranks, dtype=torch.int).view(dp, tp)
+    row, col = next((i, row.index(ctx.rank)) for i, row in enumerate(layout.tolist()) if ctx.rank in row)
+    timeout = timedelta(seconds=ctx.exp.timeout_s)
+    _align_group_names(ctx, timeout)
+    tp_group = dist.new_group(layout[row].tolist(), timeout=timeout, use_local_synchronization=True)
+    dp_group = dist.new_group(layout[:, col].tolist(), timeout=timeout, use_local_synchronization=True)
+    _KEPT.extend([tp_group, dp_group])
+    return DeviceMesh.from_group([dp_group, tp_group], ctx.device.type, mesh=layout, mesh_dim_names=("dp", "tp"))
 
 
 def run(ctx):
@@ -252,12 +307,7 @@ def run(ctx):
         layers = [LayerRecord(**fields, **t.fields()) for fields, t in checked]
         del checked   # DDP references the process group: gone before teardown
     else:
-        # init_device_mesh makes its groups from the default group: every rank of the launch (or of the
-        # live session) must be in this experiment, as they are when it is the widest
-        if ctx.group is not None and dist.get_world_size(ctx.group) != dist.get_world_size():
-            raise ValueError("Experiment.task.dp: a dp x tp mesh spans every rank of the launch; run it in a "
-                             "launch of its own world size (or as the widest experiment of run_many)")
-        mesh = init_device_mesh(ctx.device.type, (dp, tp), mesh_dim_names=("dp", "tp"))
+        mesh = dp_tp_mesh(ctx, dp, tp)
         tp_group = dist.get_process_group_ranks(mesh["tp"].get_group())
         dp_group = dist.get_process_group_ranks(mesh["dp"].get_group())
         rows = mesh.mesh.tolist()
