@@ -35,6 +35,21 @@ def run4(runs_dir):
     return ddplab.run(recipes.launch_and_ranks(), runs_dir / "t4", progress=False)
 
 
+@pytest.fixture(scope="session")
+def chapter09_runs(runs_dir):
+    """Chapter 09's experiments as the tests size them, in ONE 4-rank launch (a launch costs seconds of
+    its own): tensor parallelism and the 2 x 2 mesh with 2 timing rounds, FSDP2 memory, ZeRO stages 0/1/3,
+    the pipeline at m = 1, 2, 4 with 2 rounds on a smaller model. name -> Run."""
+    import time
+
+    exps = (recipes.tensor_parallel_runs(rounds=2) + [recipes.fsdp_memory()] + recipes.zero_stages_measured()
+            + recipes.pipeline_parallel(microbatches=(1, 2, 4), rounds=2, global_batch=16, d_model=64, seq_len=32))
+    t0 = time.perf_counter()
+    runs = ddplab.run_many(exps, runs_dir / "chapter-09", progress=False)
+    print(f"chapter 09: one 4-rank launch of {len(runs)} experiments in {time.perf_counter() - t0:.1f} s")
+    return {r.spec.name: r for r in runs}
+
+
 def ctrl_c_reaches_it() -> None:
     """`preexec_fn` for a process a test sends Ctrl-C to: SIGINT back to its default in the child.
     A command started in the background by a non-interactive shell (`cmd &`, as a CI script may be)

@@ -6,12 +6,10 @@ fails the same check."""
 
 from __future__ import annotations
 
-import time
 from types import SimpleNamespace
 
 import pytest
 
-import ddplab
 from ddplab import verify
 from ddplab.predict import fsdp as model
 from ddplab.predict import zero
@@ -224,11 +222,8 @@ def test_timeline_table_lines_up_the_prediction_with_every_sample():
 
 # ---- real runs: 4 ranks, one launch each ------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def fsdp_run(runs_dir):
-    t0 = time.perf_counter()
-    run = ddplab.run(fsdp_memory(), runs_dir / "fsdp-memory", progress=False)
-    print(f"fsdp_memory: one 4-rank launch of 4 configurations in {time.perf_counter() - t0:.1f} s")
-    return run
+def fsdp_run(chapter09_runs):
+    return chapter09_runs[fsdp_memory().name]   # launched with the rest of chapter 09 (conftest)
 
 
 @pytest.mark.slow
@@ -306,11 +301,8 @@ def test_memory_over_step_figure_has_a_panel_per_configuration(fsdp_run):
 
 
 @pytest.fixture(scope="module")
-def zero_runs(runs_dir):
-    t0 = time.perf_counter()
-    runs = ddplab.run_many(zero_stages_measured(), runs_dir / "zero-stages", progress=False)
-    print(f"zero_stages_measured: one 4-rank launch of 3 experiments in {time.perf_counter() - t0:.1f} s")
-    return runs
+def zero_runs(chapter09_runs):
+    return [chapter09_runs[e.name] for e in zero_stages_measured()]   # launched with the rest of chapter 09
 
 
 @pytest.mark.slow

@@ -6,12 +6,10 @@ activations the schedule predicts."""
 
 from __future__ import annotations
 
-import time
 from types import SimpleNamespace
 
 import pytest
 
-import ddplab
 from ddplab import verify
 from ddplab.predict import pipeline as model
 from ddplab.recipes.pipeline import pipeline_parallel
@@ -341,13 +339,10 @@ def test_live_saved_bytes_leaves_out_token_ids_that_views_of_one_batch_share():
 
 # ---- real runs: one 4-rank launch of a 2-stage and a 4-stage pipeline --------------------------------------
 @pytest.fixture(scope="module")
-def pipeline_runs(runs_dir):
-    """The recipe, small: GPipe and 1F1B at m = 1, 2, 4 on 2 and on 4 stages, 2 rounds, one launch."""
-    t0 = time.perf_counter()
-    runs = ddplab.run_many(pipeline_parallel(microbatches=(1, 2, 4), rounds=2, global_batch=16, d_model=64,
-                                             seq_len=32), runs_dir / "pipeline", progress=False)
-    print(f"pipeline_parallel: one 4-rank launch of {len(runs)} experiments in {time.perf_counter() - t0:.1f} s")
-    return runs
+def pipeline_runs(chapter09_runs):
+    """The recipe, small: GPipe and 1F1B at m = 1, 2, 4 on 2 and on 4 stages, 2 rounds (launched with the
+    rest of chapter 09, conftest's `chapter09_runs`)."""
+    return [chapter09_runs["pipeline-2-stages"], chapter09_runs["pipeline-4-stages"]]
 
 
 @pytest.mark.slow

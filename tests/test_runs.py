@@ -112,7 +112,7 @@ def test_crash_names_the_rank_and_carries_its_traceback(runs_dir):
 
 
 def test_skipped_backward_hang_names_the_rank_within_timeout_plus_15_s(runs_dir):
-    exp = recipes.skip_backward(world_size=2, fault_rank=1, timeout_s=10)
+    exp = recipes.skip_backward(world_size=2, fault_rank=1, timeout_s=5)
     with pytest.raises(RunFailed) as info:
         ddplab.run(exp, runs_dir / "skip", progress=False)
     named_at_ns = time.time_ns()

@@ -241,12 +241,10 @@ def test_step_time_figure_has_a_panel_per_run_titled_from_the_data():
 
 # ---- real runs: one 4-rank launch (the mesh, tp = 4, tp = 2) ---------------------------------------------
 @pytest.fixture(scope="module")
-def tp_runs(runs_dir):
-    """The chapter's three experiments, with 2 timing rounds, in one run_many launch: name -> Run."""
-    t0 = time.perf_counter()
-    runs = ddplab.run_many(tensor_parallel_runs(rounds=2), runs_dir / "tensor-parallel", progress=False)
-    print(f"tensor parallel chapter: one 4-rank launch of {len(runs)} experiments in {time.perf_counter() - t0:.1f} s")
-    return {r.spec.name: r for r in runs}
+def tp_runs(chapter09_runs):
+    """The chapter's three experiments, with 2 timing rounds (launched with the rest of chapter 09,
+    conftest's `chapter09_runs`): name -> Run."""
+    return {e.name: chapter09_runs[e.name] for e in tensor_parallel_runs(rounds=2)}
 
 
 CORRECT = ("mlp", "attention", "block")

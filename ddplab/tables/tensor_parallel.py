@@ -6,7 +6,6 @@ read from the ranks' records (`spec/tensor_parallel.py`)."""
 
 from __future__ import annotations
 
-import statistics
 
 import pandas as pd
 
