@@ -48,19 +48,6 @@ def fails_if_flagged(vocab_size: int, d_model: int):
     return _TokenLinear(vocab_size, d_model)
 
 
-class _Slow(_TokenLinear):
-    def forward(self, idx):
-        import time
-
-        time.sleep(0.05)   # a step that lasts at least 50 ms on any machine
-        return super().forward(idx)
-
-
-def slow(vocab_size: int, d_model: int):
-    """`_TokenLinear` whose forward sleeps 50 ms: a run of known minimum length."""
-    return _Slow(vocab_size, d_model)
-
-
 class _Held(_TokenLinear):
     def forward(self, idx):
         import os
