@@ -255,6 +255,15 @@ def test_the_timeline_frees_units_with_reshard_and_keeps_them_without(fsdp_run):
 
 
 @pytest.mark.slow
+def test_blocks_are_gathered_twice_with_resharding_and_once_kept(fsdp_run):
+    counts = views.gather_counts(fsdp_run)
+    blocks = [c for c in counts.columns if c.startswith("blocks.")]
+    assert len(blocks) == fsdp_run.spec.n_layers and len(counts) == 4
+    for label, row in counts.iterrows():
+        assert row[blocks].tolist() == [2 if label.startswith("reshard") else 1] * len(blocks), (label, row)
+
+
+@pytest.mark.slow
 def test_the_predicted_timeline_follows_every_sample(fsdp_run):
     for reshard, prefetch in fsdp_run.spec.task.configs():
         for rank in range(4):

@@ -33,7 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..units import DTYPE_BYTES
-from .memory import INDEX_BYTES, activation_bytes
+from .memory import INDEX_BYTES, activation_bytes, optimizer_state_bytes
 
 CATEGORIES = ("sharded_parameters", "optimizer_state", "gradients", "gathered_parameters", "unsharded_gradients",
               "activations", "comm_buffers", "other")
@@ -82,13 +82,14 @@ def shard_bytes(unit: Unit, world_size: int, e: int) -> int:
     return sum(_rows(d0, world_size) * rest for d0, rest in unit.shapes) * e
 
 
+def _local_rows(d0: int, world_size: int, rank: int) -> int:
+    rows = _rows(d0, world_size)
+    return max(0, min(rows, d0 - rank * rows))
+
+
 def local_numel(unit: Unit, world_size: int, rank: int) -> int:
     """The unit's elements `rank` really owns (its rows of torch.chunk's split, without padding)."""
-    total = 0
-    for d0, rest in unit.shapes:
-        rows = _rows(d0, world_size)
-        total += max(0, min(rows, d0 - rank * rows)) * rest
-    return total
+    return sum(_local_rows(d0, world_size, rank) * rest for d0, rest in unit.shapes)
 
 
 def unit_activation_bytes(exp, rank: int = 0) -> list[int]:
@@ -111,29 +112,14 @@ def unit_activation_bytes(exp, rank: int = 0) -> list[int]:
     return out
 
 
-def optimizer_state_bytes(exp, numel: int, tensors: int) -> int:
-    """The optimizer's state for `numel` elements in `tensors` parameter tensors (as predict.memory)."""
-    e = DTYPE_BYTES[exp.dtype]
-    if exp.optimizer == "sgd":
-        return numel * e if exp.momentum else 0
-    return 2 * numel * e + 4 * tensors
-
-
 def sharded_state(exp, rank: int = 0) -> dict[str, int]:
-    """What `rank` holds persistently: padded parameter and gradient shards, its optimizer state."""
+    """What `rank` holds persistently: padded parameter and gradient shards, its optimizer state (that of
+    its unpadded rows of every parameter tensor, `predict.memory.optimizer_state_bytes`)."""
     w, e, us = exp.world_size, DTYPE_BYTES[exp.dtype], units(exp)
     shards = sum(shard_bytes(u, w, e) for u in us)
-    numel = sum(local_numel(u, w, rank) for u in us)
+    numels = [_local_rows(d0, w, rank) * rest for u in us for d0, rest in u.shapes]   # every tensor's own rows
     return {"sharded_parameters": shards, "gradients": shards,
-            "optimizer_state": optimizer_state_bytes(exp, numel, sum(len(u.shapes) for u in us))}
-
-
-def checkpoint_bytes(exp) -> int:
-    """A full checkpoint: every parameter, unsharded, and the optimizer state of all of them (what
-    `torch.save` of the model's and optimizer's full state dicts holds)."""
-    us = units(exp)
-    numel = sum(u.numel for u in us)
-    return numel * DTYPE_BYTES[exp.dtype] + optimizer_state_bytes(exp, numel, sum(len(u.shapes) for u in us))
+            "optimizer_state": optimizer_state_bytes(exp, numels, [True] * len(numels))}
 
 
 class _Walk:
@@ -225,11 +211,9 @@ def timeline(exp, reshard_after_forward: bool = True, prefetch: bool = False, ra
     # only in the root's final callback, at the end of the backward
     embeddings = embedding_units(exp)
     for k in reversed(range(len(us))):
+        walk.mark("pre-backward", k, sampled=True)
         if k in embeddings:
-            walk.mark("pre-backward", k, sampled=True)
             walk.mark("post-backward", k, sampled=True)
-        else:
-            walk.mark("pre-backward", k, sampled=True)
         unshard(k, forward=False)
         if k > 0 and not gathered[k - 1] and not pending[k - 1]:
             all_gather(k - 1)                          # FSDP2's default backward prefetch
@@ -249,7 +233,7 @@ def timeline(exp, reshard_after_forward: bool = True, prefetch: bool = False, ra
 
 def peak(exp, reshard_after_forward: bool = True, prefetch: bool = False, rank: int = 0) -> int:
     """The predicted peak of the step on `rank`: the largest total of `timeline`."""
-    return max(m["total"] for m in timeline(exp, reshard_after_forward, prefetch, rank))
+    return peak_moment(exp, reshard_after_forward, prefetch, rank)["total"]
 
 
 def peak_moment(exp, reshard_after_forward: bool = True, prefetch: bool = False, rank: int = 0) -> dict:

@@ -27,12 +27,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..predict.fsdp import CATEGORIES as SAMPLE_CATEGORIES  # noqa: F401 (the record's categories, read by tables and the rank)
 from .checks import bad, is_int
 from .tasks import MODEL_FIELDS, RUN_FIELDS, Phase, TaskSpec, register
 
-# what a sample splits the live bytes into (rank/tasks/fsdp_memory.py says how each is counted)
-SAMPLE_CATEGORIES = ("sharded_parameters", "optimizer_state", "gradients", "gathered_parameters",
-                     "unsharded_gradients", "activations", "comm_buffers", "other")
+# SAMPLE_CATEGORIES: what a sample splits the live bytes into, the memory model's own categories
+# (rank/tasks/fsdp_memory.py says how each is counted)
 # the moments a sample is taken at; "pre-backward" of a unit comes before FSDP2 gathers it again,
 # "post-backward" after its gradients are computed and before they are reduce-scattered
 SAMPLE_EVENTS = ("step-start", "pre-forward", "post-forward", "loss", "pre-backward", "post-backward",

@@ -13,6 +13,7 @@ import pandas as pd
 from .. import verify
 from ..predict import fsdp as model
 from ..predict import zero
+from ..predict.memory import state_bytes
 from ..spec.fsdp import SAMPLE_CATEGORIES
 from ..units import DTYPE_BYTES, MIB, ms_after
 
@@ -91,16 +92,16 @@ def peaks(run, predictor=None) -> pd.DataFrame:
     when the next unit's all-gather starts. On CUDA the
     allocator's own peak (`torch.cuda.max_memory_allocated` over the step) is `cuda_peak_mib` beside
     the tally; the model is validated against the tally, on the CPU."""
-    predictor = predictor or model.peak
     exp, estimate = run.spec, shard_estimate_bytes(run)
     names = [u.name for u in run.ranks[0].result.units]
     rows = []
     for r in run.ranks:
         for c in r.result.configs:
             end = c.samples[-1].bytes
-            predicted = predictor(exp, c.reshard_after_forward, c.prefetch, r.rank)
             walk = model.timeline(exp, c.reshard_after_forward, c.prefetch, r.rank)
-            top = max(walk, key=lambda m: m["total"])
+            top = max(walk, key=lambda m: m["total"])   # predict.fsdp.peak_moment, from the walk at hand
+            predicted = (top["total"] if predictor is None
+                         else predictor(exp, c.reshard_after_forward, c.prefetch, r.rank))
             row = {"configuration": config_label(c.reshard_after_forward, c.prefetch), "rank": r.rank,
                    "reshard_after_forward": c.reshard_after_forward, "prefetch": c.prefetch,
                    "measured_peak_mib": c.peak_bytes / MIB, "at": measured_peak_at(c, names),
@@ -122,11 +123,11 @@ def peaks(run, predictor=None) -> pd.DataFrame:
 def peak_breakdown(run, rank: int = 0) -> pd.DataFrame:
     """Per configuration: what is alive at the predicted peak (MiB by category, `predict.fsdp.peak_moment`),
     where in the step it falls, and the measured peak beside it."""
+    names = [u.name for u in model.units(run.spec)]
     rows = []
     for reshard, prefetch in _configs(run):
         m = model.peak_moment(run.spec, reshard, prefetch, rank)
-        unit = model.units(run.spec)[m["unit"]].name if m["unit"] is not None else ""
-        rows.append({"configuration": config_label(reshard, prefetch), "at": f"{m['event']} {unit}".strip(),
+        rows.append({"configuration": config_label(reshard, prefetch), "at": _where(m["event"], m["unit"], names),
                      **{k: v / MIB for k, v in m["bytes"].items() if k != "other"},
                      "predicted_peak_mib": m["total"] / MIB,
                      "measured_peak_mib": _config(run, rank, reshard, prefetch).peak_bytes / MIB})
@@ -169,6 +170,22 @@ def timeline(run, reshard_after_forward: bool = True, prefetch: bool = False, ra
     df = pd.DataFrame(rows)
     df.index.name = "sample"
     return df.round(3)
+
+
+def gather_counts(run, rank: int = 0) -> pd.DataFrame:
+    """Per configuration (rows) and unit (columns): how many times `rank` all-gathered the unit in the
+    recorded step, counted from the timeline as the samples where it is gathered and was not at the
+    sample before (with resharding a block is gathered for its forward and again for its backward)."""
+    rows = {}
+    for reshard, prefetch in _configs(run):
+        counts, before = {}, set()
+        for units in timeline(run, reshard, prefetch, rank)["gathered_units"]:
+            for u in set(units) - before:
+                counts[u] = counts.get(u, 0) + 1
+            before = set(units)
+        rows[config_label(reshard, prefetch)] = counts
+    names = [u.name for u in run.ranks[rank].result.units]
+    return pd.DataFrame.from_dict(rows, orient="index").reindex(columns=names).fillna(0).astype(int)
 
 
 def verify_fsdp_peak_predicted(run, tolerance: float = 0.10, predictor=None) -> None:
@@ -234,8 +251,9 @@ def zero_measured(runs, step: int = 1) -> pd.DataFrame:
     """ZeRO stages on one model (`recipes.fsdp_memory.zero_stages_measured`: DDP = stage 0, ZeRO-1,
     FSDP2 = stage 3; fp32 Adam), per stage and rank: the model state each rank measured after optimizer
     step `step` (parameters + gradients + optimizer state; DDP's buckets left out), the exact prediction
-    for this model (ZeRO-1: torch's whole-tensor partition, `predict.zero.zero1_exact`; FSDP2: padded
-    dim-0 shards, `predict.fsdp.sharded_state`), and the paper's even split K Psi / N
+    for this model (DDP and ZeRO-1: `predict.memory.state_bytes`, under ZeRO-1 with torch's whole-tensor
+    partition, as `predict.zero.zero1_exact`; FSDP2: padded dim-0 shards, `predict.fsdp.sharded_state`),
+    and the paper's even split K Psi / N
     (`predict.zero.zero_state_bytes`, precision "fp32"), in bytes (exact integers, to compare with ==)
     and in MiB; `exact_minus_even_mib` is what the even split misses on each rank."""
     rows = []
@@ -249,20 +267,19 @@ def zero_measured(runs, step: int = 1) -> pd.DataFrame:
             raise ValueError(f"run {exp.name!r}: zero_measured compares with ZeRO's Adam accounting; "
                              f"Experiment.optimizer must be adam or adamw (got {exp.optimizer!r})")
         stage = _STAGE[exp.sharding]
-        numels = run.ranks[0].result.memory.parameter_numels
-        e, psi = DTYPE_BYTES[exp.dtype], sum(numels)
+        numels, trainable = run.ranks[0].result.memory.parameter_numels, run.ranks[0].result.memory.trainable
+        psi = sum(numels)
         if not 0 <= step < len(run.ranks[0].result.memory.steps):
             raise ValueError(f"step: run {exp.name!r} recorded steps 0..{len(run.ranks[0].result.memory.steps) - 1} "
                              f"(got {step!r})")
-        zero1 = zero.zero1_exact(numels, exp.world_size, 2 * e, 4) if stage == 1 else None
         for r in run.ranks:
             p = r.result.memory.steps[step].phases["step"]
             measured = p["parameters"] + p["gradients"] + p["optimizer_state"]
             if stage == 3:
                 exact = sum(model.sharded_state(exp, r.rank).values())
             else:
-                optimizer = zero1[r.rank] if stage == 1 else 2 * e * psi + 4 * len(numels)
-                exact = 2 * e * psi + optimizer
+                s = state_bytes(exp, numels or None, trainable or None, r.rank)
+                exact = s["parameters"] + s["gradients"] + s["optimizer_state"]
             even = zero.zero_state_bytes(psi, exp.world_size, stage, "fp32")["total"]
             rows.append({"stage": stage, "sharding": exp.sharding, "rank": r.rank, "measured_bytes": int(measured),
                          "exact_bytes": int(exact), "even_bytes": even, "measured_mib": measured / MIB,

@@ -36,10 +36,11 @@ import weakref
 import torch
 
 from ...spec.fsdp import FsdpConfigRecord, FsdpMemoryRecord, FsdpUnit, MemorySample
+from ...spec.sharding import shard_ids
 from .. import data, models
 from ..parallel.fsdp import fully_shard_layers
 from ..probes.activations import SavedTensorMeter
-from ..probes.memory import PeakTracker, local, optimizer_state, storages
+from ..probes.memory import PeakTracker, _storage, local, optimizer_state, storages
 from ..training import make_optimizer, token_losses, torch_dtype
 
 
@@ -49,10 +50,8 @@ def _fsdp_params(module) -> list:
 
 
 def _nbytes(t) -> int:
-    try:
-        return t.untyped_storage().nbytes()
-    except RuntimeError:
-        return 0
+    storage = _storage(t)[1]   # None for a tensor whose storage cannot be read
+    return storage.nbytes() if storage is not None else 0
 
 
 class FsdpView:
@@ -189,6 +188,7 @@ class Timeline:
             row["other"] = total - sum(row.values())
             peak_since = self.held + max(tracker.window, live)
             tracker.window = live
+            tracker.step_peak = max(tracker.step_peak, live)   # the step's peak counts every sample too
             self.samples.append(MemorySample(event, unit, time.perf_counter_ns(), row, total, peak_since,
                                              [i for i, b in enumerate(per_unit) if b]))
 
@@ -212,8 +212,7 @@ def _train_step(model, optimizer, x, y) -> float:
 
 def _batch(ctx):
     exp, rank = ctx.exp, ctx.rank
-    first = sum(exp.local_batches[:rank])
-    ids = list(range(first, first + exp.local_batch_of(rank)))
+    ids = shard_ids(exp.local_batches, 1, 0, 0, rank)   # step 0's batch, every step
     return [t.to(ctx.device) for t in data.batch(exp.seed, ids, exp.seq_len_of(rank), exp.vocab_size)]
 
 
@@ -265,7 +264,6 @@ def measure(ctx, reshard_after_forward: bool, prefetch: bool, index: int):
     for h in handles:
         h.remove()
     peak = held + tracker.step_peak
-    peak = max([peak] + [s.total for s in timeline.samples])
     record = FsdpConfigRecord(reshard_after_forward, prefetch, timeline.samples, held, peak, loss_value, step_ms,
                               cuda_peak)
     unit_records = view.unit_records(exp.world_size)
