@@ -29,6 +29,13 @@ def rank_env() -> RankEnv:
     return RankEnv(int(env["RANK"]), int(env["LOCAL_RANK"]), int(env["WORLD_SIZE"]))
 
 
+def cores() -> list[int] | None:
+    """The CPU cores this process may run on, sorted (after `pin_to_core`, its one core); None where
+    the OS cannot say (no `os.sched_getaffinity`). Records name them so views can tell ranks that
+    shared a core."""
+    return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+
+
 def pin_to_core(local_rank: int) -> None:
     """Run this rank (and the threads it starts later, gloo's included) on one core, local_rank mod
     the cores available: fewer migrations, steadier timings (notes/performance-anchors.md, 2.4)."""

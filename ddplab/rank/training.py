@@ -62,19 +62,20 @@ def make_optimizer(exp, params, group=None) -> torch.optim.Optimizer:
     return cls(params, **kwargs)
 
 
-def _full(p: torch.Tensor) -> torch.Tensor:
-    """The whole parameter: a sharded DTensor is gathered (a collective: every rank must call it)."""
-    return p.full_tensor() if hasattr(p, "full_tensor") else p
+def full(t: torch.Tensor) -> torch.Tensor:
+    """The whole tensor: a sharded DTensor is gathered (a collective: every rank of its mesh must call
+    it); a plain tensor is returned as it is."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
 def parameter_checksum(model: nn.Module) -> str:
     """SHA-256 (16 hex digits) of every parameter's bytes in order: equal iff bit-identical."""
     h = hashlib.sha256()
     for p in model.parameters():
-        h.update(_full(p.detach()).cpu().contiguous().view(torch.uint8).numpy().tobytes())
+        h.update(full(p.detach()).cpu().contiguous().view(torch.uint8).numpy().tobytes())
     return h.hexdigest()[:16]
 
 
 def flat_parameters(model: nn.Module) -> torch.Tensor:
     """All parameters as one float64 vector on the CPU."""
-    return flat_float64(_full(p.detach()) for p in model.parameters())
+    return flat_float64(full(p.detach()) for p in model.parameters())

@@ -22,6 +22,7 @@ import pandas as pd
 
 from .. import verify
 from ..predict.pipeline import bubble_fraction, formula_range, in_flight, simulate
+from ..units import MIB
 
 BUBBLE_TOLERANCE = 0.03      # absolute, on a fraction of the span
 MEMORY_TOLERANCE = 0.01      # relative, on the peak saved bytes
@@ -92,7 +93,7 @@ def timeline(run, schedule: str, microbatches: int, round_: int = 0) -> pd.DataF
     t0 = min(op.start_ns for s in stage_steps for op in s.ops)
     return pd.DataFrame([{"stage": stage, "kind": op.kind, "microbatch": op.microbatch,
                           "start_ms": (op.start_ns - t0) / 1e6, "end_ms": (op.end_ns - t0) / 1e6,
-                          "in_flight": op.in_flight, "saved_mib": op.saved_bytes / 2 ** 20}
+                          "in_flight": op.in_flight, "saved_mib": op.saved_bytes / MIB}
                          for stage, s in enumerate(stage_steps) for op in s.ops])
 
 
@@ -102,13 +103,13 @@ def _cores(run) -> int | None:
     return None if any(c is None for c in cores) else len({c for mine in cores for c in mine})
 
 
-def bubble(runs) -> pd.DataFrame:
+def bubble(runs, tolerance: float = BUBBLE_TOLERANCE) -> pd.DataFrame:
     """Per (schedule, stages, microbatches): the measured bubble over the timed rounds (median, min,
     max), the formula, the replay with the stages' typical compute (`simulated`: median, min, max;
     see `step_bubble`) and the formula values its unevenness allows (`formula_low`..`formula_high`,
     over the rounds), the waits (median share of the span), the cores the stages ran on, and the
-    verdict of `verify_bubble_matches_formula` with its reason. Pairs torch refuses are listed with
-    the verdict "not run"."""
+    verdict of `verify_bubble_matches_formula` with its reason (`_verdict` with `tolerance`). Pairs
+    torch refuses are listed with the verdict "not run"."""
     rows = []
     for run in _runs(runs):
         p, table, cores = run.world_size, steps(run), _cores(run)
@@ -127,7 +128,7 @@ def bubble(runs) -> pd.DataFrame:
                    "waits": statistics.median(b["waits"] for b in per_round),
                    "span_ms": statistics.median(b["span_ms"] for b in per_round), "cores": cores,
                    "compute": per_round[0]["compute"]}
-            row["verdict"], row["why"] = _verdict(row, BUBBLE_TOLERANCE)
+            row["verdict"], row["why"] = _verdict(row, tolerance)
             rows.append(row)
         for schedule, m in task.not_run(run.spec):
             rows.append({"schedule": schedule, "stages": p, "microbatches": m, "rounds": 0,
@@ -175,12 +176,10 @@ def verify_bubble_matches_formula(runs, tolerance: float = BUBBLE_TOLERANCE) -> 
     reason). Raises `verify.CheckFailed` for a pair that does not match. The evidence is the pairs
     that match with m >= 2 (with one microbatch there is no microbatching to speak of); where there
     is none it says it cannot verify, and prints no "verified" line."""
-    table = bubble(runs)
-    table = table[table["verdict"] != "not run"].copy()
+    table = bubble(runs, tolerance)
+    table = table[table["verdict"] != "not run"]
     if not len(table):
         raise ValueError("no (schedule, microbatches) pair was run")
-    verdicts = [_verdict(row, tolerance) for row in table.reset_index().to_dict("records")]
-    table["verdict"], table["why"] = [v for v, _ in verdicts], [w for _, w in verdicts]
     label = lambda k: f"{k[0]} p={k[1]} m={k[2]}"  # noqa: E731
     for key, row in table[table["verdict"] == "cannot resolve"].iterrows():
         print(f"cannot resolve on this machine: {label(key)}: {row['why']}")
@@ -223,9 +222,9 @@ def activation_memory(runs) -> pd.DataFrame:
                 predicted = in_flight(schedule, p, m, stage)
                 rows.append({"schedule": schedule, "stages": p, "microbatches": m, "stage": stage,
                              "in_flight": max(s.peak_in_flight for s in mine), "predicted_in_flight": predicted,
-                             "microbatch_mib": one / 2 ** 20,
-                             "peak_mib": max(s.peak_saved_bytes for s in mine) / 2 ** 20,
-                             "predicted_peak_mib": predicted * one / 2 ** 20})
+                             "microbatch_mib": one / MIB,
+                             "peak_mib": max(s.peak_saved_bytes for s in mine) / MIB,
+                             "predicted_peak_mib": predicted * one / MIB})
     return pd.DataFrame(rows).set_index(["schedule", "stages", "microbatches", "stage"]).sort_index()
 
 

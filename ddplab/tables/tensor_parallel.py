@@ -190,33 +190,34 @@ def timing(runs) -> pd.DataFrame:
         per_round = run.spec.task.steps_per_round
         for name in run.spec.task.layers:
             per_rank = [_layer(r, name) for r in run.ranks]
-            steps = {}
+            steps, medians = {}, {}
             for way, attr in (("dense", "dense"), ("tensor parallel", "tp"), ("ddp", "ddp")):
                 times = [getattr(x, attr) for x in per_rank]
                 step = _slowest([[f + b for f, b in zip(t.forward_ms, t.backward_ms)] for t in times])
                 steps[way] = step
                 med, lo, hi, spread = _stat(step, per_round)
+                medians[way] = med
                 row = {"run": run.spec.name, "layer": name, "way": way, "ranks": run.world_size,
                        "cpus": min(r.result.cpus for r in run.ranks), "rounds": run.spec.task.rounds,
                        "step_ms": med, "step_ms_spread": spread, "step_ms_min": lo, "step_ms_max": hi}
+                if attr != "dense":   # tp: the collectives on the critical path; ddp: the all-reduce in flight
+                    comm = _slowest([[f + b for f, b in zip(t.comm_forward_ms, t.comm_backward_ms)] if attr == "tp"
+                                     else t.comm_backward_ms for t in times])
+                    row.update(comm_ms=_stat(comm, per_round)[0], comm_ms_min=min(comm), comm_ms_max=max(comm))
                 if attr == "tp":
-                    comm = _slowest([[f + b for f, b in zip(t.comm_forward_ms, t.comm_backward_ms)] for t in times])
                     fwd = _slowest([t.comm_forward_ms for t in times])
-                    row.update(comm_ms=_stat(comm, per_round)[0], comm_ms_min=min(comm), comm_ms_max=max(comm),
-                               comm_forward_ms=_stat(fwd, per_round)[0], on_critical_path=True,
-                               ideal_ms=_stat(steps["dense"], per_round)[0] / run.ranks[0].result.tp)
+                    row.update(comm_forward_ms=_stat(fwd, per_round)[0], on_critical_path=True,
+                               ideal_ms=medians["dense"] / run.ranks[0].result.tp)
+                    tp_row = row
                 elif attr == "ddp":
-                    comm = _slowest([t.comm_backward_ms for t in times])
-                    row.update(comm_ms=_stat(comm, per_round)[0], comm_ms_min=min(comm), comm_ms_max=max(comm),
-                               exposed_ms=_stat(_slowest([t.exposed_ms for t in times]), per_round)[0],
+                    row.update(exposed_ms=_stat(_slowest([t.exposed_ms for t in times]), per_round)[0],
                                comm_during_backward_ms=_stat(_slowest([t.during_backward_ms for t in times]),
                                                              per_round)[0],
                                buckets=len(per_rank[0].ddp_bucket_bytes), on_critical_path=False)
                 rows.append(row)
             dense, tp = steps["dense"], steps["tensor parallel"]
-            verdict = ("slower than dense" if min(tp) > max(dense) else
-                       "faster than dense" if max(tp) < min(dense) else "within the spread of dense")
-            rows[-2]["verdict"] = verdict
+            tp_row["verdict"] = ("slower than dense" if min(tp) > max(dense) else
+                                 "faster than dense" if max(tp) < min(dense) else "within the spread of dense")
     return pd.DataFrame(rows).set_index(["run", "layer", "way"])
 
 

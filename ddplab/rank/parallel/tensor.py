@@ -57,16 +57,6 @@ def tensor_parallel(module: nn.Module, layer: str, mesh) -> nn.Module:
     return parallelize_module(module, mesh, {name: style() for name, style in PLANS[layer].items()})
 
 
-def full(t: torch.Tensor) -> torch.Tensor:
-    """A DTensor gathered whole (a collective on its mesh), or a plain tensor as it is."""
-    return t.full_tensor() if hasattr(t, "full_tensor") else t
-
-
-def local(t: torch.Tensor) -> torch.Tensor:
-    """This rank's shard of a DTensor, or a plain tensor as it is."""
-    return t.to_local() if hasattr(t, "to_local") else t
-
-
 def group_ranks(group_name: str) -> list[int]:
     """The global ranks of the process group a functional collective names."""
     from torch.distributed.distributed_c10d import _resolve_process_group

@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import os
 import time
 
 import torch
 import torch.distributed as dist
 
 from ...spec.pipeline import PipelineRecord, PipelineStep, UnsplitCheck
-from .. import data, models
+from .. import data, models, runtime
 from ..parallel.pipeline import (LiveSavedBytes, StageRecorder, TransformerStage, build_schedule, build_stage,
                                  stage_blocks, token_mean_loss)
 from ..training import torch_dtype
@@ -99,7 +98,7 @@ def run(ctx):
                             parameter_names=names,
                             parameter_bytes=sum(p.numel() * p.element_size() for p in module.parameters()),
                             global_batch=task.global_batch, checks=checks, steps=steps,
-                            cores=sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None)
+                            cores=runtime.cores())
     return record, {}
 
 

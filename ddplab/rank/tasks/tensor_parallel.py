@@ -33,9 +33,12 @@ from torch.distributed.tensor.debug import CommDebugMode
 
 from ...spec.tensor_parallel import (Collective, LayerRecord, MeshLayerRecord, StepTimes,
                                      TensorParallelRecord)
+from .. import runtime
 from ..parallel import ddp as ddp_wrap
-from ..parallel.tensor import CollectiveLog, build_layer, full, local, tensor_parallel
+from ..parallel.tensor import CollectiveLog, build_layer, tensor_parallel
 from ..probes.buckets import BucketLog
+from ..probes.memory import local
+from ..training import full
 
 VARIANTS = ("dense", "tp", "tp-traced", "ddp")
 
@@ -107,8 +110,9 @@ def _zero(module, x) -> None:
     x.grad = None
 
 
-def check_layer(exp, layer: str, mesh, device) -> tuple[dict, object, object]:
-    """The split layer against the dense one: errors, per-module counts, one step's collectives."""
+def check_layer(exp, layer: str, mesh, device) -> tuple[dict, object, object, torch.Tensor, torch.Tensor]:
+    """The split layer against the dense one: errors, per-module counts, one step's collectives; and
+    the dense layer, the split one and the input and output gradient they ran on (for `Timed`)."""
     dense = build_layer(layer, exp.d_model, exp.n_heads, exp.seed).to(device)
     split = tensor_parallel(copy.deepcopy(dense), layer, mesh)
     x, g = batch(exp, exp.local_batch, 1, device)
@@ -134,16 +138,17 @@ def check_layer(exp, layer: str, mesh, device) -> tuple[dict, object, object]:
         _step(split, xt, g, log)
     fields["collectives"] = _collectives(log.take()[0])
     _zero(split, xt)
-    return fields, dense, split
+    return fields, dense, split, x, g
 
 
 class Timed:
     """One layer's three ways to run, set up for timing: the dense layer, the split one, and the dense
-    layer under DDP on this rank's 1/world_size of the batch, with its buckets logged."""
+    layer under DDP on this rank's 1/world_size of the batch, with its buckets logged. `x` and `g`
+    are the input and output gradient `check_layer` ran them on."""
 
-    def __init__(self, ctx, exp, dense, split):
+    def __init__(self, ctx, exp, dense, split, x, g):
         w, r = exp.world_size, ctx.rank
-        x, self.g = batch(exp, exp.local_batch, 1, ctx.device)
+        self.g = g
         self.xd, self.xt = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
         share = exp.local_batch // w
         self.xs = x[r * share:(r + 1) * share].clone().requires_grad_(True)
@@ -301,8 +306,8 @@ def run(ctx):
         checked = []
         for layer in task.layers:
             ctx.log.enter("check", 0)
-            fields, dense, split = check_layer(exp, layer, mesh, ctx.device)
-            checked.append((fields, Timed(ctx, exp, dense, split)))
+            fields, dense, split, x, g = check_layer(exp, layer, mesh, ctx.device)
+            checked.append((fields, Timed(ctx, exp, dense, split, x, g)))
         time_layers(ctx, task, [t for _, t in checked])
         layers = [LayerRecord(**fields, **t.fields()) for fields, t in checked]
         del checked   # DDP references the process group: gone before teardown
@@ -313,5 +318,6 @@ def run(ctx):
         rows = mesh.mesh.tolist()
         for layer in task.layers:
             mesh_layers.append(train_mesh(ctx, exp, task, layer, mesh))
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    mine = runtime.cores()
+    cpus = len(mine) if mine is not None else os.cpu_count()
     return TensorParallelRecord(tp, dp, rows, tp_group, dp_group, cpus, layers, mesh_layers), {}
