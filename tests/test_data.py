@@ -1,7 +1,7 @@
 import torch
 
 from ddplab import Experiment
-from ddplab.rank import data
+from ddplab.rank import data, models
 from ddplab.rank.reference import global_batch
 from ddplab.spec import sharding
 
@@ -35,7 +35,7 @@ def test_examples_mostly_follow_the_learnable_rule():
 
 def test_batch_shapes_with_per_rank_sequence_lengths():
     exp = Experiment(world_size=2, local_batch=(3, 2), seq_len=(8, 5))
-    parts = global_batch(exp, step=0)
+    parts = global_batch(exp, models.build_with_data(exp).batch, step=0)
     assert [tuple(x.shape) for x, _ in parts] == [(3, 8), (2, 5)]
     x, y = parts[0]
     assert torch.equal(x[:, 1:], y[:, :-1])  # targets are the inputs shifted by one

@@ -29,15 +29,33 @@ def preflight(exps: list[Experiment]) -> tuple[str, str]:
     for e in exps:
         parameter_bytes = None
         if e.model not in BUILTIN_MODELS and (e.task.reads is None or "model" in e.task.reads):
-            from ..rank import models  # builds the user's model once here, to say what is wrong in this process
-
-            with _importable_from_here():   # as in the ranks, whose PYTHONPATH starts with this directory
-                model = models.build(e)
-                models.check_model(model, e)
+            model = check_user_model(e)
             parameter_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
         if device == "cpu" and not os.environ.get("DDPLAB_SKIP_SIZE_CHECKS"):
             check_fits(e, parameter_bytes)
     return backend, device
+
+
+def check_user_model(exp: Experiment, gradients: bool = False):
+    """Build `exp`'s user model here and check what it returns (spec/model.py); with `gradients`,
+    also that one backward reaches every trainable parameter (DDP waits for each of them, and the
+    audit and tune tools read every bucket). Returns the module; a ValueError says what to fix."""
+    from ..rank import models  # builds the user's model once here, to say what is wrong in this process
+
+    with _importable_from_here():   # as in the ranks, whose PYTHONPATH starts with this directory
+        reads_tokens = exp.task.kind in ("train", "bucket-sweep")
+        built = models.build_with_data(exp) if reads_tokens else None
+        model = built.module if built else models.build(exp)
+        models.check_model(model, exp, built.batch if built and built.own_data else None)
+        if gradients:
+            unused = models.unused_parameters(model, exp, built.batch if built and built.own_data else None)
+            if unused and not exp.find_unused_parameters:
+                shown = ", ".join(unused[:8]) + (f" and {len(unused) - 8} more" if len(unused) > 8 else "")
+                raise ValueError(f"Experiment.model: {exp.model} leaves {len(unused)} trainable parameter(s) without a "
+                                 f"gradient after one forward and backward: {shown}. DDP would never reduce the bucket "
+                                 f"that holds them; freeze them (requires_grad_(False)), drop them from the model, or pass "
+                                 f"find_unused_parameters=True")
+    return model
 
 
 MAX_RANKS_PER_CORE = 4   # 4 gloo ranks on 2 cores is the lab's oversubscription demo; more only thrash

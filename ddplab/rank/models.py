@@ -10,19 +10,25 @@ Built-in:
 - "mlp": embedding, two hidden layers applied per token, LM head.
 - "branchy": head defined first but used last, and two parallel branches (notebook 04).
 
-A user's model: `model="package.module:factory"`; the factory is called with whichever of
-`vocab_size, seq_len, d_model, n_layers, n_heads, tie_weights` it accepts as keyword arguments.
+A user's model: `model="package.module:factory"`, called with whichever of `vocab_size, seq_len,
+d_model, n_layers, n_heads, tie_weights` it accepts; it returns a module that takes token ids, or a
+`ModelWithData` with its own examples (the contract: spec/model.py).
 """
 
 from __future__ import annotations
 
 import importlib
 import inspect
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
+
+from ..spec.model import ModelWithData
+from . import data
 
 
 class CausalSelfAttention(nn.Module):
@@ -171,42 +177,129 @@ def _load_factory(path: str):
     return getattr(module, attr)
 
 
+@dataclass(frozen=True)
+class Built:
+    """A built network and the examples it takes: `batch(sample_ids, seq_len) -> (inputs, targets)`;
+    `own_data`: the user's factory supplied them (`ModelWithData`), else the lab's synthetic tokens."""
+
+    module: nn.Module
+    batch: Callable
+    own_data: bool = False
+
+
 def build(exp) -> nn.Module:
-    """Build `exp.model` with the RNG seeded from `exp.seed` (identical on every rank)."""
+    """Build `exp.model` with the RNG seeded from `exp.seed` (identical on every rank); it takes token
+    ids. For a task that feeds the lab's own tokens: a factory with its own data is refused."""
+    built = build_with_data(exp)
+    if built.own_data:
+        raise ValueError(f"Experiment.model: {exp.model} returns a ModelWithData (inputs of its own), and the "
+                         f"{exp.task.kind} task feeds token ids; use a factory returning a plain nn.Module here")
+    return built.module
+
+
+def build_with_data(exp, data_of=None) -> Built:
+    """Build `exp.model` (seeded from `exp.seed`) with the examples it takes (spec/model.py), drawn
+    with `data_of`'s seed and vocabulary (default `exp`'s: a rank that builds from its own seed still
+    trains on the run's examples)."""
     torch.manual_seed(exp.seed)
     sizes = dict(vocab_size=exp.vocab_size, seq_len=max(exp.seq_lens), d_model=exp.d_model,
                  n_layers=exp.n_layers, n_heads=exp.n_heads, tie_weights=exp.tie_weights)
+    data_of = data_of or exp
+
+    def tokens(ids, seq_len):
+        return data.batch(data_of.seed, ids, seq_len, data_of.vocab_size)
+
     if exp.model == "transformer":
-        return TinyTransformer(exp.vocab_size, sizes["seq_len"], exp.d_model, exp.n_layers, exp.n_heads,
-                               exp.tie_weights, exp.checkpointing)
+        return Built(TinyTransformer(exp.vocab_size, sizes["seq_len"], exp.d_model, exp.n_layers, exp.n_heads,
+                                     exp.tie_weights, exp.checkpointing), tokens)
     if exp.model == "mlp":
-        return TokenMLP(exp.vocab_size, exp.d_model, exp.n_layers)
+        return Built(TokenMLP(exp.vocab_size, exp.d_model, exp.n_layers), tokens)
     if exp.model == "branchy":
-        return Branchy(exp.vocab_size, exp.d_model)
+        return Built(Branchy(exp.vocab_size, exp.d_model), tokens)
     factory = _load_factory(exp.model)
     try:
         accepted = inspect.signature(factory).parameters
     except (TypeError, ValueError):   # a builtin without a signature: call it with nothing
         accepted = {}
     try:
-        model = factory(**{k: v for k, v in sizes.items() if k in accepted})
+        made = factory(**{k: v for k, v in sizes.items() if k in accepted})
     except SystemExit as e:   # a factory that exits would end the launcher (or a rank) silently
         raise ValueError(f"Experiment.model: {exp.model} called sys.exit({e.code}) instead of returning a model") from None
-    if not isinstance(model, nn.Module):
-        raise ValueError(f"Experiment.model: {exp.model} returned {type(model).__name__}, not an nn.Module")
-    return model
+    except ValueError:
+        raise
+    except Exception as e:   # said once, with its type, and chained (the traceback stays)
+        raise ValueError(f"Experiment.model: {exp.model} raised {type(e).__name__}: {e}") from e
+    if isinstance(made, ModelWithData):
+        module, seed = made.model, data_of.seed
+        batch, own = (lambda ids, seq_len: made.batch(list(ids), seed)), True
+    else:
+        module, batch, own = made, tokens, False
+    if not isinstance(module, nn.Module):
+        raise ValueError(f"Experiment.model: {exp.model} returned {type(module).__name__}, not an nn.Module "
+                         f"(or a ModelWithData holding one)")
+    module.register_forward_hook(_logits_of)   # a Hugging Face output: its .logits
+    return Built(module, batch, own)
 
 
-def check_model(model: nn.Module, exp) -> None:
-    """Raise ValueError unless `model` maps (2, seq_len) token ids to (2, seq_len, vocab_size) logits."""
+def _logits_of(module, args, out):
+    """A forward hook: an output that carries `.logits` (a Hugging Face ModelOutput) becomes the logits."""
+    logits = getattr(out, "logits", None)
+    return logits if isinstance(logits, torch.Tensor) else None
+
+
+def check_model(model: nn.Module, exp, batch: Callable | None = None) -> None:
+    """Raise ValueError unless `model` maps two examples (`batch`, default the lab's tokens) to logits
+    of shape targets.shape + (classes,) with every target a valid class."""
     seq_len = exp.seq_lens[0]
+    if batch is None:
+        x, y = torch.zeros(2, seq_len, dtype=torch.long), torch.zeros(2, seq_len, dtype=torch.long)
+        want, what = (2, seq_len, exp.vocab_size), "token ids (batch, seq_len) to logits (batch, seq_len, vocab_size)"
+    else:
+        x, y = _user_batch(batch, exp, seq_len)
+        want, what = None, "its inputs to logits of shape targets.shape + (classes,)"
     with torch.no_grad():
-        out = model(torch.zeros(2, seq_len, dtype=torch.long))
-    want = (2, seq_len, exp.vocab_size)
-    if not isinstance(out, torch.Tensor) or tuple(out.shape) != want:
-        got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-        raise ValueError(f"Experiment.model: {exp.model} must map token ids (batch, seq_len) to logits "
-                         f"(batch, seq_len, vocab_size) = {want}; it returned {got}")
+        try:
+            out = model(x)
+        except Exception as e:
+            raise ValueError(f"Experiment.model: {exp.model}'s forward raised {type(e).__name__}: {e}") from e
+    shape = tuple(out.shape) if isinstance(out, torch.Tensor) else None
+    ok = shape is not None and (shape == want if want else
+                                len(shape) == y.dim() + 1 and shape[:-1] == tuple(y.shape) and shape[-1] >= 2)
+    if not ok:
+        got = shape if shape is not None else type(out).__name__
+        need = want or f"{tuple(y.shape)} + (classes,)"
+        raise ValueError(f"Experiment.model: {exp.model} must map {what} = {need}; it returned {got}")
+    if batch is not None and not (0 <= int(y.min()) and int(y.max()) < shape[-1]):
+        raise ValueError(f"Experiment.model: {exp.model}'s targets must be class ids in 0..{shape[-1] - 1} "
+                         f"(the logits' last dimension); its batch gave {int(y.min())}..{int(y.max())}")
+
+
+def _user_batch(batch: Callable, exp, seq_len: int):
+    try:
+        got = batch([0, 1], seq_len)
+    except Exception as e:
+        raise ValueError(f"Experiment.model: {exp.model}'s batch(sample_ids, seed) raised {type(e).__name__}: {e}") from e
+    if not (isinstance(got, tuple) and len(got) == 2 and all(isinstance(t, torch.Tensor) for t in got)):
+        raise ValueError(f"Experiment.model: {exp.model}'s batch(sample_ids, seed) must return (inputs, targets), "
+                         f"two tensors; it returned {type(got).__name__}")
+    x, y = got
+    if y.dtype not in (torch.long, torch.int32, torch.int64) or y.dim() < 1 or y.shape[0] != 2 or x.shape[0] != 2:
+        raise ValueError(f"Experiment.model: {exp.model}'s batch for 2 sample ids must give inputs and integer "
+                         f"targets with 2 rows; it gave inputs {tuple(x.shape)}, targets {tuple(y.shape)} {y.dtype}")
+    return x, y
+
+
+def unused_parameters(model: nn.Module, exp, batch: Callable | None = None) -> list[str]:
+    """Trainable parameters left without a gradient by one forward and backward on two examples."""
+    from .training import token_losses
+
+    seq_len = exp.seq_lens[0]
+    x, y = _user_batch(batch, exp, seq_len) if batch is not None else data.batch(exp.seed, [0, 1], seq_len, exp.vocab_size)
+    model.zero_grad(set_to_none=True)
+    token_losses(model(x), y).mean().backward()
+    names = [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None]
+    model.zero_grad(set_to_none=True)
+    return names
 
 
 def parameter_count(model: nn.Module) -> int:

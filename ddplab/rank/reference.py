@@ -18,7 +18,7 @@ import torch
 
 from ..record import Distance
 from ..spec.sharding import shard_ids
-from . import data, models
+from . import models
 from .training import flat_parameters, make_optimizer, parameter_checksum, sample_loss_sum, token_loss_sum, torch_dtype
 
 
@@ -27,13 +27,14 @@ def objective(exp) -> str:
     return "global-sample" if exp.loss_norm == "global-sample" else "global-token"
 
 
-def global_batch(exp, step: int, ranks=None):
-    """Every (inputs, targets) pair of optimizer step `step`, one per rank and micro-step (or only `ranks`')."""
+def global_batch(exp, batch, step: int, ranks=None):
+    """Every (inputs, targets) pair of optimizer step `step` (`batch`: the model's examples, `models.Built`),
+    one per rank and micro-step (or only `ranks`')."""
     parts = []
     for micro in range(exp.accum_steps):
         for rank in range(exp.world_size) if ranks is None else ranks:
             ids = shard_ids(exp.local_batches, exp.accum_steps, step, micro, rank)
-            parts.append(data.batch(exp.seed, ids, exp.seq_len_of(rank), exp.vocab_size))
+            parts.append(batch(ids, exp.seq_len_of(rank)))
     return parts
 
 
@@ -46,24 +47,28 @@ def backward_on(model, exp, parts, device) -> None:
         (loss_sum(model(x.to(device)), y.to(device)) / total).backward()
 
 
-def fresh_model(exp, device):
-    """The model every rank starts from, in the run's dtype."""
-    return models.build(exp).to(device=device, dtype=torch_dtype(exp.dtype))
+def fresh_model(exp, device) -> models.Built:
+    """The model every rank starts from, in the run's dtype, with the examples it takes."""
+    built = models.build_with_data(exp)
+    built.module.to(device=device, dtype=torch_dtype(exp.dtype))
+    return built
 
 
 def reference_gradients(exp, device) -> dict[str, torch.Tensor]:
     """Name -> gradient of the objective on step 0's whole global batch, on the CPU."""
-    model = fresh_model(exp, device)
-    backward_on(model, exp, global_batch(exp, step=0), device)
+    built = fresh_model(exp, device)
+    model = built.module
+    backward_on(model, exp, global_batch(exp, built.batch, step=0), device)
     return {n: p.grad.detach().cpu().clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
 def reference_step(exp, device, ranks=None) -> tuple[torch.Tensor, torch.Tensor, str]:
     """One optimizer step on step 0's global batch (or on only `ranks`' shards), in one process, no DDP:
     (parameters before, parameters after) as flat float64 CPU vectors, and the checksum after."""
-    model = fresh_model(exp, device)
+    built = fresh_model(exp, device)
+    model = built.module
     before = flat_parameters(model)
-    backward_on(model, exp, global_batch(exp, step=0, ranks=ranks), device)
+    backward_on(model, exp, global_batch(exp, built.batch, step=0, ranks=ranks), device)
     make_optimizer(exp.replace(sharding="none"), model.parameters()).step()  # one process: nothing to shard
     return before, flat_parameters(model), parameter_checksum(model)
 

@@ -22,9 +22,11 @@ def torch_dtype(name: str) -> torch.dtype:
 
 
 def token_losses(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Cross-entropy of every token, shape (batch, seq_len), in at least float32."""
+    """Cross-entropy of every target, shape (batch, targets per example: seq_len for tokens, 1 for a
+    class label), in at least float32."""
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
-    return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="none").view(targets.shape)
+    losses = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="none")
+    return losses.view(targets.shape[0], -1)
 
 
 def token_loss_sum(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

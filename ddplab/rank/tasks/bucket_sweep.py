@@ -36,7 +36,7 @@ from ...spec.sharding import shard_ids
 from ...spec.tasks import parse_plan
 from ...tensors import flat_float64, rel_max_diff
 from ...units import MIB, ms_after
-from .. import data, models
+from .. import models
 from ..parallel import ddp as ddp_wrapper
 from ..parallel.bucketed import BucketedSync
 from ..probes.buckets import BucketLog
@@ -87,9 +87,9 @@ class _Arm:
 def run(ctx):
     """Run the sweep on this rank; return (BucketSweepRecord, no tensors)."""
     exp, task, device, group, log = ctx.exp, ctx.exp.task, ctx.device, ctx.group, ctx.log
-    base = models.build(exp).to(device=device, dtype=torch_dtype(exp.dtype))
-    x, y = (t.to(device) for t in data.batch(exp.seed, shard_ids(exp.local_batches, 1, 0, 0, ctx.rank),
-                                             exp.seq_len_of(ctx.rank), exp.vocab_size))
+    built = models.build_with_data(exp)
+    base = built.module.to(device=device, dtype=torch_dtype(exp.dtype))
+    x, y = (t.to(device) for t in built.batch(shard_ids(exp.local_batches, 1, 0, 0, ctx.rank), exp.seq_len_of(ctx.rank)))
     sizes = {n: p.numel() * p.element_size() for n, p in base.named_parameters()}
 
     # compute-only first: its warm-up gives the ready order that plan/split buckets follow (rank 0's, so

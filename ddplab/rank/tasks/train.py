@@ -21,7 +21,7 @@ import torch.distributed as dist
 from ...record import Checksums, ModelInfo, TrainRecord, TrainStep
 from ...spec.sharding import shard_ids
 from ...spec.tasks import GRADIENT_ALL_REDUCE
-from .. import data, models
+from .. import models
 from ..parallel import ddp as ddp_wrapper
 from ..parallel.fsdp import fully_shard_layers
 from ..probes import Attachment, attach
@@ -35,8 +35,8 @@ def run(ctx):
     exp, rank, device, log = ctx.exp, ctx.rank, ctx.device, ctx.log
     log.enter("build")
     # seed_per_rank: deliberately different starting points, to watch DDP's construction broadcast
-    model = models.build(_own_model(exp, rank))
-    model = model.to(device=device, dtype=torch_dtype(exp.dtype))
+    made = models.build_with_data(_own_model(exp, rank), data_of=exp)
+    model = made.module.to(device=device, dtype=torch_dtype(exp.dtype))
     built = parameter_checksum(model)
     model, ddp = wrap(ctx, model)
     module = ddp.module if ddp else model
@@ -53,7 +53,7 @@ def run(ctx):
         sample_ids, loss_sum, tokens = [], 0.0, 0
         for micro in range(exp.accum_steps):
             ids = shard_ids(exp.local_batches, exp.accum_steps, step, micro, rank)
-            x, y = (t.to(device) for t in data.batch(exp.seed, ids, exp.seq_len_of(rank), exp.vocab_size))
+            x, y = (t.to(device) for t in made.batch(ids, exp.seq_len_of(rank)))
             sample_ids += ids
             clock.mark("data")
             last = micro == exp.accum_steps - 1
