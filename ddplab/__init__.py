@@ -16,9 +16,11 @@ tasks, probes, parallelism wrappers) -> `record.py` / `rundir.py` (the files ran
 
 from .failures import RunFailed
 from .spec import Experiment
+from .spec.model import ModelWithData
 
 __version__ = "0.1.0"
-__all__ = ["Experiment", "RunFailed", "Session", "load_run", "run", "run_many"]
+__all__ = ["Experiment", "ModelWithData", "RunFailed", "Session", "audit_model", "load_run", "run", "run_many",
+           "tune_buckets"]
 
 
 def __getattr__(name):
@@ -27,6 +29,20 @@ def __getattr__(name):
 
         return Session
     raise AttributeError(f"module 'ddplab' has no attribute {name!r}")
+
+
+def audit_model(model, world_size: int = 4, **kwargs):
+    """Audit DDP on your own model factory in one launch; see `ddplab.tools.audit_model`."""
+    from .tools import audit_model as _audit
+
+    return _audit(model, world_size, **kwargs)
+
+
+def tune_buckets(model, world_size: int = 4, **kwargs):
+    """Recommend a DDP bucket cap for your own model, measured; see `ddplab.tools.tune_buckets`."""
+    from .tools import tune_buckets as _tune
+
+    return _tune(model, world_size, **kwargs)
 
 
 def run(exp, out=None, **kwargs):

@@ -2,6 +2,8 @@
 
     ddplab run --world-size 4 --local-batch 16 --steps 3     # real torchrun ranks, per-rank table
     ddplab run --world-size 2 --fault crash --fault-rank 1   # a failure, diagnosed
+    ddplab audit --model mypkg.models:build --world-size 4   # your own model: memory, buckets, bytes, compute/comm
+    ddplab tune-buckets --model mypkg.models:build           # a measured bucket_cap_mb recommendation
     ddplab doctor                                            # versions, backends, GPUs, a 2-rank all-reduce
     ddplab lab                                               # JupyterLab on the chapter notebooks
 Used by the README's first command and notebook-free use; every notebook can do the same from Python.
@@ -130,6 +132,83 @@ def _cmd_run(args) -> int:
     return 0
 
 
+# the Experiment fields the practitioner tools take from the command line (the model's sizes, the data)
+FACTORY_SIZES = ("vocab_size", "d_model", "n_layers", "n_heads", "tie_weights")   # passed to a factory that takes them
+TOOL_FIELDS = ("vocab_size", "d_model", "n_layers", "n_heads", "tie_weights", "seq_len", "dtype", "seed", "timeout_s")
+AUDIT_FIELDS = ("optimizer", "lr", "momentum", "bucket_cap_mb", "gradient_as_bucket_view", *TOOL_FIELDS)
+
+
+def _add_tool_flags(p, fields) -> None:
+    p.add_argument("--model", required=True, help="your model factory, package.module:function (importable from "
+                                                  "here; the contract: ddplab/spec/model.py)")
+    p.add_argument("--world-size", type=int, default=4, help="number of ranks (default 4)")
+    p.add_argument("--local-batch", type=int, default=8, help="examples per rank per step (default 8)")
+    for flag, (name, kind, help_text) in RUN_FLAGS.items():
+        if name in fields:
+            if name in FACTORY_SIZES:
+                help_text = f"{name} for your factory, if it takes it (default {getattr(Experiment(), name)})"
+            p.add_argument(flag, type=kind, default=None, dest=name, help=help_text)
+    p.add_argument("--json", nargs="?", const="-", default=None, metavar="PATH",
+                   help="write the report as JSON to PATH (or to stdout without one) instead of text")
+    p.add_argument("--out", default=None, help="launch directory (default runs/<tool>-<factory>-<hash>)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def _tool(args, fields, call) -> int:
+    import json
+
+    from .failures import RunFailed
+
+    given = {f: getattr(args, f) for f in fields if getattr(args, f, None) is not None}
+    try:
+        report = call(given)
+    except ValueError as e:
+        print(f"ddplab {args.command}: {e}", file=sys.stderr)
+        return 2
+    except RunFailed as e:
+        print(f"ddplab {args.command} FAILED\n{e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt as e:
+        print(f"ddplab {args.command}: {e or 'interrupted'}", file=sys.stderr)
+        return 130
+    if args.json is None:
+        print(report.text())
+    else:
+        text = json.dumps(report.to_dict(), indent=2)
+        if args.json == "-":
+            print(text)
+        else:
+            from pathlib import Path
+
+            Path(args.json).write_text(text + "\n")
+            print(f"ddplab {args.command}: report written to {args.json}", file=sys.stderr)
+    return 0
+
+
+def _cmd_audit(args) -> int:
+    from .tools import audit_model
+
+    return _tool(args, AUDIT_FIELDS, lambda given: audit_model(
+        args.model, args.world_size, local_batch=args.local_batch, out=args.out, progress=not args.quiet, **given))
+
+
+def _cmd_tune(args) -> int:
+    from .tools import tune_buckets
+
+    def call(given):
+        caps = {} if args.caps is None else {"caps_mb": args.caps}
+        return tune_buckets(args.model, args.world_size, local_batch=args.local_batch, measure=args.measure,
+                            rounds=args.rounds, steps=args.steps, out=args.out, progress=not args.quiet, **caps, **given)
+    return _tool(args, TOOL_FIELDS, call)
+
+
+def _caps(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(p) for p in text.split(",") if p)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected caps in MiB separated by commas, got {text!r}") from None
+
+
 def _cmd_doctor(args) -> int:
     from .doctor import doctor
 
@@ -144,6 +223,19 @@ def build_parser() -> argparse.ArgumentParser:
         p_run.add_argument(flag, type=kind, default=None, help=help_text)
     p_run.add_argument("--out", default=None, help="run directory (default runs/<name>-<hash>)")
     p_run.set_defaults(func=_cmd_run)
+    p_aud = sub.add_parser("audit", help="one launch on your own model: memory per rank, DDP's buckets, ready order, "
+                                         "bytes on the wire, compute against communication")
+    _add_tool_flags(p_aud, AUDIT_FIELDS)
+    p_aud.set_defaults(func=_cmd_audit)
+    p_tune = sub.add_parser("tune-buckets", help="capture, predict and measure bucket plans for your own model, "
+                                                 "and recommend a bucket_cap_mb")
+    _add_tool_flags(p_tune, TOOL_FIELDS)
+    p_tune.add_argument("--caps", type=_caps, default=None, help="candidate caps in MiB, e.g. 0.5,1,4,16 (default: "
+                                                                 "from one tensor per bucket to 256)")
+    p_tune.add_argument("--measure", type=int, default=3, help="how many of the plans predicted fastest to measure")
+    p_tune.add_argument("--rounds", type=int, default=5, help="interleaved rounds of the measurement")
+    p_tune.add_argument("--steps", type=int, default=3, help="steps of each plan per round")
+    p_tune.set_defaults(func=_cmd_tune)
     p_doc = sub.add_parser("doctor", help="versions, backends, GPUs, and a real 2-rank all-reduce")
     p_doc.set_defaults(func=_cmd_doctor)
     p_lab = sub.add_parser("lab", help="open JupyterLab on the chapter notebooks")

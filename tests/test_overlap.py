@@ -108,7 +108,7 @@ def test_is_last_split_accepts_only_the_last_bucket_cut_in_two_in_order():
 
 
 def test_caps_for_gives_each_bucket_its_own_size_in_mib_exactly():
-    from ddplab.rank.parallel.ddp import caps_for
+    from ddplab.predict.buckets import caps_for
 
     sizes = {"a": 3 * 2 ** 20, "b": 1000, "c": 2 ** 19 + 7}
     caps = caps_for([["a"], ["b", "c"]], sizes)

@@ -53,8 +53,7 @@ def check_user_model(exp: Experiment, gradients: bool = False):
                 shown = ", ".join(unused[:8]) + (f" and {len(unused) - 8} more" if len(unused) > 8 else "")
                 raise ValueError(f"Experiment.model: {exp.model} leaves {len(unused)} trainable parameter(s) without a "
                                  f"gradient after one forward and backward: {shown}. DDP would never reduce the bucket "
-                                 f"that holds them; freeze them (requires_grad_(False)), drop them from the model, or pass "
-                                 f"find_unused_parameters=True")
+                                 f"that holds them: freeze them (requires_grad_(False)) or leave them out of the model")
     return model
 
 

@@ -146,6 +146,13 @@ def ddp_plan(grads: list[Grad], cap_bytes: float, first_cap_bytes: float | None 
     return plan
 
 
+def caps_for(plan: list[list[str]], sizes: dict[str, int]) -> list[float]:
+    """`bucket_cap_mb_list` under which DDP's rebuild reproduces `plan`, a cut of the ready order into
+    consecutive buckets: DDP closes a bucket once it holds at least its cap, so each bucket's cap is its
+    own size (a power-of-two division: the bytes come back exact)."""
+    return [sum(sizes[n] for n in bucket) / 2 ** 20 for bucket in plan]
+
+
 def split_bucket(plan: list[list[str]], grads: list[Grad], index: int = -1, parts: int = 2) -> list[list[str]]:
     """Cut bucket `index` into `parts` buckets of consecutive ready order, each cut placed where the
     bytes before it come closest to an even share (a tensor is never split). The default cuts the

@@ -4,7 +4,7 @@ averaged bucket by bucket during backward (notes/ddp-internals.md, sections 1-2)
 `bucket_cap_mb=None` keeps DDP's default (25 MiB, and a 1 MiB first bucket after the rebuild); any
 explicit value sets the first bucket too. `bucket_cap_mb_list` gives each bucket its own cap (torch
 2.13): at construction over the parameters in definition order (then the bucket list is reversed),
-and at the rebuild over the ready order; `caps_for` turns a plan cut from the ready order into caps. Used by the train task and the bucket sweep.
+and at the rebuild over the ready order. Used by the train task and the bucket sweep.
 """
 
 from __future__ import annotations
@@ -19,13 +19,6 @@ def wrap(module, device, group=None, bucket_cap_mb: float | None = None, gradien
     return DistributedDataParallel(module, device_ids=[device] if device.type == "cuda" else None,
                                    bucket_cap_mb=bucket_cap_mb, gradient_as_bucket_view=gradient_as_bucket_view,
                                    find_unused_parameters=find_unused_parameters, process_group=group, **extra)
-
-
-def caps_for(plan: list[list[str]], sizes: dict[str, int]) -> list[float]:
-    """`bucket_cap_mb_list` under which DDP's rebuild reproduces `plan`, a cut of the ready order into
-    consecutive buckets: DDP closes a bucket once it holds at least its cap, so each bucket's cap is its
-    own size (a power-of-two division: the bytes come back exact)."""
-    return [sum(sizes[n] for n in bucket) / 2 ** 20 for bucket in plan]
 
 
 def construction_bucket_bytes(ddp) -> int:

@@ -167,7 +167,7 @@ def _arm(ctx, name: str, index: int, base, grads) -> _Arm:
                              f"({plan[-1][0]}), so there is nothing to split; use a larger cap")
         plan = simulator.split_bucket(plan, grads)
     if kind == "ddp-split":
-        caps = ddp_wrapper.caps_for(plan, {g.name: g.bytes for g in grads})
+        caps = simulator.caps_for(plan, {g.name: g.bytes for g in grads})
         wrapper = ddp_wrapper.wrap(module, ctx.device, ctx.group, bucket_cap_mb_list=caps)
         buckets = BucketLog(ctx.group, {id(p): n for n, p in module.named_parameters()})
         wrapper.register_comm_hook(None, buckets.hook)

@@ -1,0 +1,179 @@
+"""`ddplab audit` / `ddplab.audit_model(...)`: one launch on your own model, and what DDP did with it.
+
+One launch runs three experiments on the same ranks: the DDP run with the memory, readiness, bucket
+and bytes probes (3 steps: step 0 with DDP's one first bucket, which records the ready order DDP's
+rebuild follows; step 1, the memory table's step with optimizer state; step 2 with the rebuilt
+buckets), the same steps without synchronization (compute alone), and the all-reduce of exactly the
+gradient's size (a few sizes below it for the line). The report holds
+
+- the model, counted here and by every rank (they must agree);
+- the per-rank memory table, measured beside predicted, every category and the peak (tables.memory);
+- the buckets DDP built (count, bytes, tensors, which parameters landed in the last one), checked
+  against DDP's rule applied to the ready order it saw;
+- the ready order against the source order, where they differ (tables.readiness.ready_order);
+- the gradient payload and the bytes each rank wrote against the ring's 2(D-1)/D x payload;
+- the compute-to-communication ratio of one step: forward+backward alone over the measured all-reduce.
+`ModelAudit.text()` prints it, `.to_dict()` is the same as data (`--json`); the run directories stay
+for the notebooks (`ddplab.load_run(report.paths[...])`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from .. import tables
+from ..predict import buckets as simulator
+from ..predict.comm import ring_bytes_per_rank
+from ..recipes.communication import allreduce_sweep
+from ..tables.buckets import DDP_DEFAULT_CAP_MB, DDP_DEFAULT_FIRST_CAP_MB
+from ..units import MIB
+from .factory import Counted, checked, experiment, records
+
+PROBES = ("memory", "readiness", "buckets", "bytes")
+STEPS, MEMORY_STEP, COMPUTE_STEPS = 3, 1, 4
+LINE_FRACTIONS = (1 / 64, 1 / 8)   # all-reduce sizes below the gradient's, for the alpha-beta line
+
+
+def audit_model(model, world_size: int = 4, optimizer: str = "sgd", local_batch=8, *, out=None, progress=True,
+                allreduce_repeats: int | None = None, **fields) -> "ModelAudit":
+    """Audit DDP on `model` (a factory 'package.module:function', or the function: spec/model.py) with
+    `world_size` ranks, in one launch; other Experiment fields (seq_len, bucket_cap_mb, dtype, the
+    factory's sizes...) by keyword. A bad setting or a factory that cannot be audited is a ValueError
+    before anything starts."""
+    exp = experiment(model, "audit", fields, world_size=world_size, optimizer=optimizer, local_batch=local_batch,
+                      steps=STEPS, probes=PROBES)
+    counted = checked(exp)
+    payload = counted.gradient_bytes
+    alone = exp.replace(name=f"{exp.name}-compute", sync="none", probes=(), steps=COMPUTE_STEPS)
+    sizes = sorted({4096, *(max(4096, 4 * round(payload * f / 4)) for f in LINE_FRACTIONS)} - {payload})
+    repeats = allreduce_repeats or (20 if payload <= 64 * MIB else 5)
+    sweep = allreduce_sweep(world_size, min_bytes=4096, max_bytes=4096, repeats=repeats, extra_bytes=(*sizes, payload),
+                            backend=exp.backend, device=exp.device, pin_cpus=exp.pin_cpus,
+                            name=f"{exp.name}-allreduce")
+    from .. import run_many
+
+    ddp, compute, allreduce = run_many([exp, alone, sweep], out=out, name=exp.name, progress=progress)
+    return ModelAudit.of(exp, counted, ddp, compute, allreduce)
+
+
+@dataclass
+class ModelAudit:
+    """What `audit_model` found; `text()` to read, `to_dict()` as data."""
+
+    spec: dict
+    model: dict
+    memory: pd.DataFrame
+    buckets: pd.DataFrame
+    last_bucket: list[str]
+    bucket_rule: dict
+    ready_order: pd.DataFrame
+    comm: dict
+    compute: dict
+    paths: dict = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, exp, counted: Counted, ddp, compute, allreduce) -> "ModelAudit":
+        rank0 = ddp.ranks[0]
+        last = rank0.steps[-1]
+        layout = [list(b.params) for b in sorted(last.buckets, key=lambda b: b.launch_ns)]
+        rows = [{"bucket": i, "bytes": b.bytes, "mib": b.bytes / MIB, "tensors": len(b.params), "first": b.params[0],
+                 "last": b.params[-1]} for i, b in enumerate(sorted(last.buckets, key=lambda b: b.launch_ns))]
+        order = tables.ready_order(ddp)
+        differ = order[~order["as_assumed"]][["source_position", "reverse_source_position", "ready_position", "bucket"]]
+        differ = differ.join(tables.off_line(order)[["swapped_within_module"]])
+        wire = tables.bytes_on_wire([ddp]).iloc[0]
+        line, _ = tables.fit_sweep(tables.allreduce_sweep(allreduce))
+        ratio = tables.compute_vs_comm([compute], tables.allreduce_sweep(allreduce), line).iloc[0]
+        model = {"factory": exp.model, "parameter_tensors": counted.tensors, "parameters": counted.parameters,
+                 "trainable_tensors": counted.trainable_tensors, "trainable_parameters": counted.trainable_parameters,
+                 "gradient_bytes": counted.gradient_bytes,
+                 "ranks_agree": all(r.model.parameter_count == counted.parameters for r in ddp.ranks)
+                 and len({r.param_checksum.final for r in ddp.ranks}) == 1}
+        return cls(
+            spec={"world_size": exp.world_size, "local_batch": exp.local_batch, "seq_len": exp.seq_len,
+                  "optimizer": exp.optimizer, "dtype": exp.dtype, "bucket_cap_mb": exp.bucket_cap_mb,
+                  "backend": ddp.ranks[0].backend, "device": ddp.ranks[0].device},
+            model=model, memory=tables.memory(ddp, step=MEMORY_STEP), buckets=pd.DataFrame(rows).set_index("bucket"),
+            last_bucket=layout[-1], bucket_rule=_rule(exp, counted, rank0, layout), ready_order=differ,
+            comm={"payload_bytes": int(wire["payload_mib"] * MIB), "written_bytes_per_rank": float(wire["written_mib_per_rank"] * MIB),
+                  "ring_formula_bytes": ring_bytes_per_rank(counted.gradient_bytes, exp.world_size),
+                  "written_over_formula": float(wire["ratio"])},
+            compute={"compute_ms": float(ratio["compute_ms"]), "compute_ms_min": float(ratio["compute_ms_min"]),
+                     "compute_ms_max": float(ratio["compute_ms_max"]), "allreduce_ms": float(ratio["allreduce_ms"]),
+                     "allreduce_ms_line": float(ratio["allreduce_ms_fit"]), "compute_to_comm": float(ratio["compute_to_comm"])},
+            paths={"ddp": str(ddp.path), "compute": str(compute.path), "allreduce": str(allreduce.path)})
+
+    def to_dict(self) -> dict:
+        """The report as JSON-ready data (what `ddplab audit --json` writes)."""
+        memory = {str(rank): {f"{c}_{kind}_mib": (None if math.isnan(v) else float(v)) for (c, kind), v in row.items()}
+                  for rank, row in self.memory.iterrows()}
+        return {"spec": self.spec, "model": self.model, "memory_mib": memory,
+                "buckets": records(self.buckets), "last_bucket": self.last_bucket,
+                "bucket_rule": self.bucket_rule,
+                "ready_order_differs": records(self.ready_order),
+                "comm": self.comm, "compute": self.compute, "paths": self.paths}
+
+    def text(self) -> str:
+        """The report as a terminal reads it."""
+        m, s, c, k = self.model, self.spec, self.comm, self.compute
+        out = [f"ddplab audit of {m['factory']}: {s['world_size']} ranks ({s['backend']} on {s['device']}), local batch "
+               f"{s['local_batch']}, seq_len {s['seq_len']}, {s['optimizer']}, {s['dtype']}",
+               "",
+               f"model: {m['parameters']:,} parameters in {m['parameter_tensors']} tensors; {m['trainable_parameters']:,} "
+               f"trainable in {m['trainable_tensors']} ({m['gradient_bytes'] / MIB:.2f} MiB of gradients a step); "
+               + ("every rank counted the same and ended with the same parameters" if m["ranks_agree"]
+                  else "THE RANKS DISAGREE with this count or with each other"),
+               "", f"memory per rank, step {MEMORY_STEP} (MiB; each category at its largest, measured beside predicted; "
+               "activations have no prediction for your model):", self.memory.to_string(), ""]
+        rule = self.bucket_rule
+        out += [f"buckets DDP built after its rebuild ({len(self.buckets)}, cap "
+                f"{'default 25 MiB, first 1 MiB' if s['bucket_cap_mb'] is None else str(s['bucket_cap_mb']) + ' MiB'}), "
+                f"in launch order:", self.buckets.round(3).to_string(),
+                f"the last bucket launched holds {len(self.last_bucket)} tensors: {_names(self.last_bucket)}",
+                "DDP's rule on the ready order it saw in step 0 gives " + (
+                    "exactly these buckets" if rule["matches"] else
+                    f"other buckets ({rule['rule_counts']} tensors per bucket against {rule['observed_counts']})"), ""]
+        if len(self.ready_order):
+            swaps = int(self.ready_order["swapped_within_module"].sum())
+            out += [f"ready order against reverse source order: {len(self.ready_order)} of {m['trainable_tensors']} "
+                    f"gradients are not where reverse source order puts them ({swaps} of them only swapped places with "
+                    f"the other parameter of their module, a weight and its bias):", self.ready_order.to_string(), ""]
+        else:
+            out += ["ready order: exactly the reverse of the source order", ""]
+        out += [f"communication: {c['payload_bytes'] / MIB:.3f} MiB of gradients all-reduced a step; each rank wrote "
+                f"{c['written_bytes_per_rank'] / MIB:.3f} MiB, the ring formula 2(D-1)/D x payload gives "
+                f"{c['ring_formula_bytes'] / MIB:.3f} MiB (ratio {c['written_over_formula']:.3f})",
+                f"compute against communication: forward+backward alone {k['compute_ms']:.1f} ms (min "
+                f"{k['compute_ms_min']:.1f}, max {k['compute_ms_max']:.1f}); the all-reduce of the whole gradient "
+                f"{k['allreduce_ms']:.1f} ms measured ({k['allreduce_ms_line']:.1f} ms on the fitted line): ratio "
+                f"{k['compute_to_comm']:.2f} ("
+                + ("compute dominates: overlap can hide the communication" if k["compute_to_comm"] > 1 else
+                   "communication dominates: no overlap can hide it all") + ")",
+                "", "runs: " + ", ".join(f"{k} {v}" for k, v in self.paths.items())]
+        return "\n".join(out)
+
+
+def _names(names: list[str], shown: int = 6) -> str:
+    if len(names) <= shown:
+        return ", ".join(names)
+    return ", ".join(names[:shown // 2]) + f", ... ({len(names) - shown} more), " + ", ".join(names[-(shown // 2):])
+
+
+def _rule(exp, counted: Counted, rank0, observed) -> dict:
+    """DDP's bucketing rule (predict.buckets.ddp_plan) on rank 0's step-0 ready order, which DDP's
+    rebuild follows, with this run's caps and the sizes counted here: does it give the observed buckets?"""
+    ready = rank0.steps[0].ready_ms()
+    grads = simulator.grads_in_ready_order([n for n, _ in ready], [counted.sizes[n] for n, _ in ready],
+                                           [t for _, t in ready])
+    if exp.bucket_cap_mb is None:
+        plan = simulator.ddp_plan(grads, DDP_DEFAULT_CAP_MB * MIB, DDP_DEFAULT_FIRST_CAP_MB * MIB)
+    else:
+        plan = simulator.ddp_plan(grads, exp.bucket_cap_mb * MIB)
+    return {"matches": plan == observed, "rule_counts": [len(b) for b in plan],
+            "observed_counts": [len(b) for b in observed]}
+
+
+__all__ = ["ModelAudit", "audit_model"]

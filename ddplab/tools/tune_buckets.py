@@ -1,0 +1,178 @@
+"""`ddplab tune-buckets` / `ddplab.tune_buckets(...)`: notebook 05's worked example as a tool.
+
+On one set of warm ranks (a `Session`: the model's imports and the process group are paid once):
+1. capture: time all-reduces of this machine from 4 KiB to the gradient's size, and a bucket sweep
+   with DDP's default only, whose compute-only arm records when every gradient becomes ready without
+   communication competing (the ready order and times the simulator needs);
+2. predict: fit the all-reduce line, cut DDP's plan from the measured ready order at every candidate
+   cap (caps giving the same buckets count once), and simulate each step with the cost model
+   calibrated on the default plan's measured step (tables.buckets.costs);
+3. measure: the `measure` plans predicted fastest, DDP's default, and the fastest plan with its last
+   bucket split in two (run by DDP itself through `bucket_cap_mb_list`), in interleaved rounds;
+4. recommend the plan measured fastest, with its median step and spread, and say plainly when this
+   machine cannot tell it from DDP's default (the difference within twice the spread) or when the
+   sweep's timings are not trustworthy at all (bucket_sweep.trustworthy).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from .. import tables
+from ..predict import buckets as simulator
+from ..recipes.buckets_and_overlap import ONE_PER_PARAMETER_MB
+from ..recipes.communication import allreduce_sweep
+from ..spec import BucketSweep
+from ..tables import bucket_sweep, buckets
+from ..units import MIB
+from .factory import checked, experiment, records
+
+CAPS_MB = (ONE_PER_PARAMETER_MB, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64, 256)
+DEFAULT = "ddp:default"
+
+
+def tune_buckets(model, world_size: int = 4, local_batch: int = 8, *, caps_mb=CAPS_MB, measure: int = 3,
+                 rounds: int = 5, steps: int = 3, out=None, progress=True, pin_cpus: bool = True,
+                 allreduce_repeats: int | None = None, **fields) -> "BucketTuning":
+    """Recommend a DDP bucket cap for `model` (a factory: spec/model.py) on `world_size` ranks: capture,
+    predict every cap in `caps_mb`, measure the `measure` best predicted beside DDP's default and a split
+    last bucket (`rounds` interleaved rounds of `steps` steps). Other Experiment fields by keyword."""
+    if not (isinstance(measure, int) and 1 <= measure <= len(caps_mb)):
+        raise ValueError(f"measure: how many predicted plans to measure, 1..{len(caps_mb)} (got {measure!r})")
+    caps = tuple(caps_mb)
+    if not caps or not all(isinstance(c, (int, float)) and c > 0 for c in caps):
+        raise ValueError(f"caps_mb: bucket caps in MiB, each > 0 (got {caps_mb!r})")
+    base = experiment(model, "tune", fields, world_size=world_size, local_batch=local_batch, pin_cpus=pin_cpus)
+    # the sweep settings are checked by the spec before anything starts, as every launch's are
+    measuring = base.replace(task=BucketSweep(plans=(DEFAULT,), rounds=rounds, steps_per_round=steps))
+    counted = checked(base)
+    payload = counted.gradient_bytes
+    top = 4096
+    while top < payload:
+        top *= 4
+    line = allreduce_sweep(world_size, max_bytes=top, repeats=allreduce_repeats or (20 if payload <= 64 * MIB else 5),
+                           extra_bytes=(payload,), backend=base.backend, device=base.device, pin_cpus=pin_cpus,
+                           name=f"{base.name}-allreduce")
+    capture = base.replace(name=f"{base.name}-capture", task=BucketSweep(plans=(DEFAULT,), rounds=2, steps_per_round=2))
+    from .. import Session, run_many
+
+    def where(part):
+        return None if out is None else f"{out}/{part}"
+
+    with Session(world_size=world_size, backend=base.backend, device=base.device, pin_cpus=pin_cpus):
+        ar_run, cap_run = run_many([line, capture], out=where("capture"), name=capture.name, progress=progress)
+        link, quality = tables.fit_sweep(tables.allreduce_sweep(ar_run))
+        ins = bucket_sweep.inputs(cap_run)
+        cost = buckets.costs(cap_run, link)["calibrated"]
+        predicted = _predicted(ins, cost, caps)
+        chosen = _chosen(predicted, ins, measure)
+        sweep = measuring.replace(name=f"{base.name}-measure", task=BucketSweep(plans=tuple(chosen), rounds=rounds,
+                                                                                 steps_per_round=steps))
+        (meas_run,) = run_many([sweep], out=where("measure"), name=sweep.name, progress=progress)
+    return BucketTuning.of(base, link, quality, ins, predicted, meas_run, cost,
+                           {"allreduce": str(ar_run.path), "capture": str(cap_run.path), "measure": str(meas_run.path)})
+
+
+def _predicted(ins, cost, caps) -> pd.DataFrame:
+    """One row per distinct plan (DDP's default first, then the caps in order; a cap whose buckets an
+    earlier one already gives is left out): its buckets and the simulated step."""
+    layouts = {DEFAULT: buckets.ddp_rule(ins, None)}
+    for c in sorted(caps):
+        plan = buckets.ddp_rule(ins, c)
+        if plan not in layouts.values():
+            layouts[f"ddp:{c:g}"] = plan
+    rows = [{"plan": name, **buckets.summary(buckets.predict(ins, plan, cost))} for name, plan in layouts.items()]
+    return pd.DataFrame(rows).set_index("plan")
+
+
+def _chosen(predicted: pd.DataFrame, ins, measure: int) -> list[str]:
+    """The `measure` plans predicted fastest, DDP's default, and the fastest numeric cap's plan with its
+    last bucket split in two, if that bucket holds two tensors or more (DDP runs it with a cap list)."""
+    fastest = list(predicted.sort_values("step_ms").index)
+    chosen = fastest[:measure]
+    if DEFAULT not in chosen:
+        chosen.append(DEFAULT)
+    for name in fastest:
+        if name != DEFAULT and len(buckets.ddp_rule(ins, bucket_sweep.cap_of(name))[-1]) >= 2:
+            chosen.append(f"ddp-split:{name.partition(':')[2]}")
+            break
+    return chosen
+
+
+@dataclass
+class BucketTuning:
+    """What `tune_buckets` found; `recommendation` is the setting to use, `verdict` says how sure."""
+
+    spec: dict
+    line: dict
+    predicted: pd.DataFrame
+    measured: pd.DataFrame
+    best: str
+    recommendation: str
+    verdict: str
+    trustworthy: bool
+    why: str
+    paths: dict = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, exp, link, quality, ins, predicted, run, cost, paths) -> "BucketTuning":
+        table = bucket_sweep.measured(run)
+        synced = [p for p in table.index if p != "compute-only"]
+        rows = table.loc[synced, ["buckets", "step_ms", "spread_ms", "exposed_tail_ms"]].copy()
+        rows["predicted_ms"] = [buckets.predict(ins, buckets.plan_for(run, p, ins), cost).step_ms for p in synced]
+        rows.loc["compute-only", ["step_ms", "spread_ms"]] = table.loc["compute-only", ["step_ms", "spread_ms"]]
+        best = min(synced, key=lambda p: table.loc[p, "step_ms"])
+        judge, why = bucket_sweep.trustworthy(table)
+        vs = bucket_sweep.step_difference(table, DEFAULT, best)
+        setting = _setting(run, best, ins)
+        if best == DEFAULT:
+            verdict = (f"DDP's default measured fastest ({vs['step_b_ms']:.1f} ms a step): keep it")
+        elif vs["verdict"] == "faster":
+            verdict = (f"{best} measured faster than DDP's default by {vs['faster_by_ms']:.1f} ms a step "
+                       f"({vs['step_b_ms']:.1f} against {vs['step_a_ms']:.1f} ms), beyond twice the spread "
+                       f"({vs['threshold_ms']:.1f} ms)")
+        else:
+            verdict = (f"this machine cannot tell {best} from DDP's default: {vs['step_b_ms']:.1f} against "
+                       f"{vs['step_a_ms']:.1f} ms a step, a difference within twice the spread ({vs['threshold_ms']:.1f} "
+                       f"ms); keep the default unless a quieter machine resolves it")
+            setting = "bucket_cap_mb=None (DDP's default)"
+        if not judge:
+            verdict += f"; and the timings are not trustworthy: {why}"
+        return cls(spec={"factory": exp.model, "world_size": exp.world_size, "local_batch": exp.local_batch,
+                         "seq_len": exp.seq_len, "gradient_mib": ins.gradient_bytes / MIB, "tensors": len(ins.grads),
+                         "backward_ms": ins.backward_ms},
+                   line={"alpha_ms": link.alpha_s * 1e3, "bandwidth_gb_s": link.bandwidth_bytes_per_s / 1e9,
+                         "median_rel_error": quality.median_rel_error},
+                   predicted=predicted.round(3), measured=rows.round(3), best=best, recommendation=setting,
+                   verdict=verdict, trustworthy=judge, why=why, paths=paths)
+
+    def to_dict(self) -> dict:
+        return {"spec": self.spec, "line": self.line, "predicted": records(self.predicted),
+                "measured": records(self.measured), "best": self.best,
+                "recommendation": self.recommendation, "verdict": self.verdict, "trustworthy": self.trustworthy,
+                "why": self.why, "paths": self.paths}
+
+    def text(self) -> str:
+        s, ln = self.spec, self.line
+        return "\n".join([
+            f"ddplab tune-buckets for {s['factory']}: {s['world_size']} ranks, local batch {s['local_batch']}, "
+            f"{s['tensors']} gradients, {s['gradient_mib']:.2f} MiB; backward alone {s['backward_ms']:.1f} ms",
+            f"all-reduce line of this machine: alpha {ln['alpha_ms']:.3f} ms, {ln['bandwidth_gb_s']:.2f} GB/s "
+            f"(median miss {ln['median_rel_error']:.0%})", "",
+            "predicted (simulator, calibrated on DDP's default; ms):", self.predicted.to_string(), "",
+            "measured (median of round medians, spread = robust standard deviation; ms):", self.measured.to_string(), "",
+            f"recommendation: {self.recommendation}", self.verdict, "",
+            "runs: " + ", ".join(f"{k} {v}" for k, v in self.paths.items())])
+
+
+def _setting(run, plan: str, ins) -> str:
+    """The DDP argument that builds `plan`'s buckets."""
+    kind, cap = plan.split(":")[0], bucket_sweep.cap_of(plan)
+    if plan == DEFAULT:
+        return "bucket_cap_mb=None (DDP's default)"
+    if kind == "ddp-split":
+        caps = simulator.caps_for(buckets.plan_for(run, plan, ins), {g.name: g.bytes for g in ins.grads})
+        return "bucket_cap_mb_list=[" + ", ".join(f"{c:.6g}" for c in caps) + "]"
+    return f"bucket_cap_mb={cap:g}"
