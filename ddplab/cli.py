@@ -149,7 +149,7 @@ def _add_tool_flags(p, fields) -> None:
                 help_text = f"{name} for your factory, if it takes it (default {getattr(Experiment(), name)})"
             p.add_argument(flag, type=kind, default=None, dest=name, help=help_text)
     p.add_argument("--json", nargs="?", const="-", default=None, metavar="PATH",
-                   help="write the report as JSON to PATH (or to stdout without one) instead of text")
+                   help="also write the report as JSON to PATH; without PATH, print JSON instead of text")
     p.add_argument("--out", default=None, help="launch directory (default runs/<tool>-<factory>-<hash>)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
 
@@ -171,17 +171,16 @@ def _tool(args, fields, call) -> int:
     except KeyboardInterrupt as e:
         print(f"ddplab {args.command}: {e or 'interrupted'}", file=sys.stderr)
         return 130
-    if args.json is None:
-        print(report.text())
-    else:
-        text = json.dumps(report.to_dict(), indent=2)
-        if args.json == "-":
-            print(text)
-        else:
-            from pathlib import Path
+    data = json.dumps(report.to_dict(), indent=2, allow_nan=False)
+    if args.json == "-":
+        print(data)
+        return 0
+    print(report.text())
+    if args.json is not None:
+        from pathlib import Path
 
-            Path(args.json).write_text(text + "\n")
-            print(f"ddplab {args.command}: report written to {args.json}", file=sys.stderr)
+        Path(args.json).write_text(data + "\n")
+        print(f"the same as data: {args.json}")
     return 0
 
 

@@ -47,7 +47,8 @@ def audit_model(model, world_size: int = 4, optimizer: str = "sgd", local_batch=
                       steps=STEPS, probes=PROBES)
     counted = checked(exp)
     payload = counted.gradient_bytes
-    alone = exp.replace(name=f"{exp.name}-compute", sync="none", probes=(), steps=COMPUTE_STEPS)
+    alone = exp.replace(name=f"{exp.name}-compute", sync="none", probes=(), steps=COMPUTE_STEPS, bucket_cap_mb=None,
+                        gradient_as_bucket_view=False)   # no DDP: its settings stay at their defaults
     sizes = sorted({4096, *(max(4096, 4 * round(payload * f / 4)) for f in LINE_FRACTIONS)} - {payload})
     repeats = allreduce_repeats or (20 if payload <= 64 * MIB else 5)
     sweep = allreduce_sweep(world_size, min_bytes=4096, max_bytes=4096, repeats=repeats, extra_bytes=(*sizes, payload),
@@ -67,6 +68,7 @@ class ModelAudit:
     model: dict
     memory: pd.DataFrame
     buckets: pd.DataFrame
+    layout: list[list[str]]        # every bucket's parameters, in launch order
     last_bucket: list[str]
     bucket_rule: dict
     ready_order: pd.DataFrame
@@ -97,7 +99,7 @@ class ModelAudit:
                   "optimizer": exp.optimizer, "dtype": exp.dtype, "bucket_cap_mb": exp.bucket_cap_mb,
                   "backend": ddp.ranks[0].backend, "device": ddp.ranks[0].device},
             model=model, memory=tables.memory(ddp, step=MEMORY_STEP), buckets=pd.DataFrame(rows).set_index("bucket"),
-            last_bucket=layout[-1], bucket_rule=_rule(exp, counted, rank0, layout), ready_order=differ,
+            layout=layout, last_bucket=layout[-1], bucket_rule=_rule(exp, counted, rank0, layout), ready_order=differ,
             comm={"payload_bytes": int(wire["payload_mib"] * MIB), "written_bytes_per_rank": float(wire["written_mib_per_rank"] * MIB),
                   "ring_formula_bytes": ring_bytes_per_rank(counted.gradient_bytes, exp.world_size),
                   "written_over_formula": float(wire["ratio"])},
@@ -111,7 +113,7 @@ class ModelAudit:
         memory = {str(rank): {f"{c}_{kind}_mib": (None if math.isnan(v) else float(v)) for (c, kind), v in row.items()}
                   for rank, row in self.memory.iterrows()}
         return {"spec": self.spec, "model": self.model, "memory_mib": memory,
-                "buckets": records(self.buckets), "last_bucket": self.last_bucket,
+                "buckets": records(self.buckets), "layout": self.layout, "last_bucket": self.last_bucket,
                 "bucket_rule": self.bucket_rule,
                 "ready_order_differs": records(self.ready_order),
                 "comm": self.comm, "compute": self.compute, "paths": self.paths}

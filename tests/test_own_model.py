@@ -1,0 +1,237 @@
+"""A practitioner's own model (issue 19): the factory contract (spec/model.py) with Hugging Face,
+torchvision and plain factories, the checks that refuse a wrong factory before anything starts, and
+`ddplab audit` / `ddplab tune-buckets` end to end, their numbers against independent counts."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+import ddplab
+from ddplab import Experiment, ModelWithData, cli
+from ddplab.launch.preflight import check_user_model
+from ddplab.predict import buckets as simulator
+from ddplab.rank import models
+from ddplab.rank.reference import global_batch
+from ddplab.tables import bucket_sweep
+from ddplab.tables import buckets as bucket_views
+from ddplab.tools import bucket_tuning, factory
+from ddplab.units import MIB
+
+HF = "ddplab.examples.hf_gpt2:gpt2"
+SMALL = dict(vocab_size=512, d_model=64, n_layers=2, n_heads=4, seq_len=32)
+
+
+def transformers_or_skip():
+    return pytest.importorskip("transformers", reason="Hugging Face transformers is not installed")
+
+
+# ---- wrong factories, refused before any launch, with what to fix --------------------------------
+class _Flat(nn.Module):
+    def __init__(self, vocab_size=64):
+        super().__init__()
+        self.emb, self.head = nn.Embedding(vocab_size, 8), nn.Linear(8, vocab_size)
+
+    def forward(self, idx):
+        return self.head(self.emb(idx)).mean(dim=1)   # (batch, vocab): one position, not one per token
+
+
+def raises(vocab_size):
+    raise RuntimeError("config has no attribute n_embd")
+
+
+def wrong_shape(vocab_size):
+    return _Flat(vocab_size)
+
+
+def not_a_module():
+    return {"model": "a dict"}
+
+
+def labels_out_of_range():
+    def batch(ids, seed):
+        return torch.randn(len(ids), 4), torch.full((len(ids),), 7)   # 7 classes? the model has 3
+    return ModelWithData(nn.Linear(4, 3), batch)
+
+
+def images_without_targets():
+    return ModelWithData(nn.Linear(4, 3), lambda ids, seed: torch.randn(len(ids), 4))
+
+
+@pytest.mark.parametrize("name, match", [
+    ("raises", r"tests.test_own_model:raises raised RuntimeError: config has no attribute n_embd"),
+    ("wrong_shape", r"must map token ids .* = \(2, 16, 64\); it returned \(2, 64\)"),
+    ("not_a_module", r"returned dict, not an nn.Module"),
+    ("labels_out_of_range", r"targets must be class ids in 0..2 .* gave 7..7"),
+    ("images_without_targets", r"must return \(inputs, targets\), two tensors; it returned Tensor"),
+    ("with_unused", r"leaves 2 trainable parameter\(s\) without a gradient .*: unused.weight, unused.bias"),
+])
+def test_a_wrong_factory_is_refused_with_what_to_fix(name, match):
+    module = "tests.user_models" if name == "with_unused" else "tests.test_own_model"
+    with pytest.raises(ValueError, match=match):
+        check_user_model(Experiment(model=f"{module}:{name}", world_size=2), gradients=True)
+
+
+def test_the_unused_parameter_check_can_pass_and_the_token_check_sees_a_good_factory():
+    model = check_user_model(Experiment(model="tests.user_models:with_frozen", world_size=2), gradients=True)
+    assert not model.emb.weight.requires_grad   # frozen is fine: DDP skips it
+
+
+@pytest.mark.parametrize("command", ["audit", "tune-buckets"])
+def test_the_commands_refuse_a_wrong_factory_before_launching_anything(command, tmp_path, capsys):
+    code = cli.main([command, "--model", "tests.test_own_model:wrong_shape", "--world-size", "2", "--out",
+                     str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code == 2 and f"ddplab {command}: Experiment.model: tests.test_own_model:wrong_shape must map" in err, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_factory_defined_in_main_or_set_by_the_tool_is_a_value_error():
+    def local():
+        return nn.Linear(2, 2)
+    local.__module__ = "__main__"
+    with pytest.raises(ValueError, match="put it in a .py file"):
+        factory.factory_path(local)
+    assert factory.factory_path(wrong_shape) == "tests.test_own_model:wrong_shape"
+    with pytest.raises(ValueError, match="^sync: the tool sets it"):
+        factory.experiment(HF, "audit", {"sync": "none"})
+    with pytest.raises(ValueError, match="Experiment.world_size"):
+        factory.experiment(HF, "audit", {}, world_size=0)
+
+
+# ---- the three kinds of factory ------------------------------------------------------------------
+def test_the_hugging_face_factory_gives_logits_and_the_same_count_as_hugging_face():
+    transformers_or_skip()
+    exp = Experiment(model=HF, world_size=2, **SMALL)
+    built = models.build_with_data(exp)
+    assert isinstance(built.module, __import__("transformers").PreTrainedModel) and not built.own_data
+    x, _ = built.batch([0, 1], exp.seq_len)
+    assert built.module(x).shape == (2, exp.seq_len, exp.vocab_size)   # .logits, taken by the lab
+    counted = factory.checked(exp)
+    assert counted.parameters == built.module.num_parameters() == models.parameter_count(built.module)
+
+
+def test_the_torchvision_factory_brings_its_images():
+    try:
+        import torchvision  # noqa: F401
+    except Exception as e:   # missing, or built for another torch (its C++ ops fail to register)
+        pytest.skip(f"torchvision is not usable here: {type(e).__name__}: {e}")
+    built = models.build_with_data(Experiment(model="ddplab.examples.vision:resnet18", world_size=2))
+    x, y = built.batch([0, 1], 0)
+    assert built.own_data and x.shape == (2, 3, 32, 32) and built.module(x).shape == (2, 10)
+
+
+def test_a_model_with_its_own_data_feeds_the_ranks_and_the_reference_the_same_examples():
+    exp = Experiment(model="ddplab.examples.vision:small_cnn", world_size=2, local_batch=(3, 2), d_model=8)
+    built = models.build_with_data(exp)
+    parts = global_batch(exp, built.batch, step=0)
+    assert [tuple(x.shape) for x, _ in parts] == [(3, 3, 32, 32), (2, 3, 32, 32)]
+    again = models.build_with_data(exp).batch([3, 4], 0)   # rank 1's ids, rebuilt in another "process"
+    assert torch.equal(again[0], parts[1][0]) and torch.equal(again[1], parts[1][1])
+    with pytest.raises(ValueError, match="returns a ModelWithData .* feeds token ids"):
+        models.build(exp)
+
+
+# ---- tune-buckets' choice of plans (pure) --------------------------------------------------------
+def _inputs(sizes_kib, ms_each=2.0):
+    grads = [simulator.Grad(f"p{i}", int(k * 1024), (i + 1) * ms_each) for i, k in enumerate(sizes_kib)]
+    return bucket_sweep.Inputs(grads, backward_ms=ms_each * len(grads), forward_ms=5.0, optimizer_ms=1.0)
+
+
+def test_candidate_caps_giving_the_same_buckets_count_once_and_the_default_and_a_split_are_measured():
+    from ddplab.predict.comm import AlphaBeta
+
+    ins = _inputs([512] * 8)   # 8 tensors of 0.5 MiB
+    cost = simulator.Cost(AlphaBeta(alpha_s=1e-3, beta_s_per_byte=1e-9))
+    predicted = bucket_tuning._predicted(ins, cost, (0.5, 0.25, 1, 64, 256))
+    layouts = [bucket_views.ddp_rule(ins, bucket_sweep.cap_of(p)) for p in predicted.index]
+    assert len(layouts) == len({str(p) for p in layouts}) and predicted.index[0] == "ddp:default"
+    assert "ddp:0.25" in predicted.index and "ddp:0.5" not in predicted.index   # both cut after every tensor: the smaller named
+    assert "ddp:256" not in predicted.index                                    # 64 MiB is already one bucket
+    chosen = bucket_tuning._chosen(predicted, ins, measure=2)
+    fastest = list(predicted.sort_values("step_ms").index)
+    assert chosen[:2] == fastest[:2] and "ddp:default" in chosen
+    split = [c for c in chosen if c.startswith("ddp-split:")]
+    assert len(split) == 1 and len(bucket_views.ddp_rule(ins, bucket_sweep.cap_of(split[0]))[-1]) >= 2
+    with pytest.raises(ValueError, match="^measure:"):
+        bucket_tuning.tune_buckets(HF, 2, measure=0)
+
+
+# ---- end to end: real ranks ----------------------------------------------------------------------
+@pytest.mark.slow
+def test_audit_of_a_hugging_face_gpt2_against_independent_counts(tmp_path, capsys):
+    transformers_or_skip()
+    report = tmp_path / "audit.json"
+    code = cli.main(["audit", "--model", HF, "--world-size", "2", "--optimizer", "adam", "--local-batch", "4",
+                     "--bucket-cap-mb", "0.125", *[f"--{k.replace('_', '-')}={v}" for k, v in SMALL.items()],
+                     "--json", str(report), "--out", str(tmp_path / "runs"), "--quiet"])
+    assert code == 0, capsys.readouterr().err
+    got = json.loads(report.read_text())
+    exp = Experiment(model=HF, world_size=2, **SMALL)
+    hf = models.build_with_data(exp).module
+    trainable = [(n, p) for n, p in hf.named_parameters() if p.requires_grad]
+    # the parameters, counted by Hugging Face itself
+    assert got["model"]["parameters"] == hf.num_parameters() and got["model"]["ranks_agree"]
+    assert got["comm"]["payload_bytes"] == sum(p.numel() for _, p in trainable) * 4
+    assert abs(got["comm"]["written_over_formula"] - 1) < 0.05
+    # every model-state category measured as predicted; adam holds two moments per element
+    for rank in ("0", "1"):
+        mem = got["memory_mib"][rank]
+        for c in ("parameters", "gradients", "ddp_buckets", "optimizer_state"):
+            assert mem[f"{c}_measured_mib"] == mem[f"{c}_predicted_mib"], (rank, c, mem)
+        # two moments per element (and a one-element step count per tensor), to the table's 3 decimals
+        assert mem["optimizer_state_measured_mib"] == pytest.approx(2 * mem["parameters_measured_mib"], abs=2e-3)
+    # the buckets, against torch's own rule (the C++ reducer's) on the ready order DDP saw in step 0
+    run = ddplab.load_run(got["paths"]["ddp"])
+    ready = [e.param for e in run.ranks[0].steps[0].backward.ready]
+    tensors = dict(trainable)
+    cap = int(0.125 * MIB)
+    indices, _ = dist._compute_bucket_assignment_by_size([tensors[n].detach() for n in ready], [cap, cap])
+    torch_rule = [[ready[i] for i in bucket] for bucket in indices]
+    assert got["layout"] == torch_rule and len(torch_rule) > 2 and got["bucket_rule"]["matches"]
+    assert got["last_bucket"] == torch_rule[-1] and [b["tensors"] for b in got["buckets"]] == [len(b) for b in torch_rule]
+    assert sum(b["bytes"] for b in got["buckets"]) == got["comm"]["payload_bytes"]
+    assert got["compute"]["compute_to_comm"] == pytest.approx(got["compute"]["compute_ms"] / got["compute"]["allreduce_ms"], rel=2e-3)
+    # the text report says the same
+    text = capsys.readouterr().out
+    assert f"model: {hf.num_parameters():,} parameters" in text and f"buckets DDP built after its rebuild ({len(torch_rule)}," in text
+    assert "DDP's rule on the ready order it saw in step 0 gives exactly these buckets" in text
+
+
+@pytest.mark.slow
+def test_tune_buckets_on_an_image_model_measures_the_default_and_a_split_run_by_ddp(tmp_path):
+    tuning = ddplab.tune_buckets("ddplab.examples.vision:small_cnn", 2, local_batch=8, caps_mb=(0.0001, 0.05, 0.5, 4),
+                                 measure=2, rounds=2, steps=2, out=tmp_path, progress=False, d_model=32)
+    measured = tuning.measured
+    assert "ddp:default" in measured.index and "compute-only" in measured.index
+    split = [p for p in measured.index if p.startswith("ddp-split:")]
+    assert len(split) == 1
+    run = ddplab.load_run(tuning.paths["measure"])
+    ins = bucket_sweep.inputs(ddplab.load_run(tuning.paths["capture"]))
+    uncut = bucket_views.ddp_rule(ins, bucket_sweep.cap_of(split[0]))
+    assert bucket_views.is_last_split(bucket_views.plan_for(run, split[0], ins), uncut)   # DDP built the split
+    assert tuning.best in measured.index and tuning.best != "compute-only"
+    assert tuning.recommendation.startswith(("bucket_cap_mb=", "bucket_cap_mb_list=["))
+    assert ("cannot tell" in tuning.verdict) == (tuning.recommendation == "bucket_cap_mb=None (DDP's default)"
+                                                 and tuning.best != "ddp:default")
+    assert json.loads(json.dumps(tuning.to_dict()))["recommendation"] == tuning.recommendation
+    assert os.path.isdir(tuning.paths["measure"]) and "recommendation:" in tuning.text()
+
+
+def test_the_bucket_rule_check_fails_on_buckets_ddp_did_not_build():
+    from types import SimpleNamespace
+
+    from ddplab.tools import model_audit
+
+    ready = [("c", 1.0), ("b", 2.0), ("a", 3.0)]   # the order DDP saw in step 0
+    rank0 = SimpleNamespace(steps=[SimpleNamespace(ready_ms=lambda: ready)])
+    counted = factory.Counted(3, 3 * 2 ** 17, 3, 3 * 2 ** 17, 3 * 2 ** 19, {"a": 2 ** 19, "b": 2 ** 19, "c": 2 ** 19})
+    exp = Experiment(world_size=2, bucket_cap_mb=1)   # 1 MiB: two 0.5 MiB gradients a bucket, in ready order
+    assert model_audit._rule(exp, counted, rank0, [["c", "b"], ["a"]])["matches"]
+    for wrong in ([["a", "b"], ["c"]], [["c"], ["b", "a"]], [["c", "b", "a"]]):   # source order; other cuts
+        assert not model_audit._rule(exp, counted, rank0, wrong)["matches"], wrong
