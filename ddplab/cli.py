@@ -232,7 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
     p_tune.add_argument("--caps", type=_caps, default=None, help="candidate caps in MiB, e.g. 0.5,1,4,16 (default: "
                                                                  "from one tensor per bucket to 256)")
     p_tune.add_argument("--measure", type=int, default=3, help="how many of the plans predicted fastest to measure")
-    p_tune.add_argument("--rounds", type=int, default=5, help="interleaved rounds of the measurement")
+    p_tune.add_argument("--rounds", type=int, default=4, help="interleaved rounds of the measurement")
     p_tune.add_argument("--steps", type=int, default=3, help="steps of each plan per round")
     p_tune.set_defaults(func=_cmd_tune)
     p_doc = sub.add_parser("doctor", help="versions, backends, GPUs, and a real 2-rank all-reduce")

@@ -1,6 +1,7 @@
 """`ddplab tune-buckets` / `ddplab.tune_buckets(...)`: notebook 05's worked example as a tool.
 
-On one set of warm ranks (a `Session`: the model's imports and the process group are paid once):
+On one set of warm ranks (the current `Session` if it fits, else one started for the two launches and
+stopped after them: the model's imports and the process group are paid once):
 1. capture: time all-reduces of this machine from 4 KiB to the gradient's size, and a bucket sweep
    with DDP's default only, whose compute-only arm records when every gradient becomes ready without
    communication competing (the ready order and times the simulator needs);
@@ -34,7 +35,7 @@ DEFAULT = "ddp:default"
 
 
 def tune_buckets(model, world_size: int = 4, local_batch: int = 8, *, caps_mb=CAPS_MB, measure: int = 3,
-                 rounds: int = 5, steps: int = 3, out=None, progress=True, pin_cpus: bool = True,
+                 rounds: int = 4, steps: int = 3, out=None, progress=True, pin_cpus: bool = True,
                  allreduce_repeats: int | None = None, **fields) -> "BucketTuning":
     """Recommend a DDP bucket cap for `model` (a factory: spec/model.py) on `world_size` ranks: capture,
     predict every cap in `caps_mb`, measure the `measure` best predicted beside DDP's default and a split
@@ -50,19 +51,22 @@ def tune_buckets(model, world_size: int = 4, local_batch: int = 8, *, caps_mb=CA
     counted = checked(base)
     payload = counted.gradient_bytes
     top = 4096
-    while top < payload:
-        top *= 4
+    while top * 4 < payload:
+        top *= 4   # powers of 4 below the gradient's size, and that size itself
     line = allreduce_sweep(world_size, max_bytes=top, repeats=allreduce_repeats or (20 if payload <= 64 * MIB else 5),
                            extra_bytes=(payload,), backend=base.backend, device=base.device, pin_cpus=pin_cpus,
                            name=f"{base.name}-allreduce")
-    capture = base.replace(name=f"{base.name}-capture", task=BucketSweep(plans=(DEFAULT,), rounds=2, steps_per_round=2))
-    from .. import Session, run_many
+    capture = base.replace(name=f"{base.name}-capture", task=BucketSweep(plans=(DEFAULT,), rounds=1, steps_per_round=3))
+    from .. import run_many
+    from ..launch import session as sessions
 
     def where(part):
         return None if out is None else f"{out}/{part}"
 
-    with Session(world_size=world_size, backend=base.backend, device=base.device, pin_cpus=pin_cpus):
-        ar_run, cap_run = run_many([line, capture], out=where("capture"), name=capture.name, progress=progress)
+    before = sessions.current()   # warm ranks that fit are used; ranks started here stop at the end
+    try:
+        ar_run, cap_run = run_many([line, capture], out=where("capture"), name=capture.name, progress=progress,
+                                   warm=True)
         link, quality = tables.fit_sweep(tables.allreduce_sweep(ar_run))
         ins = bucket_sweep.inputs(cap_run)
         cost = buckets.costs(cap_run, link)["calibrated"]
@@ -70,7 +74,11 @@ def tune_buckets(model, world_size: int = 4, local_batch: int = 8, *, caps_mb=CA
         chosen = _chosen(predicted, ins, measure)
         sweep = measuring.replace(name=f"{base.name}-measure", task=BucketSweep(plans=tuple(chosen), rounds=rounds,
                                                                                  steps_per_round=steps))
-        (meas_run,) = run_many([sweep], out=where("measure"), name=sweep.name, progress=progress)
+        (meas_run,) = run_many([sweep], out=where("measure"), name=sweep.name, progress=progress, warm=True)
+    finally:
+        started = sessions.current()
+        if started is not None and started is not before:
+            started.close()
     return BucketTuning.of(base, link, quality, ins, predicted, meas_run, cost,
                            {"allreduce": str(ar_run.path), "capture": str(cap_run.path), "measure": str(meas_run.path)})
 
