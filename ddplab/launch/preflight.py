@@ -44,8 +44,18 @@ def check_user_model(exp: Experiment, gradients: bool = False):
 
     with _importable_from_here():   # as in the ranks, whose PYTHONPATH starts with this directory
         reads_tokens = exp.task.kind in ("train", "bucket-sweep")
-        built = models.build_with_data(exp) if reads_tokens else None
-        model = built.module if built else models.build(exp)
+        try:
+            built = models.build_with_data(exp) if reads_tokens else None
+            model = built.module if built else models.build(exp)
+        except ValueError as e:
+            if str(e).startswith("Experiment.model"):
+                raise
+            raise ValueError(f"Experiment.model: {exp.model} raised ValueError: {e}") from e
+        except Exception as e:   # said once, with its type, and chained (the traceback stays)
+            raise ValueError(f"Experiment.model: {exp.model} raised {type(e).__name__}: {e}") from e
+        if built and built.own_data and exp.loss_norm == "global-token":
+            raise ValueError(f"Experiment.loss_norm: 'global-token' counts seq_len targets per example, and "
+                             f"{exp.model} brings its own targets (ModelWithData); use 'rank-mean' or 'global-sample'")
         models.check_model(model, exp, built.batch if built and built.own_data else None)
         if gradients:
             unused = models.unused_parameters(model, exp, built.batch if built and built.own_data else None)

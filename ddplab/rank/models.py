@@ -225,10 +225,6 @@ def build_with_data(exp, data_of=None) -> Built:
         made = factory(**{k: v for k, v in sizes.items() if k in accepted})
     except SystemExit as e:   # a factory that exits would end the launcher (or a rank) silently
         raise ValueError(f"Experiment.model: {exp.model} called sys.exit({e.code}) instead of returning a model") from None
-    except ValueError:
-        raise
-    except Exception as e:   # said once, with its type, and chained (the traceback stays)
-        raise ValueError(f"Experiment.model: {exp.model} raised {type(e).__name__}: {e}") from e
     if isinstance(made, ModelWithData):
         module, seed = made.model, data_of.seed
         batch, own = (lambda ids, seq_len: made.batch(list(ids), seed)), True
@@ -242,8 +238,9 @@ def build_with_data(exp, data_of=None) -> Built:
 
 
 def _logits_of(module, args, out):
-    """A forward hook: an output that carries `.logits` (a Hugging Face ModelOutput) becomes the logits."""
-    logits = getattr(out, "logits", None)
+    """A forward hook: an output that carries `.logits` (a Hugging Face ModelOutput) or a "logits" key
+    becomes the logits."""
+    logits = out.get("logits") if isinstance(out, dict) else getattr(out, "logits", None)
     return logits if isinstance(logits, torch.Tensor) else None
 
 
@@ -268,7 +265,9 @@ def check_model(model: nn.Module, exp, batch: Callable | None = None) -> None:
     if not ok:
         got = shape if shape is not None else type(out).__name__
         need = want or f"{tuple(y.shape)} + (classes,)"
-        raise ValueError(f"Experiment.model: {exp.model} must map {what} = {need}; it returned {got}")
+        hint = ("; return the logits tensor itself, or an object with a .logits tensor (a Hugging Face model with "
+                "return_dict=True)") if shape is None else ""
+        raise ValueError(f"Experiment.model: {exp.model} must map {what} = {need}; it returned {got}{hint}")
     if batch is not None and not (0 <= int(y.min()) and int(y.max()) < shape[-1]):
         raise ValueError(f"Experiment.model: {exp.model}'s targets must be class ids in 0..{shape[-1] - 1} "
                          f"(the logits' last dimension); its batch gave {int(y.min())}..{int(y.max())}")

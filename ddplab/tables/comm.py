@@ -50,7 +50,7 @@ def bytes_on_wire(runs) -> pd.DataFrame:
     bytes probe), and the ring formula 2(D-1)/D x payload."""
     rows = []
     for run in runs:
-        payload = run.ranks[0].model.parameter_bytes
+        payload = run.ranks[0].model.payload_bytes
         written = statistics.median(st.write_bytes for r in run.ranks for st in r.steps)
         formula = comm.ring_bytes_per_rank(payload, run.world_size)
         rows.append({"world_size": run.world_size, "local_batch": run.spec.local_batch_of(0), "payload_mib": payload / MIB,
@@ -68,7 +68,7 @@ def compute_vs_comm(runs_alone, sweep: pd.DataFrame, model: comm.AlphaBeta, warm
     for run in runs_alone:
         per_step = [max(r.steps[i].phase_ms["forward"] + r.steps[i].phase_ms["backward"] for r in run.ranks)
                     for i in range(warmup, run.spec.steps)]
-        payload = run.ranks[0].model.parameter_bytes
+        payload = run.ranks[0].model.payload_bytes
         if payload not in sweep.index:
             raise ValueError(f"the sweep did not time the gradient's size ({payload} bytes): "
                              f"use recipes.allreduce_sweep(extra_bytes=({payload},))")

@@ -3,7 +3,8 @@ purpose, how long it took, and what DDP's find_unused_parameters costs a healthy
 
 `failure_table(outcomes)` takes `launch.failure_lab.provoke` outcomes (`failures.Provoked`);
 `verify_failures_diagnosed` raises `verify.CheckFailed` unless every one named its faulty rank within
-`timeout_s` + 15 s and left no process behind (tests/test_failure_lab.py feeds it wrong outcomes).
+`timeout_s` + 15 s, left no process behind, and was diagnosed as the kind of failure it is, in the words
+`SIGNS` lists (tests/test_failure_lab.py feeds it wrong outcomes; notebook 08 feeds it real ones).
 """
 
 from __future__ import annotations
@@ -17,6 +18,16 @@ from ..failures import Provoked
 from .bucket_sweep import robust_spread
 
 DIAGNOSIS_GRACE_S = 15.0   # the launch's own start and stop, beyond the collective timeout
+# what each provoked failure's diagnosis must be and say (torch 2.13's own words where DDP or gloo speaks);
+# {timeout} is the run's timeout_s
+SIGNS = {"skip-backward": ("hang", ["Rank 1 never arrived", "DDP gradient all-reduce",
+                                    "the collective timed out after timeout_s={timeout} s"]),
+         "extra-all-reduce": ("missing-result", ["killed by SIGABRT in 'extra-all-reduce' of step 1", "collective mismatch"]),
+         "shape-mismatch": ("crash", ["'ddp-construct'", "appears not to match sizes"]),
+         "unused-parameter": ("crash", ["'forward' of step 1", "Expected to have finished reduction",
+                                        "Parameter indices which did not receive grad for rank 1"]),
+         "sigkill": ("missing-result", ["killed by SIGKILL in 'sigkill' of step 1",
+                                        "Its peers were waiting in the DDP gradient all-reduce"])}
 
 
 def failure_table(outcomes: list[Provoked]) -> pd.DataFrame:
@@ -50,6 +61,15 @@ def verify_failures_diagnosed(outcomes: list[Provoked]) -> None:
         verify.below("seconds from launch to diagnosis beyond each run's timeout_s + 15 s",
                      (table["seconds"] - table["bound_s"]).tolist(), 0.0)
     verify.equal("processes left behind by the failed runs", int(table["orphans"].sum()), 0)
+    signs = [o for o in outcomes if o.fault_kind in SIGNS]
+    verify.equal("each failure's kind of diagnosis (hang, crash, missing result), by fault",
+                 {o.fault_kind: o.diagnosis.kind for o in signs}, {o.fault_kind: SIGNS[o.fault_kind][0] for o in signs})
+    missing = {o.fault_kind: [p for p in _phrases(o) if p not in o.diagnosis.summary] for o in signs}
+    verify.equal("what each diagnosis must say, missing from it (by fault)", {k: v for k, v in missing.items() if v}, {})
+
+
+def _phrases(o: Provoked) -> list[str]:
+    return [p.format(timeout=f"{o.timeout_s:g}") for p in SIGNS[o.fault_kind][1]]
 
 
 def find_unused_cost(runs, warmup: int = 2) -> pd.DataFrame:

@@ -12,12 +12,13 @@ from ..units import ms_after
 
 
 def ready_order(run, step: int = -1, rank: int = 0) -> pd.DataFrame:
-    """Per parameter, in source order (`parameters()`): its position in the order gradients became
-    ready, the position the naive "reverse source order" assumption gives it, and its bucket."""
+    """Per parameter that gets a gradient, in source order (`parameters()`; frozen ones left out): its
+    position in the order gradients became ready, the position the naive "reverse source order"
+    assumption gives it, and its bucket."""
     st = run.ranks[rank].steps[step]
     ready = [e.param for e in st.backward.ready]
     bucket_of = {p: b.index for b in st.buckets for p in b.params}
-    source = run.ranks[rank].parameter_names
+    source = [n for n in run.ranks[rank].parameter_names if n in set(ready)]
     n = len(source)
     rows = [{"parameter": name, "source_position": i, "reverse_source_position": n - 1 - i,
              "ready_position": ready.index(name), "bucket": bucket_of.get(name)} for i, name in enumerate(source)]

@@ -34,17 +34,17 @@ CAPS_MB = (ONE_PER_PARAMETER_MB, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64, 256)
 DEFAULT = "ddp:default"
 
 
-def tune_buckets(model, world_size: int = 4, local_batch: int = 8, *, caps_mb=CAPS_MB, measure: int = 3,
+def tune_buckets(model, world_size: int = 4, local_batch: int = 8, *, caps_mb=CAPS_MB, measure: int = 2,
                  rounds: int = 4, steps: int = 3, out=None, progress=True, pin_cpus: bool = True,
                  allreduce_repeats: int | None = None, **fields) -> "BucketTuning":
     """Recommend a DDP bucket cap for `model` (a factory: spec/model.py) on `world_size` ranks: capture,
     predict every cap in `caps_mb`, measure the `measure` best predicted beside DDP's default and a split
     last bucket (`rounds` interleaved rounds of `steps` steps). Other Experiment fields by keyword."""
-    if not (isinstance(measure, int) and 1 <= measure <= len(caps_mb)):
-        raise ValueError(f"measure: how many predicted plans to measure, 1..{len(caps_mb)} (got {measure!r})")
-    caps = tuple(caps_mb)
-    if not caps or not all(isinstance(c, (int, float)) and c > 0 for c in caps):
-        raise ValueError(f"caps_mb: bucket caps in MiB, each > 0 (got {caps_mb!r})")
+    caps = tuple(caps_mb) if isinstance(caps_mb, (list, tuple)) else ()
+    if not caps or not all(isinstance(c, (int, float)) and not isinstance(c, bool) and c > 0 for c in caps):
+        raise ValueError(f"caps_mb: one or more bucket caps in MiB, each > 0 (got {caps_mb!r})")
+    if not (isinstance(measure, int) and not isinstance(measure, bool) and 1 <= measure <= len(caps) + 1):
+        raise ValueError(f"measure: how many of the plans predicted fastest to measure, 1..{len(caps) + 1} (got {measure!r})")
     base = experiment(model, "tune", fields, world_size=world_size, local_batch=local_batch, pin_cpus=pin_cpus)
     # the sweep settings are checked by the spec before anything starts, as every launch's are
     measuring = base.replace(task=BucketSweep(plans=(DEFAULT,), rounds=rounds, steps_per_round=steps))
@@ -133,27 +133,13 @@ class BucketTuning:
         rows.loc["compute-only", ["step_ms", "spread_ms"]] = table.loc["compute-only", ["step_ms", "spread_ms"]]
         best = min(synced, key=lambda p: table.loc[p, "step_ms"])
         judge, why = bucket_sweep.trustworthy(table)
-        vs = bucket_sweep.step_difference(table, DEFAULT, best)
-        setting = _setting(run, best, ins)
-        if best == DEFAULT:
-            verdict = (f"DDP's default measured fastest ({vs['step_b_ms']:.1f} ms a step): keep it")
-        elif vs["verdict"] == "faster":
-            verdict = (f"{best} measured faster than DDP's default by {vs['faster_by_ms']:.1f} ms a step "
-                       f"({vs['step_b_ms']:.1f} against {vs['step_a_ms']:.1f} ms), beyond twice the spread "
-                       f"({vs['threshold_ms']:.1f} ms)")
-        else:
-            verdict = (f"this machine cannot tell {best} from DDP's default: {vs['step_b_ms']:.1f} against "
-                       f"{vs['step_a_ms']:.1f} ms a step, a difference within twice the spread ({vs['threshold_ms']:.1f} "
-                       f"ms); keep the default unless a quieter machine resolves it")
-            setting = "bucket_cap_mb=None (DDP's default)"
-        if not judge:
-            verdict += f"; and the timings are not trustworthy: {why}"
+        setting, verdict = recommend(table, best, _setting(run, best, ins))
         return cls(spec={"factory": exp.model, "world_size": exp.world_size, "local_batch": exp.local_batch,
                          "seq_len": exp.seq_len, "gradient_mib": ins.gradient_bytes / MIB, "tensors": len(ins.grads),
                          "backward_ms": ins.backward_ms},
                    line={"alpha_ms": link.alpha_s * 1e3, "bandwidth_gb_s": link.bandwidth_bytes_per_s / 1e9,
                          "median_rel_error": quality.median_rel_error},
-                   predicted=predicted.round(3), measured=rows.round(3), best=best, recommendation=setting,
+                   predicted=predicted, measured=rows, best=best, recommendation=setting,
                    verdict=verdict, trustworthy=judge, why=why, paths=paths)
 
     def to_dict(self) -> dict:
@@ -169,17 +155,40 @@ class BucketTuning:
             f"{s['tensors']} gradients, {s['gradient_mib']:.2f} MiB; backward alone {s['backward_ms']:.1f} ms",
             f"all-reduce line of this machine: alpha {ln['alpha_ms']:.3f} ms, {ln['bandwidth_gb_s']:.2f} GB/s "
             f"(median miss {ln['median_rel_error']:.0%})", "",
-            "predicted (simulator, calibrated on DDP's default; ms):", self.predicted.to_string(), "",
-            "measured (median of round medians, spread = robust standard deviation; ms):", self.measured.to_string(), "",
+            "predicted (simulator, calibrated on DDP's default; ms):", self.predicted.round(2).to_string(), "",
+            "measured (median of round medians, spread = robust standard deviation; ms):",
+            self.measured.round(2).to_string(), "",
             f"recommendation: {self.recommendation}", self.verdict, "",
             "runs: " + ", ".join(f"{k} {v}" for k, v in self.paths.items())])
+
+
+KEEP = "bucket_cap_mb=None (DDP's default)"
+
+
+def recommend(table: pd.DataFrame, best: str, setting: str) -> tuple[str, str]:
+    """(the setting to use, the verdict in words), from the measured table (`bucket_sweep.measured`):
+    `best`'s `setting` only when the sweep can judge timing at all and `best` beat DDP's default by more
+    than twice the larger spread; otherwise DDP's default, saying why."""
+    judge, why = bucket_sweep.trustworthy(table)
+    if not judge:   # nothing this sweep measured can justify leaving the default
+        return KEEP, f"the timings are not trustworthy ({why}), so no plan is recommended over DDP's default"
+    vs = bucket_sweep.step_difference(table, DEFAULT, best)
+    if best == DEFAULT:
+        return KEEP, f"DDP's default measured fastest ({vs['step_b_ms']:.1f} ms a step): keep it"
+    if vs["verdict"] == "faster":
+        return setting, (f"{best} measured faster than DDP's default by {vs['faster_by_ms']:.1f} ms a step "
+                         f"({vs['step_b_ms']:.1f} against {vs['step_a_ms']:.1f} ms), beyond twice the spread "
+                         f"({vs['threshold_ms']:.1f} ms)")
+    return KEEP, (f"this machine cannot tell {best} from DDP's default: {vs['step_b_ms']:.1f} against "
+                  f"{vs['step_a_ms']:.1f} ms a step, a difference within twice the spread ({vs['threshold_ms']:.1f} "
+                  f"ms); keep the default unless a quieter machine resolves it")
 
 
 def _setting(run, plan: str, ins) -> str:
     """The DDP argument that builds `plan`'s buckets."""
     kind, cap = plan.split(":")[0], bucket_sweep.cap_of(plan)
     if plan == DEFAULT:
-        return "bucket_cap_mb=None (DDP's default)"
+        return KEEP
     if kind == "ddp-split":
         caps = simulator.caps_for(buckets.plan_for(run, plan, ins), {g.name: g.bytes for g in ins.grads})
         return "bucket_cap_mb_list=[" + ", ".join(f"{c:.6g}" for c in caps) + "]"

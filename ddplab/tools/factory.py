@@ -26,7 +26,9 @@ def factory_path(model) -> str:
     raise ValueError(f"model: give a factory 'package.module:function' (or the function), got {type(model).__name__}")
 
 
-NOT_YOURS = ("sync", "sharding", "steps", "probes", "task", "accum_steps", "fault", "straggler")
+# what the tools set themselves (plain DDP steps that rebuild their buckets, on the model they were given)
+NOT_YOURS = ("name", "model", "sync", "sharding", "steps", "probes", "task", "accum_steps", "fault", "straggler",
+             "find_unused_parameters")
 
 
 def experiment(model, name: str, fields: dict, **settings) -> Experiment:

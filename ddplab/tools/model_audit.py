@@ -128,8 +128,10 @@ class ModelAudit:
                f"trainable in {m['trainable_tensors']} ({m['gradient_bytes'] / MIB:.2f} MiB of gradients a step); "
                + ("every rank counted the same and ended with the same parameters" if m["ranks_agree"]
                   else "THE RANKS DISAGREE with this count or with each other"),
-               "", f"memory per rank, step {MEMORY_STEP} (MiB; each category at its largest, measured beside predicted; "
-               "activations have no prediction for your model):", self.memory.to_string(), ""]
+               "", f"memory per rank, step {MEMORY_STEP} (MiB; each category at its largest, measured beside predicted"
+               + ("; activations have no prediction for a model the lab did not build"
+                  if self.memory[("activations", "predicted")].isna().any() else "") + "):",
+               self.memory.to_string(), ""]
         rule = self.bucket_rule
         out += [f"buckets DDP built after its rebuild ({len(self.buckets)}, cap "
                 f"{'default 25 MiB, first 1 MiB' if s['bucket_cap_mb'] is None else str(s['bucket_cap_mb']) + ' MiB'}), "

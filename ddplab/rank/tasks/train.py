@@ -102,7 +102,8 @@ def run(ctx):
 def _record(module, checksums: Checksums, steps: list[TrainStep], unused: list[str], probes) -> TrainRecord:
     return TrainRecord(parameter_names=[n for n, _ in module.named_parameters()],
                        model=ModelInfo(models.parameter_count(module),
-                                       sum(p.numel() * p.element_size() for p in module.parameters())),
+                                       sum(p.numel() * p.element_size() for p in module.parameters()),
+                                       sum(p.numel() * p.element_size() for p in module.parameters() if p.requires_grad)),
                        param_checksum=checksums, steps=steps, unused_parameters=unused, **probes.sections())
 
 
