@@ -221,6 +221,14 @@ def test_tune_buckets_on_an_image_model_measures_the_default_and_a_split_run_by_
     assert ("cannot tell" in tuning.verdict) == (tuning.recommendation == "bucket_cap_mb=None (DDP's default)"
                                                  and tuning.best != "ddp:default")
     assert json.loads(json.dumps(tuning.to_dict()))["recommendation"] == tuning.recommendation
+    tuning.verify(measure=2)   # notebook 05's check, passing on the real runs and failing on a wrong account
+    from dataclasses import replace
+
+    from ddplab.verify import CheckFailed
+    flipped = "bucket_cap_mb=4" if tuning.recommendation == bucket_tuning.KEEP else bucket_tuning.KEEP
+    for wrong in (replace(tuning, recommendation=flipped), replace(tuning, measured=measured.drop(split))):
+        with pytest.raises(CheckFailed):
+            wrong.verify(measure=2)
     assert os.path.isdir(tuning.paths["measure"]) and "recommendation:" in tuning.text()
 
 

@@ -142,6 +142,28 @@ class BucketTuning:
                    predicted=predicted, measured=rows, best=best, recommendation=setting,
                    verdict=verdict, trustworthy=judge, why=why, paths=paths)
 
+    def verify(self, measure: int = 2) -> None:
+        """The tool's claims on its own runs (`verify.CheckFailed` where one fails): DDP's default, the
+        `measure` plans predicted fastest and one split were measured; the default is kept exactly when
+        the timings cannot judge or no plan beat it beyond twice the spread; the split DDP ran is the
+        uncut plan with its last bucket cut in two, tensor for tensor."""
+        from .. import load_run, verify
+
+        t = self.measured
+        splits = [p for p in t.index if p.startswith("ddp-split:")]
+        fastest = list(self.predicted.sort_values("step_ms").index[:measure])
+        verify.that(f"measured: DDP's default, the {measure} plans predicted fastest and one split",
+                    {DEFAULT, *fastest} <= set(t.index) and len(splits) == 1, seen=list(t.index),
+                    expected=[DEFAULT, *fastest, "ddp-split:<cap>"])
+        vs = bucket_sweep.step_difference(t, DEFAULT, self.best)
+        verify.equal("the default is kept exactly when the timings cannot judge, or no plan beat it beyond twice "
+                     "the spread", self.recommendation == KEEP,
+                     not self.trustworthy or self.best == DEFAULT or vs["verdict"] != "faster")
+        run, ins = load_run(self.paths["measure"]), bucket_sweep.inputs(load_run(self.paths["capture"]))
+        verify.that(f"{splits[0]}: DDP built the uncut plan with its last bucket cut in two",
+                    buckets.is_last_split(buckets.plan_for(run, splits[0], ins),
+                                          buckets.ddp_rule(ins, bucket_sweep.cap_of(splits[0]))))
+
     def to_dict(self) -> dict:
         return {"spec": self.spec, "line": self.line, "predicted": records(self.predicted),
                 "measured": records(self.measured), "best": self.best,
