@@ -218,8 +218,9 @@ def test_tune_buckets_on_an_image_model_measures_the_default_and_a_split_run_by_
     assert bucket_views.is_last_split(bucket_views.plan_for(run, split[0], ins), uncut)   # DDP built the split
     assert tuning.best in measured.index and tuning.best != "compute-only"
     assert tuning.recommendation.startswith(("bucket_cap_mb=", "bucket_cap_mb_list=["))
-    assert ("cannot tell" in tuning.verdict) == (tuning.recommendation == "bucket_cap_mb=None (DDP's default)"
-                                                 and tuning.best != "ddp:default")
+    said = ("cannot tell" in tuning.verdict or "not trustworthy" in tuning.verdict or "measured fastest" in tuning.verdict
+            or "beyond twice the spread" in tuning.verdict)
+    assert said, tuning.verdict   # one of the four verdicts, in words; which one is the run's (verify() checks it)
     assert json.loads(json.dumps(tuning.to_dict()))["recommendation"] == tuning.recommendation
     tuning.verify(measure=2)   # notebook 05's check, passing on the real runs and failing on a wrong account
     from dataclasses import replace
