@@ -22,17 +22,49 @@ def runs_dir(tmp_path_factory):
     return tmp_path_factory.mktemp("runs")
 
 
+# ---- one launch for the healthy runs of every collected module ------------------------------------
+# A cold launch costs seconds of its own (torchrun, `import torch` on every rank, the process group), so
+# the test modules whose runs only need to succeed and be read register their experiments here at
+# import (collection); the first test that needs any of them launches all of them at once, and each
+# module gets its own back in order. Runs that time things, fail on purpose or test the launcher itself
+# keep launches of their own. Running one module alone launches only its experiments.
+_SHARED: dict[str, object] = {}
+
+
+def share(key: str, make) -> None:
+    """Register `make()` (a list of Experiments) under `key` for the session's shared launch."""
+    _SHARED[key] = make
+
+
 @pytest.fixture(scope="session")
-def run2(runs_dir):
+def shared_runs(runs_dir):
+    """key -> the Runs of its experiments, in order, from ONE launch of every registered experiment
+    (an experiment registered twice runs once)."""
+    import time
+
+    groups = {k: list(make()) for k, make in _SHARED.items()}
+    unique = list({e.hash: e for es in groups.values() for e in es}.values())
+    t0 = time.perf_counter()
+    runs = dict(zip([e.hash for e in unique], ddplab.run_many(unique, runs_dir / "shared", progress=False)))
+    print(f"shared launch: {len(unique)} experiments of {len(groups)} modules in {time.perf_counter() - t0:.1f} s")
+    return {k: [runs[e.hash] for e in es] for k, es in groups.items()}
+
+
+share("run2", lambda: [ddplab.Experiment(name="t2", world_size=2, local_batch=4, seq_len=8, steps=2,
+                                         probes=("reference",))])
+share("run4", lambda: [recipes.launch_and_ranks()])
+
+
+@pytest.fixture(scope="session")
+def run2(shared_runs):
     """A real 2-rank gloo run: 2 steps of the transformer, with the reference probe."""
-    exp = ddplab.Experiment(name="t2", world_size=2, local_batch=4, seq_len=8, steps=2, probes=("reference",))
-    return ddplab.run(exp, runs_dir / "t2", progress=False)
+    return shared_runs["run2"][0]
 
 
 @pytest.fixture(scope="session")
-def run4(runs_dir):
+def run4(shared_runs):
     """A real 4-rank gloo run: notebook 00's experiment (global batch 64)."""
-    return ddplab.run(recipes.launch_and_ranks(), runs_dir / "t4", progress=False)
+    return shared_runs["run4"][0]
 
 
 @pytest.fixture(scope="session")

@@ -5,18 +5,16 @@ reshuffle exactly as torch's own arithmetic says (recomputed here, not taken fro
 from __future__ import annotations
 
 import math
-import time
 from types import SimpleNamespace
 
 import pytest
 
-import ddplab
 from ddplab import verify
 from ddplab.recipes.coverage import data_coverage
 from ddplab.spec import Experiment
 from ddplab.spec.coverage import CoverageRecord, DataCoverage, EpochBatches
 from ddplab.tables import coverage as views
-from tests.conftest import leftovers
+from tests.conftest import leftovers, share
 
 
 # ---- the spec ----------------------------------------------------------------------------------------
@@ -140,17 +138,20 @@ def test_sample_grid_figure_has_one_panel_per_run():
 W, SEED = 4, 0
 
 
-@pytest.fixture(scope="module")
-def coverage_runs(runs_dir):
-    """The recipe's four experiments and one with the DataLoader's own drop_last, in one run_many
-    launch: name -> Run."""
-    t0 = time.perf_counter()
+def _coverage_exps():
     loader_drops = Experiment(name="coverage-loader-drop-last", world_size=W, local_batch=4, seed=SEED,
                               task=DataCoverage(dataset_size=22, epochs=2, loader_drop_last=True))
-    runs = ddplab.run_many([*data_coverage(world_size=W, seed=SEED), loader_drops], runs_dir / "coverage",
-                           progress=False)
-    print(f"data_coverage: one 4-rank launch of {len(runs)} experiments in {time.perf_counter() - t0:.1f} s")
-    return {r.spec.name: r for r in runs}
+    return [*data_coverage(world_size=W, seed=SEED), loader_drops]
+
+
+share("coverage", _coverage_exps)
+
+
+@pytest.fixture(scope="module")
+def coverage_runs(shared_runs):
+    """The recipe's four experiments and one with the DataLoader's own drop_last (in the shared launch):
+    name -> Run."""
+    return {r.spec.name: r for r in shared_runs["coverage"]}
 
 
 def torch_permutation(n: int, epoch: int) -> list[int]:

@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ddplab import Experiment, launch, recipes, tables
+from ddplab import Experiment, recipes, tables
 from ddplab.predict.loss_weights import rank_weights
 from ddplab.tables import gradients
+from tests.conftest import share
 
 pytestmark = pytest.mark.slow
 
@@ -21,10 +22,14 @@ def exps_for(world_size: int) -> list[Experiment]:
                                           loss_norm="global-token", dtype="float64")]
 
 
+share("grads-2", lambda: exps_for(2))
+share("grads-4", lambda: exps_for(4))
+share("accum", lambda: recipes.accumulation(world_size=2, local_batch=4, accum_steps=4))
+
+
 @pytest.fixture(scope="module", params=[2, 4], ids=["2-ranks", "4-ranks"])
-def grad_runs(request, runs_dir):
-    w = request.param
-    runs = launch.run_many(exps_for(w), runs_dir / f"grads-{w}", progress=False)
+def grad_runs(request, shared_runs):
+    runs = shared_runs[f"grads-{request.param}"]
     return {r.spec.name.rsplit("-w", 1)[0] if r.spec.name.startswith(("synchronized", "f64")) else r.spec.name: r
             for r in runs}
 
@@ -68,9 +73,8 @@ def test_rank_weights_are_pure_and_sum_to_one():
 
 
 @pytest.fixture(scope="module")
-def accum_runs(runs_dir):
-    return launch.run_many(recipes.accumulation(world_size=2, local_batch=4, accum_steps=4),
-                           runs_dir / "accum", progress=False)
+def accum_runs(shared_runs):
+    return shared_runs["accum"]
 
 
 def test_accumulated_synchronized_gradient_equals_the_reference(accum_runs):

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-import ddplab
 from ddplab import recipes, tables, verify
+from tests.conftest import share
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -42,10 +42,12 @@ DROPS = EXAMPLES.replace(name="key-examples-drops-half", local_batch=EXAMPLES.lo
 ASKED = EXAMPLES.global_batch   # 32
 
 
+share("key-checks", lambda: [GRADIENT, RANK_MEAN_UNEQUAL, NO_SYNC, MEMORY, EXAMPLES, DROPS])
+
+
 @pytest.fixture(scope="module")
-def key_runs(runs_dir):
-    exps = [GRADIENT, RANK_MEAN_UNEQUAL, NO_SYNC, MEMORY, EXAMPLES, DROPS]
-    return {r.spec.name: r for r in ddplab.run_many(exps, runs_dir / "key-checks", progress=False)}
+def key_runs(shared_runs):
+    return {r.spec.name: r for r in shared_runs["key-checks"]}
 
 
 # ---- notebook 01: after the all-reduce every rank holds the global-batch gradient --------------------

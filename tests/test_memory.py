@@ -7,18 +7,25 @@ import pytest
 from ddplab import launch, recipes, tables
 from ddplab.predict import memory as memory_model
 from ddplab.predict.memory import CATEGORIES
+from tests.conftest import share
 
 pytestmark = pytest.mark.slow
 
 MODEL_STATE = ("parameters", "gradients", "ddp_buckets", "optimizer_state")
 
 
-@pytest.fixture(scope="module")
-def memory_runs(runs_dir):
+def _memory_exps():
     sweeps = recipes.memory_sweeps()
-    exps = [recipes.replicated_memory(2), recipes.replicated_memory(4, 4), *sweeps["optimizer"][:2],
+    return [recipes.replicated_memory(2), recipes.replicated_memory(4, 4), *sweeps["optimizer"][:2],
             *sweeps["bucket_view"], *recipes.sharding_preview()]
-    return {r.spec.name: r for r in launch.run_many(exps, runs_dir / "memory", progress=False)}
+
+
+share("memory", _memory_exps)
+
+
+@pytest.fixture(scope="module")
+def memory_runs(shared_runs):
+    return {r.spec.name: r for r in shared_runs["memory"]}
 
 
 def model_state_mismatches(run, predict=memory_model.predict) -> list[tuple]:

@@ -4,17 +4,21 @@ from __future__ import annotations
 
 import pytest
 
-from ddplab import launch, recipes, tables
+from ddplab import recipes, tables
+from tests.conftest import share
 
 pytestmark = pytest.mark.slow
 
 
+# 3 ranks: bus bandwidth differs from algorithm bandwidth only where 2(D-1)/D != 1
+share("comm", lambda: [recipes.allreduce_sweep(world_size=3, min_bytes=2**16, max_bytes=2**22, repeats=5),
+                       *recipes.bytes_on_wire(world_sizes=(2, 3, 4))])
+share("ready", lambda: recipes.readiness_cases())
+
+
 @pytest.fixture(scope="module")
-def comm_runs(runs_dir):
-    # 3 ranks: bus bandwidth differs from algorithm bandwidth only where 2(D-1)/D != 1
-    exps = [recipes.allreduce_sweep(world_size=3, min_bytes=2**16, max_bytes=2**22, repeats=5),
-            *recipes.bytes_on_wire(world_sizes=(2, 3, 4))]
-    return launch.run_many(exps, runs_dir / "comm", progress=False)
+def comm_runs(shared_runs):
+    return shared_runs["comm"]
 
 
 def test_bytes_each_rank_writes_match_the_ring_formula_for_2_3_and_4_ranks(comm_runs):
@@ -38,8 +42,8 @@ def test_sweep_records_every_size_and_the_fit_is_graded(comm_runs):
 
 
 @pytest.fixture(scope="module")
-def ready_runs(runs_dir):
-    return {r.spec.name: r for r in launch.run_many(recipes.readiness_cases(), runs_dir / "ready", progress=False)}
+def ready_runs(shared_runs):
+    return {r.spec.name: r for r in shared_runs["ready"]}
 
 
 def test_first_iteration_uses_one_bucket_in_source_order_then_ddp_rebuilds(ready_runs):
