@@ -27,23 +27,31 @@ def runs_dir(tmp_path_factory):
 # the test modules whose runs only need to succeed and be read register their experiments here at
 # import (collection); the first test that needs any of them launches all of them at once, and each
 # module gets its own back in order. Runs that time things, fail on purpose or test the launcher itself
-# keep launches of their own. Running one module alone launches only its experiments.
-_SHARED: dict[str, object] = {}
+# keep launches of their own. Only the keys some selected test can reach are launched: a module's own
+# keys when one of its tests was selected, conftest's when a selected test uses the fixture of that name.
+_SHARED: dict[str, tuple[str, object]] = {}
 
 
 def share(key: str, make) -> None:
     """Register `make()` (a list of Experiments) under `key` for the session's shared launch."""
-    _SHARED[key] = make
+    import sys
+
+    _SHARED[key] = (sys._getframe(1).f_globals["__name__"], make)
 
 
 @pytest.fixture(scope="session")
-def shared_runs(runs_dir):
-    """key -> the Runs of its experiments, in order, from ONE launch of every registered experiment
-    (an experiment registered twice runs once)."""
+def shared_runs(runs_dir, request):
+    """key -> the Runs of its experiments, in order, from ONE launch of every experiment a selected test
+    can reach (an experiment registered twice runs once; the widest first, so no rank idles in a
+    collective while a narrower experiment runs)."""
     import time
 
-    groups = {k: list(make()) for k, make in _SHARED.items()}
-    unique = list({e.hash: e for es in groups.values() for e in es}.values())
+    items = request.session.items
+    modules = {getattr(getattr(i, "module", None), "__name__", None) for i in items}
+    fixtures = {f for i in items for f in getattr(i, "fixturenames", ())}
+    groups = {k: list(make()) for k, (module, make) in _SHARED.items()
+              if (module in modules and module != __name__) or k in fixtures}
+    unique = sorted({e.hash: e for es in groups.values() for e in es}.values(), key=lambda e: -e.world_size)
     t0 = time.perf_counter()
     runs = dict(zip([e.hash for e in unique], ddplab.run_many(unique, runs_dir / "shared", progress=False)))
     print(f"shared launch: {len(unique)} experiments of {len(groups)} modules in {time.perf_counter() - t0:.1f} s")

@@ -90,12 +90,17 @@ def _outcome(**changes) -> Provoked:
                                    dict(seconds=21.0),                                           # past 5 + 15 s
                                    dict(orphans=["python -m ddplab.rank.worker ..."]),
                                    # a hang diagnosed as a crash, or one that does not say what happened
-                                   dict(fault_kind="skip-backward", diagnosis=Diagnosis("crash", [1], HANG)),
-                                   dict(fault_kind="skip-backward", diagnosis=Diagnosis("hang", [1], "Rank 1 hung.")),
-                                   dict(fault_kind="skip-backward", diagnosis=Diagnosis("hang", [1], HANG), timeout_s=3.0)])
+                                   dict(fault_kind="skip-backward", diagnosis=Diagnosis("crash", [1], HANG), seconds=6.0),
+                                   dict(fault_kind="skip-backward", diagnosis=Diagnosis("hang", [1], "Rank 1 hung."),
+                                        seconds=6.0),
+                                   dict(fault_kind="skip-backward", diagnosis=Diagnosis("hang", [1], HANG), timeout_s=3.0,
+                                        seconds=6.0),
+                                   # a hang named before its collective could have timed out
+                                   dict(fault_kind="skip-backward", diagnosis=Diagnosis("hang", [1], HANG), seconds=4.0),
+                                   dict(fault_kind="skip-backward", diagnosis=None)])
 def test_the_diagnosis_check_fails_on_a_wrong_rank_a_late_answer_an_orphan_or_a_wrong_account(wrong):
-    tables.failures.verify_failures_diagnosed([_outcome(), _outcome(fault_kind="skip-backward",
-                                                                    diagnosis=Diagnosis("hang", [1], HANG))])
+    hang = _outcome(name="y", fault_kind="skip-backward", diagnosis=Diagnosis("hang", [1], HANG), seconds=6.0)
+    tables.failures.verify_failures_diagnosed([_outcome(), hang])
     with pytest.raises(CheckFailed):
         tables.failures.verify_failures_diagnosed([_outcome(), _outcome(**wrong)])
 

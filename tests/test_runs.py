@@ -238,7 +238,8 @@ def test_a_launch_says_it_is_starting_before_the_first_rank_reports(runs_dir, mo
 
 
 def test_a_stalled_rank_without_synchronization_is_the_one_blamed(runs_dir, monkeypatch):
-    monkeypatch.setattr(watch, "STALL_GRACE_S", 1.0)   # only the watchdog ends it: rank 0 finishes, rank 1 sleeps
+    # only the watchdog ends it (rank 0 finishes, rank 1 sleeps); 4 s leave the ranks' start-up skew room
+    monkeypatch.setattr(watch, "STALL_GRACE_S", 4.0)
     exp = Experiment(name="stall-alone", world_size=2, steps=2, sync="none", fault=Fault("stall", rank=1, step=1),
                      timeout_s=2)
     with pytest.raises(RunFailed) as info:

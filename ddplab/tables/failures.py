@@ -61,11 +61,13 @@ def verify_failures_diagnosed(outcomes: list[Provoked]) -> None:
         verify.below("seconds from launch to diagnosis beyond each run's timeout_s + 15 s",
                      (table["seconds"] - table["bound_s"]).tolist(), 0.0)
     verify.equal("processes left behind by the failed runs", int(table["orphans"].sum()), 0)
-    signs = [o for o in outcomes if o.fault_kind in SIGNS]
-    verify.equal("each failure's kind of diagnosis (hang, crash, missing result), by fault",
-                 {o.fault_kind: o.diagnosis.kind for o in signs}, {o.fault_kind: SIGNS[o.fault_kind][0] for o in signs})
-    missing = {o.fault_kind: [p for p in _phrases(o) if p not in o.diagnosis.summary] for o in signs}
-    verify.equal("what each diagnosis must say, missing from it (by fault)", {k: v for k, v in missing.items() if v}, {})
+    signs = [o for o in outcomes if o.fault_kind in SIGNS and o.diagnosis is not None]   # (no failure: failed above)
+    verify.equal("each failure's kind of diagnosis (hang, crash, missing result), by run",
+                 {o.name: o.diagnosis.kind for o in signs}, {o.name: SIGNS[o.fault_kind][0] for o in signs})
+    missing = {o.name: [p for p in _phrases(o) if p not in o.diagnosis.summary] for o in signs}
+    verify.equal("what each diagnosis must say, missing from it (by run)", {k: v for k, v in missing.items() if v}, {})
+    early = {o.name: round(o.seconds, 1) for o in signs if o.diagnosis.kind == "hang" and o.seconds < o.timeout_s}
+    verify.equal("hangs named before their collective could time out (seconds from launch, by run)", early, {})
 
 
 def _phrases(o: Provoked) -> list[str]:
