@@ -106,23 +106,35 @@ def experiment_from_args(args: argparse.Namespace) -> Experiment:
                       **({"straggler": Straggler(**slow)} if slow else {}))
 
 
-def _cmd_run(args) -> int:
-    from . import tables
+def _attempt(command: str, call):
+    """(call(), None), or (None, the exit code) once stderr says why: 2 for bad input (nothing was
+    launched), 1 for a failed run (its diagnosis), 130 for Ctrl-C (the launcher has stopped every rank)."""
     from .failures import RunFailed
-    from .launch.cold import run
 
     try:
-        exp = experiment_from_args(args)
-        result = run(exp, args.out)
+        return call(), None
     except ValueError as e:
-        print(f"ddplab run: {e}", file=sys.stderr)
-        return 2
+        print(f"ddplab {command}: {e}", file=sys.stderr)
+        return None, 2
     except RunFailed as e:
-        print(f"ddplab run FAILED\n{e}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt as e:   # the launcher has already stopped every rank
-        print(f"ddplab run: {e or 'interrupted'}", file=sys.stderr)
-        return 130
+        print(f"ddplab {command} FAILED\n{e}", file=sys.stderr)
+        return None, 1
+    except KeyboardInterrupt as e:
+        print(f"ddplab {command}: {e or 'interrupted'}", file=sys.stderr)
+        return None, 130
+
+
+def _cmd_run(args) -> int:
+    from . import tables
+    from .launch.cold import run
+
+    def launch():
+        exp = experiment_from_args(args)
+        return exp, run(exp, args.out)
+    done, code = _attempt("run", launch)
+    if code is not None:
+        return code
+    exp, result = done
     import pandas as pd
 
     with pd.option_context("display.width", 200, "display.max_columns", 20):
@@ -157,8 +169,6 @@ def _add_tool_flags(p, fields) -> None:
 def _tool(args, fields, call) -> int:
     import json
 
-    from .failures import RunFailed
-
     given = {f: getattr(args, f) for f in fields if getattr(args, f, None) is not None}
     if args.json not in (None, "-"):
         from pathlib import Path
@@ -167,17 +177,9 @@ def _tool(args, fields, call) -> int:
             print(f"ddplab {args.command}: --json {args.json}: no directory {Path(args.json).resolve().parent}",
                   file=sys.stderr)
             return 2
-    try:
-        report = call(given)
-    except ValueError as e:
-        print(f"ddplab {args.command}: {e}", file=sys.stderr)
-        return 2
-    except RunFailed as e:
-        print(f"ddplab {args.command} FAILED\n{e}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt as e:
-        print(f"ddplab {args.command}: {e or 'interrupted'}", file=sys.stderr)
-        return 130
+    report, code = _attempt(args.command, lambda: call(given))
+    if code is not None:
+        return code
     data = json.dumps(report.to_dict(), indent=2, allow_nan=False)
     if args.json == "-":
         print(data)
