@@ -57,7 +57,7 @@ def tune_buckets(model, world_size: int = 4, local_batch: int = 8, *, caps_mb=CA
                            extra_bytes=(payload,), backend=base.backend, device=base.device, pin_cpus=pin_cpus,
                            name=f"{base.name}-allreduce")
     capture = base.replace(name=f"{base.name}-capture", task=BucketSweep(plans=(DEFAULT,), rounds=1, steps_per_round=3))
-    from .. import run_many
+    from ..launch.cold import run_many
     from ..launch import session as sessions
 
     def where(part):
@@ -147,7 +147,8 @@ class BucketTuning:
         `measure` plans predicted fastest and one split were measured; the default is kept exactly when
         the timings cannot judge or no plan beat it beyond twice the spread; the split DDP ran is the
         uncut plan with its last bucket cut in two, tensor for tensor."""
-        from .. import load_run, verify
+        from .. import verify
+        from ..results import load_run
 
         t = self.measured
         splits = [p for p in t.index if p.startswith("ddp-split:")]

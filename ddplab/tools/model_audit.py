@@ -54,7 +54,7 @@ def audit_model(model, world_size: int = 4, optimizer: str = "sgd", local_batch=
     sweep = allreduce_sweep(world_size, min_bytes=4096, max_bytes=4096, repeats=repeats, extra_bytes=(*sizes, payload),
                             backend=exp.backend, device=exp.device, pin_cpus=exp.pin_cpus,
                             name=f"{exp.name}-allreduce")
-    from .. import run_many
+    from ..launch.cold import run_many
 
     ddp, compute, allreduce = run_many([exp, alone, sweep], out=out, name=exp.name, progress=progress)
     return ModelAudit.of(exp, counted, ddp, compute, allreduce)
