@@ -155,7 +155,7 @@ class BucketTuning:
         fastest = list(self.predicted.sort_values("step_ms").index[:measure])
         verify.that(f"measured: DDP's default, the {measure} plans predicted fastest and one split",
                     {DEFAULT, *fastest} <= set(t.index) and len(splits) == 1, seen=list(t.index),
-                    expected=[DEFAULT, *fastest, "ddp-split:<cap>"])
+                    expected=list(dict.fromkeys([DEFAULT, *fastest, "ddp-split:<cap>"])))
         vs = bucket_sweep.step_difference(t, DEFAULT, self.best)
         verify.equal("the default is kept exactly when the timings cannot judge, or no plan beat it beyond twice "
                      "the spread", self.recommendation == KEEP,
