@@ -302,3 +302,20 @@ def test_audit_of_a_model_with_frozen_parameters_counts_only_what_ddp_reduces(tm
     assert sum(len(b) for b in report.layout) == len(trainable) and "emb.weight" not in report.ready_order.index
     tables.verify_model_state(report.memory)
     assert "emb.weight" not in report.text().split("ready order")[1]
+
+
+@pytest.mark.slow
+def test_tune_buckets_runs_end_to_end_on_the_hugging_face_gpt2_from_the_command_line(tmp_path, capsys):
+    transformers_or_skip()
+    report = tmp_path / "tune.json"
+    code = cli.main(["tune-buckets", "--model", HF, "--world-size", "2", "--local-batch", "2", "--measure", "1",
+                     "--rounds", "2", "--steps", "2", "--caps", "0.0625,0.25,1", "--json", str(report),
+                     "--out", str(tmp_path / "runs"), "--quiet", *[f"--{k.replace('_', '-')}={v}" for k, v in SMALL.items()]])
+    assert code == 0, capsys.readouterr().err
+    got = json.loads(report.read_text())
+    hf = models.build_with_data(Experiment(model=HF, **SMALL)).module
+    assert got["spec"]["tensors"] == len(list(hf.parameters()))   # every gradient's ready time was captured
+    assert got["spec"]["gradient_mib"] == pytest.approx(hf.num_parameters() * 4 / MIB)
+    plans = [r["plan"] for r in got["measured"]]
+    assert "ddp:default" in plans and any(p.startswith("ddp-split:") for p in plans) and "compute-only" in plans
+    assert f"recommendation: {got['recommendation']}" in capsys.readouterr().out
