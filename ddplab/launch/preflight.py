@@ -53,12 +53,13 @@ def check_user_model(exp: Experiment, gradients: bool = False):
             raise ValueError(f"Experiment.model: {exp.model} raised ValueError: {e}") from e
         except Exception as e:   # said once, with its type, and chained (the traceback stays)
             raise ValueError(f"Experiment.model: {exp.model} raised {type(e).__name__}: {e}") from e
-        if built and built.own_data and exp.loss_norm == "global-token":
+        own = built.batch if built and built.own_data else None   # the factory's own examples, if it brings them
+        if own and exp.loss_norm == "global-token":
             raise ValueError(f"Experiment.loss_norm: 'global-token' counts seq_len targets per example, and "
                              f"{exp.model} brings its own targets (ModelWithData); use 'rank-mean' or 'global-sample'")
-        models.check_model(model, exp, built.batch if built and built.own_data else None)
+        models.check_model(model, exp, own)
         if gradients:
-            unused = models.unused_parameters(model, exp, built.batch if built and built.own_data else None)
+            unused = models.unused_parameters(model, exp, built.batch if built else models.build_with_data(exp).batch)
             if unused and not exp.find_unused_parameters:
                 shown = ", ".join(unused[:8]) + (f" and {len(unused) - 8} more" if len(unused) > 8 else "")
                 raise ValueError(f"Experiment.model: {exp.model} leaves {len(unused)} trainable parameter(s) without a "

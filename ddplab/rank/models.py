@@ -288,12 +288,12 @@ def _user_batch(batch: Callable, exp, seq_len: int):
     return x, y
 
 
-def unused_parameters(model: nn.Module, exp, batch: Callable | None = None) -> list[str]:
-    """Trainable parameters left without a gradient by one forward and backward on two examples."""
+def unused_parameters(model: nn.Module, exp, batch: Callable) -> list[str]:
+    """Trainable parameters left without a gradient by one forward and backward on two examples of
+    `batch` (`Built.batch`)."""
     from .training import token_losses
 
-    seq_len = exp.seq_lens[0]
-    x, y = _user_batch(batch, exp, seq_len) if batch is not None else data.batch(exp.seed, [0, 1], seq_len, exp.vocab_size)
+    x, y = _user_batch(batch, exp, exp.seq_lens[0])
     model.zero_grad(set_to_none=True)
     token_losses(model(x), y).mean().backward()
     names = [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None]
