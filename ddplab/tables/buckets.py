@@ -37,9 +37,14 @@ def plan_for(run, name: str, ins: Inputs | None = None) -> list[list[str]]:
 
 def ddp_rule(ins: Inputs, cap_mb: float | None) -> list[list[str]]:
     """DDP's buckets for `cap_mb` (None: its default, 25 MiB with a 1 MiB first bucket)."""
+    return rule_for(ins.grads, cap_mb)
+
+
+def rule_for(grads, cap_mb: float | None) -> list[list[str]]:
+    """DDP's buckets for `cap_mb` over `grads` in ready order (None: its default caps)."""
     if cap_mb is None:
-        return simulator.ddp_plan(ins.grads, DDP_DEFAULT_CAP_MB * MIB, DDP_DEFAULT_FIRST_CAP_MB * MIB)
-    return simulator.ddp_plan(ins.grads, cap_mb * MIB)
+        return simulator.ddp_plan(grads, DDP_DEFAULT_CAP_MB * MIB, DDP_DEFAULT_FIRST_CAP_MB * MIB)
+    return simulator.ddp_plan(grads, cap_mb * MIB)
 
 
 def predict(ins: Inputs, plan, cost: Cost) -> simulator.Schedule:

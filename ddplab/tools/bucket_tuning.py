@@ -28,7 +28,7 @@ from ..recipes.communication import allreduce_sweep
 from ..spec import BucketSweep
 from ..tables import bucket_sweep, buckets
 from ..units import MIB
-from .factory import checked, experiment, records
+from .factory import checked, experiment, records, repeats_for
 
 CAPS_MB = (ONE_PER_PARAMETER_MB, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64, 256)
 DEFAULT = "ddp:default"
@@ -53,7 +53,7 @@ def tune_buckets(model, world_size: int = 4, local_batch: int = 8, *, caps_mb=CA
     top = 4096
     while top * 4 < payload:
         top *= 4   # powers of 4 below the gradient's size, and that size itself
-    line = allreduce_sweep(world_size, max_bytes=top, repeats=allreduce_repeats or (20 if payload <= 64 * MIB else 5),
+    line = allreduce_sweep(world_size, max_bytes=top, repeats=repeats_for(payload, allreduce_repeats),
                            extra_bytes=(payload,), backend=base.backend, device=base.device, pin_cpus=pin_cpus,
                            name=f"{base.name}-allreduce")
     capture = base.replace(name=f"{base.name}-capture", task=BucketSweep(plans=(DEFAULT,), rounds=1, steps_per_round=3))

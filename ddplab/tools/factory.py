@@ -42,6 +42,11 @@ def experiment(model, name: str, fields: dict, **settings) -> Experiment:
     return Experiment(name=f"{name}-{re.sub(r'[^A-Za-z0-9_.-]', '-', label)}"[:80], model=path, **settings, **fields)
 
 
+def repeats_for(payload: int, given: int | None = None) -> int:
+    """Timed calls per all-reduce size: `given`, else 20 (5 past 64 MiB of gradient, where each call is long)."""
+    return given or (20 if payload <= 64 * 2 ** 20 else 5)
+
+
 def records(table) -> list[dict]:
     """A DataFrame as JSON-ready rows, its index a column, NaN as None."""
     frame = table.reset_index()

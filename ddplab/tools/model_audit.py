@@ -28,9 +28,9 @@ from .. import tables
 from ..predict import buckets as simulator
 from ..predict.comm import ring_bytes_per_rank
 from ..recipes.communication import allreduce_sweep
-from ..tables.buckets import DDP_DEFAULT_CAP_MB, DDP_DEFAULT_FIRST_CAP_MB
+from ..tables.buckets import rule_for
 from ..units import MIB
-from .factory import Counted, checked, experiment, records
+from .factory import Counted, checked, experiment, records, repeats_for
 
 PROBES = ("memory", "readiness", "buckets", "bytes")
 STEPS, MEMORY_STEP, COMPUTE_STEPS = 3, 1, 4
@@ -50,8 +50,7 @@ def audit_model(model, world_size: int = 4, optimizer: str = "sgd", local_batch=
     alone = exp.replace(name=f"{exp.name}-compute", sync="none", probes=(), steps=COMPUTE_STEPS, bucket_cap_mb=None,
                         gradient_as_bucket_view=False)   # no DDP: its settings stay at their defaults
     sizes = sorted({4096, *(max(4096, 4 * round(payload * f / 4)) for f in LINE_FRACTIONS)} - {payload})
-    repeats = allreduce_repeats or (20 if payload <= 64 * MIB else 5)
-    sweep = allreduce_sweep(world_size, min_bytes=4096, max_bytes=4096, repeats=repeats, extra_bytes=(*sizes, payload),
+    sweep = allreduce_sweep(world_size, min_bytes=4096, max_bytes=4096, repeats=repeats_for(payload, allreduce_repeats), extra_bytes=(*sizes, payload),
                             backend=exp.backend, device=exp.device, pin_cpus=exp.pin_cpus,
                             name=f"{exp.name}-allreduce")
     from ..launch.cold import run_many
@@ -80,15 +79,17 @@ class ModelAudit:
     def of(cls, exp, counted: Counted, ddp, compute, allreduce) -> "ModelAudit":
         rank0 = ddp.ranks[0]
         last = rank0.steps[-1]
-        layout = [list(b.params) for b in sorted(last.buckets, key=lambda b: b.launch_ns)]
+        launched = sorted(last.buckets, key=lambda b: b.launch_ns)
+        layout = [list(b.params) for b in launched]
         rows = [{"bucket": i, "bytes": b.bytes, "mib": b.bytes / MIB, "tensors": len(b.params), "first": b.params[0],
-                 "last": b.params[-1]} for i, b in enumerate(sorted(last.buckets, key=lambda b: b.launch_ns))]
+                 "last": b.params[-1]} for i, b in enumerate(launched)]
         order = tables.ready_order(ddp)
         differ = order[~order["as_assumed"]][["source_position", "reverse_source_position", "ready_position", "bucket"]]
         differ = differ.join(tables.off_line(order)[["swapped_within_module"]])
         wire = tables.bytes_on_wire([ddp]).iloc[0]
-        line, _ = tables.fit_sweep(tables.allreduce_sweep(allreduce))
-        ratio = tables.compute_vs_comm([compute], tables.allreduce_sweep(allreduce), line).iloc[0]
+        sizes = tables.allreduce_sweep(allreduce)
+        line, _ = tables.fit_sweep(sizes)
+        ratio = tables.compute_vs_comm([compute], sizes, line).iloc[0]
         model = {"factory": exp.model, "parameter_tensors": counted.tensors, "parameters": counted.parameters,
                  "trainable_tensors": counted.trainable_tensors, "trainable_parameters": counted.trainable_parameters,
                  "gradient_bytes": counted.gradient_bytes,
@@ -172,10 +173,7 @@ def _rule(exp, counted: Counted, rank0, observed) -> dict:
     ready = rank0.steps[0].ready_ms()
     grads = simulator.grads_in_ready_order([n for n, _ in ready], [counted.sizes[n] for n, _ in ready],
                                            [t for _, t in ready])
-    if exp.bucket_cap_mb is None:
-        plan = simulator.ddp_plan(grads, DDP_DEFAULT_CAP_MB * MIB, DDP_DEFAULT_FIRST_CAP_MB * MIB)
-    else:
-        plan = simulator.ddp_plan(grads, exp.bucket_cap_mb * MIB)
+    plan = rule_for(grads, exp.bucket_cap_mb)
     return {"matches": plan == observed, "rule_counts": [len(b) for b in plan],
             "observed_counts": [len(b) for b in observed]}
 
