@@ -5,8 +5,9 @@ that reads it (pure: no torch).
      "envelope": {rank, world_size, backend, device, pid, host, versions, spec_hash, launch_id, times},
      "result":   the task's own record: TrainRecord, AllReduceSweepRecord, BucketSweepRecord, ...}
 
-Every event time is an integer `perf_counter_ns` (`units.py`: one clock per host), written as the
-rank saw it; views turn it into milliseconds after an origin of their choosing. A probe owns one
+Every event time is an integer number of nanoseconds since the launch's alignment barrier
+(`rank/clock.py`: one time base for every rank, on one host or several); views turn it into
+milliseconds after an origin of their choosing. A probe owns one
 field of a step (`buckets`, `backward`, `write_bytes`, `activation_bytes`) or one section of the
 task's record (`memory`, `reference`, `profile`). `dump` and `load` go through these definitions only, so a
 file that does not match them is refused with the field that is wrong. Read through `results.Run`.
@@ -335,6 +336,8 @@ class Envelope:
     launch_id: str
     t_start_ns: int                # time.time_ns(): wall clock, for humans
     t_end_ns: int
+    node: int = 0                  # torchrun's GROUP_RANK: the node (agent) the rank ran on
+    aligned_at_ns: int = 0         # this host's raw monotonic clock at the alignment barrier (rank/clock.py)
 
 
 @dataclass(frozen=True)

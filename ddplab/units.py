@@ -1,9 +1,10 @@
 """Units and the one time base, shared by every stage (pure: no torch).
 
 MiB and KiB are powers of 1024. Every event a rank records (a gradient ready, a bucket launched or
-done, backward's start and end) is an integer `time.perf_counter_ns()`: CLOCK_MONOTONIC, one clock for
-every process on a host, so events of different ranks compare directly (notes/ddp-internals.md,
-section 2). Views turn them into milliseconds after some origin with `ms_after`.
+done, backward's start and end) is an integer number of nanoseconds on the rank's monotonic clock,
+counted from the launch's alignment barrier (`rank/clock.py`), so events of different ranks compare
+directly, on one host or across hosts (notes/ddp-internals.md, section 2). Views turn them into
+milliseconds after some origin with `ms_after`.
 Used by every stage, so by every notebook.
 """
 
@@ -15,7 +16,7 @@ DTYPE_BYTES = {"float32": 4, "float64": 8}
 
 
 def ms_after(t_ns: int, origin_ns: int) -> float:
-    """Milliseconds from `origin_ns` to `t_ns` on the shared monotonic clock."""
+    """Milliseconds from `origin_ns` to `t_ns` on the ranks' shared time base."""
     return (t_ns - origin_ns) / 1e6
 
 

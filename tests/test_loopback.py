@@ -66,9 +66,11 @@ def test_a_loopback_store_listens_on_127_0_0_1_only_and_serves_a_client():
 
 
 @pytest.mark.slow
-def test_a_live_run_listens_on_loopback_only(tmp_path):
+@pytest.mark.parametrize("nodes", ["1", "2"])   # 2: two torchrun agents on this host, one rendezvous (launch.nodes)
+def test_a_live_run_listens_on_loopback_only(tmp_path, nodes):
     run_dir = tmp_path / "listen"
-    launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER], env={**os.environ, "RUN_DIR": str(run_dir)},
+    launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER],
+                                env={**os.environ, "RUN_DIR": str(run_dir), "DDPLAB_NODES": nodes},
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 60

@@ -27,6 +27,7 @@ from ..rundir import default_runs_dir
 from ..results import Run, load_run
 from ..spec import Experiment
 from . import session
+from .nodes import Nodes
 from .preflight import preflight
 from .progress import Reporter
 from .torchrun import interrupts_caught, kill_tree, start, worker_argv, worker_env
@@ -81,7 +82,8 @@ def run_many(exps: list[Experiment], out=None, *, name: str = "sweep", progress=
 
 def _launch(exps, final_dirs, final_launch_dir: Path, name: str, progress,
             startup_timeout_s: float, warm: bool | None = None) -> list[Run]:
-    backend, device = preflight(exps)
+    nodes = Nodes.from_env()
+    backend, device = preflight(exps, nodes)
     rundir.check_destination(final_launch_dir)
     # every launch writes into a directory of its own, and takes the final place when it ends
     launch_id = uuid.uuid4().hex[:12]
@@ -91,7 +93,7 @@ def _launch(exps, final_dirs, final_launch_dir: Path, name: str, progress,
     placed: list[Path] = []   # where an incomplete launch's files went
     try:
         return _launch_in(exps, final_dirs, final_launch_dir, name, reporter, startup_timeout_s,
-                          backend, device, launch_id, launch_dir, run_dirs, placed, warm)
+                          backend, device, launch_id, launch_dir, run_dirs, placed, warm, nodes)
     except OSError as e:   # the run's own files failed it (deleted, read-only, disk full): no bare OSError
         if not _dir_lost(launch_dir, e):
             raise
@@ -112,7 +114,7 @@ def _dir_lost(launch_dir: Path, error: OSError) -> bool:
 
 
 def _launch_in(exps, final_dirs, final_launch_dir, name, reporter: Reporter, startup_timeout_s, backend, device,
-               launch_id, launch_dir, run_dirs, placed: list, warm: bool | None) -> list[Run]:
+               launch_id, launch_dir, run_dirs, placed: list, warm: bool | None, nodes: Nodes) -> list[Run]:
     settled = False
     try:
         for run_dir, exp in zip(run_dirs, exps):
@@ -120,8 +122,8 @@ def _launch_in(exps, final_dirs, final_launch_dir, name, reporter: Reporter, sta
             (run_dir / rundir.SPEC).write_text(exp.to_json())
         spec_paths = [(d / rundir.SPEC).resolve() for d in run_dirs]
         world_size = max(e.world_size for e in exps)
-        argv = worker_argv(world_size, spec_paths)
-        starting = (f"ddplab {name}: starting {world_size} ranks "
+        argv = worker_argv(world_size, spec_paths, nodes=nodes)
+        starting = (f"ddplab {name}: starting {nodes.describe(world_size)} "
                     f"({exps[0].name if len(exps) == 1 else f'{len(exps)} experiments'}) on {backend}/{device}")
         t0 = time.monotonic()   # a session started for this launch counts in its wall time
         with session.LOCK:   # the session is this launch's until its job is done (clicks may come on other threads)
@@ -129,13 +131,13 @@ def _launch_in(exps, final_dirs, final_launch_dir, name, reporter: Reporter, sta
             watch = Watch(list(zip(exps, run_dirs)))
             if warm is not None:
                 argv = warm.argv
-                starting = starting.replace(f"starting {world_size} ranks", f"{world_size} warm ranks")
+                starting = starting.replace(f"starting {nodes.describe(world_size)}", f"{world_size} warm ranks")
                 proc, watchdog, interrupted = warm.run_job(spec_paths, launch_id, watch, reporter, t0,
                                                            startup_timeout_s, starting)
                 (launch_dir / rundir.LOG).write_text(warm.log_since_submit())
         if warm is None:
             with open(launch_dir / rundir.LOG, "w") as log:
-                env = {**worker_env(), "DDPLAB_LAUNCH_ID": launch_id}
+                env = {**worker_env(nodes=nodes), "DDPLAB_LAUNCH_ID": launch_id}
                 proc, watchdog, interrupted = _torchrun(argv, env, log, watch, reporter, t0, startup_timeout_s,
                                                         spec_paths[0], starting)
         wall_s = time.monotonic() - t0
@@ -150,7 +152,8 @@ def _launch_in(exps, final_dirs, final_launch_dir, name, reporter: Reporter, sta
         record = {"argv": argv, "returncode": proc.returncode, "wall_s": wall_s, "backend": backend,
                   "device": device, "stopped_by_watchdog": watchdog, "launch_dir": str(final_launch_dir),
                   "experiments": len(exps), "launch_id": launch_id, "complete": False,
-                  "session": warm.dir.name if warm else None}
+                  "session": warm.dir.name if warm else None,
+                  "nodes": {"count": nodes.count, "launcher": nodes.launcher} if warm is None else warm.nodes_record}
         for run_dir in {launch_dir, *run_dirs}:
             rundir.write_json_atomic(run_dir / rundir.LAUNCH, record)
         # what the ranks waited before the launch was judged stuck: the watchdog's limit, or the

@@ -21,14 +21,18 @@ from ..host import LOOPBACK
 from .torchrun import RENDEZVOUS_BACKEND as BACKEND
 
 
-def loopback_store(timeout_s: float = 300.0):
-    """A TCPStore server listening on 127.0.0.1 only, on a free port the kernel picks."""
+def loopback_store(timeout_s: float = 300.0, listen_fd: int | None = None):
+    """A TCPStore server listening on 127.0.0.1 only: on a free port the kernel picks, or on the
+    socket `listen_fd` that `launch.nodes` bound for several agents on this host."""
     import torch.distributed as dist
 
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((LOOPBACK, 0))
-    sock.listen(512)
+    if listen_fd is None:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((LOOPBACK, 0))
+        sock.listen(512)
+    else:
+        sock = socket.socket(fileno=listen_fd)
     port = sock.getsockname()[1]
     # the store owns the listening fd from here on (detach: Python must not close it)
     return dist.TCPStore(LOOPBACK, port, is_master=True, multi_tenant=False, wait_for_workers=False,
@@ -36,7 +40,9 @@ def loopback_store(timeout_s: float = 300.0):
 
 
 def create_handler(params):
-    """torchrun's c10d dynamic rendezvous over a loopback store, hosting the ranks' store on loopback too."""
+    """torchrun's c10d dynamic rendezvous over a loopback store, hosting the ranks' store on loopback too.
+    One agent hosts the rendezvous store; with several agents on this host (`launch.nodes`) the
+    others connect to it at the endpoint's port."""
     from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
     from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
 
@@ -48,7 +54,14 @@ def create_handler(params):
             return BACKEND
 
     read_timeout = params.get_as_int("read_timeout", 60)
-    store = loopback_store(read_timeout)
+    listen_fd = params.get_as_int("listen_fd")
+    port = int(params.endpoint.rpartition(":")[2] or 0)
+    if listen_fd is not None or not port:   # this agent hosts the rendezvous (the only one, or the first)
+        store = loopback_store(read_timeout, listen_fd)
+    else:   # another agent on this host hosts it (launch.nodes): join as a client
+        import torch.distributed as dist
+
+        store = dist.TCPStore(LOOPBACK, port, is_master=False, timeout=timedelta(seconds=read_timeout))
     backend = C10dRendezvousBackend(store, params.run_id)
     handler = dr.create_handler(store, backend, params)
     # create_handler parses torchrun's timeouts and builds the stock handler: keep all of that,

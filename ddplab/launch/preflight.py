@@ -14,12 +14,16 @@ from .. import host
 from ..spec import Experiment
 from ..predict.memory import rank_bytes_estimate
 from ..spec.experiment import BUILTIN_MODELS
+from .nodes import Nodes
 
 
-def preflight(exps: list[Experiment]) -> tuple[str, str]:
-    """Check every experiment of a launch; return the launch's (backend, device type)."""
+def preflight(exps: list[Experiment], nodes: Nodes | None = None) -> tuple[str, str]:
+    """Check every experiment of a launch on `nodes` (default `Nodes.from_env()`); return the launch's
+    (backend, device type). The GPUs, cores and memory checked are this host's, for the ranks that
+    run on it: all of them on one node or simulated nodes, one node's share under srun."""
+    nodes = Nodes.from_env() if nodes is None else nodes
     cuda_devices = host.cuda_device_count()
-    choices = {host.choose_backend(e.backend, e.device, e.world_size, cuda_devices) for e in exps}
+    choices = {host.choose_backend(e.backend, e.device, nodes.ranks_here(e.world_size), cuda_devices) for e in exps}
     if len(choices) > 1:
         raise ValueError(f"experiments: one launch runs on one backend and device, but these need "
                          f"{sorted(choices)}; run them in separate launches")
@@ -32,7 +36,7 @@ def preflight(exps: list[Experiment]) -> tuple[str, str]:
             model = check_user_model(e)
             parameter_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
         if device == "cpu" and not os.environ.get("DDPLAB_SKIP_SIZE_CHECKS"):
-            check_fits(e, parameter_bytes)
+            check_fits(e, parameter_bytes, nodes.ranks_here(e.world_size))
     return backend, device
 
 
@@ -71,18 +75,20 @@ def check_user_model(exp: Experiment, gradients: bool = False):
 MAX_RANKS_PER_CORE = 4   # 4 gloo ranks on 2 cores is the lab's oversubscription demo; more only thrash
 
 
-def check_fits(exp: Experiment, parameter_bytes: int | None = None) -> None:
-    """ValueError if this machine's cores or available memory cannot hold `exp`'s ranks."""
+def check_fits(exp: Experiment, parameter_bytes: int | None = None, ranks_here: int | None = None) -> None:
+    """ValueError if this machine's cores or available memory cannot hold the `ranks_here` ranks of
+    `exp` it runs (default all of them)."""
     import psutil
 
+    ranks = exp.world_size if ranks_here is None else ranks_here
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    if exp.world_size > MAX_RANKS_PER_CORE * cores:
-        raise ValueError(f"Experiment.world_size: {exp.world_size} CPU ranks on {cores} core(s) is more than "
+    if ranks > MAX_RANKS_PER_CORE * cores:
+        raise ValueError(f"Experiment.world_size: {ranks} CPU ranks on {cores} core(s) is more than "
                          f"{MAX_RANKS_PER_CORE} per core; use fewer ranks (or set DDPLAB_SKIP_SIZE_CHECKS=1)")
-    need = exp.world_size * rank_bytes_estimate(exp, parameter_bytes)
+    need = ranks * rank_bytes_estimate(exp, parameter_bytes)
     have = psutil.virtual_memory().available
     if need > 0.8 * have:
-        raise ValueError(f"Experiment.world_size: {exp.world_size} ranks of this experiment would need about "
+        raise ValueError(f"Experiment.world_size: {ranks} ranks of this experiment would need about "
                          f"{need / 2 ** 30:.1f} GiB, and this machine has {have / 2 ** 30:.1f} GiB available; use a "
                          f"smaller model, batch or fewer ranks (or set DDPLAB_SKIP_SIZE_CHECKS=1)")
 

@@ -40,6 +40,7 @@ from pathlib import Path
 from .. import failures, rundir
 from ..spec import Experiment
 from ..spec.tasks import Train
+from .nodes import Nodes
 from .preflight import preflight
 from .torchrun import interrupts_caught, kill_tree, start, torchrun_argv, worker_env
 from .watch import collect
@@ -120,14 +121,16 @@ class Session:
                  implicit: bool = False):
         # the spec's own validation: the same ValueError naming the field, before anything starts
         Experiment(world_size=world_size, backend=backend, device=device, pin_cpus=pin_cpus, timeout_s=timeout_s)
-        self.world_size, self.pin_cpus, self.timeout_s = world_size, pin_cpus, timeout_s
-        self.backend, self.device = preflight([Experiment(world_size=world_size, backend=backend, device=device)])
+        self.nodes = Nodes.from_env()   # on several nodes, as many ranks as fill each node alike
+        self.backend, self.device = preflight([Experiment(world_size=world_size, backend=backend, device=device)],
+                                              self.nodes)
+        self.world_size, self.pin_cpus, self.timeout_s = self.nodes.total(world_size), pin_cpus, timeout_s
         self.dir = (Path(runs_dir or rundir.default_runs_dir()) / ".sessions" / uuid.uuid4().hex[:12]).resolve()
         self.dir.mkdir(parents=True)
         rundir.write_json_atomic(self.dir / "session.json", {
-            "world_size": world_size, "backend": self.backend, "device": self.device, "pin_cpus": pin_cpus,
-            "timeout_s": timeout_s, "idle_s": IDLE_S})
-        self.argv = torchrun_argv(world_size, ["--serve", self.dir])
+            "world_size": self.world_size, "nodes": self.nodes_record, "backend": self.backend, "device": self.device,
+            "pin_cpus": pin_cpus, "timeout_s": timeout_s, "idle_s": IDLE_S})
+        self.argv = torchrun_argv(self.world_size, ["--serve", self.dir], nodes=self.nodes)
         self.died = False
         self.implicit = implicit
         self.jobs = 0
@@ -137,7 +140,7 @@ class Session:
         self._log = open(self.dir / rundir.LOG, "w")
         with interrupts_caught() as interrupted:   # a Ctrl-C now is a flag: the kill below cannot be cut short
             try:
-                self.proc = start(self.argv, worker_env(), self._log, outlive_thread=True)
+                self.proc = start(self.argv, worker_env(nodes=self.nodes), self._log, outlive_thread=True)
                 self._wait_until_ready(startup_timeout_s, interrupted)
             except BaseException:   # a failed start: no rank may wait on for jobs
                 self.kill()
@@ -148,6 +151,10 @@ class Session:
         global _current
         _current = self
 
+    @property
+    def nodes_record(self) -> dict:
+        return {"count": self.nodes.count, "launcher": self.nodes.launcher}
+
     # -- life ------------------------------------------------------------------------------------
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -155,7 +162,8 @@ class Session:
     def fits(self, exps: list[Experiment], backend: str, device: str) -> bool:
         """Can this session run these experiments as one launch would? Not once a `%%ddp` cell ran on
         it: a cell may change what a job depends on (default dtype, grad mode, global hooks, memory)."""
-        return (self.alive() and self.cells == 0 and self.dir.exists() and max(e.world_size for e in exps) <= self.world_size
+        return (self.alive() and self.cells == 0 and self.dir.exists()
+                and max(e.world_size for e in exps) <= self.world_size and self.nodes == Nodes.from_env()
                 and (backend, device) == (self.backend, self.device)
                 and all(e.pin_cpus == self.pin_cpus for e in exps))
 

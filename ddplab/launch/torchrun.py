@@ -9,6 +9,8 @@ For a 4-rank experiment the command is
 that is torchrun (`torch.distributed.run`, every flag of it) with its rendezvous stores bound to
 127.0.0.1 instead of every interface (`launch.loopback`); the kernel picks free ports, nothing here
 hard-codes one. The ranks' gloo and NCCL sockets stay on the loopback interface too (`worker_env`).
+On several nodes (`launch.nodes`: simulated on this host, or `srun` on a SLURM allocation) the same
+flags carry `--nnodes=N` and a c10d rendezvous every agent meets at.
 torchrun dies with the launcher (PR_SET_PDEATHSIG, `host.die_with_parent`) and each rank with
 torchrun, and `kill_tree` reaps every process of a launch: no orphans. Used by the cold launch and
 `ddplab doctor`.
@@ -21,33 +23,58 @@ import os
 import signal
 import subprocess
 import sys
+import socket
 import threading
+import uuid
 from pathlib import Path
 
 from .. import host
+from .nodes import DEFAULT_JOIN_TIMEOUT_S, Nodes, free_port
 
 WORKER = "ddplab.rank.worker"
 RENDEZVOUS_BACKEND = "ddplab-loopback"  # registered by launch.loopback, torchrun's entry here
 
 
 def torchrun_argv(world_size: int, args: list, python: str | None = None, module: str = WORKER,
-                  script: str | None = None) -> list[str]:
-    """The exact command that starts `world_size` ranks of `python -m module *args` (or of `script`) (pure)."""
+                  script: str | None = None, nodes: Nodes | None = None) -> list[str]:
+    """The exact command that starts `world_size` ranks of `python -m module *args` (or of `script`) on
+    `nodes` (default `Nodes.from_env()`: one node unless $DDPLAB_NODES says otherwise) (pure)."""
+    nodes = Nodes.from_env() if nodes is None else nodes
     target = [str(script)] if script else ["-m", module]
-    return [python or sys.executable, "-m", "ddplab.launch.loopback", f"--rdzv-backend={RENDEZVOUS_BACKEND}",
-            f"--rdzv-endpoint={host.LOOPBACK}:0", "--rdzv-id=ddplab", f"--local-addr={host.LOOPBACK}",
-            "--nnodes=1", f"--nproc-per-node={world_size}", "--max-restarts=0", *target, *map(str, args)]
+    python = python or sys.executable
+    per_node = nodes.per_node(world_size)
+    if nodes.launcher == "srun":
+        return srun_argv(nodes.count, per_node, [*target, *map(str, args)], python,
+                         nodes.endpoint or f"{socket.gethostname()}:{free_port()}", f"ddplab-{uuid.uuid4().hex[:8]}")
+    flags = [f"--rdzv-backend={RENDEZVOUS_BACKEND}", f"--rdzv-endpoint={host.LOOPBACK}:0", "--rdzv-id=ddplab",
+             f"--local-addr={host.LOOPBACK}", f"--nnodes={nodes.count}", f"--nproc-per-node={per_node}",
+             "--max-restarts=0"]
+    if nodes.count > 1:   # several agents on this host, meeting at one loopback rendezvous (launch.nodes)
+        return [python, "-m", "ddplab.launch.nodes", f"--agents={nodes.count}", "--",
+                *flags, f"--rdzv-conf=join_timeout={DEFAULT_JOIN_TIMEOUT_S}", *target, *map(str, args)]
+    return [python, "-m", "ddplab.launch.loopback", *flags, *target, *map(str, args)]
 
 
-def worker_argv(world_size: int, spec_paths: list, python: str | None = None) -> list[str]:
+def srun_argv(count: int, per_node: int, target: list[str], python: str, endpoint: str, rdzv_id: str) -> list[str]:
+    """One torchrun agent on each of `count` nodes of a SLURM allocation, meeting at a c10d rendezvous
+    at `endpoint` (host:port, on a node of the allocation) (pure; the batch script of `launch.slurm`
+    runs the same command)."""
+    return ["srun", f"--nodes={count}", f"--ntasks={count}", "--ntasks-per-node=1", "--kill-on-bad-exit=1",
+            python, "-m", "torch.distributed.run", f"--nnodes={count}", f"--nproc-per-node={per_node}",
+            "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", f"--rdzv-id={rdzv_id}",
+            f"--rdzv-conf=join_timeout={DEFAULT_JOIN_TIMEOUT_S}", "--max-restarts=0", *target]
+
+
+def worker_argv(world_size: int, spec_paths: list, python: str | None = None, nodes: Nodes | None = None) -> list[str]:
     """torchrun of the ddplab worker over these specs."""
-    return torchrun_argv(world_size, ["--spec", *spec_paths], python)
+    return torchrun_argv(world_size, ["--spec", *spec_paths], python, nodes=nodes)
 
 
-def worker_env(base: dict | None = None) -> dict:
+def worker_env(base: dict | None = None, nodes: Nodes | None = None) -> dict:
     """The ranks' environment: the caller's, plus the current directory on PYTHONPATH (for a
     user's `module:factory` model or task), one OpenMP thread per rank and gloo's and NCCL's
-    sockets on the loopback interface, unless the caller chose."""
+    sockets on the loopback interface when every node is on this host, unless the caller chose (on
+    several machines, gloo and NCCL pick the interface that reaches the other nodes)."""
     env = dict(os.environ if base is None else base)
     paths = [os.getcwd(), str(Path(__file__).resolve().parent.parent.parent)]
     if env.get("PYTHONPATH"):
@@ -56,7 +83,8 @@ def worker_env(base: dict | None = None) -> dict:
     env.setdefault("OMP_NUM_THREADS", "1")  # torchrun's own default for several ranks, without its banner
     # torchrun's agent hosts the ranks' store on loopback (launch.loopback) only while that store is shared
     env.pop("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", None)
-    lo = host.loopback_interface()
+    nodes = Nodes.from_env(env) if nodes is None else nodes
+    lo = host.loopback_interface() if nodes.launcher == "local" else None
     if lo:  # one machine: the ranks talk over loopback, and nothing listens on another interface
         env.setdefault("GLOO_SOCKET_IFNAME", lo)
         env.setdefault("NCCL_SOCKET_IFNAME", lo)

@@ -15,6 +15,8 @@ import io
 import time
 import traceback
 
+from . import clock
+
 VALUE_CHARS = 2000   # the last expression's repr, cut to this
 
 
@@ -30,7 +32,7 @@ class ReadyWatch:
     def start(self) -> None:
         self.log.take()
         self.log.active = True
-        self.t0 = time.perf_counter_ns()
+        self.t0 = clock.now_ns()
 
     def ready_ms(self) -> list[tuple[str, float]]:
         """(parameter name, ms after start) in the order the gradients became ready."""
@@ -49,7 +51,7 @@ class BucketWatch:
 
     def start(self) -> None:
         self.log.events = []
-        self.t0 = time.perf_counter_ns()
+        self.t0 = clock.now_ns()
 
     def buckets(self) -> list[dict]:
         """index, MiB, how many parameters, launch and done ms after start, in launch order."""

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import gc
 import os
-import time
 from dataclasses import dataclass
 from datetime import timedelta
+
+from . import clock
 
 
 @dataclass(frozen=True)
@@ -21,12 +22,29 @@ class RankEnv:
     rank: int
     local_rank: int
     world_size: int
+    node: int = 0              # torchrun's GROUP_RANK: which node (agent) this rank runs on
+    local_world_size: int = 0  # ranks of this node (0: world_size)
+    agent: int = 0             # which of the agents on this host started it (`launch.nodes` runs several)
+    agents_here: int = 1
+
+    @property
+    def ranks_here(self) -> int:
+        """Ranks on this host: its GPUs and cores are shared among them."""
+        return (self.local_world_size or self.world_size) * self.agents_here
+
+    @property
+    def slot(self) -> int:
+        """This rank's place among the ranks on this host: its GPU, and its core when pinned."""
+        return self.agent * (self.local_world_size or self.world_size) + self.local_rank
 
 
 def rank_env() -> RankEnv:
-    """This process's rank, local rank and world size, as torchrun set them."""
+    """This process's rank, local rank, world size and node as torchrun set them, and its agent on
+    this host as `launch.nodes` set it (simulated nodes share one host's GPUs and cores)."""
     env = os.environ
-    return RankEnv(int(env["RANK"]), int(env["LOCAL_RANK"]), int(env["WORLD_SIZE"]))
+    return RankEnv(int(env["RANK"]), int(env["LOCAL_RANK"]), int(env["WORLD_SIZE"]), int(env.get("GROUP_RANK", 0)),
+                   int(env.get("LOCAL_WORLD_SIZE", env["WORLD_SIZE"])), int(env.get("DDPLAB_AGENT", 0)),
+                   int(env.get("DDPLAB_AGENTS_HERE", 1)))
 
 
 def cores() -> list[int] | None:
@@ -36,12 +54,12 @@ def cores() -> list[int] | None:
     return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
 
 
-def pin_to_core(local_rank: int) -> None:
-    """Run this rank (and the threads it starts later, gloo's included) on one core, local_rank mod
+def pin_to_core(slot: int) -> None:
+    """Run this rank (and the threads it starts later, gloo's included) on one core, its slot on this host mod
     the cores available: fewer migrations, steadier timings (notes/performance-anchors.md, 2.4)."""
     if hasattr(os, "sched_setaffinity"):
         cores = sorted(os.sched_getaffinity(0))
-        os.sched_setaffinity(0, {cores[local_rank % len(cores)]})
+        os.sched_setaffinity(0, {cores[slot % len(cores)]})
 
 
 def setup(backend: str, device_type: str, env: RankEnv, timeout_s: float):
@@ -50,7 +68,7 @@ def setup(backend: str, device_type: str, env: RankEnv, timeout_s: float):
     import torch.distributed as dist
 
     if device_type == "cuda":
-        device = torch.device("cuda", env.local_rank % torch.cuda.device_count())
+        device = torch.device("cuda", env.slot % torch.cuda.device_count())
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
@@ -111,7 +129,7 @@ class Clock:
             ev.record()
             self.marks.append((name, ev))
         else:
-            self.marks.append((name, time.perf_counter_ns()))
+            self.marks.append((name, clock.now_ns()))
 
     def durations_ms(self) -> dict[str, float]:
         """Milliseconds between consecutive marks, summed by the later mark's name; clears the marks."""

@@ -39,7 +39,7 @@ from ..rundir import (ProgressLog, error_file, fatal_file, rank_file, save_tenso
                       write_json_atomic)
 from ..spec import Experiment
 from ..spec.tasks import COMMON_PHASES
-from . import cells, runtime
+from . import cells, clock, runtime
 from .tasks import TaskContext, runner
 
 SESSION_PHASES = {p.name: p for p in COMMON_PHASES}
@@ -89,11 +89,13 @@ def run_experiments(spec_paths: list[Path], env, launch_id: str, warm: tuple | N
             _FATAL.watch(log.run_dir, env.rank)
         if warm is None:
             widest = max(exps, key=lambda e: e.world_size)  # the launcher checked they all agree
-            backend, device_type = host.choose_backend(widest.backend, widest.device, env.world_size,
+            # one GPU per rank on this host (several nodes: each host has its own GPUs)
+            backend, device_type = host.choose_backend(widest.backend, widest.device, env.ranks_here,
                                                        host.cuda_device_count())
-            log.enter("init-process-group")
+            if log:   # a rank past every experiment (nodes that do not divide the ranks) only takes part
+                log.enter("init-process-group")
             if device_type == "cpu" and any(e.pin_cpus for e in exps):  # pinning is per process
-                runtime.pin_to_core(env.local_rank)
+                runtime.pin_to_core(env.slot)
             device = runtime.setup(backend, device_type, env, timeout_s)
         else:
             backend, device = warm
@@ -101,6 +103,8 @@ def run_experiments(spec_paths: list[Path], env, launch_id: str, warm: tuple | N
                 log.enter("init-process-group")
         # a session makes every group anew, with this job's timeout; a cold launch uses its own world
         groups = runtime.subgroups([e.world_size for e in exps], env.world_size, timeout_s, fresh=warm is not None)
+        # every rank's events from here on share one time base, on one host or several
+        aligned_ns = clock.align(env.node, device if device.type == "cuda" else None)
         for run_dir, exp in mine:
             if run_dir != log.run_dir:
                 log.close()
@@ -115,10 +119,12 @@ def run_experiments(spec_paths: list[Path], env, launch_id: str, warm: tuple | N
                 task=exp.task.kind, rank=env.rank, local_rank=env.local_rank, world_size=exp.world_size,
                 backend=backend, device=str(device), pid=os.getpid(), host=socket.gethostname(),
                 torch_version=torch.__version__, python=platform.python_version(), spec_hash=exp.hash,
-                launch_id=launch_id, t_start_ns=t0, t_end_ns=time.time_ns())
+                launch_id=launch_id, t_start_ns=t0, t_end_ns=time.time_ns(), node=env.node,
+                aligned_at_ns=aligned_ns)
             write_json_atomic(rank_file(run_dir, env.rank), record.dump(record.RankRecord(envelope, result)))
         if warm is None:
-            log.enter("teardown")
+            if log:
+                log.enter("teardown")
             runtime.teardown()
         else:
             runtime.destroy_groups(groups)
@@ -181,7 +187,7 @@ def serve(session_dir: Path, env) -> int:
     try:
         log.enter("init-process-group")
         if cfg["device"] == "cpu" and cfg["pin_cpus"]:
-            runtime.pin_to_core(env.local_rank)
+            runtime.pin_to_core(env.slot)
         device = runtime.setup(cfg["backend"], cfg["device"], env, cfg["timeout_s"])
         import torch
 

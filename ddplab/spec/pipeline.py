@@ -33,7 +33,7 @@ PIPELINE_SEND_RECV = "the pipeline's send/recv of activations and gradients"
 @dataclass(frozen=True)
 class StageOp:
     """One piece of work on this stage in one step: a microbatch's "forward", its "loss" (last stage
-    only) or its "backward", timed with perf_counter_ns (one clock on one host), and the activations
+    only) or its "backward", timed on the ranks' shared time base (rank/clock.py), and the activations
     autograd holds on this stage when it ended."""
 
     kind: str

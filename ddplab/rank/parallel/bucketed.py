@@ -35,12 +35,12 @@ DDP's gradients in tests/test_bucketed_sync.py. Used by the bucket sweep (notebo
 
 from __future__ import annotations
 
-import time
 
 import torch
 import torch.distributed as dist
 
 from ...record import BucketEvent
+from .. import clock
 
 
 class BucketedSync(torch.nn.Module):
@@ -118,13 +118,13 @@ class BucketedSync(torch.nn.Module):
             buf[offset:offset + n].copy_(p.grad.reshape(-1))
             offset += n
         event = {"index": j, "bytes": buf.numel() * buf.element_size(), "params": list(self.plan[j]),
-                 "launch_ns": time.perf_counter_ns()}
+                 "launch_ns": clock.now_ns()}
         self.events.append(event)
         buf.div_(dist.get_world_size(self.group))
         fut = dist.all_reduce(buf, group=self.group, async_op=True).get_future()
 
         def done(f):  # on a gloo worker thread, when the all-reduce completes
-            event["done_ns"] = time.perf_counter_ns()
+            event["done_ns"] = clock.now_ns()
             return f.value()[0]
         self._futures[j] = fut.then(done)
 

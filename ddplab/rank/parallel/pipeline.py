@@ -28,6 +28,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ...spec.pipeline import StageOp
 from ..probes.memory import storages
+from .. import clock
 
 SCHEDULE_CLASSES = {"GPipe": ScheduleGPipe, "1F1B": Schedule1F1B}
 
@@ -189,10 +190,10 @@ class StageRecorder:
         if not self.on:
             return fn(*args, **kwargs)
         self._sync()
-        start, cpu_start = time.perf_counter_ns(), time.process_time_ns()
+        start, cpu_start = clock.now_ns(), time.process_time_ns()
         out = fn(*args, **kwargs)
         self._sync()
-        end, cpu_end = time.perf_counter_ns(), time.process_time_ns()
+        end, cpu_end = clock.now_ns(), time.process_time_ns()
         self.in_flight += {"forward": 1, "backward": -1}.get(kind, 0)
         self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
         self.ops.append(StageOp(kind, int(microbatch), start, end, self.in_flight, self.meter.bytes,

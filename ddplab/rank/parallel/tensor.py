@@ -20,7 +20,6 @@ https://pytorch.org/docs/stable/distributed.tensor.parallel.html
 
 from __future__ import annotations
 
-import time
 
 import torch
 import torch.distributed as dist
@@ -29,6 +28,7 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, 
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..models import HeadMajorAttention, HeadMajorBlock
+from .. import clock
 
 _ATTENTION_PLAN = {"qkv": ColwiseParallel, "proj": RowwiseParallel}
 _MLP_PLAN = {"0": ColwiseParallel, "2": RowwiseParallel}
@@ -84,9 +84,9 @@ class CollectiveLog(TorchDispatchMode):
         op = func.overloadpacket.__name__
         if func.namespace not in ("_c10d_functional", "c10d_functional") or op.startswith("_"):
             return func(*args, **kwargs)   # computation, or a functional collective's autograd wrapper
-        t0 = time.perf_counter_ns()
+        t0 = clock.now_ns()
         out = func(*args, **kwargs)
-        spent = time.perf_counter_ns() - t0
+        spent = clock.now_ns() - t0
         self.comm_ns[self.phase] = self.comm_ns.get(self.phase, 0) + spent
         if op != "wait_tensor":
             tensor = args[0]

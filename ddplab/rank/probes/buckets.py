@@ -11,12 +11,12 @@ Used by notebooks 02, 04, 05 and 06.
 
 from __future__ import annotations
 
-import time
 
 import torch.distributed as dist
 
 from ...record import BucketEvent
 from . import Probe
+from .. import clock
 
 
 class BucketLog:
@@ -33,13 +33,13 @@ class BucketLog:
         self.buffers[bucket.index()] = buf
         event = {"index": bucket.index(), "bytes": buf.numel() * buf.element_size(),
                  "params": [self.names.get(id(p), "?") for p in bucket.parameters()],
-                 "launch_ns": time.perf_counter_ns()}
+                 "launch_ns": clock.now_ns()}
         self.events.append(event)
         buf.div_(dist.get_world_size(self.group))
         fut = dist.all_reduce(buf, group=self.group, async_op=True).get_future()
 
         def done(f):  # runs on a gloo worker thread when the all-reduce completes
-            event["done_ns"] = time.perf_counter_ns()
+            event["done_ns"] = clock.now_ns()
             return f.value()[0]
         return fut.then(done)
 

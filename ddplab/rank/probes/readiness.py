@@ -2,17 +2,17 @@
 
 The hook fires when the parameter's gradient has been accumulated into `.grad` (and before DDP's own
 hook copies it into its bucket), so its timestamp is the moment the gradient is ready. All times are
-`time.perf_counter_ns()`, one clock for every rank on a host (`units.py`). Used by notebooks 04 and
+`clock.now_ns()`, one time base for every rank of a launch (`rank/clock.py`). Used by notebooks 04 and
 05 (the bucket sweep's compute-only backward is the simulator's input).
 """
 
 from __future__ import annotations
 
 import contextlib
-import time
 
 from ...record import Backward, ReadyEvent
 from . import Probe
+from .. import clock
 
 
 class ReadyLog:
@@ -28,7 +28,7 @@ class ReadyLog:
     def _hook_for(self, name):
         def hook(param):
             if self.active:
-                self.events.append(ReadyEvent(name, time.perf_counter_ns()))
+                self.events.append(ReadyEvent(name, clock.now_ns()))
         return hook
 
     def take(self) -> list[ReadyEvent]:
@@ -52,11 +52,11 @@ class ReadinessProbe(Probe):
     @contextlib.contextmanager
     def backward(self, micro: int, last: bool):
         self.log.active = last
-        self.start_ns = time.perf_counter_ns()
+        self.start_ns = clock.now_ns()
         try:
             yield
         finally:
-            self.end_ns = time.perf_counter_ns()
+            self.end_ns = clock.now_ns()
             self.log.active = False
 
     def step_fields(self, step: int) -> dict:

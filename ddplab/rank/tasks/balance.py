@@ -22,7 +22,6 @@ Runs inside a rank.
 
 from __future__ import annotations
 
-import time
 
 import torch
 import torch.distributed as dist
@@ -31,7 +30,7 @@ from ...predict import balance as cost
 from ...record import BalanceArm, BalanceRecord, BalanceStep, CalibrationPoint, CostFit, ModelInfo
 from ...tensors import flat_float64, rel_max_diff
 from ...units import ms_after
-from .. import data, models
+from .. import clock, data, models
 from ..training import token_losses, torch_dtype
 
 WARMUP_STEPS = 2
@@ -61,14 +60,14 @@ class _Step:
 
     def __call__(self, batches, round_: int = -1) -> tuple[dict, torch.Tensor]:
         dist.barrier(group=self.group)
-        start = time.perf_counter_ns()
+        start = clock.now_ns()
         self.compute(batches)
         flat = self.flat_gradient()
         self._sync()
-        arrival = time.perf_counter_ns()
+        arrival = clock.now_ns()
         dist.all_reduce(flat, group=self.group)
         self._sync()
-        returned = time.perf_counter_ns()
+        returned = clock.now_ns()
         self.model.zero_grad(set_to_none=True)
         return dict(round=round_, start_ns=start, arrival_ns=arrival, returned_ns=returned,
                     compute_ms=ms_after(arrival, start)), flat
@@ -135,9 +134,9 @@ def _calibrate(ctx, step: _Step, shapes: list[tuple[int, int]]) -> list[Calibrat
         step.model.zero_grad(set_to_none=True)
     for rep in range(task.calibration_repeats):
         for s in shapes if rep % 2 == 0 else shapes[::-1]:
-            t0 = time.perf_counter_ns()
+            t0 = clock.now_ns()
             step.compute(batches[s])
-            ms[s].append(ms_after(time.perf_counter_ns(), t0))
+            ms[s].append(ms_after(clock.now_ns(), t0))
             step.model.zero_grad(set_to_none=True)
     return [CalibrationPoint(count, length, ctx.rank, ms[(count, length)]) for count, length in shapes]
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import time
 
 import torch
 import torch.distributed as dist
@@ -42,6 +41,7 @@ from ..parallel.bucketed import BucketedSync
 from ..probes.buckets import BucketLog
 from ..probes.readiness import ReadyLog
 from ..training import flat_parameters, token_losses, torch_dtype
+from .. import clock
 
 WARMUP_STEPS = 2
 PLAN_ALL_REDUCE = "gradient all-reduce of the plan's buckets"
@@ -60,24 +60,24 @@ class _Arm:
         # every plan, compute-only included, starts its step on all ranks together (untimed): ranks in
         # lock-step compete for memory bandwidth the same way in every plan
         dist.barrier(group=group)
-        t0 = time.perf_counter_ns()
+        t0 = clock.now_ns()
         loss = token_losses(self.wrapper(x), y).mean()
         sync()
-        t1 = time.perf_counter_ns()
+        t1 = clock.now_ns()
         if self.ready:
             self.ready.active = True
         loss.backward()
         sync()
-        t2 = backward_end = time.perf_counter_ns()
+        t2 = backward_end = clock.now_ns()
         if self.ready:
             self.ready.active = False
         if before_optimizer:
             before_optimizer()
-            t2 = time.perf_counter_ns()
+            t2 = clock.now_ns()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         sync()
-        t3 = time.perf_counter_ns()
+        t3 = clock.now_ns()
         return SweepStep(round=round_, forward_ms=ms_after(t1, t0), backward_ms=ms_after(t2, t1),
                          optimizer_ms=ms_after(t3, t2), step_ms=ms_after(t3, t0),
                          backward=Backward(t1, backward_end, self.ready.take() if self.ready else None),
@@ -185,11 +185,11 @@ def _copy_bandwidth(n_bytes: int, device, dtype, repeats: int = 9) -> float:
     for _ in range(repeats):
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        t0 = time.perf_counter_ns()
+        t0 = clock.now_ns()
         dst.copy_(src)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        times.append(time.perf_counter_ns() - t0)
+        times.append(clock.now_ns() - t0)
     return src.numel() * src.element_size() / (sorted(times)[repeats // 2] / 1e9)
 
 

@@ -29,7 +29,6 @@ private to torch 2.13 and are read only, never changed. Runs inside a rank.
 from __future__ import annotations
 
 import gc
-import time
 import warnings
 import weakref
 
@@ -42,6 +41,7 @@ from ..parallel.fsdp import fully_shard_layers
 from ..probes.activations import SavedTensorMeter
 from ..probes.memory import PeakTracker, _storage, local, optimizer_state, storages
 from ..training import make_optimizer, token_losses, torch_dtype
+from .. import clock
 
 
 def _fsdp_params(module) -> list:
@@ -189,7 +189,7 @@ class Timeline:
             peak_since = self.held + max(tracker.window, live)
             tracker.window = live
             tracker.step_peak = max(tracker.step_peak, live)   # the step's peak counts every sample too
-            self.samples.append(MemorySample(event, unit, time.perf_counter_ns(), row, total, peak_since,
+            self.samples.append(MemorySample(event, unit, clock.now_ns(), row, total, peak_since,
                                              [i for i, b in enumerate(per_unit) if b]))
 
     def hooks(self) -> list:
@@ -240,7 +240,7 @@ def measure(ctx, reshard_after_forward: bool, prefetch: bool, index: int):
     if cuda:   # the allocator's peak, beside the tally (which counts storages, not allocator blocks)
         torch.cuda.synchronize(ctx.device)
         torch.cuda.reset_peak_memory_stats(ctx.device)
-    start = time.perf_counter_ns()
+    start = clock.now_ns()
     with warnings.catch_warnings():
         # a full backward hook on a unit whose inputs need no gradient (the embeddings) fires on its
         # outputs' gradients, and torch says so every time
@@ -259,7 +259,7 @@ def measure(ctx, reshard_after_forward: bool, prefetch: bool, index: int):
             del loss, x, y
     if cuda:
         torch.cuda.synchronize(ctx.device)
-    step_ms = (time.perf_counter_ns() - start) / 1e6
+    step_ms = (clock.now_ns() - start) / 1e6
     cuda_peak = torch.cuda.max_memory_allocated(ctx.device) if cuda else None
     for h in handles:
         h.remove()

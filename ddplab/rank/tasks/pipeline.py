@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import time
 
 import torch
 import torch.distributed as dist
@@ -29,6 +28,7 @@ from .. import data, models, runtime
 from ..parallel.pipeline import (LiveSavedBytes, StageRecorder, TransformerStage, build_schedule, build_stage,
                                  stage_blocks, token_mean_loss)
 from ..training import torch_dtype
+from .. import clock
 
 
 def run(ctx):
@@ -60,7 +60,7 @@ def run(ctx):
         gc.disable()   # a collection inside a step would stall this stage for milliseconds
         try:
             dist.barrier(group=group)
-            barrier_ns = time.perf_counter_ns()
+            barrier_ns = clock.now_ns()
             recorder.start(on=recorded)
             with meter if recorded else contextlib.nullcontext():
                 if module.first:

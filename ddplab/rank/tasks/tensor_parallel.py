@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import copy
 import os
-import time
 from datetime import timedelta
 
 import torch
@@ -39,6 +38,7 @@ from ..parallel.tensor import CollectiveLog, build_layer, tensor_parallel
 from ..probes.buckets import BucketLog
 from ..probes.memory import local
 from ..training import full
+from .. import clock
 
 VARIANTS = ("dense", "tp", "tp-traced", "ddp")
 
@@ -66,18 +66,18 @@ def _collectives(events: list[dict]) -> list[Collective]:
 
 def _step(module, x, g, log: CollectiveLog | None = None) -> tuple[float, float, int]:
     """One forward (with the loss, which waits for the output's all-reduce) and backward: their ms,
-    and the perf_counter_ns at which backward returned."""
+    and the time (rank/clock.py) at which backward returned."""
     sync = torch.cuda.synchronize if x.is_cuda else (lambda: None)   # a GPU computes behind the host's back
     sync()
-    t0 = time.perf_counter_ns()
+    t0 = clock.now_ns()
     loss = (module(x) * g).sum()
     loss.item()
-    t1 = time.perf_counter_ns()
+    t1 = clock.now_ns()
     if log is not None:
         log.phase = "backward"
     loss.backward()
     sync()
-    t2 = time.perf_counter_ns()
+    t2 = clock.now_ns()
     if log is not None:
         log.phase = "forward"
     return (t1 - t0) / 1e6, (t2 - t1) / 1e6, t2
@@ -95,7 +95,7 @@ def _union_ns(spans: list[tuple[int, int]]) -> int:
 
 
 def ddp_comm_split(spans: list[tuple[int, int]], end_ns: int) -> tuple[float, float, float]:
-    """DDP's gradient all-reduces of one step, from their buckets' (launch, done) perf_counter_ns and
+    """DDP's gradient all-reduces of one step, from their buckets' (launch, done) times and
     the ns at which backward returned: ms in flight (overlapping buckets counted once), ms of that
     before the last bucket launched (while backward still computed: the last launch is when the last
     gradient was ready), and ms of backward after that launch (the exposed tail)."""

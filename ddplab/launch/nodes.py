@@ -1,0 +1,171 @@
+"""Where a launch's ranks run: one node, several simulated on this host, or the nodes of a SLURM allocation.
+
+    DDPLAB_NODES=2 jupyter lab            # every run: 2 torchrun agents on this host, each a "node"
+    DDPLAB_NODES=2 DDPLAB_NODE_LAUNCHER=srun ddplab run --world-size 8    # inside `salloc -N 2`
+
+`Nodes(count, launcher)` decides the command `launch.torchrun.torchrun_argv` builds, and nothing else
+changes: the notebooks' experiments, the watch, the diagnosis and the run directory are the same.
+
+- `count=1` (the default): one torchrun agent, `--nnodes=1` (today's launch on one machine).
+- `launcher="local"`, `count=N`: this module starts N torchrun agents on this host, `--nnodes=N` with
+  the c10d rendezvous over loopback, the way two machines would meet: the CI's stand-in for a
+  cluster. It binds the rendezvous socket itself and hands it to the first agent (no port race);
+  the others join it as clients. Node ranks are decided by the rendezvous (join order), not by which
+  agent started first.
+- `launcher="srun"`: one `srun` starts one agent per node of the allocation (`--ntasks-per-node=1`),
+  meeting at a c10d rendezvous hosted on this node (`endpoint`, default this host and a free port).
+  The run directory must be on a filesystem every node sees (a cluster's home or project space).
+
+A launch of W ranks on N nodes runs ceil(W / N) ranks per node; ranks past W (when N does not divide
+W) join the process group and sit the experiment out, as a rank outside a smaller experiment of
+`run_many` does. Used by every launch (`launch/cold.py`, `launch/session.py`), `ddplab doctor --nodes`
+and the SLURM batch script (`launch/slurm.py`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+from .. import host
+
+LAUNCHERS = ("local", "srun")
+DEFAULT_JOIN_TIMEOUT_S = 120   # how long the agents wait for each other at the rendezvous
+
+
+@dataclass(frozen=True)
+class Nodes:
+    count: int = 1
+    launcher: str = "local"
+    endpoint: str | None = None   # srun: host:port of the rendezvous (default: this host, a free port)
+
+    def __post_init__(self):
+        if isinstance(self.count, bool) or not isinstance(self.count, int) or self.count < 1:
+            raise ValueError(f"nodes: the node count must be a whole number of at least 1, got {self.count!r}")
+        if self.launcher not in LAUNCHERS:
+            raise ValueError(f"nodes: launcher must be one of {', '.join(LAUNCHERS)}, got {self.launcher!r}")
+        if self.endpoint is not None:
+            _, _, port = str(self.endpoint).rpartition(":")
+            if not port.isdigit() or not 0 < int(port) < 65536:
+                raise ValueError(f"nodes: endpoint must be host:port, got {self.endpoint!r}")
+
+    @classmethod
+    def from_env(cls, environ=None) -> "Nodes":
+        """$DDPLAB_NODES (count), $DDPLAB_NODE_LAUNCHER (local or srun), $DDPLAB_RDZV_ENDPOINT; unset: one node."""
+        env = os.environ if environ is None else environ
+        raw = env.get("DDPLAB_NODES", "").strip() or "1"
+        if not raw.isdigit() or int(raw) < 1:
+            raise ValueError(f"DDPLAB_NODES: the node count must be a whole number of at least 1, got {raw!r}")
+        return cls(int(raw), env.get("DDPLAB_NODE_LAUNCHER", "").strip() or "local",
+                   env.get("DDPLAB_RDZV_ENDPOINT", "").strip() or None)
+
+    @property
+    def multi(self) -> bool:
+        return self.count > 1 or self.launcher == "srun"
+
+    def per_node(self, world_size: int) -> int:
+        """Ranks each node runs for a launch of `world_size` ranks."""
+        return -(-world_size // self.count)
+
+    def total(self, world_size: int) -> int:
+        """Ranks the launch starts: `world_size` rounded up to fill every node alike."""
+        return self.per_node(world_size) * self.count
+
+    def ranks_here(self, world_size: int) -> int:
+        """How many of them run on this machine (what its cores, memory and GPUs must hold)."""
+        return self.total(world_size) if self.launcher == "local" else self.per_node(world_size)
+
+    def describe(self, world_size: int) -> str:
+        if not self.multi:
+            return f"{world_size} ranks"
+        where = "on this host" if self.launcher == "local" else "via srun"
+        return f"{self.total(world_size)} ranks ({self.count} nodes x {self.per_node(world_size)}, {where})"
+
+
+def free_port(host_name: str = "") -> int:
+    """A port free on this host now (bind to 0, read it, close: another process may take it before
+    the rendezvous binds it; torchrun's own `--standalone` does the same)."""
+    with socket.socket() as s:
+        s.bind((host_name, 0))
+        return s.getsockname()[1]
+
+
+# ---- the local agents: N torchrun agents on this host ---------------------------------------------
+def main(argv: list[str] | None = None) -> int:
+    """`python -m ddplab.launch.nodes --agents N -- <launch.loopback's torchrun flags>`: start N agents
+    that meet at one loopback rendezvous; exit with the first failing agent's code (the others are
+    stopped then, as torchrun stops a failed rank's peers), or 0."""
+    parser = argparse.ArgumentParser(description=main.__doc__.splitlines()[0])
+    parser.add_argument("--agents", type=int, required=True)
+    parser.add_argument("torchrun_args", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    flags = [a for a in args.torchrun_args if a != "--"]
+    host.die_with_parent()   # the agents die with this process, and it with the launcher
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind((host.LOOPBACK, 0))
+    listener.listen(512)   # joiners queue here until the first agent's store serves the socket
+    port = listener.getsockname()[1]
+    procs = []
+    try:
+        for i in range(args.agents):
+            hosting = i == 0
+            agent = _agent_flags(flags, port, listener.fileno() if hosting else None)
+            procs.append(subprocess.Popen([sys.executable, "-m", "ddplab.launch.loopback", *agent],
+                                          pass_fds=(listener.fileno(),) if hosting else (),
+                                          env={**os.environ, "DDPLAB_AGENT": str(i),
+                                               "DDPLAB_AGENTS_HERE": str(args.agents)},
+                                          preexec_fn=host.die_with_parent))
+        listener.close()   # the first agent holds its own copy of the socket
+        return _wait_all(procs)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+def _agent_flags(flags: list[str], port: int, listen_fd: int | None) -> list[str]:
+    """One agent's torchrun flags: the shared rendezvous endpoint, and the listening socket for the host."""
+    out, conf = [], []
+    for a in flags:
+        if a.startswith("--rdzv-endpoint="):
+            a = f"--rdzv-endpoint={host.LOOPBACK}:{port}"
+        elif a.startswith("--rdzv-conf="):
+            conf.append(a.split("=", 1)[1])
+            continue
+        out.append(a)
+    if listen_fd is not None:
+        conf.append(f"listen_fd={listen_fd}")
+    if conf:
+        out.insert(1, "--rdzv-conf=" + ",".join(conf))
+    return out
+
+
+def _wait_all(procs: list[subprocess.Popen]) -> int:
+    while True:
+        codes = [p.poll() for p in procs]
+        failed = [c for c in codes if c not in (None, 0)]
+        if failed:
+            for p in procs:
+                if p.poll() is None:
+                    p.send_signal(signal.SIGTERM)   # torchrun's agent stops its own ranks on SIGTERM
+            for p in procs:
+                try:
+                    p.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+            return failed[0]
+        if all(c == 0 for c in codes):
+            return 0
+        time.sleep(0.05)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
