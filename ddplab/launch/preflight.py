@@ -22,6 +22,7 @@ def preflight(exps: list[Experiment], nodes: Nodes | None = None) -> tuple[str, 
     (backend, device type). The GPUs, cores and memory checked are this host's, for the ranks that
     run on it: all of them on one node or simulated nodes, one node's share under srun."""
     nodes = Nodes.from_env() if nodes is None else nodes
+    nodes.check_here()
     cuda_devices = host.cuda_device_count()
     choices = {host.choose_backend(e.backend, e.device, nodes.ranks_here(e.world_size), cuda_devices) for e in exps}
     if len(choices) > 1:

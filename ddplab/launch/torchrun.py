@@ -36,33 +36,42 @@ RENDEZVOUS_BACKEND = "ddplab-loopback"  # registered by launch.loopback, torchru
 
 
 def torchrun_argv(world_size: int, args: list, python: str | None = None, module: str = WORKER,
-                  script: str | None = None, nodes: Nodes | None = None) -> list[str]:
+                  script: str | None = None, nodes: Nodes | None = None,
+                  rdzv_timeout_s: int = DEFAULT_JOIN_TIMEOUT_S) -> list[str]:
     """The exact command that starts `world_size` ranks of `python -m module *args` (or of `script`) on
-    `nodes` (default `Nodes.from_env()`: one node unless $DDPLAB_NODES says otherwise) (pure)."""
+    `nodes` (default `Nodes.from_env()`: one node unless $DDPLAB_NODES says otherwise). On several
+    nodes the agents wait `rdzv_timeout_s` for each other, and as long to reach the rendezvous (pure)."""
     nodes = Nodes.from_env() if nodes is None else nodes
     target = [str(script)] if script else ["-m", module]
     python = python or sys.executable
     per_node = nodes.per_node(world_size)
     if nodes.launcher == "srun":
         return srun_argv(nodes.count, per_node, [*target, *map(str, args)], python,
-                         nodes.endpoint or f"{socket.gethostname()}:{free_port()}", f"ddplab-{uuid.uuid4().hex[:8]}")
+                         nodes.endpoint or f"{socket.gethostname()}:{free_port()}", f"ddplab-{uuid.uuid4().hex[:8]}",
+                         rdzv_timeout_s)
     flags = [f"--rdzv-backend={RENDEZVOUS_BACKEND}", f"--rdzv-endpoint={host.LOOPBACK}:0", "--rdzv-id=ddplab",
              f"--local-addr={host.LOOPBACK}", f"--nnodes={nodes.count}", f"--nproc-per-node={per_node}",
              "--max-restarts=0"]
     if nodes.count > 1:   # several agents on this host, meeting at one loopback rendezvous (launch.nodes)
         return [python, "-m", "ddplab.launch.nodes", f"--agents={nodes.count}", "--",
-                *flags, f"--rdzv-conf=join_timeout={DEFAULT_JOIN_TIMEOUT_S}", *target, *map(str, args)]
+                *flags, f"--rdzv-conf={rdzv_conf(rdzv_timeout_s)}", *target, *map(str, args)]
     return [python, "-m", "ddplab.launch.loopback", *flags, *target, *map(str, args)]
 
 
-def srun_argv(count: int, per_node: int, target: list[str], python: str, endpoint: str, rdzv_id: str) -> list[str]:
+def rdzv_conf(timeout_s: int) -> str:
+    """torchrun's --rdzv-conf: how long agents wait for each other (join) and for the store (read)."""
+    return f"join_timeout={timeout_s},read_timeout={min(timeout_s, 60)}"
+
+
+def srun_argv(count: int, per_node: int, target: list[str], python: str, endpoint: str, rdzv_id: str,
+              rdzv_timeout_s: int = DEFAULT_JOIN_TIMEOUT_S) -> list[str]:
     """One torchrun agent on each of `count` nodes of a SLURM allocation, meeting at a c10d rendezvous
     at `endpoint` (host:port, on a node of the allocation) (pure; the batch script of `launch.slurm`
     runs the same command)."""
     return ["srun", f"--nodes={count}", f"--ntasks={count}", "--ntasks-per-node=1", "--kill-on-bad-exit=1",
             python, "-m", "torch.distributed.run", f"--nnodes={count}", f"--nproc-per-node={per_node}",
             "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", f"--rdzv-id={rdzv_id}",
-            f"--rdzv-conf=join_timeout={DEFAULT_JOIN_TIMEOUT_S}", "--max-restarts=0", *target]
+            f"--rdzv-conf={rdzv_conf(rdzv_timeout_s)}", "--max-restarts=0", *target]
 
 
 def worker_argv(world_size: int, spec_paths: list, python: str | None = None, nodes: Nodes | None = None) -> list[str]:
@@ -189,10 +198,21 @@ def _procs_of(proc: subprocess.Popen, spec_path: Path) -> list:
     return list(found.values())
 
 
+SRUN_GRACE_S = 15.0   # how long srun may take to stop the agents on the other nodes
+
+
 def kill_tree(proc: subprocess.Popen, spec_path: Path) -> None:
-    """SIGKILL torchrun and every rank of this run, and reap them: no orphans survive."""
+    """SIGKILL torchrun and every rank of this run, and reap them: no orphans survive. Under srun the
+    agents on other nodes are not this host's processes: srun is asked first (SIGTERM, which it
+    forwards to every task, and torchrun's agents stop their ranks on it), then everything here is killed."""
     import psutil
 
+    if proc.returncode is None and Path(str(proc.args[0])).name == "srun" and proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=SRUN_GRACE_S)
+        except subprocess.TimeoutExpired:
+            pass
     procs = _procs_of(proc, spec_path)
     for p in procs:
         try:

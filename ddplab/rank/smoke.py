@@ -1,9 +1,12 @@
-"""`ddplab doctor`'s check inside each of two ranks: rank r all-reduces the tensor [r + 1], so both must
-end with 1 + 2 = 3, and write what they got to out_dir/rank{r}.json. Runs inside a rank.
+"""`ddplab doctor`'s check inside each rank: rank r all-reduces the tensor [r + 1], so every rank must
+end with 1 + 2 + ... + world_size, and writes what it got, its node and its host to out_dir/rank{r}.json.
+Where this host has a GPU for each of its ranks, the same sum is also all-reduced over NCCL.
+Runs inside a rank.
 
-    torchrun --standalone --nnodes=1 --nproc-per-node=2 -m ddplab.rank.smoke <out_dir>
+    torchrun --nnodes=1 --nproc-per-node=2 -m ddplab.rank.smoke <out_dir>       (one node)
+    torchrun --nnodes=2 --nproc-per-node=2 --rdzv-backend=c10d ... -m ddplab.rank.smoke <out_dir>   (on each node)
 
-(ddplab starts it through `launch.loopback`, torchrun with its stores on 127.0.0.1.)
+(ddplab starts it through `launch.torchrun.torchrun_argv`: loopback stores on one host, or srun.)
 Used by `ddplab doctor` only.
 """
 
@@ -11,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sys
 from pathlib import Path
 
@@ -27,7 +31,16 @@ def main(out_dir: str) -> None:
     runtime.setup("gloo", "cpu", env, timeout_s=30)
     t = torch.tensor([env.rank + 1.0])
     dist.all_reduce(t)
-    Path(out_dir, f"rank{env.rank}.json").write_text(json.dumps({"rank": env.rank, "value": t.item()}))
+    result = {"rank": env.rank, "value": t.item(), "node": env.node, "host": socket.gethostname(),
+              "world_size": env.world_size}
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if dist.is_nccl_available() and gpus >= env.ranks_here:   # every rank has a GPU of its own: NCCL too
+        torch.cuda.set_device(env.slot % gpus)
+        nccl = dist.new_group(backend="nccl")
+        c = torch.tensor([env.rank + 1.0], device="cuda")
+        dist.all_reduce(c, group=nccl)
+        result["nccl_value"] = c.item()
+    Path(out_dir, f"rank{env.rank}.json").write_text(json.dumps(result))
     runtime.teardown()
     sys.stdout.flush()
     os._exit(0)

@@ -1,0 +1,7 @@
+"""`python -m ddplab ...`: the `ddplab` command (cli.py), for where the console script is not on PATH."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())
