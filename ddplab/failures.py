@@ -157,10 +157,19 @@ class Deaths:
     signals: dict[int, str] = field(default_factory=dict)    # rank -> "SIGABRT"
     stacks: dict[int, str] = field(default_factory=dict)     # rank -> faulthandler's dump
     native: list[str] = field(default_factory=list)          # "what():" lines of C++ exceptions
+    # NCCL: ranks whose watchdog timed a collective out (and aborted the process): rank -> (seq, op)
+    nccl_timeouts: dict[int, tuple[int, str]] = field(default_factory=dict)
+    # NCCL's flight recorder, dumped on timeout: rank -> its last collective {seq, name, state}
+    flight: dict[int, dict] = field(default_factory=dict)
 
 
 _EXIT = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank[^\n]*\n\s*exitcode\s*:\s*(-?\d+)")
 _NATIVE = re.compile(r"what\(\):\s*(.+)")
+# ProcessGroupNCCL's watchdog: "[PG ID 0 PG GUID 0(default_pg) Rank 1] Watchdog caught collective operation
+# timeout: WorkNCCL(SeqNum=6, OpType=ALLREDUCE, NumelIn=1, ...) ran for 5002 milliseconds before timing out."
+_NCCL_TIMEOUT = re.compile(r"Rank (\d+)\][^\n]*?Watchdog caught collective operation timeout: "
+                           r"WorkNCCL\(SeqNum=(\d+), OpType=(\w+)")
+FLIGHT_PREFIX = "nccl_trace_rank_"   # TORCH_FR_DUMP_TEMP_FILE's prefix in a launch directory (launch.torchrun)
 
 
 def deaths_from(log_text: str, stacks: dict[int, str] | None = None) -> Deaths:
@@ -174,7 +183,68 @@ def deaths_from(log_text: str, stacks: dict[int, str] | None = None) -> Deaths:
             except ValueError:
                 signals[int(rank)] = f"signal {-int(code)}"
     native = list(dict.fromkeys(m.strip() for m in _NATIVE.findall(log_text)))
-    return Deaths(signals, dict(stacks or {}), native)
+    timeouts = {}
+    for rank, seq, op in _NCCL_TIMEOUT.findall(log_text):
+        timeouts.setdefault(int(rank), (int(seq), op))
+    return Deaths(signals, dict(stacks or {}), native, timeouts)
+
+
+def flight_records(launch_dir, world_size: int) -> dict[int, dict]:
+    """Each rank's last collective in NCCL's flight recorder dump (`<launch_dir>/nccl_trace_rank_<r>`,
+    written by the watchdog on a timeout): {"seq", "name", "state"}, in the process group all the
+    dumps share (the training group; a sequence number counts within one group). The dump is a
+    pickle of plain data; it is read with no class allowed, so a file that holds anything else is skipped."""
+    import pickle
+    from pathlib import Path
+
+    class _Plain(pickle.Unpickler):
+        def find_class(self, module, name):
+            raise pickle.UnpicklingError(f"{module}.{name} is not plain data")
+
+    by_group: dict[int, dict] = {}   # rank -> process group -> its last collective there
+    for r in range(world_size):
+        path = Path(launch_dir) / f"{FLIGHT_PREFIX}{r}"
+        try:
+            with open(path, "rb") as f:
+                entries = _Plain(f).load().get("entries", [])
+        except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ValueError):
+            continue
+        for e in entries:
+            if isinstance(e, dict) and e.get("collective_seq_id"):
+                pg = str(e.get("process_group", ""))
+                last = by_group.setdefault(r, {}).get(pg)
+                if last is None or e["collective_seq_id"] > last["collective_seq_id"]:
+                    by_group[r][pg] = e
+    if not by_group:
+        return {}
+    # sequence numbers count per process group: compare the ranks in a group every one of them used
+    common = set.intersection(*(set(g) for g in by_group.values()))
+    if not common:
+        return {}
+    pg = max(common, key=lambda g: sum(d[g]["collective_seq_id"] for d in by_group.values()))
+    return {r: {"seq": d[pg]["collective_seq_id"], "name": str(d[pg].get("profiling_name", "?")),
+                "state": str(d[pg].get("state", "?"))} for r, d in by_group.items()}
+
+
+def _nccl_hang(d: "Diagnosis", deaths: Deaths, world_size: int, timeout_s: float) -> "Diagnosis":
+    """A hang diagnosis completed with what NCCL said: whose watchdog timed out, in which collective,
+    and, from the flight recorder, how far each rank got (the one furthest behind never arrived)."""
+    t = deaths.nccl_timeouts
+    seq = {r: s for r, (s, _) in t.items()}
+    lines = [f"NCCL's watchdog timed out {rank_list(sorted(t))} after timeout_s={timeout_s:g} s in "
+             + "; ".join(f"rank {r}'s collective #{s} ({op.lower()})" for r, (s, op) in sorted(t.items()))
+             + ", and aborted the processes (TORCH_NCCL_ASYNC_ERROR_HANDLING=1)."]
+    if deaths.flight:
+        lines.append("NCCL's flight recorder: " + "; ".join(
+            f"rank {r} last issued collective #{f['seq']} ({f['name']}, {f['state']})"
+            for r, f in sorted(deaths.flight.items())) + ".")
+        seq = {r: f["seq"] for r, f in deaths.flight.items()}
+    if len(set(seq.values())) > 1:   # ranks that issued fewer collectives are the ones the others wait for
+        behind = sorted(r for r, s in seq.items() if s == min(seq.values()))
+        if not set(d.ranks) & set(behind) or d.ranks == list(range(world_size)):
+            d.ranks = behind
+    d.summary = f"{d.summary} {' '.join(lines)}"
+    return d
 
 
 def _culprits(ranks: list[int], deaths: Deaths | None) -> list[int]:
@@ -230,6 +300,9 @@ def diagnose(progress: dict[int, list[dict]], errors: dict[int, dict], finished:
             first = errors[min(timed_out)]
             d.tracebacks = {first["rank"]: first["traceback"]}
         return d
+    if deaths is not None and deaths.nccl_timeouts:   # NCCL's hang: its watchdog aborted the waiting ranks
+        return _nccl_hang(diagnose_hang(progress, world_size, timeout_s, False, phases, frozen), deaths, world_size,
+                          timeout_s)
     silent = sorted(set(range(world_size)) - finished - set(errors))
     silent = _culprits(silent, deaths)
     stacks = _stacks(deaths, silent)

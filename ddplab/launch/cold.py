@@ -137,7 +137,7 @@ def _launch_in(exps, final_dirs, final_launch_dir, name, reporter: Reporter, sta
                 (launch_dir / rundir.LOG).write_text(warm.log_since_submit())
         if warm is None:
             with open(launch_dir / rundir.LOG, "w") as log:
-                env = {**worker_env(nodes=nodes), "DDPLAB_LAUNCH_ID": launch_id}
+                env = {**worker_env(nodes=nodes, flight_dir=launch_dir), "DDPLAB_LAUNCH_ID": launch_id}
                 proc, watchdog, interrupted = _torchrun(argv, env, log, watch, reporter, t0, startup_timeout_s,
                                                         spec_paths[0], starting)
         wall_s = time.monotonic() - t0
@@ -161,7 +161,8 @@ def _launch_in(exps, final_dirs, final_launch_dir, name, reporter: Reporter, sta
         timeout_s = watch.limit_s(startup_timeout_s) if watchdog else max(e.timeout_s for e in exps)
         rundir.check_writable(launch_dir)   # a run directory lost mid-run explains every missing file
         try:
-            failure = _first_failure(exps, run_dirs, launch_dir, proc, timeout_s, watchdog, spec_paths[0], watch.frozen)
+            failure = _first_failure(exps, run_dirs, launch_dir, proc, timeout_s, watchdog, spec_paths[0], watch.frozen,
+                                     warm.dir if warm is not None else launch_dir)
             if failure:
                 raise failure
             runs = [load_run(d) for d in run_dirs]
@@ -234,9 +235,10 @@ def _torchrun(argv, env, log, watch: Watch, reporter: Reporter, t0: float, start
 
 
 def _first_failure(exps, run_dirs, launch_dir: Path, proc, timeout_s: float, watchdog: bool, spec_path: Path,
-                   frozen: dict):
+                   frozen: dict, flight_dir: Path):
     """RunFailed for the first experiment some rank of which failed or left no result, else None.
-    `frozen`: the ranks the watch saw frozen, and their process state."""
+    `frozen`: the ranks the watch saw frozen, and their process state; `flight_dir`: where NCCL's
+    flight recorder dumped (the launch's directory, or its session's)."""
     for exp, run_dir in zip(exps, run_dirs):
         prog, errors, finished = collect(run_dir, exp.world_size)
         if errors or len(finished) < exp.world_size:
@@ -245,18 +247,22 @@ def _first_failure(exps, run_dirs, launch_dir: Path, proc, timeout_s: float, wat
             diagnosis = failures.diagnose(prog, errors, finished, exp.world_size, timeout_s, watchdog,
                                           exp.task.all_phases(),
                                           {r: state for r, state in frozen.items() if r < exp.world_size},
-                                          _deaths(run_dir, launch_dir, exp.world_size, finished | set(errors)))
+                                          _deaths(run_dir, launch_dir, exp.world_size, finished | set(errors),
+                                                  flight_dir))
             if diagnosis.kind == "missing-result":  # no rank could explain itself: show what torchrun saw
                 diagnosis.log_tail = "\n".join((launch_dir / rundir.LOG).read_text().splitlines()[-LOG_TAIL_LINES:])
             return failures.RunFailed(diagnosis, run_dir)
     return None
 
 
-def _deaths(run_dir: Path, launch_dir: Path, world_size: int, accounted: set[int]) -> failures.Deaths | None:
+def _deaths(run_dir: Path, launch_dir: Path, world_size: int, accounted: set[int],
+            flight_dir: Path | None = None) -> failures.Deaths | None:
     """What torchrun's report and the ranks' faulthandler dumps say of ranks that left no file."""
     silent = set(range(world_size)) - accounted
     if not silent:
         return None
     log = launch_dir / rundir.LOG
     stacks = {r: f.read_text() for r in silent if (f := rundir.fatal_file(run_dir, r)).exists() and f.stat().st_size}
-    return failures.deaths_from(log.read_text(errors="replace") if log.exists() else "", stacks)
+    deaths = failures.deaths_from(log.read_text(errors="replace") if log.exists() else "", stacks)
+    deaths.flight = failures.flight_records(flight_dir or launch_dir, world_size)
+    return deaths

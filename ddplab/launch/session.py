@@ -140,7 +140,7 @@ class Session:
         self._log = open(self.dir / rundir.LOG, "w")
         with interrupts_caught() as interrupted:   # a Ctrl-C now is a flag: the kill below cannot be cut short
             try:
-                self.proc = start(self.argv, worker_env(nodes=self.nodes), self._log, outlive_thread=True)
+                self.proc = start(self.argv, worker_env(nodes=self.nodes, flight_dir=self.dir), self._log, outlive_thread=True)
                 self._wait_until_ready(startup_timeout_s, interrupted)
             except BaseException:   # a failed start: no rank may wait on for jobs
                 self.kill()

@@ -29,6 +29,7 @@ import uuid
 from pathlib import Path
 
 from .. import host
+from ..failures import FLIGHT_PREFIX
 from .nodes import DEFAULT_JOIN_TIMEOUT_S, Nodes, free_port
 
 WORKER = "ddplab.rank.worker"
@@ -79,11 +80,13 @@ def worker_argv(world_size: int, spec_paths: list, python: str | None = None, no
     return torchrun_argv(world_size, ["--spec", *spec_paths], python, nodes=nodes)
 
 
-def worker_env(base: dict | None = None, nodes: Nodes | None = None) -> dict:
+def worker_env(base: dict | None = None, nodes: Nodes | None = None, flight_dir: Path | None = None) -> dict:
     """The ranks' environment: the caller's, plus the current directory on PYTHONPATH (for a
     user's `module:factory` model or task), one OpenMP thread per rank and gloo's and NCCL's
     sockets on the loopback interface when every node is on this host, unless the caller chose (on
-    several machines, gloo and NCCL pick the interface that reaches the other nodes)."""
+    several machines, gloo and NCCL pick the interface that reaches the other nodes). NCCL's flight
+    recorder keeps each rank's last collectives and its watchdog dumps them into `flight_dir` on a
+    timeout (`failures.flight_records` reads them), then aborts the communicators and the process."""
     env = dict(os.environ if base is None else base)
     paths = [os.getcwd(), str(Path(__file__).resolve().parent.parent.parent)]
     if env.get("PYTHONPATH"):
@@ -92,6 +95,11 @@ def worker_env(base: dict | None = None, nodes: Nodes | None = None) -> dict:
     env.setdefault("OMP_NUM_THREADS", "1")  # torchrun's own default for several ranks, without its banner
     # torchrun's agent hosts the ranks' store on loopback (launch.loopback) only while that store is shared
     env.pop("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", None)
+    env.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", "2000")     # the flight recorder: last collectives per rank
+    env.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
+    env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")     # a timed-out collective tears the process down
+    if flight_dir is not None:
+        env.setdefault("TORCH_FR_DUMP_TEMP_FILE", str(Path(flight_dir) / FLIGHT_PREFIX))
     nodes = Nodes.from_env(env) if nodes is None else nodes
     lo = host.loopback_interface() if nodes.launcher == "local" else None
     if lo:  # one machine: the ranks talk over loopback, and nothing listens on another interface

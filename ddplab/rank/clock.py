@@ -55,3 +55,56 @@ def align(node: int = 0, device=None, group=None) -> int:
     dist.all_gather(every, mine, group=group)
     _ORIGIN[0] = next(raw for n, raw in (t.tolist() for t in every) if n == node)
     return _ORIGIN[0]
+
+
+class GpuStamps:
+    """Times of GPU work on the same time base as `now_ns()`: when a kernel *ran*, not when the host
+    queued it. On CUDA the host runs ahead of the device, and a collective's future completes (its
+    callbacks fire) when the work is queued, so host clock readings there would say "done" before an
+    all-reduce started. `mark(setter)` records a CUDA event on the current stream (in a future's
+    callback that stream waits for the collective); `resolve()` waits for the device, converts each
+    event to `now_ns()` time through an anchor (an event recorded on an idle device, whose host time is
+    known), calls the setters, and anchors again for the next step. One per rank (`gpu_stamps`)."""
+
+    def __init__(self):
+        import torch
+
+        self._cuda = torch.cuda
+        self.pending: list = []
+        self._anchor()
+
+    def _anchor(self) -> None:
+        self._cuda.synchronize()
+        self.ref = self._cuda.Event(enable_timing=True)
+        self.ref.record()
+        self.ref.synchronize()
+        self.ref_ns = now_ns()
+
+    def mark(self, setter) -> None:
+        event = self._cuda.Event(enable_timing=True)
+        event.record()
+        self.pending.append((event, setter))
+
+    def resolve(self) -> None:
+        if not self.pending:
+            return
+        self._cuda.synchronize()
+        for event, setter in self.pending:
+            setter(event_ns(self.ref_ns, self.ref.elapsed_time(event)))
+        self.pending.clear()
+        self._anchor()
+
+
+def event_ns(anchor_ns: int, elapsed_ms: float) -> int:
+    """The time of an event `elapsed_ms` (CUDA's Event.elapsed_time) after the anchor event at `anchor_ns`."""
+    return anchor_ns + round(elapsed_ms * 1e6)
+
+
+_GPU: list = []
+
+
+def gpu_stamps() -> GpuStamps:
+    """This rank's GpuStamps (made on first use, on the current CUDA device)."""
+    if not _GPU:
+        _GPU.append(GpuStamps())
+    return _GPU[0]

@@ -20,13 +20,16 @@ from .. import clock
 
 
 class BucketLog:
-    """Register with `ddp.register_comm_hook(None, log.hook)`; read `log.take()` after each step."""
+    """Register with `ddp.register_comm_hook(None, log.hook)`; read `log.take()` after each step.
+    On CUDA, launch and done are when the device got there (`clock.GpuStamps`): the bucket's gradients
+    written, and the all-reduce finished on the NCCL stream, not when the host queued them."""
 
-    def __init__(self, group=None, names: dict[int, str] | None = None):
+    def __init__(self, group=None, names: dict[int, str] | None = None, cuda: bool = False):
         self.group = group
         self.names = names or {}
         self.events: list[dict] = []
         self.buffers = {}  # bucket index -> the flat buffer DDP handed over last
+        self.stamps = clock.gpu_stamps() if cuda else None
 
     def hook(self, state, bucket):
         buf = bucket.buffer()
@@ -35,16 +38,22 @@ class BucketLog:
                  "params": [self.names.get(id(p), "?") for p in bucket.parameters()],
                  "launch_ns": clock.now_ns()}
         self.events.append(event)
+        if self.stamps:
+            self.stamps.mark(lambda t: event.__setitem__("launch_ns", t))
         buf.div_(dist.get_world_size(self.group))
         fut = dist.all_reduce(buf, group=self.group, async_op=True).get_future()
 
-        def done(f):  # runs on a gloo worker thread when the all-reduce completes
+        def done(f):  # gloo: on a worker thread when the all-reduce completes; CUDA: see the class
             event["done_ns"] = clock.now_ns()
+            if self.stamps:
+                self.stamps.mark(lambda t: event.__setitem__("done_ns", t))
             return f.value()[0]
         return fut.then(done)
 
     def take(self) -> list[BucketEvent]:
         """The buckets launched since the last call."""
+        if self.stamps:
+            self.stamps.resolve()
         events, self.events = self.events, []
         return [BucketEvent(**e) for e in events]
 
@@ -58,7 +67,8 @@ class BucketsProbe(Probe):
         super().__init__(at, attached)
         self.log = None
         if at.ddp is not None:
-            self.log = BucketLog(at.ctx.group, {id(p): n for n, p in at.module.named_parameters()})
+            self.log = BucketLog(at.ctx.group, {id(p): n for n, p in at.module.named_parameters()},
+                                 cuda=at.ctx.device.type == "cuda")
             at.ddp.register_comm_hook(None, self.log.hook)
 
     def step_fields(self, step: int) -> dict:

@@ -14,6 +14,7 @@ import os
 import signal
 import time
 from contextlib import contextmanager, nullcontext
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -41,6 +42,7 @@ def run(ctx):
     model, ddp = wrap(ctx, model)
     module = ddp.module if ddp else model
     optimizer = make_optimizer(exp, model.parameters(), ctx.group)
+    side_group = _side_group(ctx)   # the skip-backward fault's barrier, on NCCL
     probes = attach(exp.probes, Attachment(ctx, module, ddp, optimizer))
     initial = parameter_checksum(module)
     clock = Clock(device)
@@ -73,7 +75,7 @@ def run(ctx):
                 if slow and slow.where != "data" and last:
                     delay(slow, device)
                     clock.mark("straggler")
-                if exp.fault and exp.fault.hits(rank, step) and inject_fault(ctx, step, micro, synced):
+                if exp.fault and exp.fault.hits(rank, step) and inject_fault(ctx, step, micro, synced, side_group):
                     continue
                 log.enter("backward", step, micro, collective=GRADIENT_ALL_REDUCE if synced else None)
                 with probes.backward(micro, last):
@@ -160,6 +162,15 @@ def delay(slow, device) -> None:
             torch.cuda.synchronize(device)   # wall time is the measure: no queue of kernels left behind
 
 
+def _side_group(ctx):
+    """For the skip-backward fault on NCCL: a second communicator over the same ranks, made by every
+    one of them (only they take part: `use_local_synchronization`), for the skipping rank's barrier."""
+    if ctx.exp.fault is None or ctx.exp.fault.kind != "skip-backward" or dist.get_backend(ctx.group) != "nccl":
+        return None
+    ranks = dist.get_process_group_ranks(ctx.group) if ctx.group is not None else list(range(dist.get_world_size()))
+    return dist.new_group(ranks, timeout=timedelta(seconds=ctx.exp.timeout_s), use_local_synchronization=True)
+
+
 def _fault(exp, kind: str, rank: int, step: int) -> bool:
     return exp.fault is not None and exp.fault.kind == kind and exp.fault.hits(rank, step)
 
@@ -188,7 +199,7 @@ def bypassed_mlp(module, bypass: bool):
         block.bypass_mlp = False
 
 
-def inject_fault(ctx, step: int, micro: int, synced: bool) -> bool:
+def inject_fault(ctx, step: int, micro: int, synced: bool, side_group=None) -> bool:
     """Misbehave as `exp.fault` says, on the faulty rank and step, between its forward and its
     backward; True if the backward is skipped."""
     kind = ctx.exp.fault.kind
@@ -204,8 +215,10 @@ def inject_fault(ctx, step: int, micro: int, synced: bool) -> bool:
         ctx.log.enter("extra-all-reduce", step, micro)
         dist.all_reduce(torch.ones(1, device=ctx.device), group=ctx.group)
     if kind == "skip-backward" and synced:
-        # this rank goes on to the next collective while its peers wait in the all-reduce
+        # this rank goes on to the next collective while its peers wait in the all-reduce. On NCCL a
+        # barrier on their own group is itself a one-element all-reduce, which NCCL would pair with the
+        # peers' first bucket; on a group of its own it can only wait, as it does on gloo
         ctx.log.enter("skip-backward", step, micro)
-        dist.barrier(group=ctx.group)
+        dist.barrier(group=side_group if side_group is not None else ctx.group)
         return True
     return False
