@@ -5,6 +5,7 @@ import torch
 
 import ddplab
 from ddplab.host import choose_backend
+from ddplab.spec import Fault
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -63,8 +64,45 @@ def test_memory_ledger_reconciles_with_the_cuda_allocator(tmp_path):
     assert (tmp_path / "cuda-memory" / "rank0.memory.pickle").stat().st_size > 0
 
 
+@pytest.mark.gpu
+@pytest.mark.slow
+@needs_cuda
+def test_bucket_and_ready_times_on_cuda_are_device_times_inside_backward(tmp_path):
+    gpus = torch.cuda.device_count()
+    exp = ddplab.Experiment(world_size=min(gpus, 2), backend="nccl", steps=2, bucket_cap_mb=0.25,
+                            probes=("buckets", "readiness"))
+    for r in ddplab.run(exp, tmp_path / "events", progress=False).ranks:
+        b = r.steps[-1].backward
+        assert b.start_ns <= b.ready[0].t_ns <= b.ready[-1].t_ns <= b.end_ns
+        assert all(k.launch_ns <= k.done_ns <= b.end_ns + 1_000_000 for k in r.steps[-1].buckets)
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+def test_an_nccl_hang_names_the_rank_that_skipped_its_backward(tmp_path):
+    exp = ddplab.Experiment(world_size=2, backend="nccl", steps=2, timeout_s=10,
+                            fault=Fault("skip-backward", rank=1, step=1))
+    with pytest.raises(ddplab.RunFailed) as err:
+        ddplab.run(exp, tmp_path / "hang", progress=False, warm=False)
+    assert err.value.diagnosis.kind == "hang" and err.value.diagnosis.ranks == [1], str(err.value)
+
+
 def test_memory_snapshot_is_refused_without_cuda():
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
     with pytest.raises(ValueError, match="Experiment.probes: 'memory-snapshot' needs"):
         ddplab.run(ddplab.Experiment(probes=("memory", "memory-snapshot")))
+
+
+def test_the_gpu_check_skips_cleanly_without_cuda():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: run bench/gpu_check.py itself")
+    script = Path(__file__).resolve().parent.parent / "bench" / "gpu_check.py"
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("SKIP gpu_check: no CUDA device here"), out.stdout
