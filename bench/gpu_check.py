@@ -121,10 +121,13 @@ def memory_ledger(gpus: int, out: Path) -> str:
     table = tables.memory_cuda(run)
     gap = (table["cuda_allocated"] - table["ledger"]).min()
     assert gap >= -1e-3, f"the ledger counts more than the allocator holds (by {-gap:.3f} MiB)"
+    peak_gap = table["cuda_peak_allocated"].max() - table["ledger_peak"].max()
+    assert peak_gap >= -1e-3, f"the ledger's step peak exceeds max_memory_allocated by {-peak_gap:.3f} MiB"
     snapshot = run.path / "rank0.memory.pickle"
     assert snapshot.exists() and snapshot.stat().st_size > 0, "no memory snapshot"
-    return (f"{len(table)} phases: allocator minus ledger {gap:.2f}..{(table['cuda_allocated'] - table['ledger']).max():.2f}"
-            f" MiB; snapshot {snapshot.stat().st_size / 1e6:.1f} MB")
+    spread = (table["cuda_allocated"] - table["ledger"]).max()
+    return (f"{len(table)} phases: allocated minus ledger {gap:.2f}..{spread:.2f} MiB, peak allocated minus the "
+            f"ledger's peak {peak_gap:.2f} MiB; snapshot {snapshot.stat().st_size / 1e6:.1f} MB")
 
 
 @check("allreduce-busbw", needs_gpus=2)
