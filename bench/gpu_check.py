@@ -135,7 +135,7 @@ def allreduce_busbw(gpus: int, out: Path) -> str:
     from ddplab import recipes, tables
 
     w = min(gpus, 8)
-    run = _run(recipes.allreduce_sweep(w, min_bytes=1 << 20, max_bytes=1 << 30, repeats=20, backend="nccl",
+    run = _run(recipes.allreduce_sweep(w, min_bytes=1 << 20, max_bytes=1 << 28, repeats=20, backend="nccl",
                                        name=f"gpu-allreduce-w{w}"), out)
     sweep = tables.allreduce_sweep(run)
     print(sweep[["ms", "algbw_gb_s", "busbw_gb_s"]].round(3).to_string())
@@ -159,6 +159,9 @@ def nccl_bytes(gpus: int, out: Path) -> str:
     assert len(traced) == w, f"the profiler recorded all-reduces on {len(traced)} of {w} ranks"
     for name, total in traced.items():   # the profiled step(s): a whole number of gradients, nothing else
         assert total % payload == 0, f"{name}: the profiler's all-reduce records carry {total} B, the buckets {payload}"
+    assert len(set(traced.values())) == 1, f"the ranks' profiles disagree: {traced}"
+    steps = next(iter(traced.values())) // payload
+    assert steps <= run.spec.steps, f"the profiler counts {steps} gradients in {run.spec.steps} steps: double counting"
     per_rank = comm.ring_bytes_per_rank(payload, w)
     return (f"buckets {payload / 2 ** 20:.2f} MiB a step = the gradient = what the profiler's all_reduce records "
             f"carried ({sorted(set(traced.values()))} B); the ring sends {per_rank / 2 ** 20:.2f} MiB per rank "

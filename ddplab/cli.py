@@ -144,7 +144,8 @@ def _add_node_flags(p) -> None:
                    "$DDPLAB_NODES): torchrun agents on this host, or one per node with --node-launcher srun")
     p.add_argument("--node-launcher", choices=("local", "srun"), default=None,
                    help="local: every node's agent on this host; srun: one agent per node of this SLURM allocation")
-    p.add_argument("--rdzv-endpoint", default=None, help="srun: host:port of the rendezvous (default: this host)")
+    p.add_argument("--rdzv-endpoint", default=None, help="srun: host:port of the rendezvous (default: the "
+                   "allocation's first node)")
 
 
 def _cmd_slurm(args) -> int:

@@ -84,7 +84,8 @@ def doctor(say=print, nodes=None) -> bool:
     expected = world * (world + 1) / 2
     say(f"{nodes.describe(world)}, gloo all-reduce: rank r contributes [r + 1]; expected on every rank: {expected}")
     with tempfile.TemporaryDirectory(prefix="ddplab-doctor-") as tmp:
-        argv = torchrun_argv(world, [tmp], module="ddplab.rank.smoke", nodes=nodes, rdzv_timeout_s=RDZV_TIMEOUT_S)
+        argv = torchrun_argv(world, [tmp, socket.gethostname()], module="ddplab.rank.smoke", nodes=nodes,
+                             rdzv_timeout_s=RDZV_TIMEOUT_S)
         proc = start(argv, worker_env(nodes=nodes), subprocess.PIPE, text=True)
         try:
             log, _ = proc.communicate(timeout=TIMEOUT_S)
@@ -94,7 +95,8 @@ def doctor(say=print, nodes=None) -> bool:
             if nodes.multi:
                 say("  " + _unreachable_hint(argv))
             return False
-        results = {r: json.loads(f.read_text()) for r in range(world) if (f := Path(tmp, f"rank{r}.json")).exists()}
+        gathered = Path(tmp, "results.json")
+        results = {res["rank"]: res for res in json.loads(gathered.read_text())} if gathered.exists() else {}
         ok = all(results.get(r, {}).get("value") == expected for r in range(world))
         nccl = [res["nccl_value"] for res in results.values() if "nccl_value" in res]
         if nccl:

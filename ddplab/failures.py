@@ -299,7 +299,7 @@ def diagnose(progress: dict[int, list[dict]], errors: dict[int, dict], finished:
         if timed_out:
             first = errors[min(timed_out)]
             d.tracebacks = {first["rank"]: first["traceback"]}
-        return d
+        return _nccl_hang(d, deaths, world_size, timeout_s) if deaths is not None and deaths.nccl_timeouts else d
     if deaths is not None and deaths.nccl_timeouts:   # NCCL's hang: its watchdog aborted the waiting ranks
         return _nccl_hang(diagnose_hang(progress, world_size, timeout_s, False, phases, frozen), deaths, world_size,
                           timeout_s)

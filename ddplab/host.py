@@ -52,11 +52,12 @@ def parent_is_torchrun() -> bool:
         return True
 
 
-def die_with_parent() -> None:
-    """Ask Linux to SIGKILL this process when its parent dies (PR_SET_PDEATHSIG). Called by every
-    rank, and in the launcher's child between fork and exec of torchrun."""
+def die_with_parent(sig: int = signal.SIGKILL) -> None:
+    """Ask Linux to send `sig` (SIGKILL) to this process when its parent dies (PR_SET_PDEATHSIG).
+    Called by every rank, and in the launcher's child between fork and exec of torchrun (of srun with
+    SIGTERM, which srun forwards to the agents on every node: a SIGKILLed srun could stop none)."""
     if sys.platform.startswith("linux"):
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, sig)
 
 
 LOOPBACK = "127.0.0.1"

@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import time
 from pathlib import Path
 
@@ -170,6 +171,7 @@ class ProgressLog:
         self.phases = phases
         self._f = open(progress_file(run_dir, rank), "a", buffering=1)
         self.pid = os.getpid()   # the launcher looks at this process's state when the ranks stop moving
+        self.host = socket.gethostname()   # ... on this host only: on other nodes the pid means nothing here
         self.last = {"phase": "start", "step": -1, "micro": 0}
 
     def enter(self, phase: str, step: int = -1, micro: int = 0, collective: str | None = None,
@@ -177,7 +179,8 @@ class ProgressLog:
         """Record that this rank enters `phase` (of step `step`, micro-step or position `micro`); the
         collective it will wait in (None: the phase's own, if any); `detail` names what it works on."""
         assert phase in self.phases, f"phase {phase!r} is not declared by the task"
-        rec = {"t_ns": time.time_ns(), "phase": phase, "step": step, "micro": micro, "pid": self.pid}
+        rec = {"t_ns": time.time_ns(), "phase": phase, "step": step, "micro": micro, "pid": self.pid,
+               "host": self.host}
         collective = collective if collective is not None else self.phases[phase].collective
         if collective:
             rec["collective"] = collective

@@ -48,6 +48,31 @@ def test_srun_outside_slurm_is_refused_before_anything_starts(tmp_path, monkeypa
     with pytest.raises(ValueError, match="nodes: the launcher 'srun' needs SLURM's srun on PATH"):
         ddplab.run(Experiment(world_size=2, steps=1), tmp_path / "never", progress=False, warm=False)
     assert not (tmp_path / "never").exists()
+    (tmp_path / "srun").write_text("#!/bin/sh\nexit 1\n")
+    (tmp_path / "srun").chmod(0o755)
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)   # srun, but no allocation: it would queue a new job
+    with pytest.raises(ValueError, match=r"nodes: .*\$SLURM_JOB_ID is not set"):
+        ddplab.run(Experiment(world_size=2, steps=1), tmp_path / "never", progress=False, warm=False)
+    with pytest.raises(ValueError, match="nodes: 4 nodes were asked for, and this allocation has 2"):
+        Nodes(4, "srun").check_here({"SLURM_JOB_ID": "7", "SLURM_JOB_NUM_NODES": "2"})
+    Nodes(2, "srun").check_here({"SLURM_JOB_ID": "7", "SLURM_JOB_NUM_NODES": "2"})
+
+
+def test_srun_hosts_the_rendezvous_on_the_allocations_first_node(tmp_path, monkeypatch):
+    (tmp_path / "scontrol").write_text("#!/bin/sh\nprintf 'gpu-a17\\ngpu-a18\\n'\n")
+    (tmp_path / "scontrol").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    assert nodes_mod.first_node({"SLURM_JOB_NODELIST": "gpu-a[17-18]"}) == "gpu-a17"
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "gpu-a[17-18]")
+    argv = torchrun.torchrun_argv(4, [], python="py", nodes=Nodes(2, "srun"))
+    assert any(a.startswith("--rdzv-endpoint=gpu-a17:") for a in argv), argv
+
+
+def test_a_bad_launcher_or_endpoint_in_the_environment_is_named():
+    with pytest.raises(ValueError, match="DDPLAB_NODE_LAUNCHER: one of local, srun"):
+        Nodes.from_env({"DDPLAB_NODE_LAUNCHER": "mpirun"})
+    with pytest.raises(ValueError, match="DDPLAB_RDZV_ENDPOINT: endpoint must be host:port"):
+        Nodes.from_env({"DDPLAB_NODE_LAUNCHER": "srun", "DDPLAB_RDZV_ENDPOINT": "head"})
 
 
 def test_from_env_reads_count_launcher_and_endpoint():
@@ -79,6 +104,9 @@ def test_simulated_nodes_are_agents_of_one_rendezvous_on_loopback():
     guest_flags = nodes_mod._agent_flags(argv[5:], 4242, listen_fd=None)
     for flags in (host_flags, guest_flags):   # every agent meets at the one endpoint
         assert "--rdzv-endpoint=127.0.0.1:4242" in flags and flags[-2:] == ["--spec", "s.json"]
+    # the ranks' own arguments are theirs, whatever they look like
+    mine = nodes_mod._agent_flags(["--rdzv-endpoint=x:0", "-m", "w", "--rdzv-endpoint=keep", "--"], 1, None)
+    assert mine == ["--rdzv-endpoint=127.0.0.1:1", "-m", "w", "--rdzv-endpoint=keep", "--"]
     assert any(f.startswith("--rdzv-conf=") and "listen_fd=7" in f and "join_timeout=" in f for f in host_flags)
     assert not any("listen_fd" in f for f in guest_flags)
 
@@ -217,6 +245,7 @@ def test_the_batch_script_asks_for_the_nodes_and_runs_srun_torchrun(tmp_path):
                    time_limit="01:00:00").read_text()
     for line in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=1", "#SBATCH --gpus-per-node=8",
                  "#SBATCH --partition=gpu", "#SBATCH --time=01:00:00", "#SBATCH --cpus-per-task=16",
+                 "export SRUN_CPUS_PER_TASK=16",
                  "DDPLAB_NODE_LAUNCHER=srun", '-m ddplab run --spec - --out "$RUN_DIR"'):
         assert line in text, line
     assert "--nproc-per-node=8" in text and "--rdzv-endpoint=$HEAD:$PORT" in text   # the srun torchrun it starts
@@ -333,6 +362,7 @@ def test_doctor_says_what_to_check_when_the_nodes_cannot_meet(tmp_path, monkeypa
     (bin_dir / "srun").write_text(FAKE_SRUN)
     (bin_dir / "srun").chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")   # inside an allocation (of stand-ins)
     monkeypatch.setattr(doctor, "RDZV_TIMEOUT_S", 3)   # the agents give up on the rendezvous after 3 s, not 10
     said: list[str] = []
     assert doctor.doctor(said.append, Nodes(2, "srun", "nohost.invalid:29400")) is False

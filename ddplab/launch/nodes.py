@@ -13,7 +13,8 @@ changes: the notebooks' experiments, the watch, the diagnosis and the run direct
   the others join it as clients. Node ranks are decided by the rendezvous (join order), not by which
   agent started first.
 - `launcher="srun"`: one `srun` starts one agent per node of the allocation (`--ntasks-per-node=1`),
-  meeting at a c10d rendezvous hosted on this node (`endpoint`, default this host and a free port).
+  meeting at a c10d rendezvous hosted on the allocation's first node (`endpoint`, default that node
+  and a port drawn from 29500-49499). Only inside an allocation of enough nodes (`check_here`).
   The run directory must be on a filesystem every node sees (a cluster's home or project space).
 
 A launch of W ranks on N nodes runs ceil(W / N) ranks per node; ranks past W (when N does not divide
@@ -43,7 +44,7 @@ DEFAULT_JOIN_TIMEOUT_S = 120   # how long the agents wait for each other at the 
 class Nodes:
     count: int = 1
     launcher: str = "local"
-    endpoint: str | None = None   # srun: host:port of the rendezvous (default: this host, a free port)
+    endpoint: str | None = None   # srun: host:port of the rendezvous (default: the allocation's first node)
 
     def __post_init__(self):
         if isinstance(self.count, bool) or not isinstance(self.count, int) or self.count < 1:
@@ -62,8 +63,13 @@ class Nodes:
         raw = env.get("DDPLAB_NODES", "").strip() or "1"
         if not raw.isdigit() or int(raw) < 1:
             raise ValueError(f"DDPLAB_NODES: the node count must be a whole number of at least 1, got {raw!r}")
-        return cls(int(raw), env.get("DDPLAB_NODE_LAUNCHER", "").strip() or "local",
-                   env.get("DDPLAB_RDZV_ENDPOINT", "").strip() or None)
+        launcher = env.get("DDPLAB_NODE_LAUNCHER", "").strip() or "local"
+        if launcher not in LAUNCHERS:
+            raise ValueError(f"DDPLAB_NODE_LAUNCHER: one of {', '.join(LAUNCHERS)}, got {launcher!r}")
+        try:
+            return cls(int(raw), launcher, env.get("DDPLAB_RDZV_ENDPOINT", "").strip() or None)
+        except ValueError as e:
+            raise ValueError(f"DDPLAB_RDZV_ENDPOINT: {str(e).removeprefix('nodes: ')}") from None
 
     @property
     def multi(self) -> bool:
@@ -81,13 +87,24 @@ class Nodes:
         """How many of them run on this machine (what its cores, memory and GPUs must hold)."""
         return self.total(world_size) if self.launcher == "local" else self.per_node(world_size)
 
-    def check_here(self) -> None:
-        """ValueError unless this machine can start these nodes' agents (srun needs SLURM)."""
+    def check_here(self, environ=None) -> None:
+        """ValueError unless this machine can start these nodes' agents: srun needs SLURM, and an
+        allocation of at least `count` nodes (outside one, srun would queue a new job and wait)."""
         import shutil
 
-        if self.launcher == "srun" and shutil.which("srun") is None:
+        if self.launcher != "srun":
+            return
+        env = os.environ if environ is None else environ
+        if shutil.which("srun") is None:
             raise ValueError("nodes: the launcher 'srun' needs SLURM's srun on PATH: run inside an allocation "
                              "(salloc, or a batch script from `ddplab slurm`), or use DDPLAB_NODE_LAUNCHER=local")
+        if not env.get("SLURM_JOB_ID"):
+            raise ValueError("nodes: the launcher 'srun' runs inside a SLURM allocation, and $SLURM_JOB_ID is not "
+                             "set: take one first (salloc -N <nodes>, or sbatch a script from `ddplab slurm`)")
+        have = env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES")
+        if have and have.isdigit() and int(have) < self.count:
+            raise ValueError(f"nodes: {self.count} nodes were asked for, and this allocation has {have} "
+                             f"($SLURM_JOB_NUM_NODES)")
 
     def describe(self, world_size: int) -> str:
         if not self.multi:
@@ -96,12 +113,21 @@ class Nodes:
         return f"{self.total(world_size)} ranks ({self.count} nodes x {self.per_node(world_size)}, {where})"
 
 
-def free_port(host_name: str = "") -> int:
-    """A port free on this host now (bind to 0, read it, close: another process may take it before
-    the rendezvous binds it; torchrun's own `--standalone` does the same)."""
-    with socket.socket() as s:
-        s.bind((host_name, 0))
-        return s.getsockname()[1]
+def first_node(environ=None) -> str:
+    """The allocation's first node (`scontrol show hostnames $SLURM_JOB_NODELIST`), where the rendezvous
+    is hosted (its agent sees the endpoint is its own); this host where SLURM cannot say. A salloc
+    shell may run on a login node, which no agent runs on."""
+    env = os.environ if environ is None else environ
+    nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+    if nodelist:
+        try:
+            out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True,
+                                 timeout=30)
+            if out.returncode == 0 and out.stdout.split():
+                return out.stdout.split()[0]
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+    return socket.gethostname()
 
 
 # ---- the local agents: N torchrun agents on this host ---------------------------------------------
@@ -113,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--agents", type=int, required=True)
     parser.add_argument("torchrun_args", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
-    flags = [a for a in args.torchrun_args if a != "--"]
+    flags = args.torchrun_args[1:] if args.torchrun_args[:1] == ["--"] else args.torchrun_args
     host.die_with_parent()   # the agents die with this process, and it with the launcher
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -141,8 +167,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def _agent_flags(flags: list[str], port: int, listen_fd: int | None) -> list[str]:
     """One agent's torchrun flags: the shared rendezvous endpoint, and the listening socket for the host."""
+    target = flags.index("-m") if "-m" in flags else len(flags)   # what follows is the ranks' own command line
     out, conf = [], []
-    for a in flags:
+    for a in flags[:target]:
         if a.startswith("--rdzv-endpoint="):
             a = f"--rdzv-endpoint={host.LOOPBACK}:{port}"
         elif a.startswith("--rdzv-conf="):
@@ -152,8 +179,8 @@ def _agent_flags(flags: list[str], port: int, listen_fd: int | None) -> list[str
     if listen_fd is not None:
         conf.append(f"listen_fd={listen_fd}")
     if conf:
-        out.insert(1, "--rdzv-conf=" + ",".join(conf))
-    return out
+        out.append("--rdzv-conf=" + ",".join(conf))
+    return out + flags[target:]
 
 
 def _wait_all(procs: list[subprocess.Popen]) -> int:

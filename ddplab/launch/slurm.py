@@ -25,7 +25,7 @@ from ..spec import Experiment
 from .nodes import DEFAULT_JOIN_TIMEOUT_S, Nodes
 from .torchrun import WORKER, srun_argv
 
-_TIME = re.compile(r"^(\d+-)?\d{1,2}(:\d{2}){0,2}$")   # SLURM's --time: MM, MM:SS, HH:MM:SS, D-HH[:MM[:SS]]
+_TIME = re.compile(r"^(\d+-)?\d+(:\d{2}){0,2}$")   # SLURM's --time: M, M:SS, H:MM:SS, D-H[:MM[:SS]]
 _NAME = re.compile(r"^[A-Za-z0-9_.,-]+$")               # partition, account: no spaces, no shell
 
 
@@ -60,7 +60,7 @@ def render(exp: Experiment, nodes: int, out, *, gpus_per_node: int = 0, cpus_per
     sbatch = {"job-name": f"ddplab-{exp.name}"[:64], "nodes": nodes, "ntasks-per-node": 1,
               "cpus-per-task": per_node * cpus_per_rank, "gpus-per-node": gpus_per_node or None,
               "time": time_limit, "partition": partition, "account": account,
-              "output": f"{run_dir.parent}/{run_dir.name}.slurm-%j.out"}
+              "output": f"ddplab-{exp.name}-%j.out"}   # in the directory sbatch was run from
     spec = exp.to_json()
     if "\nDDPLAB_SPEC\n" in f"\n{spec}\n":
         raise ValueError("Experiment: its JSON contains the heredoc's end marker")
@@ -80,6 +80,8 @@ def render(exp: Experiment, nodes: int, out, *, gpus_per_node: int = 0, cpus_per
              "# `ddplab run` below starts, and watches, one torchrun agent per node:",
              *("#   " + line for line in _wrapped(shown)),
              f"export DDPLAB_NODES={nodes} DDPLAB_NODE_LAUNCHER=srun DDPLAB_RDZV_ENDPOINT=\"$HEAD:$PORT\"",
+             "# srun inside the job takes the cores asked for above (SLURM 22.05+ no longer passes them on)",
+             f"export SRUN_CPUS_PER_TASK={per_node * cpus_per_rank}",
              "export DDPLAB_WARM=0   # one experiment: no session of warm ranks",
              f"# the agents wait up to {DEFAULT_JOIN_TIMEOUT_S} s for each other at the rendezvous",
              '"$PYTHON" -m ddplab run --spec - --out "$RUN_DIR" <<\'DDPLAB_SPEC\'',

@@ -23,14 +23,13 @@ import os
 import signal
 import subprocess
 import sys
-import socket
 import threading
 import uuid
 from pathlib import Path
 
 from .. import host
 from ..failures import FLIGHT_PREFIX
-from .nodes import DEFAULT_JOIN_TIMEOUT_S, Nodes, free_port
+from .nodes import DEFAULT_JOIN_TIMEOUT_S, Nodes, first_node
 
 WORKER = "ddplab.rank.worker"
 RENDEZVOUS_BACKEND = "ddplab-loopback"  # registered by launch.loopback, torchrun's entry here
@@ -48,8 +47,8 @@ def torchrun_argv(world_size: int, args: list, python: str | None = None, module
     per_node = nodes.per_node(world_size)
     if nodes.launcher == "srun":
         return srun_argv(nodes.count, per_node, [*target, *map(str, args)], python,
-                         nodes.endpoint or f"{socket.gethostname()}:{free_port()}", f"ddplab-{uuid.uuid4().hex[:8]}",
-                         rdzv_timeout_s)
+                         nodes.endpoint or f"{first_node()}:{29500 + uuid.uuid4().int % 20000}",
+                         f"ddplab-{uuid.uuid4().hex[:8]}", rdzv_timeout_s)
     flags = [f"--rdzv-backend={RENDEZVOUS_BACKEND}", f"--rdzv-endpoint={host.LOOPBACK}:0", "--rdzv-id=ddplab",
              f"--local-addr={host.LOOPBACK}", f"--nnodes={nodes.count}", f"--nproc-per-node={per_node}",
              "--max-restarts=0"]
@@ -115,10 +114,13 @@ def start(argv: list[str], env: dict, stdout, text: bool = False, outlive_thread
     A launch waits for its torchrun on the thread that started it, but a session's ranks must outlive
     the call that started them, which may run on a short-lived thread (a widget's click handler):
     `outlive_thread` starts it from one long-lived thread of this module instead."""
+    srun = Path(str(argv[0])).name == "srun"
+
     def popen():
         return subprocess.Popen(argv, stdout=stdout, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                                 start_new_session=True, text=text,
-                                preexec_fn=host.die_with_parent if sys.platform.startswith("linux") else None)
+                                preexec_fn=(lambda: host.die_with_parent(signal.SIGTERM if srun else signal.SIGKILL))
+                                if sys.platform.startswith("linux") else None)
 
     if not outlive_thread or threading.current_thread() is threading.main_thread():
         return popen()

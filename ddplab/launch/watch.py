@@ -6,6 +6,7 @@ Used by every launch (every notebook).
 from __future__ import annotations
 
 import json
+import socket
 import time
 from pathlib import Path
 
@@ -74,7 +75,9 @@ class Watch:
         self._looked = now
         import psutil
 
-        pids = {r: rec["pid"] for ranks in self.last.values() for r, rec in ranks.items() if "pid" in rec}
+        here = socket.gethostname()   # a rank on another node (srun) has a pid of that host's
+        pids = {r: rec["pid"] for ranks in self.last.values() for r, rec in ranks.items()
+                if "pid" in rec and rec.get("host", here) == here}
         for r, pid in pids.items():
             try:
                 state = psutil.Process(pid).status()

@@ -22,8 +22,15 @@ from __future__ import annotations
 import os
 import time
 
-_SKEW_NS = round(float(os.environ.get("DDPLAB_NODE_CLOCK_SKEW_S", "0") or 0) * 1e9) * \
-    int(os.environ.get("GROUP_RANK", "0") or 0)
+def _skew_ns() -> int:
+    raw = os.environ.get("DDPLAB_NODE_CLOCK_SKEW_S", "").strip() or "0"
+    try:
+        return round(float(raw) * 1e9) * int(os.environ.get("GROUP_RANK", "0") or 0)
+    except ValueError:
+        raise ValueError(f"DDPLAB_NODE_CLOCK_SKEW_S: seconds, a number, got {raw!r}") from None
+
+
+_SKEW_NS = _skew_ns()
 _ORIGIN = [0]   # the raw reading at the last alignment barrier
 
 
@@ -78,7 +85,7 @@ class GpuStamps:
         self.ref = self._cuda.Event(enable_timing=True)
         self.ref.record()
         self.ref.synchronize()
-        self.ref_ns = now_ns()
+        self.ref_raw_ns = raw_ns()   # raw: a later `align` (a session's next job) moves the origin, not this
 
     def mark(self, setter) -> None:
         event = self._cuda.Event(enable_timing=True)
@@ -89,8 +96,9 @@ class GpuStamps:
         if not self.pending:
             return
         self._cuda.synchronize()
+        anchor_ns = self.ref_raw_ns - _ORIGIN[0]
         for event, setter in self.pending:
-            setter(event_ns(self.ref_ns, self.ref.elapsed_time(event)))
+            setter(event_ns(anchor_ns, self.ref.elapsed_time(event)))
         self.pending.clear()
         self._anchor()
 

@@ -44,8 +44,9 @@ from .. import clock
 
 
 class BucketedSync(torch.nn.Module):
-    def __init__(self, module: torch.nn.Module, plan: list[list[str]], group=None):
+    def __init__(self, module: torch.nn.Module, plan: list[list[str]], group=None, cuda: bool = False):
         super().__init__()
+        self.stamps = clock.gpu_stamps() if cuda else None   # device times on CUDA (rank/clock.py)
         self.module = module
         self.group = group
         params = dict(module.named_parameters())
@@ -120,11 +121,15 @@ class BucketedSync(torch.nn.Module):
         event = {"index": j, "bytes": buf.numel() * buf.element_size(), "params": list(self.plan[j]),
                  "launch_ns": clock.now_ns()}
         self.events.append(event)
+        if self.stamps:
+            self.stamps.mark(lambda t: event.__setitem__("launch_ns", t))
         buf.div_(dist.get_world_size(self.group))
         fut = dist.all_reduce(buf, group=self.group, async_op=True).get_future()
 
-        def done(f):  # on a gloo worker thread, when the all-reduce completes
+        def done(f):  # gloo: on a worker thread when the all-reduce completes; CUDA: on the stream after it
             event["done_ns"] = clock.now_ns()
+            if self.stamps:
+                self.stamps.mark(lambda t: event.__setitem__("done_ns", t))
             return f.value()[0]
         self._futures[j] = fut.then(done)
 
@@ -146,5 +151,7 @@ class BucketedSync(torch.nn.Module):
 
     def take(self) -> list[BucketEvent]:
         """The buckets launched since the last call."""
+        if self.stamps:
+            self.stamps.resolve()
         events, self.events = self.events, []
         return [BucketEvent(**e) for e in events]

@@ -149,7 +149,8 @@ def _arm(ctx, name: str, index: int, base, grads) -> _Arm:
     """Plan `name`'s own copy of the model, its wrapper and its probes."""
     module = copy.deepcopy(base)
     kind, cap = ("compute", None) if name == "compute-only" else parse_plan(name)
-    ready = ReadyLog(module) if kind != "bare" else None
+    cuda = ctx.device.type == "cuda"   # device times, not host queue times (rank/clock.py GpuStamps)
+    ready = ReadyLog(module, cuda) if kind != "bare" else None
     if kind == "compute":
         return _Arm(name, module, module, ready, None)
     ctx.log.enter("construct", micro=index, detail=name)
@@ -157,7 +158,7 @@ def _arm(ctx, name: str, index: int, base, grads) -> _Arm:
         wrapper = ddp_wrapper.wrap(module, ctx.device, ctx.group, bucket_cap_mb=cap)
         buckets = None
         if kind == "ddp":
-            buckets = BucketLog(ctx.group, {id(p): n for n, p in module.named_parameters()})
+            buckets = BucketLog(ctx.group, {id(p): n for n, p in module.named_parameters()}, cuda)
             wrapper.register_comm_hook(None, buckets.hook)
         return _Arm(name, module, wrapper, ready, buckets)
     plan = simulator.ddp_plan(grads, cap * MIB)
@@ -169,10 +170,10 @@ def _arm(ctx, name: str, index: int, base, grads) -> _Arm:
     if kind == "ddp-split":
         caps = simulator.caps_for(plan, {g.name: g.bytes for g in grads})
         wrapper = ddp_wrapper.wrap(module, ctx.device, ctx.group, bucket_cap_mb_list=caps)
-        buckets = BucketLog(ctx.group, {id(p): n for n, p in module.named_parameters()})
+        buckets = BucketLog(ctx.group, {id(p): n for n, p in module.named_parameters()}, cuda)
         wrapper.register_comm_hook(None, buckets.hook)
         return _Arm(name, module, wrapper, ready, buckets)
-    wrapper = BucketedSync(module, plan, ctx.group)
+    wrapper = BucketedSync(module, plan, ctx.group, cuda=cuda)
     return _Arm(name, module, wrapper, ready, wrapper)
 
 

@@ -163,12 +163,15 @@ def delay(slow, device) -> None:
 
 
 def _side_group(ctx):
-    """For the skip-backward fault on NCCL: a second communicator over the same ranks, made by every
-    one of them (only they take part: `use_local_synchronization`), for the skipping rank's barrier."""
+    """For the skip-backward fault on NCCL: a gloo group over the same ranks, for the skipping rank's
+    barrier (a CPU barrier cannot pair with an NCCL bucket, and it times out and raises like gloo's).
+    Made by the experiment's ranks only (`use_local_synchronization`): a gloo group needs no split of
+    the parent's NCCL communicator, which every rank of the launch would have to join."""
     if ctx.exp.fault is None or ctx.exp.fault.kind != "skip-backward" or dist.get_backend(ctx.group) != "nccl":
         return None
     ranks = dist.get_process_group_ranks(ctx.group) if ctx.group is not None else list(range(dist.get_world_size()))
-    return dist.new_group(ranks, timeout=timedelta(seconds=ctx.exp.timeout_s), use_local_synchronization=True)
+    return dist.new_group(ranks, timeout=timedelta(seconds=ctx.exp.timeout_s), backend="gloo",
+                          use_local_synchronization=True)
 
 
 def _fault(exp, kind: str, rank: int, step: int) -> bool:
@@ -217,7 +220,7 @@ def inject_fault(ctx, step: int, micro: int, synced: bool, side_group=None) -> b
     if kind == "skip-backward" and synced:
         # this rank goes on to the next collective while its peers wait in the all-reduce. On NCCL a
         # barrier on their own group is itself a one-element all-reduce, which NCCL would pair with the
-        # peers' first bucket; on a group of its own it can only wait, as it does on gloo
+        # peers' first bucket; on a gloo group of its own it can only wait, as it does on gloo
         ctx.log.enter("skip-backward", step, micro)
         dist.barrier(group=side_group if side_group is not None else ctx.group)
         return True
