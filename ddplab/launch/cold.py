@@ -153,7 +153,7 @@ def _launch_in(exps, final_dirs, final_launch_dir, name, reporter: Reporter, sta
                   "device": device, "stopped_by_watchdog": watchdog, "launch_dir": str(final_launch_dir),
                   "experiments": len(exps), "launch_id": launch_id, "complete": False,
                   "session": warm.dir.name if warm else None,
-                  "nodes": {"count": nodes.count, "launcher": nodes.launcher} if warm is None else warm.nodes_record}
+                  "nodes": (nodes if warm is None else warm.nodes).record}
         for run_dir in {launch_dir, *run_dirs}:
             rundir.write_json_atomic(run_dir / rundir.LAUNCH, record)
         # what the ranks waited before the launch was judged stuck: the watchdog's limit, or the

@@ -72,6 +72,11 @@ class Nodes:
             raise ValueError(f"DDPLAB_RDZV_ENDPOINT: {str(e).removeprefix('nodes: ')}") from None
 
     @property
+    def record(self) -> dict:
+        """What a launch.json keeps of them."""
+        return {"count": self.count, "launcher": self.launcher}
+
+    @property
     def multi(self) -> bool:
         return self.count > 1 or self.launcher == "srun"
 

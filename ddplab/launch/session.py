@@ -128,7 +128,7 @@ class Session:
         self.dir = (Path(runs_dir or rundir.default_runs_dir()) / ".sessions" / uuid.uuid4().hex[:12]).resolve()
         self.dir.mkdir(parents=True)
         rundir.write_json_atomic(self.dir / "session.json", {
-            "world_size": self.world_size, "nodes": self.nodes_record, "backend": self.backend, "device": self.device,
+            "world_size": self.world_size, "nodes": self.nodes.record, "backend": self.backend, "device": self.device,
             "pin_cpus": pin_cpus, "timeout_s": timeout_s, "idle_s": IDLE_S})
         self.argv = torchrun_argv(self.world_size, ["--serve", self.dir], nodes=self.nodes)
         self.died = False
@@ -150,10 +150,6 @@ class Session:
             raise failures.Interrupted(f"interrupted: the session's {world_size} ranks stopped while starting")
         global _current
         _current = self
-
-    @property
-    def nodes_record(self) -> dict:
-        return {"count": self.nodes.count, "launcher": self.nodes.launcher}
 
     # -- life ------------------------------------------------------------------------------------
     def alive(self) -> bool:

@@ -114,7 +114,7 @@ def start(argv: list[str], env: dict, stdout, text: bool = False, outlive_thread
     A launch waits for its torchrun on the thread that started it, but a session's ranks must outlive
     the call that started them, which may run on a short-lived thread (a widget's click handler):
     `outlive_thread` starts it from one long-lived thread of this module instead."""
-    srun = Path(str(argv[0])).name == "srun"
+    srun = _is_srun(argv)
 
     def popen():
         return subprocess.Popen(argv, stdout=stdout, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
@@ -208,6 +208,11 @@ def _procs_of(proc: subprocess.Popen, spec_path: Path) -> list:
     return list(found.values())
 
 
+def _is_srun(argv) -> bool:
+    """Is this launch srun's (`srun_argv`), whose agents on other nodes only srun can reach?"""
+    return Path(str(argv[0])).name == "srun"
+
+
 SRUN_GRACE_S = 15.0   # how long srun may take to stop the agents on the other nodes
 
 
@@ -217,7 +222,7 @@ def kill_tree(proc: subprocess.Popen, spec_path: Path) -> None:
     forwards to every task, and torchrun's agents stop their ranks on it), then everything here is killed."""
     import psutil
 
-    if proc.returncode is None and Path(str(proc.args[0])).name == "srun" and proc.poll() is None:
+    if proc.returncode is None and _is_srun(proc.args) and proc.poll() is None:
         proc.terminate()
         try:
             proc.wait(timeout=SRUN_GRACE_S)
