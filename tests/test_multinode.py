@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -59,9 +60,8 @@ def test_srun_outside_slurm_is_refused_before_anything_starts(tmp_path, monkeypa
 
 
 def test_srun_hosts_the_rendezvous_on_the_allocations_first_node(tmp_path, monkeypatch):
-    (tmp_path / "scontrol").write_text("#!/bin/sh\nprintf 'gpu-a17\\ngpu-a18\\n'\n")
-    (tmp_path / "scontrol").chmod(0o755)
-    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    bin_dir = _stand_ins(tmp_path, {"scontrol": "#!/bin/sh\nprintf 'gpu-a17\\ngpu-a18\\n'\n"})
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
     assert nodes_mod.first_node({"SLURM_JOB_NODELIST": "gpu-a[17-18]"}) == "gpu-a17"
     monkeypatch.setenv("SLURM_JOB_NODELIST", "gpu-a[17-18]")
     argv = torchrun.torchrun_argv(4, [], python="py", nodes=Nodes(2, "srun"))
@@ -286,14 +286,20 @@ def test_nccl_needs_a_gpu_per_rank_on_each_node(tmp_path):
         render(_exp(world_size=16, backend="nccl"), 2, tmp_path / "run", gpus_per_node=4)
 
 
+def _stand_ins(tmp_path, scripts: dict) -> Path:
+    """A folder of executable stand-ins (name -> script text) to put first on PATH."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    for name, text in scripts.items():
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    return bin_dir
+
+
 def _sbatch(tmp_path, exp):
     """Run the batch script as sbatch would on a 2-node allocation: bash with SLURM's variables, srun
     and scontrol by stand-ins on this host."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir(exist_ok=True)
-    for name, text in (("srun", FAKE_SRUN), ("scontrol", FAKE_SCONTROL)):
-        (bin_dir / name).write_text(text)
-        (bin_dir / name).chmod(0o755)
+    bin_dir = _stand_ins(tmp_path, {"srun": FAKE_SRUN, "scontrol": FAKE_SCONTROL})
     path = _script(tmp_path, exp)
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_NODELIST": "node[1-2]",
            "SLURM_JOB_ID": str(random.randrange(1, 20000)), "SLURM_JOB_NUM_NODES": "2"}
@@ -357,10 +363,7 @@ def test_doctor_checks_that_two_nodes_can_talk():
 def test_doctor_says_what_to_check_when_the_nodes_cannot_meet(tmp_path, monkeypatch):
     from ddplab import doctor
 
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "srun").write_text(FAKE_SRUN)
-    (bin_dir / "srun").chmod(0o755)
+    bin_dir = _stand_ins(tmp_path, {"srun": FAKE_SRUN})
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
     monkeypatch.setenv("SLURM_JOB_ID", "4242")   # inside an allocation (of stand-ins)
     monkeypatch.setattr(doctor, "RDZV_TIMEOUT_S", 3)   # the agents give up on the rendezvous after 3 s, not 10

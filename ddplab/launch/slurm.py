@@ -37,10 +37,9 @@ def render(exp: Experiment, nodes: int, out, *, gpus_per_node: int = 0, cpus_per
     if not isinstance(exp, Experiment):
         raise TypeError(f"render() takes an Experiment, got {type(exp).__name__}")
     Nodes(nodes)   # the node count's own check
-    for name, value in (("gpus_per_node", gpus_per_node), ("cpus_per_rank", cpus_per_rank)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < (0 if name == "gpus_per_node" else 1):
-            raise ValueError(f"{name}: must be a whole number of at least {0 if name == 'gpus_per_node' else 1}, "
-                             f"got {value!r}")
+    for name, value, least in (("gpus_per_node", gpus_per_node, 0), ("cpus_per_rank", cpus_per_rank, 1)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise ValueError(f"{name}: must be a whole number of at least {least}, got {value!r}")
     if not _TIME.match(str(time_limit)):
         raise ValueError(f"time_limit: SLURM's --time is MM, MM:SS, HH:MM:SS or D-HH:MM:SS, got {time_limit!r}")
     for name, value in (("partition", partition), ("account", account)):
@@ -48,6 +47,7 @@ def render(exp: Experiment, nodes: int, out, *, gpus_per_node: int = 0, cpus_per
             raise ValueError(f"{name}: letters, digits and _.,- only, got {value!r}")
     layout = Nodes(nodes, "srun")
     per_node = layout.per_node(exp.world_size)
+    cpus = per_node * cpus_per_rank   # one task per node: all its ranks' cores
     if exp.backend == "nccl" and per_node > gpus_per_node:
         raise ValueError(f"gpus_per_node: NCCL needs one GPU per rank, and {exp.world_size} ranks on {nodes} nodes "
                          f"are {per_node} per node; ask for --gpus-per-node {per_node} or more")
@@ -58,7 +58,7 @@ def render(exp: Experiment, nodes: int, out, *, gpus_per_node: int = 0, cpus_per
     shown = srun_argv(nodes, per_node, ["-m", WORKER, "--spec", "<run dir>/spec.json"], python, "$HEAD:$PORT",
                       "ddplab-<launch>")
     sbatch = {"job-name": f"ddplab-{exp.name}"[:64], "nodes": nodes, "ntasks-per-node": 1,
-              "cpus-per-task": per_node * cpus_per_rank, "gpus-per-node": gpus_per_node or None,
+              "cpus-per-task": cpus, "gpus-per-node": gpus_per_node or None,
               "time": time_limit, "partition": partition, "account": account,
               "output": f"ddplab-{exp.name}-%j.out"}   # in the directory sbatch was run from
     spec = exp.to_json()
@@ -81,7 +81,7 @@ def render(exp: Experiment, nodes: int, out, *, gpus_per_node: int = 0, cpus_per
              *("#   " + line for line in _wrapped(shown)),
              f"export DDPLAB_NODES={nodes} DDPLAB_NODE_LAUNCHER=srun DDPLAB_RDZV_ENDPOINT=\"$HEAD:$PORT\"",
              "# srun inside the job takes the cores asked for above (SLURM 22.05+ no longer passes them on)",
-             f"export SRUN_CPUS_PER_TASK={per_node * cpus_per_rank}",
+             f"export SRUN_CPUS_PER_TASK={cpus}",
              "export DDPLAB_WARM=0   # one experiment: no session of warm ranks",
              f"# the agents wait up to {DEFAULT_JOIN_TIMEOUT_S} s for each other at the rendezvous",
              '"$PYTHON" -m ddplab run --spec - --out "$RUN_DIR" <<\'DDPLAB_SPEC\'',

@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import time
 
+
 def _skew_ns() -> int:
     raw = os.environ.get("DDPLAB_NODE_CLOCK_SKEW_S", "").strip() or "0"
     try:
