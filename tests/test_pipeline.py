@@ -384,7 +384,8 @@ def test_each_stage_holds_the_activations_the_schedule_predicts(pipeline_runs, c
 def test_measured_bubble_matches_the_formula_or_says_why(pipeline_runs, capsys):
     views.verify_bubble_matches_formula(pipeline_runs)     # a correct formula never fails, however noisy
     out = capsys.readouterr().out
-    assert "verified: the measured bubble matches" in out or "cannot verify on this machine" in out
+    assert "verified: the measured bubble matches" in out or "cannot verify on this machine" in out \
+        or "cannot resolve here now: the measured bubble" in out
     t = views.bubble(pipeline_runs)
     ran = t[t["verdict"] != "not run"]
     assert set(ran["verdict"]) <= {"matches", "cannot resolve"} and (ran["rounds"] == 2).all()

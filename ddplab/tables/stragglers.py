@@ -56,6 +56,31 @@ def arrivals(run, skip: int = SKIP) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index(["step", "bucket", "rank"])
 
 
+def wait_gaps(run, early: int, late: int, final_only: bool = False, skip: int = SKIP) -> list[float]:
+    """Per all-reduce (step x bucket, or each step's final bucket with `final_only`): rank `early`'s
+    wait minus rank `late`'s. Positive where `late` joined after `early`: the paired values behind
+    "rank `late` arrives last" (claims.judge(..., above=0))."""
+    a = arrivals(run, skip)
+    if final_only:
+        final = a.index.get_level_values("bucket").max()
+        a = a[a.index.get_level_values("bucket") == final]
+    w = a["wait_ms"].unstack("rank")
+    return (w[early] - w[late]).tolist()
+
+
+def judge_last(run, late: int, final_only: bool = False, skip: int = SKIP):
+    """The claim "rank `late` joins the all-reduces after every other rank", judged on this run's
+    paired waits (one verdict per other rank, the weakest first: a contradiction, else an unresolved)."""
+    from .. import claims
+
+    where = "each step's final all-reduce" if final_only else "the all-reduces (steps x buckets)"
+    verdicts = [claims.judge(f"rank {late} joins {where} after rank {r} (rank {r}'s wait minus rank {late}'s)",
+                             wait_gaps(run, r, late, final_only, skip), above=0.0)
+                for r in sorted(x.rank for x in run.ranks) if r != late]
+    order = {"contradicted": 0, "cannot resolve": 1, "holds": 2}
+    return min(verdicts, key=lambda v: order[v.outcome])
+
+
 def last_arrivals(run, skip: int = SKIP) -> pd.DataFrame:
     """Per rank: how many of the run's all-reduces (steps x buckets) it joined last, and the share."""
     a = arrivals(run, skip)

@@ -1,0 +1,187 @@
+"""Timing claims, judged in one place: **holds**, **contradicted**, or **cannot resolve here now**.
+
+A timing claim is a hypothesis about a paired quantity: per round (or step), arm a minus arm b, or a
+over b, with the two arms measured interleaved in the same round. The claim says where the median of
+that quantity lies against a threshold (`above`, `below`) or a band (`within`). The median's
+interval is distribution-free: the order statistics that invert the sign test (no normality, no
+bootstrap; heavy tails and outliers on a shared machine cost resolution, never correctness), with
+`alpha` (default 0.001) the chance that the true median lies below the interval, and again above it.
+So a true claim is called "contradicted" at most `alpha` of the time (0.1%; `tests/test_claims.py`
+measures it on thousands of heavy-tailed null draws), and only "contradicted" fails a cell or a test.
+
+    from ddplab import claims
+    claims.check(claims.paired("the straggler's peer waits longer", wait0_ms, wait1_ms, above=0.0))
+
+prints one line,
+
+    holds: the straggler's peer waits longer (median of 10 paired differences +19.6 ms, 99.8% interval
+    [+18.9, +20.3] ms, claim > 0 ms)
+
+A quantity estimated with a standard error (a fitted slope) goes through `estimate` with a normal
+interval at the same `alpha`. Used by notebooks 05, 07 and 09 and by the tests of their lessons.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ddplab.verify import CheckFailed
+
+__all__ = ["ALPHA", "Verdict", "check", "estimate", "judge", "median_interval", "min_rounds", "paired"]
+
+ALPHA = 0.001
+HOLDS, CONTRADICTED, UNRESOLVED = "holds", "contradicted", "cannot resolve"
+
+
+def _binom_cdf_half(k: int, n: int) -> float:
+    """P(X <= k) for X ~ Binomial(n, 1/2)."""
+    return sum(math.comb(n, i) for i in range(0, k + 1)) / 2 ** n
+
+
+def min_rounds(alpha: float = ALPHA) -> int:
+    """The fewest paired rounds whose sign-test interval is finite at `alpha` (10 at 0.001)."""
+    return math.ceil(math.log2(1 / alpha))
+
+
+def median_interval(values, alpha: float = ALPHA) -> tuple[float, float, float]:
+    """(median, low, high): the k-th smallest and k-th largest of `values`, k the largest with
+    P(Binomial(n, 1/2) <= k - 1) <= alpha, so the true median lies below `low` (or above `high`)
+    with probability at most alpha; an infinite end where there are too few values."""
+    v = sorted(float(x) for x in values)
+    if not v or not all(math.isfinite(x) for x in v):
+        raise ValueError(f"values: need finite numbers, got {v[:8]}")
+    n = len(v)
+    median = (v[(n - 1) // 2] + v[n // 2]) / 2
+    k = 0
+    while k < n // 2 and _binom_cdf_half(k, n) <= alpha:   # P(X <= k) <= alpha: the (k+1)-th value bounds
+        k += 1
+    if k == 0:
+        return median, -math.inf, math.inf
+    return median, v[k - 1], v[n - k]
+
+
+def _g(x: float) -> str:
+    return f"{x:+.3g}" if math.isfinite(x) else ("-inf" if x < 0 else "+inf")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One claim's outcome, with what was seen (`center`, the interval [low, high]) and the claim."""
+
+    claim: str
+    outcome: str          # "holds", "contradicted" or "cannot resolve"
+    center: float
+    low: float
+    high: float
+    n: int
+    what: str             # "median of 12 paired differences", "estimate"
+    claimed: str          # "> 0 ms", "within [0.9, 1.1]"
+    unit: str = ""
+    advice: str = ""
+    alpha: float = ALPHA
+
+    @property
+    def holds(self) -> bool:
+        return self.outcome == HOLDS
+
+    @property
+    def contradicted(self) -> bool:
+        return self.outcome == CONTRADICTED
+
+    @property
+    def resolved(self) -> bool:
+        return self.outcome != UNRESOLVED
+
+    def __str__(self) -> str:
+        u = f" {self.unit}" if self.unit else ""
+        level = f"{100 * (1 - 2 * self.alpha):.3g}%"
+        line = (f"{self.outcome}: {self.claim} ({self.what} {_g(self.center)}{u}, {level} interval "
+                f"[{_g(self.low)}, {_g(self.high)}]{u}, claim {self.claimed})")
+        return line + (f"; {self.advice}" if self.advice else "")
+
+
+def _decide(claim, center, low, high, n, what, unit, alpha, above, below, within, scale_rounds) -> Verdict:
+    given = [x is not None for x in (above, below, within)]
+    if sum(given) != 1:
+        raise ValueError("claim: give exactly one of above=, below= or within=")
+    u = f" {unit}" if unit else ""
+    if above is not None:
+        claimed, ok, bad, edges = f"> {above:g}{u}", low > above, high < above, [above]
+    elif below is not None:
+        claimed, ok, bad, edges = f"< {below:g}{u}", high < below, low > below, [below]
+    else:
+        lo, hi = within
+        if not lo < hi:
+            raise ValueError(f"within: the band must have low < high, got {within}")
+        claimed, ok, bad, edges = f"within [{lo:g}, {hi:g}]{u}", lo <= low and high <= hi, high < lo or low > hi, [lo, hi]
+    outcome = HOLDS if ok else CONTRADICTED if bad else UNRESOLVED
+    advice = ""
+    if outcome == UNRESOLVED:
+        if not (math.isfinite(low) and math.isfinite(high)):
+            advice = f"it takes at least {min_rounds(alpha)} rounds to judge at all"
+        else:
+            margin = min(abs(center - e) for e in edges)
+            half = (high - low) / 2
+            if margin > 0 and scale_rounds:
+                need = math.ceil(n * (half / margin) ** 2)
+                advice = (f"about {need} rounds (not {n}) or an effect {half / margin:.1f}x larger would resolve it, "
+                          "noise staying as it is")
+            elif margin > 0:
+                advice = f"it would take an interval {half / margin:.1f}x narrower"
+            else:
+                advice = "the median sits on the claim's edge: only a larger effect would resolve it"
+    return Verdict(claim, outcome, center, low, high, n, what, claimed, unit, advice, alpha)
+
+
+def judge(claim: str, values, *, above=None, below=None, within=None, unit: str = "ms",
+          alpha: float = ALPHA, what: str = "") -> Verdict:
+    """Judge a claim about the median of per-round paired `values` (differences or ratios)."""
+    center, low, high = median_interval(values, alpha)
+    n = len(list(values)) if not hasattr(values, "__len__") else len(values)
+    return _decide(claim, center, low, high, n, what or f"median of {n} paired values", unit, alpha,
+                   above, below, within, scale_rounds=True)
+
+
+def paired(claim: str, a, b, *, ratio: bool = False, above=None, below=None, within=None, unit: str = "ms",
+           alpha: float = ALPHA) -> Verdict:
+    """Judge a claim about arm `a` against arm `b`, round by round: a - b (or a / b with `ratio`)."""
+    a, b = [float(x) for x in a], [float(x) for x in b]
+    if len(a) != len(b) or not a:
+        raise ValueError(f"a, b: paired rounds need as many values in each arm, got {len(a)} and {len(b)}")
+    if ratio and any(y <= 0 for y in b):
+        raise ValueError("b: a ratio needs positive values in the second arm")
+    values = [x / y for x, y in zip(a, b)] if ratio else [x - y for x, y in zip(a, b)]
+    kind = "ratios" if ratio else "differences"
+    return judge(claim, values, above=above, below=below, within=within, unit="" if ratio else unit,
+                 alpha=alpha, what=f"median of {len(values)} paired {kind}")
+
+
+def estimate(claim: str, value: float, se: float, *, above=None, below=None, within=None, unit: str = "",
+             alpha: float = ALPHA) -> Verdict:
+    """Judge a claim about a fitted quantity with standard error `se`: a normal interval at `alpha`."""
+    if not (math.isfinite(value) and math.isfinite(se) and se >= 0):
+        raise ValueError(f"value, se: need finite numbers and se >= 0, got {value}, {se}")
+    z = _normal_quantile(1 - alpha)
+    return _decide(claim, value, value - z * se, value + z * se, 1, f"estimate ± {se:.2g}", unit, alpha,
+                   above, below, within, scale_rounds=False)
+
+
+def _normal_quantile(p: float) -> float:
+    """The standard normal's p-quantile, by bisection on erf (pure Python, no scipy)."""
+    lo, hi = -10.0, 10.0
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        if 0.5 * (1 + math.erf(mid / math.sqrt(2))) < p:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
+def check(verdict: Verdict) -> Verdict:
+    """Print the verdict's line; raise CheckFailed only when the run contradicts the claim."""
+    if verdict.contradicted:
+        raise CheckFailed(f"NOT verified: {verdict}")
+    print(verdict)
+    return verdict
