@@ -107,14 +107,14 @@ def _decide(claim, center, low, high, n, what, unit, alpha, above, below, within
         raise ValueError("claim: give exactly one of above=, below= or within=")
     u = f" {unit}" if unit else ""
     if above is not None:
-        claimed, ok, bad, edges = f"> {above:g}{u}", low > above, high < above, [above]
+        claimed, ok, bad, edges = f"> {above:.3g}{u}", low > above, high < above, [above]
     elif below is not None:
-        claimed, ok, bad, edges = f"< {below:g}{u}", high < below, low > below, [below]
+        claimed, ok, bad, edges = f"< {below:.3g}{u}", high < below, low > below, [below]
     else:
         lo, hi = within
         if not lo < hi:
             raise ValueError(f"within: the band must have low < high, got {within}")
-        claimed, ok, bad, edges = f"within [{lo:g}, {hi:g}]{u}", lo <= low and high <= hi, high < lo or low > hi, [lo, hi]
+        claimed, ok, bad, edges = f"within [{lo:.3g}, {hi:.3g}]{u}", lo <= low and high <= hi, high < lo or low > hi, [lo, hi]
     outcome = HOLDS if ok else CONTRADICTED if bad else UNRESOLVED
     advice = ""
     if outcome == UNRESOLVED:
@@ -163,7 +163,7 @@ def estimate(claim: str, value: float, se: float, *, above=None, below=None, wit
     if not (math.isfinite(value) and math.isfinite(se) and se >= 0):
         raise ValueError(f"value, se: need finite numbers and se >= 0, got {value}, {se}")
     z = _normal_quantile(1 - alpha)
-    return _decide(claim, value, value - z * se, value + z * se, 1, f"estimate ± {se:.2g}", unit, alpha,
+    return _decide(claim, value, value - z * se, value + z * se, 1, f"estimate (standard error {se:.2g})", unit, alpha,
                    above, below, within, scale_rounds=False)
 
 
