@@ -35,9 +35,11 @@ def main() -> int:
     if a.repeat < 1:
         raise ValueError(f"--repeat must be >= 1, got {a.repeat}")
     args = [x for x in a.pytest_args if x != "--"] or ["tests"]
-    busy = [subprocess.Popen([sys.executable, "-c", SPIN], start_new_session=True) for _ in range(a.busy)]
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))   # so `finally` stops the spinners
+    busy: list[subprocess.Popen] = []
     first_failure = 0
     try:
+        busy += [subprocess.Popen([sys.executable, "-c", SPIN], start_new_session=True) for _ in range(a.busy)]
         for i in range(a.repeat):
             t0 = time.monotonic()
             p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args],

@@ -6,7 +6,7 @@ that quantity lies against a threshold (`above`, `below`) or a band (`within`). 
 interval is distribution-free: the order statistics that invert the sign test (no normality, no
 bootstrap; heavy tails and outliers on a shared machine cost resolution, never correctness), with
 `alpha` (default 0.001) the chance that the true median lies below the interval, and again above it.
-So a true claim is called "contradicted" at most `alpha` of the time (0.1%; `tests/test_claims.py`
+So a true claim is called "contradicted" at most `alpha` of the time (2 alpha for a band, either side) (0.1%; `tests/test_claims.py`
 measures it on thousands of heavy-tailed null draws), and only "contradicted" fails a cell or a test.
 
     from ddplab import claims
@@ -121,10 +121,11 @@ def _decide(claim, center, low, high, n, what, unit, alpha, above, below, within
         if not (math.isfinite(low) and math.isfinite(high)):
             advice = f"it takes at least {min_rounds(alpha)} rounds to judge at all"
         else:
-            margin = min(abs(center - e) for e in edges)
-            half = (high - low) / 2
+            nearest = min(edges, key=lambda e: abs(center - e))
+            margin = abs(center - nearest)
+            half = center - low if nearest < center else high - center   # the side that faces the edge
             if margin > 0 and scale_rounds:
-                need = math.ceil(n * (half / margin) ** 2)
+                need = max(math.ceil(n * (half / margin) ** 2), n + 1)
                 advice = (f"about {need} rounds (not {n}) or an effect {half / margin:.1f}x larger would resolve it, "
                           "noise staying as it is")
             elif margin > 0:
@@ -137,8 +138,9 @@ def _decide(claim, center, low, high, n, what, unit, alpha, above, below, within
 def judge(claim: str, values, *, above=None, below=None, within=None, unit: str = "ms",
           alpha: float = ALPHA, what: str = "") -> Verdict:
     """Judge a claim about the median of per-round paired `values` (differences or ratios)."""
+    values = list(values)
     center, low, high = median_interval(values, alpha)
-    n = len(list(values)) if not hasattr(values, "__len__") else len(values)
+    n = len(values)
     return _decide(claim, center, low, high, n, what or f"median of {n} paired values", unit, alpha,
                    above, below, within, scale_rounds=True)
 
