@@ -6,8 +6,9 @@ that quantity lies against a threshold (`above`, `below`) or a band (`within`). 
 interval is distribution-free: the order statistics that invert the sign test (no normality, no
 bootstrap; heavy tails and outliers on a shared machine cost resolution, never correctness), with
 `alpha` (default 0.001) the chance that the true median lies below the interval, and again above it.
-So a true claim is called "contradicted" at most `alpha` of the time (2 alpha for a band, either side) (0.1%; `tests/test_claims.py`
-measures it on thousands of heavy-tailed null draws), and only "contradicted" fails a cell or a test.
+So a true claim is called "contradicted" at most `alpha` of the time (0.1%; 2 alpha for a band, one
+alpha at either edge; `tests/test_claims.py` measures it on thousands of heavy-tailed null draws), and
+only "contradicted" fails a cell or a test.
 
     from ddplab import claims
     claims.check(claims.paired("the straggler's peer waits longer", wait0_ms, wait1_ms, above=0.0))
@@ -18,13 +19,14 @@ prints one line,
     [+18.9, +20.3] ms, claim > 0 ms)
 
 A quantity estimated with a standard error (a fitted slope) goes through `estimate` with a normal
-interval at the same `alpha`. Used by notebooks 05, 07 and 09 and by the tests of their lessons.
+interval at the same `alpha`. Used by notebook 07 (through `tables.stragglers.judge_last`) and its tests.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from statistics import NormalDist
 
 from ddplab.verify import CheckFailed
 
@@ -164,21 +166,9 @@ def estimate(claim: str, value: float, se: float, *, above=None, below=None, wit
     """Judge a claim about a fitted quantity with standard error `se`: a normal interval at `alpha`."""
     if not (math.isfinite(value) and math.isfinite(se) and se >= 0):
         raise ValueError(f"value, se: need finite numbers and se >= 0, got {value}, {se}")
-    z = _normal_quantile(1 - alpha)
+    z = NormalDist().inv_cdf(1 - alpha)
     return _decide(claim, value, value - z * se, value + z * se, 1, f"estimate (standard error {se:.2g})", unit, alpha,
                    above, below, within, scale_rounds=False)
-
-
-def _normal_quantile(p: float) -> float:
-    """The standard normal's p-quantile, by bisection on erf (pure Python, no scipy)."""
-    lo, hi = -10.0, 10.0
-    for _ in range(100):
-        mid = (lo + hi) / 2
-        if 0.5 * (1 + math.erf(mid / math.sqrt(2))) < p:
-            lo = mid
-        else:
-            hi = mid
-    return (lo + hi) / 2
 
 
 def check(verdict: Verdict) -> Verdict:
