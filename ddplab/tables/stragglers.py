@@ -77,7 +77,7 @@ def judge_last(run, late: int, final_only: bool = False, skip: int = SKIP):
     verdicts = [claims.judge(f"rank {late} joins {where} after rank {r} (rank {r}'s wait minus rank {late}'s)",
                              wait_gaps(run, r, late, final_only, skip), above=0.0)
                 for r in sorted(x.rank for x in run.ranks) if r != late]
-    order = {"contradicted": 0, "cannot resolve": 1, "holds": 2}
+    order = {claims.CONTRADICTED: 0, claims.UNRESOLVED: 1, claims.HOLDS: 2}
     return min(verdicts, key=lambda v: order[v.outcome])
 
 
@@ -149,6 +149,19 @@ def delay_response(runs, baseline, skip: int = SKIP) -> pd.DataFrame:
                      "step_ms": statistics.median(steps), "step_spread_ms": robust_spread(steps),
                      "steps": len(steps), "step_added_ms": statistics.median(steps) - base_step})
     return pd.DataFrame(rows).set_index("run")
+
+
+def judge_step_added(run, baseline, skip: int = SKIP):
+    """The claim "the straggler lengthens the step": this run's steps (each at its slowest rank)
+    against the baseline run's, step by step. The two runs ran one after the other, not interleaved,
+    so a change of load between them shifts the differences; the claim asks only for a longer step,
+    not for the whole delay."""
+    from .. import claims
+
+    steps, base = _slowest_step_ms(run, skip), _slowest_step_ms(baseline, skip)
+    n = min(len(steps), len(base))
+    return claims.paired(f"{run.spec.name}: the straggler lengthens the step (slowest rank's step ms, against "
+                         f"{baseline.spec.name}'s)", steps[:n], base[:n], above=0.0)
 
 
 def wait_tolerance_ms(row) -> float:
