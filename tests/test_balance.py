@@ -249,8 +249,12 @@ def test_the_imbalance_check_fails_when_the_ranks_took_the_same_time():
     """The key check can fail: equal-token ranks that measured no gap, while the cost model expected one."""
     from ddplab import verify
 
-    table = pd.DataFrame({"slow_rank": [0], "fast_rank": [1], "measured_gap_ms": [0.3], "cost_model_gap_ms": [19.5],
-                          "tokens_model_gap_ms": [0.0]}, index=pd.Index(["tokens"], name="policy"))
-    with pytest.raises(verify.CheckFailed, match="measured / predicted"):
+    steps = lambda ms: [[ms + 0.1 * (i % 5 - 2) for i in range(12)]]   # noqa: E731  12 steps, a little noise
+    table = pd.DataFrame({"slow_rank": [0], "fast_rank": [1], "measured_gap_ms": [0.3], "step_gaps_ms": steps(0.3),
+                          "cost_model_gap_ms": [19.5], "tokens_model_gap_ms": [0.0]},
+                         index=pd.Index(["tokens"], name="policy"))
+    with pytest.raises(verify.CheckFailed, match="contradicted: .*measured / predicted"):
         views.verify_cost_explains_imbalance(table)
-    views.verify_cost_explains_imbalance(table.assign(measured_gap_ms=17.4))
+    views.verify_cost_explains_imbalance(table.assign(measured_gap_ms=17.4, step_gaps_ms=steps(17.4)))
+    with pytest.raises(verify.CheckFailed, match="predicts no gap"):
+        views.verify_cost_explains_imbalance(table.assign(cost_model_gap_ms=0.0))
