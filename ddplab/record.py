@@ -88,6 +88,20 @@ class Timeline:
         """Communication after the last gradient was ready: last all-reduce done minus last ready."""
         return self.comm_end_ms - self.last_ready_ms
 
+    @property
+    def exposed_tail_ms(self) -> float:
+        """This rank's share of the exposed tail: `after_last_ready_ms`, or 0 where communication ended first."""
+        return max(0.0, self.after_last_ready_ms)
+
+
+def exposed_tail_ms(rank_steps) -> float:
+    """The lab's one definition of a step's **exposed tail** (ms): over the ranks' records of one step,
+    the longest time communication still ran after that rank's last gradient was ready (0 where it
+    ended first). The step cannot end before it; summaries take the median over steps. It is not
+    everything the step pays for communication: on shared cores the all-reduces also slow backward
+    itself (notebooks 05 and 08 measure that beside it)."""
+    return max(s.exposed_tail_ms for s in rank_steps)
+
 
 # ---- the train task ------------------------------------------------------------------------------
 @dataclass(frozen=True)
