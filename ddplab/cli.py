@@ -19,6 +19,7 @@ import sys
 
 from .spec import Experiment, Fault, Straggler, experiment
 from .spec.fault import FAULT_KINDS
+from .spec.link import LINKS
 from .spec.straggler import WHERE as STRAGGLER_WHERE
 
 
@@ -30,6 +31,16 @@ def _ints(text: str):
 
 def _optional_float(text: str):
     return None if text.lower() in ("none", "default") else float(text)
+
+
+def _link(text: str):
+    """A preset name (10GbE, 1GbE, slow) or LATENCY_US:GBIT_S, e.g. 100:2; 'none' for loopback alone."""
+    if text.lower() == "none":
+        return None
+    if ":" in text:
+        latency, gbit = text.split(":", 1)
+        return {"name": text, "latency_us": float(latency), "gbit_s": float(gbit)}
+    return text
 
 
 def _names(text: str) -> tuple[str, ...]:
@@ -66,11 +77,13 @@ HELP = {
     "backend": ", ".join(experiment.BACKENDS), "device": ", ".join(experiment.DEVICES),
     "timeout_s": "seconds a rank may wait in one collective", "pin_cpus": "pin rank r to core r mod cores",
     "probes": f"comma-separated: {', '.join(experiment.PROBES)}",
+    "link": f"hold DDP's all-reduces to an emulated link (needs --probes buckets): {', '.join(LINKS)}, "
+            "or LATENCY_US:GBIT_S such as 100:2; default none (loopback as it is)",
 }
 FAULT_HELP = {"kind": f"inject a failure: {', '.join(FAULT_KINDS)}", "rank": "rank that fails (default: the last)",
               "step": "step in which it fails"}
 TYPES = {int: int, float: float, str: str, bool: _bool}
-SPECIAL = {"local_batch": _ints, "seq_len": _ints, "bucket_cap_mb": _optional_float, "probes": _names}
+SPECIAL = {"local_batch": _ints, "seq_len": _ints, "bucket_cap_mb": _optional_float, "probes": _names, "link": _link}
 FLAG_NAMES = {"timeout_s": "--timeout"}
 
 

@@ -39,7 +39,7 @@ from ..rundir import (ProgressLog, error_file, fatal_file, rank_file, save_tenso
                       write_json_atomic)
 from ..spec import Experiment
 from ..spec.tasks import COMMON_PHASES
-from . import cells, clock, runtime
+from . import cells, clock, link, runtime
 from .tasks import TaskContext, runner
 
 SESSION_PHASES = {p.name: p for p in COMMON_PHASES}
@@ -112,7 +112,11 @@ def run_experiments(spec_paths: list[Path], env, launch_id: str, warm: tuple | N
                 _FATAL.watch(run_dir, env.rank)
             t0 = time.time_ns()
             ctx = TaskContext(exp, env.rank, device, log, groups[exp.world_size], run_dir)
-            result, tensors = runner(exp.task)(ctx)
+            link.activate(exp.link, exp.world_size)
+            try:
+                result, tensors = runner(exp.task)(ctx)
+            finally:
+                link.deactivate()
             if tensors:
                 save_tensors_atomic(tensor_file(run_dir, env.rank), tensors)
             envelope = record.Envelope(

@@ -8,11 +8,12 @@ from .coverage import DataCoverage
 from .experiment import Experiment
 from .fsdp import FsdpMemory
 from .fault import Fault
+from .link import LINKS, Link
 from .pipeline import Pipeline
 from .resume import Resume
 from .straggler import Straggler
 from .tensor_parallel import TensorParallel
 from .tasks import AllReduceSweep, BalanceStudy, BucketSweep, Phase, TaskSpec, Train, parse_plan, register
 
-__all__ = ["AllReduceSweep", "BalanceStudy", "BucketSweep", "DataCoverage", "Resume", "Experiment", "Fault", "FsdpMemory", "Phase", "Pipeline", "Straggler", "TaskSpec", "TensorParallel", "Train", "parse_plan",
+__all__ = ["AllReduceSweep", "BalanceStudy", "BucketSweep", "DataCoverage", "Resume", "Experiment", "Fault", "FsdpMemory", "LINKS", "Link", "Phase", "Pipeline", "Straggler", "TaskSpec", "TensorParallel", "Train", "parse_plan",
            "register"]

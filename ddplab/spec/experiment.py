@@ -4,7 +4,8 @@ The spec travels to every rank as `run_dir/spec.json`, so it must round-trip thr
 and hash the same on every machine. It is in sections: the common fields below describe the model,
 the data-parallel setup and where the ranks run; `task` is the task's own section (`spec/tasks.py`:
 `Train()`, `AllReduceSweep(...)`, `BucketSweep(...)`), `fault` the fault injection (`spec/fault.py`) and
-`straggler` a rank slowed on purpose (`spec/straggler.py`).
+`straggler` a rank slowed on purpose (`spec/straggler.py`) and `link` an emulated network for DDP's
+all-reduces (`spec/link.py`).
 A field the task does not read must stay at its default, or the spec is refused naming it.
 Used by every notebook, through `recipes` and `ddplab.run`.
 
@@ -23,6 +24,7 @@ from dataclasses import dataclass, field
 
 from .checks import bad, is_int, is_number
 from .fault import Fault
+from .link import Link
 from .straggler import Straggler
 from .tasks import TaskSpec, Train
 
@@ -94,6 +96,7 @@ class Experiment:
     pin_cpus: bool = False                   # CPU runs: pin rank r to core r mod cores (steadier timings)
     fault: Fault | None = None               # fault injection (spec/fault.py), to study failures
     straggler: Straggler | None = None       # one rank slower by a known amount every step (spec/straggler.py)
+    link: Link | None = None                 # DDP's all-reduces held to an emulated link (spec/link.py); None: loopback
     # extra measurements the ranks record
     probes: tuple[str, ...] = field(default_factory=tuple)
 
@@ -108,6 +111,7 @@ class Experiment:
             fault = dataclasses.replace(fault, rank=self.world_size - 1 if is_int(self.world_size) else 0)
         object.__setattr__(self, "fault", fault)
         object.__setattr__(self, "straggler", Straggler.from_dict(self.straggler))
+        object.__setattr__(self, "link", Link.from_dict(self.link))
         _validate(self)
 
     # ---- per-rank views -------------------------------------------------------------------
@@ -140,6 +144,7 @@ class Experiment:
         d["task"] = self.task.to_dict()
         d["fault"] = dataclasses.asdict(self.fault) if self.fault else None
         d["straggler"] = dataclasses.asdict(self.straggler) if self.straggler else None
+        d["link"] = dataclasses.asdict(self.link) if self.link else None
         return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
 
     def to_json(self) -> str:
@@ -225,6 +230,8 @@ def _validate(e: Experiment) -> None:
         e.fault.check(e)
     if e.straggler is not None:
         e.straggler.check(e)
+    if e.link is not None:
+        e.link.check(e)
     _validate_probes(e)
     e.task.check(e)
 

@@ -217,7 +217,7 @@ class BucketSweep(TaskSpec):
     record = BucketSweepRecord
     phases = (Phase("construct", 1, "broadcast of rank 0's parameters"), Phase("warm-up", 2),
               Phase("round", 3))
-    reads = RUN_FIELDS | MODEL_FIELDS
+    reads = RUN_FIELDS | MODEL_FIELDS | {"link"}
     step_unit = "rounds"
     plans: tuple[str, ...] = ()
     rounds: int = 5

@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 from ...record import BucketEvent
 from . import Probe
-from .. import clock
+from .. import clock, link
 
 
 class BucketLog:
@@ -41,7 +41,8 @@ class BucketLog:
         if self.stamps:
             self.stamps.mark(lambda t: event.__setitem__("launch_ns", t))
         buf.div_(dist.get_world_size(self.group))
-        fut = dist.all_reduce(buf, group=self.group, async_op=True).get_future()
+        # on an emulated link (spec/link.py) its completion waits for the link too: done_ns is when it arrived
+        fut = link.hold(dist.all_reduce(buf, group=self.group, async_op=True).get_future(), event["bytes"])
 
         def done(f):  # gloo: on a worker thread when the all-reduce completes; CUDA: see the class
             event["done_ns"] = clock.now_ns()
