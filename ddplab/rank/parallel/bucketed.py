@@ -40,7 +40,7 @@ import torch
 import torch.distributed as dist
 
 from ...record import BucketEvent
-from .. import clock
+from .. import clock, link
 
 
 class BucketedSync(torch.nn.Module):
@@ -124,7 +124,7 @@ class BucketedSync(torch.nn.Module):
         if self.stamps:
             self.stamps.mark(lambda t: event.__setitem__("launch_ns", t))
         buf.div_(dist.get_world_size(self.group))
-        fut = dist.all_reduce(buf, group=self.group, async_op=True).get_future()
+        fut = link.hold(dist.all_reduce(buf, group=self.group, async_op=True).get_future(), event["bytes"])  # spec/link.py
 
         def done(f):  # gloo: on a worker thread when the all-reduce completes; CUDA: on the stream after it
             event["done_ns"] = clock.now_ns()
