@@ -33,7 +33,7 @@ def fill(exp, run, case) -> dict:
     last_ready = st.backward.ms(st.backward.ready[-1].t_ns)
     ev["buckets"] = {"count": len(trace), "trace": trace, "last_ready_ms": last_ready,
                      "summed_ms": sum(b["done_ms"] - b["launch_ms"] for b in trace),
-                     "exposed_ms": max(0.0, max(b["done_ms"] for b in trace) - last_ready)}
+                     "exposed_ms": st.exposed_tail_ms}   # the lab's one definition (record.exposed_tail_ms), rank 0's
     payload = sum(b.bytes for b in st.buckets)
     ev["comm"] = {"payload_bytes": payload, "bytes_per_rank": {d: 2 * (d - 1) / d * payload for d in (2, 4, 8)}}
     return ev
