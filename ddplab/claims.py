@@ -19,18 +19,32 @@ prints one line,
     [+18.9, +20.3] ms, claim > 0 ms)
 
 A quantity estimated with a standard error (a fitted slope) goes through `estimate` with a normal
-interval at the same `alpha`. Used by notebook 07 (through `tables.stragglers.judge_last`) and its tests.
+interval at the same `alpha`.
+
+Where this run cannot resolve a claim, `check` prints beside it the same claim's verdict from a
+**reference run**: a real run of the same notebook that resolved it, made by `bench/reference_runs.py`
+and stored with its machine, load, links, date and commit in `ddplab/references/claims.json` (plain
+JSON, read as data). It is shown labelled as such and never decides anything: the outcome is this
+run's. Claims are matched by their text with every number blanked (`claim_key`). With
+`$DDPLAB_RECORD_CLAIMS` set to a file, `check` also appends each verdict to it as one JSON line (how
+the reference script collects them). Used by notebooks 03-09 and their tests.
 """
 
 from __future__ import annotations
 
+import functools
+import json
 import math
-from dataclasses import dataclass
+import os
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
 from statistics import NormalDist
 
 from ddplab.verify import CheckFailed
 
-__all__ = ["ALPHA", "Verdict", "check", "estimate", "judge", "median_interval", "min_rounds", "paired"]
+__all__ = ["ALPHA", "Verdict", "check", "claim_key", "estimate", "judge", "median_interval", "min_rounds", "paired",
+           "reference"]
 
 ALPHA = 0.001
 HOLDS, CONTRADICTED, UNRESOLVED = "holds", "contradicted", "cannot resolve"
@@ -172,8 +186,52 @@ def estimate(claim: str, value: float, se: float, *, above=None, below=None, wit
 
 
 def check(verdict: Verdict) -> Verdict:
-    """Print the verdict's line; raise CheckFailed only when the run contradicts the claim."""
+    """Print the verdict's line (and, where it cannot resolve, a reference run's verdict of the same
+    claim beside it); raise CheckFailed only when the run contradicts the claim."""
+    _record(verdict)
     if verdict.contradicted:
         raise CheckFailed(f"NOT verified: {verdict}")
     print(verdict)
+    if not verdict.resolved:
+        ref = reference(verdict.claim)
+        if ref:
+            print(f"  {ref}")
     return verdict
+
+
+REFERENCES = Path(__file__).with_name("references") / "claims.json"
+_NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:e[-+]?\d+)?")
+
+
+def claim_key(claim: str) -> str:
+    """A claim's text with every number blanked: the same claim in another run has the same key."""
+    return " ".join(_NUMBER.sub("#", claim).split())
+
+
+@functools.lru_cache(maxsize=4)
+def _references(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) and isinstance(data.get("claims"), dict) else {}
+
+
+def reference(claim: str, path: Path | None = None) -> str:
+    """The labelled line of a stored reference run's verdict of `claim`, or "" where none is stored."""
+    data = _references(path or REFERENCES)
+    entry = data.get("claims", {}).get(claim_key(claim))
+    run = data.get("runs", {}).get(str(entry.get("run"))) if isinstance(entry, dict) else None
+    if not isinstance(run, dict):
+        return ""
+    links = "; ".join(sorted(set(str(x) for x in run.get("links", {}).values()))) or "loopback"
+    return (f"a reference run that resolved it (not this run: {run.get('machine', '?')}, load {run.get('load', '?')}, "
+            f"{links}, {run.get('date', '?')}, commit {run.get('commit', '?')}; bench/reference_runs.py): "
+            f"{entry.get('line', '?')}")
+
+
+def _record(verdict: Verdict) -> None:
+    path = os.environ.get("DDPLAB_RECORD_CLAIMS")
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps({"key": claim_key(verdict.claim), "line": str(verdict), **asdict(verdict)}) + "\n")

@@ -1,0 +1,133 @@
+"""Make the reference runs that notebooks show beside a claim this run could not resolve.
+
+    python bench/reference_runs.py                         # notebooks 03-09, once each
+    python bench/reference_runs.py --repeat 3 notebooks/05_buckets_and_overlap.ipynb
+
+Executes each notebook (nbconvert, in a scratch copy: the notebook in the repository is left as it is)
+with `$DDPLAB_RECORD_CLAIMS` pointing at a scratch file, so every timing claim's verdict is written
+down, and its runs under a scratch `$DDPLAB_RUNS`, whose `spec.json` files say which link each run used.
+Every claim that resolved (holds, or contradicted) replaces the stored verdict of the same claim in
+`ddplab/references/claims.json`, together with the run's machine (cores, CPU model), load average,
+links, date, torch version and commit; an unresolved claim keeps the reference it had. With `--repeat`,
+a notebook is run again while some of its claims are unresolved. Run it on a quiet machine. Prints a
+line per notebook run: claims seen, resolved, and how long it took.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from ddplab.claims import REFERENCES  # noqa: E402
+
+DEFAULT = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "notebooks").glob("0[3-9]_*.ipynb"))
+
+
+def machine() -> str:
+    model = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                  if ln.startswith("model name")), platform.processor() or "?") if Path("/proc/cpuinfo").exists() else "?"
+    return f"{os.cpu_count()} cores, {model}"
+
+
+def commit() -> str:
+    try:
+        out = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True).stdout.strip()
+        return out.stdout.strip() + ("+changes" if dirty else "")
+    except OSError:
+        return "?"
+
+
+def links(runs_dir: Path) -> dict[str, str]:
+    """Run name -> the link its all-reduces used, from each run's spec.json (read as plain JSON)."""
+    out = {}
+    for spec in sorted(runs_dir.rglob("spec.json")):
+        try:
+            d = json.loads(spec.read_text())
+        except (OSError, ValueError):
+            continue
+        link = d.get("link") if isinstance(d, dict) else None
+        out[str(d.get("name", spec.parent.name))] = (
+            f"emulated link {link.get('name')} ({link.get('latency_us')} us, {link.get('gbit_s')} Gb/s)"
+            if isinstance(link, dict) else "loopback")
+    return out
+
+
+def run_notebook(nb: Path, scratch: Path) -> tuple[list[dict], dict, float, int]:
+    record, runs = scratch / "claims.jsonl", scratch / "runs"
+    record.unlink(missing_ok=True)
+    env = {**os.environ, "DDPLAB_RECORD_CLAIMS": str(record), "DDPLAB_RUNS": str(runs)}
+    load = os.getloadavg()[0]
+    t0 = time.monotonic()
+    p = subprocess.run([sys.executable, "-m", "jupyter", "nbconvert", "--to", "notebook", "--execute",
+                        "--ExecutePreprocessor.timeout=1200", "--output-dir", str(scratch), "--output", "executed",
+                        str(nb)], cwd=nb.parent, env=env, capture_output=True, text=True)
+    seconds = time.monotonic() - t0
+    verdicts = [json.loads(ln) for ln in record.read_text().splitlines()] if record.exists() else []
+    meta = {"load": f"{load:.1f} at start, {os.getloadavg()[0]:.1f} at end", "links": links(runs)}
+    if p.returncode:
+        print(p.stderr[-3000:], file=sys.stderr)
+    return verdicts, meta, seconds, p.returncode
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("notebooks", nargs="*", default=DEFAULT)
+    ap.add_argument("--repeat", type=int, default=1, help="runs of a notebook at most, while claims stay unresolved")
+    ap.add_argument("--out", type=Path, default=REFERENCES)
+    a = ap.parse_args()
+    if a.repeat < 1:
+        raise ValueError(f"--repeat must be >= 1, got {a.repeat}")
+    store = json.loads(a.out.read_text()) if a.out.exists() else {}
+    store.setdefault("runs", {})
+    store.setdefault("claims", {})
+    store["about"] = ("Verdicts of timing claims from real runs that resolved them, shown beside a learner's "
+                      "unresolved claim (ddplab.claims.reference); made by bench/reference_runs.py. Data only.")
+    code = 0
+    for name in a.notebooks:
+        nb = (ROOT / name).resolve()
+        for i in range(a.repeat):
+            with tempfile.TemporaryDirectory(prefix="ddplab-ref-") as tmp:
+                verdicts, meta, seconds, rc = run_notebook(nb, Path(tmp))
+            run_id = f"{nb.stem}@{datetime.now(timezone.utc):%Y-%m-%dT%H:%MZ}"
+            resolved = [v for v in verdicts if v["outcome"] != "cannot resolve"]
+            if resolved:
+                store["runs"][run_id] = {"notebook": nb.name, "machine": machine(), "date": f"{datetime.now(timezone.utc):%Y-%m-%d}",
+                                         "commit": commit(), "python": platform.python_version(),
+                                         "torch": _torch_version(), **meta}
+            for v in resolved:
+                store["claims"][v["key"]] = {"run": run_id, "line": v["line"], "outcome": v["outcome"]}
+            unresolved = {v["key"] for v in verdicts} - {v["key"] for v in resolved} - set(store["claims"])
+            print(f"{nb.name} run {i + 1}: {len(verdicts)} claims, {len(resolved)} resolved, {len(unresolved)} without "
+                  f"any reference yet; rc {rc}, {seconds:.0f} s, load {meta['load']}", flush=True)
+            code = code or rc
+            if not unresolved:
+                break
+    used = {v["run"] for v in store["claims"].values()}
+    store["runs"] = {k: v for k, v in store["runs"].items() if k in used}
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    a.out.write_text(json.dumps(store, indent=1, sort_keys=True) + "\n")
+    return code
+
+
+def _torch_version() -> str:
+    try:
+        from importlib.metadata import version
+        return version("torch")
+    except Exception:  # noqa: BLE001 - a label only
+        return "?"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
