@@ -1,6 +1,7 @@
-"""The pure parts of tables/buckets.py and tables/bucket_sweep.py (once overlap.py): the ordering
-check, error summaries, calibration and the worked-example tables, on hand-made inputs (the real-run
-parts are covered in test_bucketed_sync.py)."""
+"""The pure parts of tables/buckets.py and tables/bucket_sweep.py (once overlap.py): error summaries,
+calibration and the worked-example tables, on hand-made inputs (the timing claims judged on paired
+steps, the ordering among them, are in test_bucket_claims.py; the real-run parts in
+test_bucketed_sync.py)."""
 
 import pandas as pd
 import pytest
@@ -20,21 +21,6 @@ def table(measured, spread, predicted, calibration=None):
                          "calibrated_error": [(p - m) / m for p, m in zip(predicted, measured)],
                          "calibration_point": [i == calibration for i in range(len(measured))]},
                         index=[f"plan{i}" for i in range(len(measured))])
-
-
-def test_ordering_calls_close_pairs_ties_and_grades_the_rest():
-    t = table([100, 103, 130], [2, 2, 5], [101, 99, 120])
-    o = buckets.ordering(t).set_index(["a", "b"])
-    assert o.loc[("plan0", "plan1"), "verdict"] == "tie"          # 3 ms apart, threshold 4 ms
-    assert pd.isna(o.loc[("plan0", "plan1"), "agrees"])
-    assert o.loc[("plan0", "plan2"), "verdict"] == "ordered" and o.loc[("plan0", "plan2"), "agrees"]
-    assert o.loc[("plan1", "plan2"), "agrees"]
-    wrong = buckets.ordering(table([100, 130], [1, 1], [125, 110]))
-    assert wrong["agrees"].tolist() == [False]
-    same = buckets.ordering(table([100, 130], [1, 1], [120, 120]))  # predicted equal: not ordered
-    assert same["agrees"].tolist() == [False]
-    resolved = o[o["verdict"] == "ordered"]
-    assert int(resolved["agrees"].sum()) == 2 and resolved["agrees"].mean() == 1.0
 
 
 def test_error_summary_leaves_out_the_calibration_point_unless_asked():
@@ -72,27 +58,6 @@ def test_candidates_and_summary_describe_the_last_bucket():
     bt = buckets.bucket_table(s)
     assert bt.loc[0, "backward_left_ms"] == pytest.approx(42.0 - 20.0)
     assert schedule.simulate(INS.grads, buckets.ddp_rule(INS, 4), Cost(LINK), 42.0).buckets == s.buckets
-
-
-def test_a_sweep_where_synchronization_looks_free_cannot_judge_timing():
-    ok = pd.DataFrame({"step_ms": [100.0, 120.0, 130.0], "spread_ms": [3.0, 4.0, 4.0]},
-                      index=["compute-only", "ddp:1", "ddp:64"])
-    assert bucket_sweep.trustworthy(ok)[0]
-    impossible = ok.assign(step_ms=[125.0, 120.0, 130.0])
-    good, why = bucket_sweep.trustworthy(impossible)
-    assert not good and "ddp:1" in why
-    assert not bucket_sweep.trustworthy(ok.assign(spread_ms=[15.0, 4.0, 4.0]))[0]
-    noisy_plan, why = bucket_sweep.trustworthy(ok.assign(spread_ms=[3.0, 14.0, 4.0]))   # one plan's 11.7%
-    assert not noisy_plan and "plan ddp:1 scattered by 12%" in why
-
-
-def test_step_difference_says_faster_slower_or_tie_from_medians_and_spreads():
-    t = pd.DataFrame({"step_ms": [100.0, 90.0, 98.0], "spread_ms": [2.0, 3.0, 2.0]}, index=["a", "b", "c"])
-    faster = bucket_sweep.step_difference(t, "a", "b")
-    assert faster["verdict"] == "faster" and faster["faster_by_ms"] == 10.0 and faster["threshold_ms"] == 6.0
-    assert bucket_sweep.step_difference(t, "b", "a")["verdict"] == "slower"   # swapped: the other way round
-    assert bucket_sweep.step_difference(t, "a", "c")["verdict"] == "tie"      # 2 ms apart, threshold 4 ms
-    assert bucket_sweep.step_difference(t.assign(spread_ms=[6.0, 3.0, 2.0]), "a", "b")["verdict"] == "tie"
 
 
 def test_is_last_split_accepts_only_the_last_bucket_cut_in_two_in_order():

@@ -218,8 +218,8 @@ def test_tune_buckets_on_an_image_model_measures_the_default_and_a_split_run_by_
     assert bucket_views.is_last_split(bucket_views.plan_for(run, split[0], ins), uncut)   # DDP built the split
     assert tuning.best in measured.index and tuning.best != "compute-only"
     assert tuning.recommendation.startswith(("bucket_cap_mb=", "bucket_cap_mb_list=["))
-    said = ("cannot tell" in tuning.verdict or "not trustworthy" in tuning.verdict or "measured fastest" in tuning.verdict
-            or "beyond twice the spread" in tuning.verdict)
+    said = ("cannot tell" in tuning.verdict or "measured fastest" in tuning.verdict
+            or "measured faster than DDP's default" in tuning.verdict or "DDP's default was faster" in tuning.verdict)
     assert said, tuning.verdict   # one of the four verdicts, in words; which one is the run's (verify() checks it)
     assert json.loads(json.dumps(tuning.to_dict()))["recommendation"] == tuning.recommendation
     tuning.verify(measure=2)   # notebook 05's check, passing on the real runs and failing on a wrong account
@@ -267,27 +267,6 @@ def test_the_audits_default_bucket_rule_is_torchs_own():
     exp = Experiment(world_size=2)
     assert model_audit._rule(exp, counted, rank0, torch_rule)["matches"]
     assert not model_audit._rule(exp.replace(bucket_cap_mb=25), counted, rank0, torch_rule)["matches"]   # no 1 MiB first
-
-
-def _table(**plans):
-    rows = [{"plan": p, "step_ms": ms, "spread_ms": spread} for p, (ms, spread) in plans.items()]
-    return __import__("pandas").DataFrame(rows).set_index("plan")
-
-
-def test_the_recommendation_leaves_the_default_only_for_a_difference_beyond_the_noise():
-    keep = bucket_tuning.KEEP
-    beat = _table(**{"compute-only": (50, 0.5), "ddp:default": (80, 1.0), "ddp:4": (70, 1.0)})
-    assert bucket_tuning.recommend(beat, "ddp:4", "bucket_cap_mb=4")[0] == "bucket_cap_mb=4"
-    tie = _table(**{"compute-only": (50, 0.5), "ddp:default": (80, 1.0), "ddp:4": (79, 1.0)})
-    setting, verdict = bucket_tuning.recommend(tie, "ddp:4", "bucket_cap_mb=4")
-    assert setting == keep and "cannot tell ddp:4 from DDP's default" in verdict
-    below_compute = _table(**{"compute-only": (50, 0.5), "ddp:default": (80, 1.0), "ddp:4": (45, 1.0)})
-    setting, verdict = bucket_tuning.recommend(below_compute, "ddp:4", "bucket_cap_mb=4")
-    assert setting == keep and "not trustworthy" in verdict
-    scattered = _table(**{"compute-only": (50, 0.5), "ddp:default": (80, 12.0), "ddp:4": (60, 1.0)})
-    assert bucket_tuning.recommend(scattered, "ddp:4", "bucket_cap_mb=4")[0] == keep
-    fastest_default = _table(**{"compute-only": (50, 0.5), "ddp:default": (70, 1.0), "ddp:4": (80, 1.0)})
-    assert bucket_tuning.recommend(fastest_default, "ddp:default", keep) == (keep, "DDP's default measured fastest (70.0 ms a step): keep it")
 
 
 @pytest.mark.slow

@@ -5,12 +5,20 @@
   ready, communication end and exposed tail, as the ranks recorded them;
 - `inputs(run)`: what the simulator takes from the same run: every gradient's median ready time in
   the compute-only backward, that backward's length, forward and optimizer time;
-- `trustworthy`, `tail_difference`, `step_difference`: whether this machine's noise lets the sweep judge
-  a timing claim, and the verdict on two plans' exposed tails or steps ("tie" when it cannot tell);
+- `per_step`, `steps`: one value per timed step (over the ranks: the step's slowest rank, or the
+  lab's one exposed tail, `record.exposed_tail_ms`), indexed by (round, step in the round), so that
+  step i of one plan pairs with step i of another in the same round (the rounds alternate the
+  plans' order); the compute-only baseline, run at both ends of every round, pairs by the mean of
+  its two steps i;
+- the timing claims, judged on those pairs by `claims` (holds / contradicted / cannot resolve):
+  `judge_costs` (synchronizing costs time), `judge_split_tail`, `judge_last_ready_share`,
+  `judge_launch_order`, `judge_in_flight`, `judge_stretch`, `judge_summed_vs_added`; `ordered`
+  for two plans' step times, `faster_than` for several against one; `split_finding` and
+  `judge_isolated_price`, hypotheses whose answer is the machine's (printed, not checked);
 - `launched_before_last_ready`, `summed_vs_added`: did a bucket start before backward's end; three
   ways to price a plan's communication.
 Numbers in, DataFrames out (no processes); `tables/buckets.py` puts the simulator beside them.
-Used by notebook 05, its bucket slider and bench/simulator_accuracy.py.
+Used by notebook 05, its bucket slider, `ddplab tune-buckets` and bench/simulator_accuracy.py.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from .. import claims, record
 from ..predict import buckets as simulator
 from ..predict.buckets import Grad
 from ..predict.comm import AlphaBeta
@@ -75,7 +84,7 @@ def measured(run) -> pd.DataFrame:
             row["buckets"] = len(steps[0][0].buckets)
             row["first_launch_ms"] = med(lambda x: x.first_launch_ms)
             row["comm_end_ms"] = med(lambda x: x.comm_end_ms)
-            row["exposed_tail_ms"] = med(lambda x: max(0.0, x.after_last_ready_ms))
+            row["exposed_tail_ms"] = statistics.median(record.exposed_tail_ms(s) for s in steps)
         rows.append(row)
     return pd.DataFrame(rows).set_index("plan")
 
@@ -161,72 +170,179 @@ def in_flight(run, name: str, link: AlphaBeta, rank: int = 0) -> pd.DataFrame:
     return df
 
 
-def trustworthy(table: pd.DataFrame, max_spread: float = 0.10) -> tuple[bool, str]:
-    """Can this sweep judge timing claims at all? No if any synchronized plan measured no slower than
-    the compute-only step (impossible, so noise exceeded what is being measured), or if any plan's
-    step time (the compute-only baseline's included) scattered between rounds by more than
-    `max_spread`: the models are compared with every plan, and calibrated on one, so one plan's
-    noise is enough to decide a comparison (a CI run: baseline 9.0%, one plan 11.2%, and the model
-    calibrated on a plan that scattered 10% came out twice as far off as the textbook one)."""
-    base = table.loc["compute-only"]
-    faster = [p for p in table.index if p != "compute-only" and table.loc[p, "step_ms"] <= base["step_ms"]]
-    if faster:
-        return False, (f"{', '.join(faster)} measured no slower than the compute-only step ({base['step_ms']:.1f} ms): "
-                       f"this machine's noise exceeded the communication being measured; run the sweep again")
-    scatter = table["spread_ms"] / table["step_ms"]
-    worst = scatter.idxmax()
-    if scatter[worst] > max_spread:
-        what = "the compute-only baseline" if worst == "compute-only" else f"plan {worst}"
-        return False, f"{what} scattered by {scatter[worst]:.0%} between rounds; run the sweep again"
-    return True, (f"every plan slower than compute-only, scatter between rounds at most {scatter[worst]:.1%} "
-                  f"({worst}): timing claims can be judged")
+# ---- per-step values, paired by (round, step in the round) -------------------------------------------
+BASELINE = "compute-only"
 
 
-def tail_difference(run, a: str, b: str, k: float = 2.0) -> dict:
-    """Is plan `b`'s exposed tail (per step: last all-reduce done minus last gradient ready, on the
-    rank where it is longest) shorter than plan `a`'s? Medians, their difference, and a tie threshold of
-    k standard errors (robust: 1.4826 x MAD / sqrt(steps), the larger of the two); verdict "shorter",
-    "longer" or "tie". One value per step, not per rank: the ranks' tails in one step end on the same
-    collective, so they are not independent samples."""
-    def tails(name):
-        return [max(x.after_last_ready_ms for x in s) for s in _arm_steps(run, name)]
-    ta, tb = tails(a), tails(b)
-    ma, mb = statistics.median(ta), statistics.median(tb)
-    threshold = k * max(median_error(ta), median_error(tb))
-    diff = mb - ma
-    verdict = "tie" if abs(diff) <= threshold else ("shorter" if diff < 0 else "longer")
-    return {"tail_a_ms": ma, "tail_b_ms": mb, "diff_ms": diff, "threshold_ms": threshold, "verdict": verdict}
+def slowest_step_ms(rank_steps) -> float:
+    """A step's time: it ends at its slowest rank."""
+    return max(x.step_ms for x in rank_steps)
 
 
-def step_difference(table: pd.DataFrame, a: str, b: str, k: float = 2.0) -> dict:
-    """Is plan `b`'s step faster than plan `a`'s, in `measured(run)`? The difference of their medians
-    (positive: `b` is faster), the tie threshold k x the larger of their spreads, and a verdict
-    "faster", "slower" or "tie" (the same rule as `buckets.ordering`)."""
-    diff = table.loc[a, "step_ms"] - table.loc[b, "step_ms"]
-    threshold = k * max(table.loc[a, "spread_ms"], table.loc[b, "spread_ms"])
-    verdict = "tie" if abs(diff) <= threshold else ("faster" if diff > 0 else "slower")
-    return {"step_a_ms": table.loc[a, "step_ms"], "step_b_ms": table.loc[b, "step_ms"], "faster_by_ms": diff,
-            "threshold_ms": threshold, "verdict": verdict}
+def last_ready_ms(rank_steps) -> float:
+    """When the step's last gradient was ready, at the rank where that came latest."""
+    return max(x.last_ready_ms for x in rank_steps)
+
+
+def per_step(run, name: str, of=slowest_step_ms) -> pd.Series:
+    """`of(every rank's record of one step)` for each timed step of plan `name`, indexed by (round,
+    step in the round). The compute-only baseline runs at both ends of every round: its step i is
+    the mean of its i-th step at the start and its i-th step at the end, so it brackets the plans."""
+    values, seen = {}, {}
+    for s in _arm_steps(run, name):
+        r = s[0].round
+        seen[r] = seen.get(r, 0) + 1
+        values[(r, seen[r] - 1)] = of(s)
+    if name == BASELINE and values:
+        values = {(r, i): (values[(r, i)] + values[(r, n // 2 + i)]) / 2 for r, n in seen.items() for i in range(n // 2)}
+    return pd.Series(values, dtype=float).rename_axis(["round", "step"])
+
+
+def steps(run, of=slowest_step_ms, plans=None) -> pd.DataFrame:
+    """`per_step` for every plan in `plans` (default: all, the compute-only baseline included), one
+    column each; a row is one moment of the machine, so differences along a row are paired."""
+    return pd.DataFrame({p: per_step(run, p, of) for p in (plans or arm_names(run))})
+
+
+def _pairs(table: pd.DataFrame, a: str, b: str) -> tuple[list[float], list[float]]:
+    both = table[[a, b]].dropna()
+    return both[a].tolist(), both[b].tolist()
+
+
+# ---- the timing claims, judged on paired steps -------------------------------------------------------
+def judge_costs(table: pd.DataFrame) -> dict[str, claims.Verdict]:
+    """Per synchronized plan in `steps(run)`: "synchronizing costs time" (its step minus the
+    compute-only step around it, paired per step, above 0). A plan that measured faster than doing
+    no communication at all would say the noise, not the plan, was measured."""
+    return {p: claims.paired(f"{p}'s step is slower than the compute-only step", *_pairs(table, p, BASELINE), above=0.0)
+            for p in table.columns if p != BASELINE}
+
+
+def ordered(table: pd.DataFrame, a: str, b: str) -> claims.Verdict:
+    """Plan `b`'s step against plan `a`'s, paired per step: the claim "b is slower than a"; it
+    holds (b slower), is contradicted (b faster) or cannot resolve (this run cannot order them)."""
+    return claims.paired(f"{b} is slower than {a}", *_pairs(table, b, a), above=0.0)
+
+
+def faster_than(table: pd.DataFrame, base: str, plans) -> dict[str, claims.Verdict]:
+    """Per plan: "its step is faster than `base`'s" (plan minus base, paired per step, below 0)."""
+    return {p: claims.paired(f"{p} is faster than {base}", *_pairs(table, p, base), below=0.0) for p in plans}
+
+
+def verdict_table(verdicts: dict) -> pd.DataFrame:
+    """One row per verdict: its median, interval and outcome."""
+    return pd.DataFrame({k: {"median": v.center, "low": v.low, "high": v.high, "outcome": v.outcome}
+                         for k, v in verdicts.items()}).T.astype({"median": float, "low": float, "high": float})
+
+
+def judge_split_tail(tails: pd.DataFrame, uncut: str, split: str) -> claims.Verdict:
+    """`tails` = steps(run, record.exposed_tail_ms, plans): "cutting the last bucket in two shortens
+    the exposed tail" (split minus uncut, paired per step, below 0)."""
+    return claims.paired(f"{split} has a shorter exposed tail than {uncut}", *_pairs(tails, split, uncut), below=0.0)
+
+
+def split_finding(tails: pd.DataFrame, step_table: pd.DataFrame, uncut: str, split: str) -> str:
+    """The textbook's hypothesis about cutting the last bucket, answered by this run in words: did the
+    split shorten the exposed tail (`judge_split_tail`), and how did the steps compare (`ordered`)? Not
+    a check: on cores that communication shares with backward the answer can be no (the first half's
+    all-reduce slows the backward it runs beside), where communication runs beside compute, yes."""
+    t, s = judge_split_tail(tails, uncut, split), ordered(step_table, uncut, split)
+    tail = {claims.HOLDS: "the split shortened", claims.CONTRADICTED: "the split lengthened"}.get(
+        t.outcome, "this run cannot resolve whether the split changed")
+    step = {claims.HOLDS: "slower than", claims.CONTRADICTED: "faster than"}.get(s.outcome, "not resolved against")
+    return (f"{uncut} -> {split}: {tail} the exposed tail (median of {t.n} paired differences "
+            f"{t.center:+.1f} ms, interval [{t.low:+.1f}, {t.high:+.1f}]); its step was {step} the uncut one's "
+            f"({s.center:+.1f} ms, interval [{s.low:+.1f}, {s.high:+.1f}])")
+
+
+def judge_last_ready_share(run, share: float = 0.9) -> claims.Verdict:
+    """In the compute-only backward, the last gradient is ready within its final (1 - share): per step
+    (at its slowest rank, as `inputs` takes it), last ready over backward's length, above `share`."""
+    values = [x.last_ready_ms / x.backward_ms for x in (max(s, key=lambda y: y.step_ms) for s in _arm_steps(run, BASELINE))]
+    return claims.judge(f"the last gradient is ready within the final {1 - share:.0%} of backward "
+                        "(last ready over backward, per compute-only step)", values, above=share, unit="")
+
+
+def judge_launch_order(run, name: str, bucket: int | None = None, before: bool = False) -> claims.Verdict:
+    """"`name`'s bucket `bucket` (None: its first) is launched only after (or, `before`, already
+    before) the last gradient is ready", on every rank: per step the smallest (largest) gap."""
+    which = "its first bucket" if bucket is None else f"bucket {bucket}"
+    def gap(s):
+        g = [(x.first_launch_ms if bucket is None else x.backward.ms(x.buckets[bucket].launch_ns)) - x.last_ready_ms for x in s]
+        return max(g) if before else min(g)
+    values = per_step(run, name, gap).tolist()
+    if before:
+        return claims.judge(f"{name}: {which} is launched before the last gradient is ready, on every rank "
+                            "(launch minus last ready, per step)", values, below=0.0)
+    return claims.judge(f"{name}: {which} is launched only once the last gradient is ready, on every rank "
+                        "(launch minus last ready, per step)", values, above=0.0)
+
+
+def judge_in_flight(run, name: str, link: AlphaBeta) -> claims.Verdict:
+    """"An all-reduce in flight during a step is slower than the same one alone": per step, the median
+    over its buckets (every rank's) of in-flight time over the isolated fit's prediction, above 1."""
+    flights = pd.concat([in_flight(run, name, link, r) for r in range(len(run.ranks))])
+    values = flights.groupby("step")["ratio"].median().tolist()
+    return claims.judge(f"{name}: an all-reduce in flight is slower than alone (median in-flight / isolated "
+                        "cost over the buckets, per step)", values, above=1.0, unit="")
+
+
+def judge_stretch(run, name: str) -> claims.Verdict:
+    """"Communication stretches backward": per step, `name`'s last gradient ready time over the
+    compute-only one around it (each at its latest rank), above 1."""
+    t = steps(run, last_ready_ms, [name, BASELINE])
+    return claims.paired(f"{name}: communication stretches backward (last gradient ready, against the compute-only "
+                         "step)", *_pairs(t, name, BASELINE), ratio=True, above=1.0)
+
+
+def added_ms(run, name: str) -> pd.Series:
+    """Per step, what plan `name` added to the step: its step minus the compute-only step around it."""
+    t = steps(run, plans=[name, BASELINE])
+    return (t[name] - t[BASELINE]).dropna()
+
+
+def summed_in_flight_ms(run, name: str, rank: int = 0) -> pd.Series:
+    """Per step, `rank`'s launch-to-done intervals of every bucket, summed (ms)."""
+    def summed(s):
+        x = s[rank]
+        return sum(x.backward.ms(b.done_ns) - x.backward.ms(b.launch_ns) for b in x.buckets)
+    return per_step(run, name, summed)
+
+
+def judge_summed_vs_added(run, name: str) -> claims.Verdict:
+    """"Summing the buckets' launch-to-done intervals overstates what the plan adds to the step":
+    per step, summed in-flight (rank 0) minus the step's time over the compute-only step, above 0."""
+    both = pd.DataFrame({"summed": summed_in_flight_ms(run, name), "added": added_ms(run, name)}).dropna()
+    return claims.paired(f"{name}: the summed launch-to-done intervals overstate what it adds to the step",
+                         both["summed"], both["added"], above=0.0)
+
+
+def judge_isolated_price(run, name: str, summed_isolated_ms: float, within: float = 0.25) -> claims.Verdict:
+    """The hypothesis "nothing is hidden: what plan `name` adds to the step is its buckets' isolated
+    costs summed, to within `within`": per step, added over `summed_isolated_ms`. Either answer is a
+    finding about the machine (a shared core hides nothing; a GPU hides much), not a check."""
+    values = (added_ms(run, name) / summed_isolated_ms).tolist()
+    return claims.judge(f"{name} adds its isolated costs summed, within {within:.0%} (added over the isolated sum, "
+                        "per step)", values, within=(1 - within, 1 + within), unit="")
 
 
 def launched_before_last_ready(run, name: str, bucket: int) -> list[bool]:
     """For every timed step of plan `name` on every rank: did bucket `bucket` start its all-reduce
     before that step's last gradient was ready (so part of it could hide behind backward)?"""
-    return [st.backward.ms(b.launch_ns) < st.last_ready_ms for steps in _arm_steps(run, name)
-            for st in steps for b in st.buckets if b.index == bucket]
+    return [st.backward.ms(b.launch_ns) < st.last_ready_ms for steps_ in _arm_steps(run, name)
+            for st in steps_ for b in st.buckets if b.index == bucket]
 
 
-def summed_vs_added(run, name: str, link: AlphaBeta, cost, ins: Inputs, layout, k: float = 2.0) -> dict:
+def summed_vs_added(run, name: str, link: AlphaBeta, cost, ins: Inputs, layout) -> dict:
     """Three ways to price plan `name`'s communication, per step (ms): its buckets' launch-to-done
     intervals summed (median over rank 0's steps), their isolated costs under `cost` summed, and what
-    the plan really added to the step (its step time minus the compute-only step's), known to within
-    `added_noise_ms` (k x the larger of the two step times' spreads); and the median communication
-    span (first launch to last done), which the summed intervals exceed when buckets overlap each other."""
-    flights = in_flight(run, name, link)
+    the plan really added to the step (per step, its step minus the compute-only step around it:
+    the median, and the interval `claims` puts on it); and the median communication span (first
+    launch to last done), which the summed intervals exceed when buckets overlap each other."""
     size = {g.name: g.bytes for g in ins.grads}
     table = measured(run)
-    return {"summed_in_flight_ms": float(flights.groupby("step")["in_flight_ms"].sum().median()),
+    center, low, high = claims.median_interval(added_ms(run, name).tolist())
+    return {"summed_in_flight_ms": float(summed_in_flight_ms(run, name).median()),
             "span_ms": float(table.loc[name, "comm_end_ms"] - table.loc[name, "first_launch_ms"]),
             "summed_isolated_ms": sum(cost.allreduce_ms(sum(size[n] for n in b)) for b in layout),
-            "added_ms": float(table.loc[name, "step_ms"] - table.loc["compute-only", "step_ms"]),
-            "added_noise_ms": float(k * max(table.loc[name, "spread_ms"], table.loc["compute-only", "spread_ms"]))}
+            "added_ms": center, "added_low_ms": low, "added_high_ms": high}

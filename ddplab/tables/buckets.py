@@ -4,8 +4,10 @@
 - `costs(...)` / `compare(...)`: the simulator's step time for every plan under three cost models
   (textbook; shared core; shared core with alpha calibrated on one plan); errors per plan;
 - `ordering(...)`: for every pair of plans, does the prediction order them as the measurement does?
-  Pairs whose medians differ by less than twice the run-to-run spread are ties, not verdicts; a
-  prediction of equal times for a resolved pair counts as not ordered;
+  The measurement orders a pair only where `claims` resolves its paired steps; the rest cannot be
+  resolved (ties, not verdicts); a prediction of equal times for a resolved pair counts as not ordered;
+- `judge_optimistic`, `judge_closer`: the models against the measurement, judged per step (every
+  plan measured in the same round, so the machine's load hits every plan of a step alike);
 - `candidates`, `bucket_table`, `summary`: the worked example's tables of one schedule or a few;
 - `is_last_split`: is one plan another with its last bucket cut in two.
 Numbers in, DataFrames out (no processes). Used by notebook 05, its bucket slider and
@@ -18,10 +20,12 @@ import itertools
 
 import pandas as pd
 
+from .. import claims
 from ..predict import buckets as simulator
 from ..predict.buckets import Cost
 from ..predict.comm import AlphaBeta
 from ..units import MIB, rel_error
+from . import bucket_sweep
 from .bucket_sweep import Inputs, sweep_record, cap_of, inputs, measured
 
 DDP_DEFAULT_CAP_MB, DDP_DEFAULT_FIRST_CAP_MB = 25, 1
@@ -116,22 +120,77 @@ def error_summary(table: pd.DataFrame, column: str = "calibrated_error", include
     return {"mean_abs_error": float(errs.mean()), "max_abs_error": float(errs.max()), "worst": errs.idxmax()}
 
 
-def ordering(table: pd.DataFrame, predicted: str = "calibrated_ms", k: float = 2.0) -> pd.DataFrame:
-    """Every pair of plans: measured difference, the tie threshold k x the larger spread, and whether
-    the prediction orders the pair as measured (None for a tie)."""
+def ordering(table: pd.DataFrame, step_table: pd.DataFrame, predicted: str = "calibrated_ms") -> pd.DataFrame:
+    """Every pair of plans in `table` (`compare`'s): the measured difference b - a, judged on the
+    paired steps of `step_table` (`bucket_sweep.steps`), and whether the prediction orders the pair as
+    measured (None where this run cannot resolve the pair: a tie, not a verdict)."""
     rows = []
     for a, b in itertools.combinations(table.index, 2):
-        diff = table.loc[b, "measured_ms"] - table.loc[a, "measured_ms"]
-        threshold = k * max(table.loc[a, "spread_ms"], table.loc[b, "spread_ms"])
-        resolved = abs(diff) > threshold
+        v = bucket_sweep.ordered(step_table, a, b)
         pdiff = table.loc[b, predicted] - table.loc[a, predicted]
-        rows.append({"a": a, "b": b, "measured_diff_ms": diff, "threshold_ms": threshold,
-                     "predicted_diff_ms": pdiff, "verdict": "ordered" if resolved else "tie",
+        measured_slower = v.holds
+        rows.append({"a": a, "b": b, "measured_diff_ms": v.center, "low_ms": v.low, "high_ms": v.high,
+                     "predicted_diff_ms": pdiff, "verdict": "ordered" if v.resolved else claims.UNRESOLVED,
                      # a model that predicts the same time for both cannot order them
-                     "agrees": bool(abs(pdiff) > 1e-6 and (diff > 0) == (pdiff > 0)) if resolved else None})
-    df = pd.DataFrame(rows, columns=["a", "b", "measured_diff_ms", "threshold_ms", "predicted_diff_ms", "verdict", "agrees"])
-    df["agrees"] = df["agrees"].astype("boolean")  # True / False, <NA> for a tie
+                     "agrees": bool(abs(pdiff) > 1e-6 and measured_slower == (pdiff > 0)) if v.resolved else None})
+    df = pd.DataFrame(rows, columns=["a", "b", "measured_diff_ms", "low_ms", "high_ms", "predicted_diff_ms", "verdict", "agrees"])
+    df["agrees"] = df["agrees"].astype("boolean")  # True / False, <NA> where the pair cannot be resolved
     return df
+
+
+def step_errors(table: pd.DataFrame, step_table: pd.DataFrame, model: str, plans=None) -> pd.DataFrame:
+    """Per step (a row of `bucket_sweep.steps`: every plan measured at one moment), `model`'s relative
+    error (predicted - measured) / measured for each plan in `plans` (default: `table`'s)."""
+    plans = list(plans if plans is not None else table.index)
+    return pd.DataFrame({p: (table.loc[p, f"{model}_ms"] - step_table[p]) / step_table[p] for p in plans}).dropna()
+
+
+def judge_optimistic(table: pd.DataFrame, step_table: pd.DataFrame, model: str = "textbook") -> claims.Verdict:
+    """"`model` is optimistic on average": per step, its mean signed error over the plans, below 0."""
+    values = step_errors(table, step_table, model).mean(axis=1).tolist()
+    return claims.judge(f"the {model} model is optimistic on average (mean signed error over the plans, per step)",
+                        values, below=0.0, unit="")
+
+
+def judge_closer(table: pd.DataFrame, step_table: pd.DataFrame, model: str = "calibrated",
+                 than: str = "textbook") -> claims.Verdict:
+    """"`model` is closer than `than`": per step, the mean |error| of `model` minus that of `than` over
+    the plans other than the calibration point, below 0."""
+    held_out = table.index[~table["calibration_point"]]
+    gap = step_errors(table, step_table, model, held_out).abs().mean(axis=1) - \
+        step_errors(table, step_table, than, held_out).abs().mean(axis=1)
+    return claims.judge(f"the {model} model is closer than the {than} one (mean |error| over the {len(held_out)} "
+                        f"plans other than the calibration point, minus the {than}'s, per step)",
+                        gap.dropna().tolist(), below=0.0, unit="")
+
+
+def _repeat_ms(allreduce_run) -> dict[int, list[float]]:
+    """Per message size of an all-reduce sweep, every repeat's time at its slowest rank (ms); the
+    sizes alternate order from repeat to repeat, so repeat i of one size pairs with repeat i of another."""
+    return {per_rank[0].bytes: [max(t) for t in zip(*[c.ms for c in per_rank])]
+            for per_rank in zip(*[r.result.sizes for r in allreduce_run.ranks])}
+
+
+def judge_bandwidth_term(allreduce_run, n_bytes: int, times: float = 5.0) -> claims.Verdict:
+    """"At `n_bytes` the bandwidth term n*beta is more than `times` x alpha": on the line t = alpha + n*beta,
+    the same as t(n) / t(smallest) > times + 1 (up to the smallest message's own bytes), judged on the
+    sweep's repeats, paired (the largest size at most `n_bytes`)."""
+    ms = _repeat_ms(allreduce_run)
+    small, big = min(ms), max(n for n in ms if n <= n_bytes)
+    return claims.paired(f"the bandwidth term n*beta of {big / MIB:g} MiB is more than {times:g} x alpha (its all-reduce "
+                         f"over one of {small // 1024} KiB, per repeat, above {times + 1:g})", ms[big], ms[small],
+                         ratio=True, above=times + 1)
+
+
+def judge_startup_term(allreduce_run, k: int = 4) -> claims.Verdict:
+    """"For the smallest message n, n*beta is below alpha": on the line, t(k n) / t(n) = (alpha + k x) /
+    (alpha + x) with x = n*beta, which is below (1 + k) / 2 exactly when x < alpha; judged on the
+    sweep's repeats, paired."""
+    ms = _repeat_ms(allreduce_run)
+    small = min(ms)
+    return claims.paired(f"for {small // 1024} KiB the bandwidth term n*beta is below alpha ({k * small // 1024} KiB "
+                         f"over {small // 1024} KiB, per repeat, below {(1 + k) / 2:g})", ms[k * small], ms[small],
+                         ratio=True, below=(1 + k) / 2)
 
 
 def is_last_split(split: list[list[str]], plan: list[list[str]]) -> bool:

@@ -10,9 +10,10 @@ stopped after them: the model's imports and the process group are paid once):
    calibrated on the default plan's measured step (tables.buckets.costs);
 3. measure: the `measure` plans predicted fastest, DDP's default, and the fastest plan with its last
    bucket split in two (run by DDP itself through `bucket_cap_mb_list`), in interleaved rounds;
-4. recommend the plan measured fastest, with its median step and spread, and say plainly when this
-   machine cannot tell it from DDP's default (the difference within twice the spread) or when the
-   sweep's timings are not trustworthy at all (bucket_sweep.trustworthy).
+4. recommend the plan measured fastest, with its median step and spread, only where `claims` finds it
+   faster than DDP's default on the paired steps (step i of each in the same round; the rounds
+   alternate their order), and say plainly when this machine cannot resolve the two, or measured the
+   default faster on the pairs.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from .. import tables
+from .. import claims, tables
 from ..predict import buckets as simulator
 from ..recipes.buckets_and_overlap import ONE_PER_PARAMETER_MB
 from ..recipes.communication import allreduce_sweep
@@ -120,8 +121,7 @@ class BucketTuning:
     best: str
     recommendation: str
     verdict: str
-    trustworthy: bool
-    why: str
+    outcome: str   # on "best beats the default": claims' "holds", "contradicted", "cannot resolve"; "not judged" if best is the default
     paths: dict = field(default_factory=dict)
 
     @classmethod
@@ -132,21 +132,20 @@ class BucketTuning:
         rows["predicted_ms"] = [buckets.predict(ins, buckets.plan_for(run, p, ins), cost).step_ms for p in synced]
         rows.loc["compute-only", ["step_ms", "spread_ms"]] = table.loc["compute-only", ["step_ms", "spread_ms"]]
         best = min(synced, key=lambda p: table.loc[p, "step_ms"])
-        judge, why = bucket_sweep.trustworthy(table)
-        setting, verdict = recommend(table, best, _setting(run, best, ins))
+        setting, verdict, outcome = recommend(bucket_sweep.steps(run), best, _setting(run, best, ins))
         return cls(spec={"factory": exp.model, "world_size": exp.world_size, "local_batch": exp.local_batch,
                          "seq_len": exp.seq_len, "gradient_mib": ins.gradient_bytes / MIB, "tensors": len(ins.grads),
                          "backward_ms": ins.backward_ms},
                    line={"alpha_ms": link.alpha_s * 1e3, "bandwidth_gb_s": link.bandwidth_bytes_per_s / 1e9,
                          "median_rel_error": quality.median_rel_error},
                    predicted=predicted, measured=rows, best=best, recommendation=setting,
-                   verdict=verdict, trustworthy=judge, why=why, paths=paths)
+                   verdict=verdict, outcome=outcome, paths=paths)
 
     def verify(self, measure: int = 2) -> None:
         """The tool's claims on its own runs (`verify.CheckFailed` where one fails): DDP's default, the
         `measure` plans predicted fastest and one split were measured; the default is kept exactly when
-        the timings cannot judge or no plan beat it beyond twice the spread; the split DDP ran is the
-        uncut plan with its last bucket cut in two, tensor for tensor."""
+        no plan was judged faster than it on the paired steps; the split DDP ran is the uncut plan with
+        its last bucket cut in two, tensor for tensor."""
         from .. import verify
         from ..results import load_run
 
@@ -156,11 +155,10 @@ class BucketTuning:
         verify.that(f"measured: DDP's default, the {measure} plans predicted fastest and one split",
                     {DEFAULT, *fastest} <= set(t.index) and len(splits) == 1, seen=list(t.index),
                     expected=list(dict.fromkeys([DEFAULT, *fastest, "ddp-split:<cap>"])))
-        vs = bucket_sweep.step_difference(t, DEFAULT, self.best)
-        verify.equal("the default is kept exactly when the timings cannot judge, or no plan beat it beyond twice "
-                     "the spread", self.recommendation == KEEP,
-                     not self.trustworthy or self.best == DEFAULT or vs["verdict"] != "faster")
         run, ins = load_run(self.paths["measure"]), bucket_sweep.inputs(load_run(self.paths["capture"]))
+        beat = self.best != DEFAULT and faster_than_default(bucket_sweep.steps(run), self.best).holds
+        verify.equal("the default is kept exactly when no plan was judged faster than it on the paired steps",
+                     self.recommendation == KEEP, not beat)
         verify.that(f"{splits[0]}: DDP built the uncut plan with its last bucket cut in two",
                     buckets.is_last_split(buckets.plan_for(run, splits[0], ins),
                                           buckets.ddp_rule(ins, bucket_sweep.cap_of(splits[0]))))
@@ -168,8 +166,8 @@ class BucketTuning:
     def to_dict(self) -> dict:
         return {"spec": self.spec, "line": self.line, "predicted": records(self.predicted),
                 "measured": records(self.measured), "best": self.best,
-                "recommendation": self.recommendation, "verdict": self.verdict, "trustworthy": self.trustworthy,
-                "why": self.why, "paths": self.paths}
+                "recommendation": self.recommendation, "verdict": self.verdict, "outcome": self.outcome,
+                "paths": self.paths}
 
     def text(self) -> str:
         s, ln = self.spec, self.line
@@ -188,23 +186,26 @@ class BucketTuning:
 KEEP = "bucket_cap_mb=None (DDP's default)"
 
 
-def recommend(table: pd.DataFrame, best: str, setting: str) -> tuple[str, str]:
-    """(the setting to use, the verdict in words), from the measured table (`bucket_sweep.measured`):
-    `best`'s `setting` only when the sweep can judge timing at all and `best` beat DDP's default by more
-    than twice the larger spread; otherwise DDP's default, saying why."""
-    judge, why = bucket_sweep.trustworthy(table)
-    if not judge:   # nothing this sweep measured can justify leaving the default
-        return KEEP, f"the timings are not trustworthy ({why}), so no plan is recommended over DDP's default"
-    vs = bucket_sweep.step_difference(table, DEFAULT, best)
+def faster_than_default(step_table: pd.DataFrame, plan: str) -> claims.Verdict:
+    """"`plan` is faster than DDP's default", judged on the paired steps (`bucket_sweep.steps`)."""
+    return claims.paired(f"{plan} is faster than DDP's default (its step minus the default's, per step)",
+                         step_table[plan], step_table[DEFAULT], below=0.0)
+
+
+def recommend(step_table: pd.DataFrame, best: str, setting: str) -> tuple[str, str, str]:
+    """(the setting to use, the verdict in words, claims' outcome), from the paired steps
+    (`bucket_sweep.steps`): `best`'s `setting` only where `best` is judged faster than DDP's default;
+    otherwise DDP's default, saying why."""
     if best == DEFAULT:
-        return KEEP, f"DDP's default measured fastest ({vs['step_b_ms']:.1f} ms a step): keep it"
-    if vs["verdict"] == "faster":
-        return setting, (f"{best} measured faster than DDP's default by {vs['faster_by_ms']:.1f} ms a step "
-                         f"({vs['step_b_ms']:.1f} against {vs['step_a_ms']:.1f} ms), beyond twice the spread "
-                         f"({vs['threshold_ms']:.1f} ms)")
-    return KEEP, (f"this machine cannot tell {best} from DDP's default: {vs['step_b_ms']:.1f} against "
-                  f"{vs['step_a_ms']:.1f} ms a step, a difference within twice the spread ({vs['threshold_ms']:.1f} "
-                  f"ms); keep the default unless a quieter machine resolves it")
+        return KEEP, f"DDP's default measured fastest ({step_table[DEFAULT].median():.1f} ms a step): keep it", "not judged"
+    v = faster_than_default(step_table, best)
+    if v.holds:
+        return setting, f"{best} measured faster than DDP's default: {v}", v.outcome
+    if v.contradicted:
+        return KEEP, (f"{best} had the lowest median step, but paired step by step DDP's default was faster: {v}; "
+                      "keep the default"), v.outcome
+    return KEEP, (f"this machine cannot tell {best} from DDP's default: {v}; keep the default unless a quieter "
+                  "machine (or more rounds) resolves it"), v.outcome
 
 
 def _setting(run, plan: str, ins) -> str:
