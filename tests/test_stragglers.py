@@ -5,11 +5,14 @@ rank with twice the sequence length."""
 
 from __future__ import annotations
 
+import random
+from types import SimpleNamespace
+
 import pandas as pd
 import pytest
 
 import ddplab
-from ddplab import verify
+from ddplab import claims, verify
 from ddplab.recipes.slowest_rank import stragglers as straggler_runs
 from ddplab.tables import stragglers
 from tests.conftest import leftovers
@@ -38,8 +41,8 @@ def test_the_slow_rank_arrives_last_and_every_early_rank_waits_for_it(runs):
     last = stragglers.last_arrivals(run)
     assert last["arrived_last"].sum() == last["of"].iloc[0]
     assert not stragglers.judge_last(run, late=1).contradicted
-    # the claim can fail: rank 0, the early one, named as the last to arrive, a delay many times the noise
-    assert stragglers.judge_last(run, late=0).contradicted
+    # rank 0, the early one, named as the last to arrive: never "holds" (the stand-ins below show it contradicted)
+    assert not stragglers.judge_last(run, late=0).holds
     cw = stragglers.compute_and_wait(run)
     assert (cw["other_ms"] + cw["wait_ms"] - cw["step_ms"]).abs().max() < 1e-9
 
@@ -49,17 +52,15 @@ def test_the_early_ranks_wait_is_the_injected_delay_and_the_step_loses_it(runs):
     table = stragglers.delay_response([runs["straggler-before-backward"], runs["straggler-data"]],
                                       runs["straggler-none"])
     assert list(table["delay_ms"]) == [DELAY_MS, DELAY_MS] and list(table["slow_rank"]) == [1, 1]
-    # the slow rank's own clock saw the delay it was given (a sleep can only overshoot)
-    assert (table["measured_delay_ms"] >= DELAY_MS).all() and (table["measured_delay_ms"] < 2 * DELAY_MS).all()
-    stragglers.verify_wait_matches_delay(table)
-    for name in ("straggler-before-backward", "straggler-data"):   # judged on its steps, not one median
-        assert not stragglers.judge_step_added(runs[name], runs["straggler-none"]).contradicted
-    # the key check can fail: the same runs, claimed to have lost twice what puts them past its tolerance
-    # (|extra - d| > 3 spread + 0.1 d once d > (extra + 3 spread) / 0.9; a fixed 2x fell inside it under load)
-    past = (table["extra_wait_ms"] + 3 * table["wait_spread_ms"]) / 0.9
-    wrong = table.assign(measured_delay_ms=2 * past.clip(lower=table["measured_delay_ms"]))
-    with pytest.raises(verify.CheckFailed, match="extra wait"):
-        stragglers.verify_wait_matches_delay(wrong)
+    # the slow rank's own clock saw the delay it was given (a sleep can only overshoot; by how much is load)
+    assert (table["measured_delay_ms"] >= DELAY_MS).all()
+    for name in ("straggler-before-backward", "straggler-data"):
+        run = runs[name]
+        assert not claims.judge(f"{name}: the slow rank lost less than twice its delay", stragglers.lost_ms(run),
+                                below=2 * DELAY_MS).contradicted
+        assert not stragglers.judge_step_added(run, runs["straggler-none"]).contradicted   # judged on its steps
+    verdicts = stragglers.check_wait_for_delay([runs["straggler-before-backward"], runs["straggler-data"]])
+    assert not any(v.contradicted for v in verdicts)
 
 
 @pytest.mark.slow
@@ -96,5 +97,43 @@ def test_the_step_slope_of_a_perfect_straggler_is_one_and_noise_widens_its_error
     assert noisy["slope"] == pytest.approx(1.0) and 0 < noisy["slope_se"] < 0.1
     with pytest.raises(ValueError, match="measured_delay_ms"):
         stragglers.step_slope(table.assign(measured_delay_ms=20.0))
-    row = {"wait_spread_ms": 1.5, "measured_delay_ms": 20.0}
-    assert stragglers.wait_tolerance_ms(row) == pytest.approx(6.5)
+
+
+# ---- the judged claims on stand-in runs: contradicted where false, unresolved on pure noise, no launch ----
+def stand_in(late_ms, lost_ms, buckets: int = 3):
+    """A 2-rank straggler run (rank 1, before backward): in step i (after the one left out) rank 1
+    launches every bucket `late_ms[i]` after rank 0 (negative: before it), and its clock saw it lose
+    `lost_ms[i]`."""
+    def step(late, lost, rank):
+        at = max(late, 0.0) if rank == 1 else max(-late, 0.0)
+        launches = [SimpleNamespace(index=b, launch_ns=int((b + at) * 1e6)) for b in range(buckets)]
+        return SimpleNamespace(step_ms=30.0, phase_ms={"straggler": lost} if rank == 1 else {}, buckets=launches)
+    late, lost = [0.0, *late_ms], [0.0, *lost_ms]
+    ranks = [SimpleNamespace(rank=r, steps=[step(x, d, r) for x, d in zip(late, lost)]) for r in (0, 1)]
+    spec = SimpleNamespace(name="stand-in", steps=len(late), straggler=SimpleNamespace(rank=1, where="before-backward"))
+    return SimpleNamespace(spec=spec, ranks=ranks, world_size=2)
+
+
+def test_who_is_last_is_contradicted_for_the_early_rank_and_unresolved_on_noise():
+    rng = random.Random(0)
+    late = [20 + rng.gauss(0, 3) for _ in range(11)]
+    run = stand_in(late, late)
+    assert stragglers.judge_last(run, late=1).holds
+    assert stragglers.judge_last(run, late=0).contradicted
+    with pytest.raises(verify.CheckFailed, match="contradicted: rank 0 joins"):
+        claims.check(stragglers.judge_last(run, late=0))
+    noise = [rng.gauss(0, 3) for _ in range(11)]   # neither rank late: no one is last
+    assert stragglers.judge_last(stand_in(noise, [20.0] * 11), late=1).outcome == claims.UNRESOLVED
+
+
+def test_the_wait_check_is_contradicted_where_no_one_waits_and_unresolved_on_noise():
+    rng = random.Random(1)
+    lost = [20 + rng.uniform(0, 1) for _ in range(23)]
+    same = [d * (1.05 + rng.gauss(0, 0.05)) for d in lost]
+    assert stragglers.judge_wait_for_delay(stand_in(same, lost)).holds
+    assert stragglers.judge_wait_for_delay(stand_in([3 * d for d in lost], lost)).holds   # load on the late rank
+    # a delay off the early rank's critical path: it waits (almost) nothing
+    with pytest.raises(verify.CheckFailed, match="contradicted: stand-in: the early ranks wait"):
+        stragglers.check_wait_for_delay([stand_in([rng.uniform(0, 2) for _ in lost], lost)])
+    edge = [d * (0.5 + rng.gauss(0, 0.3)) for d in lost]   # pure noise about the claim's edge: half the delay
+    assert stragglers.judge_wait_for_delay(stand_in(edge, lost)).outcome == claims.UNRESOLVED
