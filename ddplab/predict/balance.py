@@ -6,7 +6,8 @@ sequences among the ranks (pure: numbers in, numbers out).
   one micro-batch per length, is modelled as
       t = c x batches + a x tokens + b x sum_sq       (sum_sq = the sum of the squared lengths)
   with c the fixed cost of one forward+backward call. `fit` finds (c, a, b) by least squares from
-  measured points; `fit_tokens` fits the tokens-only model c x batches + a x tokens, to compare.
+  measured points, `standard_errors` their standard errors; `fit_tokens` fits the tokens-only model
+  c x batches + a x tokens, to compare.
 - `by_length_groups` ("tokens"): what a length-grouped sampler does: sort by length and cut the list
   into contiguous pieces of equal tokens, so each rank gets equal tokens but sequences of one length.
   With the pool {2 x 512, 16 x 64} on 2 ranks, rank 0 gets the two 512s and rank 1 the sixteen 64s:
@@ -145,6 +146,30 @@ def fit(samples) -> CostModel:
     c, a, b = _least_squares([[m, n, q] for m, n, q, _ in pts], [t for *_, t in pts],
                              ["batches (the constant c)", "tokens", "sum_sq"], "samples")
     return CostModel(c, a, b)
+
+
+def standard_errors(samples) -> tuple[CostModel, int]:
+    """The least-squares standard errors of `fit`'s (c, a, b) over the same points, as a CostModel of
+    errors, and the residual degrees of freedom (points - 3): s^2 (X'X)^-1 with s^2 the residual sum of
+    squares over the degrees of freedom (ordinary least squares, independent errors of one size)."""
+    pts = _points(samples)
+    rows, ys = [[m, n, q] for m, n, q, _ in pts], [t for *_, t in pts]
+    names = ["batches (the constant c)", "tokens", "sum_sq"]
+    dof = len(rows) - len(names)
+    if dof < 1:
+        raise ValueError(f"samples: standard errors need more points than the 3 coefficients (got {len(rows)})")
+    coef = _least_squares(rows, ys, names, "samples")
+    s2 = sum((sum(c * x for c, x in zip(coef, r)) - y) ** 2 for r, y in zip(rows, ys)) / dof
+    # Frisch-Waugh: the variance of coefficient j is s^2 over what of column j the other columns leave
+    # unexplained (the residual sum of squares of regressing it on them), the diagonal of s^2 (X'X)^-1
+    errors = []
+    for j in range(len(names)):
+        others = [[x for i, x in enumerate(r) if i != j] for r in rows]
+        col = [r[j] for r in rows]
+        b = _least_squares(others, col, [n for i, n in enumerate(names) if i != j], "samples")
+        unexplained = sum((x - sum(c * o for c, o in zip(b, r))) ** 2 for x, r in zip(col, others))
+        errors.append(math.sqrt(s2 / unexplained))
+    return CostModel(*errors), dof
 
 
 def fit_tokens(samples) -> CostModel:

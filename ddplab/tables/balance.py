@@ -2,13 +2,14 @@
 
 - `balance_calibration(run)`: every calibration point with what the cost model (c + a x tokens +
   b x sum_sq) and the tokens-only model (c + a x tokens) predict for it, and their errors;
-- `balance_fit(run)`: the two models side by side: coefficients, R^2, mean and max |error|;
+- `balance_fit(run)`: the two models side by side: coefficients, R^2, mean and max |error|, and the
+  quadratic term's standard error (`judge_quadratic_term`: is it above 0?);
 - `balance_assignment(run)`: per policy and rank, the sequences, tokens, sum of squared lengths,
   the cost model's estimate and the check step's reduced-gradient difference from the first policy;
 - `balance_timing(run)`: per policy and rank, median compute and wait, and the step (timed by its
   slowest rank), each with its run-to-run spread;
-- `balance_verdict(run)`: does cost balancing shorten the step, and the longest wait, by more than
-  twice the larger spread? Otherwise "cannot resolve";
+- `balance_verdict(run)`: does cost balancing shorten the longest wait of any rank, and the step?
+  Judged by `claims` on the paired steps (each round runs both policies, in alternating order);
 - `imbalance(run)`, `verify_cost_explains_imbalance`: out of sample, does the cost model predict the
   measured gap between the slowest and fastest rank better than the token count?
 The spread is `bucket_sweep`'s: 1.4826 x the MAD of the per-round medians, and at least what
@@ -22,9 +23,6 @@ import pandas as pd
 
 from ..predict import balance as cost
 from .bucket_sweep import round_summary as summarize   # (median, spread) over rounds, as the bucket sweep
-
-K_SPREADS = 2.0   # a difference is resolved when it exceeds this many times the larger spread
-
 
 def balance_record(run, rank: int = 0):
     """What `rank` recorded (`record.BalanceRecord`)."""
@@ -65,16 +63,46 @@ def balance_calibration(run) -> pd.DataFrame:
 
 
 def balance_fit(run) -> pd.DataFrame:
-    """One row per model ("cost", "tokens"): its coefficients and how well it explains the points."""
+    """One row per model ("cost", "tokens"): its coefficients (the quadratic term with its least-squares
+    standard error: 0 where fixed at 0), the fit's residual degrees of freedom, and how well it explains the points."""
     samples = _samples(balance_record(run))
+    errors, dof = cost.standard_errors(samples)
     rows = []
     for name, m in fitted_models(run).items():
         q = cost.quality(m, samples)
         rows.append({"model": name, "formula": "c + a*tokens + b*sum_sq" if name == "cost" else "c + a*tokens",
                      "c_ms": m.c_ms, "a_ms_per_token": m.a_ms_per_token, "b_ms_per_sq": m.b_ms_per_sq,
-                     "r2": q.r2, "mean_abs_error_ms": q.mean_abs_error_ms, "max_abs_error_ms": q.max_abs_error_ms,
+                     "b_se_ms_per_sq": errors.b_ms_per_sq if name == "cost" else 0.0,
+                     "dof": dof if name == "cost" else dof + 1, "r2": q.r2,
+                     "mean_abs_error_ms": q.mean_abs_error_ms, "max_abs_error_ms": q.max_abs_error_ms,
                      "mean_rel_error": q.mean_rel_error})
     return pd.DataFrame(rows).set_index("model")
+
+
+def _t_over_z(dof: int, alpha: float) -> float:
+    """Student's t quantile over the normal one at 1 - alpha with `dof` degrees of freedom (Cornish-Fisher,
+    Abramowitz & Stegun 26.7.5: within 1% from 5 degrees of freedom at alpha 0.001). `claims.estimate`
+    takes a normal interval; a standard error scaled by this gives the t interval of a fit to few points."""
+    from statistics import NormalDist
+
+    z = NormalDist().inv_cdf(1 - alpha)
+    g = [(z ** 3 + z) / 4, (5 * z ** 5 + 16 * z ** 3 + 3 * z) / 96,
+         (3 * z ** 7 + 19 * z ** 5 + 17 * z ** 3 - 15 * z) / 384,
+         (79 * z ** 9 + 776 * z ** 7 + 1482 * z ** 5 - 1920 * z ** 3 - 945 * z) / 92160]
+    return (z + sum(gi / dof ** (i + 1) for i, gi in enumerate(g))) / z
+
+
+def judge_quadratic_term(run):
+    """The claim "the fitted quadratic term is positive" (longer sequences cost more per token), judged
+    by `claims.estimate` on b and its least-squares standard error, widened to Student's t for the fit's
+    few degrees of freedom."""
+    from .. import claims
+
+    row = balance_fit(run).loc["cost"]
+    se = row["b_se_ms_per_sq"] * _t_over_z(int(row["dof"]), claims.ALPHA)
+    return claims.estimate(f"the fitted quadratic term is positive: longer sequences cost more per token (ms per "
+                           f"squared token; standard error widened for {int(row['dof'])} degrees of freedom)",
+                           row["b_ms_per_sq"], se, above=0.0)
 
 
 def balance_assignment(run) -> pd.DataFrame:
@@ -129,27 +157,29 @@ def balance_timing(run) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index(["policy", "rank"]).sort_index()
 
 
-def verdict(a_ms: float, a_spread: float, b_ms: float, b_spread: float, better: str, worse: str,
-            k: float = K_SPREADS) -> dict:
-    """Is `b` below `a` by more than k x the larger spread (`better`), above it (`worse`), or neither
-    ("cannot resolve")? `by_ms` > 0 means b is lower."""
-    by, threshold = a_ms - b_ms, k * max(a_spread, b_spread)
-    word = better if by > threshold else worse if by < -threshold else "cannot resolve"
-    return {"tokens_ms": a_ms, "cost_ms": b_ms, "by_ms": by, "threshold_ms": threshold, "verdict": word}
+def paired_steps(run, value) -> dict[str, list[float]]:
+    """Per policy, `value` of every timed step at its slowest rank, in step order. Step j of one policy
+    and step j of another ran in the same round, one after the other (the order alternates by round):
+    the pairs a claim about the two policies is judged on."""
+    records = _records(run)
+    return {a.policy: [max(value(x) for x in s) for s in _per_step(records, a.policy)] for a in records[0].arms}
 
 
-def balance_verdict(run, k: float = K_SPREADS) -> pd.DataFrame:
-    """Cost balancing against equal tokens, on the step ("faster" / "slower") and on the longest wait
-    of any rank ("shorter" / "longer"), or "cannot resolve" where the difference is within k spreads."""
-    table = balance_timing(run)
-    policies = set(table.index.get_level_values("policy"))
+def balance_verdict(run) -> dict:
+    """Cost balancing against equal tokens, judged by `claims` on the paired steps: {"max_wait_ms":
+    balancing by cost shortens the longest wait of any rank, "step_ms": it shortens the step}."""
+    from .. import claims
+
+    policies = {a.policy for a in _records(run)[0].arms}
     if not {"tokens", "cost"} <= policies:
         raise ValueError(f"a verdict needs both policies, tokens and cost (this study ran {sorted(policies)})")
-    t, c = table.loc["tokens"].iloc[0], table.loc["cost"].iloc[0]
-    rows = {"step_ms": verdict(t["step_ms"], t["step_spread_ms"], c["step_ms"], c["step_spread_ms"], "faster", "slower", k),
-            "max_wait_ms": verdict(t["max_wait_ms"], t["max_wait_spread_ms"], c["max_wait_ms"], c["max_wait_spread_ms"],
-                                   "shorter", "longer", k)}
-    return pd.DataFrame.from_dict(rows, orient="index")
+    out = {}
+    for key, what, value in (("max_wait_ms", "the longest wait of any rank", lambda x: x.wait_ms),
+                             ("step_ms", "the step (at its slowest rank)", lambda x: x.step_ms)):
+        arms = paired_steps(run, value)
+        out[key] = claims.paired(f"balancing by cost shortens {what} (balanced by cost minus equal tokens, per "
+                                 "step of the same round)", arms["cost"], arms["tokens"], below=0.0)
+    return out
 
 
 def imbalance(run) -> pd.DataFrame:
@@ -180,7 +210,7 @@ def verify_cost_explains_imbalance(table: pd.DataFrame, policy: str = "tokens", 
     while the token count predicts no gap at all for ranks of equal tokens. Out of sample: the models
     were fitted on the calibration shapes, not on these steps. A factor, not a tolerance in ms: inside
     a real step both ranks compute at once and share the machine, which shrinks or stretches the gap
-    by a share of it (measured here: 0.7-0.9 x the prediction). Judged by `claims` on the per-step
+    by a share of it (how much, each run's ratios say). Judged by `claims` on the per-step
     ratios (holds, or cannot resolve on too few or too noisy steps); raises `verify.CheckFailed` when
     the steps contradict it, or when the cost model predicts no gap (tests/test_balance.py feeds it
     ranks that took the same time)."""
