@@ -6,15 +6,16 @@ wrong claim's number beside what the runs measured and what the right model says
   at a fixed global batch (`verify_fixed_global_batch`);
 - `divided_state`: model-state memory divided by the data-parallel degree, beside the per-rank
   ledger and the replicated model of `predict/memory.py` (`verify_replicated_state`);
-- `summed_as_exposed`: the bucket all-reduce durations summed, beside the communication the step
-  exposed (`verify_summed_overstates`);
+- `summed_as_exposed`: the bucket all-reduce durations summed, beside the exposed tail of the same
+  steps (`record.exposed_tail_ms`; `judge_summed_overstates`, `verify_summed_overstates`);
 - `source_as_ready_order`: parameter source order taken for gradient-ready order, beside the order
   the readiness probe measured (`verify_ready_not_source_order`);
 - `common_errors(runs)`: one row per error, with a verdict computed from the numbers.
 
-The `verify_*` checks raise `verify.CheckFailed` when the right claim does not hold on the runs given.
-Timings are judged against their own spread: where the noise is larger than a difference, the
-verdict says "cannot resolve". Numbers in, DataFrames out (no processes).
+The `verify_*` checks raise `verify.CheckFailed` when the right claim does not hold on the runs given;
+the one timing claim (the sum against the tail) is judged by `claims` on per-step pairs, and fails
+only where the steps contradict it ("cannot resolve" where the noise is larger). Numbers in,
+DataFrames out (no processes).
 """
 
 from __future__ import annotations
@@ -23,11 +24,11 @@ import statistics
 
 import pandas as pd
 
-from .. import verify
+from .. import record, verify
 from ..predict.memory import state_bytes
 from ..recipes.common_errors import PREFIX
 from ..units import MIB, ms_after
-from .bucket_sweep import median_error
+from .bucket_sweep import robust_spread
 from .global_batch import examples_per_step, scaling
 from .memory import MODEL_STATE
 from .readiness import ready_order, traced_step
@@ -55,11 +56,6 @@ def error_runs(runs) -> dict[str, list]:
         raise ValueError(f"no runs of group(s) {', '.join(missing)}: pass every run of recipes.common_errors()")
     groups["overlap"].sort(key=lambda r: r.spec.sync != "ddp")   # DDP first, then compute-only
     return groups
-
-
-def _noise(values, k: float) -> float:
-    """k standard errors of the median of `values` (robust: 1.4826 x MAD / sqrt(n))."""
-    return k * median_error(values)
 
 
 # ---- 1. strong scaling claimed after growing the global batch -------------------------------------
@@ -162,74 +158,78 @@ def verify_replicated_state(table: pd.DataFrame) -> None:
 # ---- 3. summed all-reduce durations read as exposed overhead -----------------------------------
 
 def _per_step(run, warmup: int) -> list[dict]:
-    """Per step after `warmup`, on the rank whose communication stuck out least after its last
-    gradient (the one whose backward ended last: it waited for no other rank), in ms: its buckets'
-    launch-to-done durations summed, their span (first launch to last done), the tail (last done
-    minus last gradient ready), and how many buckets launched before that last gradient."""
+    """Per step after `warmup`, in ms: the step's exposed tail (`record.exposed_tail_ms`), and on the
+    rank it comes from (the rank whose communication ran longest after its own last gradient) its
+    buckets' launch-to-done durations summed, their span (first launch to last done), how many buckets
+    and how many launched before that rank's last gradient was ready."""
     out = []
     for i in range(warmup, run.spec.steps):
-        per_rank = []
-        for r in run.ranks:
-            st = traced_step(run, r, i)
-            last = st.backward.last_ready_ns
-            end = max(b.done_ns for b in st.buckets)
-            per_rank.append({"summed": sum(ms_after(b.done_ns, b.launch_ns) for b in st.buckets),
-                             "span": ms_after(end, min(b.launch_ns for b in st.buckets)),
-                             "tail": ms_after(end, last), "buckets": len(st.buckets),
-                             "during_backward": sum(b.launch_ns < last for b in st.buckets)})
-        out.append(min(per_rank, key=lambda x: x["tail"]))
+        steps = [traced_step(run, r, i) for r in run.ranks]
+        st = max(steps, key=lambda x: x.exposed_tail_ms)
+        last = st.backward.last_ready_ns
+        out.append({"summed": sum(ms_after(b.done_ns, b.launch_ns) for b in st.buckets),
+                    "span": ms_after(max(b.done_ns for b in st.buckets), min(b.launch_ns for b in st.buckets)),
+                    "tail": record.exposed_tail_ms(steps), "buckets": len(st.buckets),
+                    "during_backward": sum(b.launch_ns < last for b in st.buckets)})
     return out
 
 
-def summed_as_exposed(ddp_run, compute_only_run, warmup: int = 4, k: float = 2.0) -> pd.DataFrame:
-    """One row per quantity, ms (median over the steps after `warmup`) and its noise (k standard
-    errors of the median): the buckets' all-reduce durations summed (the wrong claim's number), the
-    span they cover, the exposed tail (communication after the last gradient was ready, same step),
-    the step's time over the compute-only step's (slowest rank, median over steps), and the sum's excess
-    over each measure of exposure (paired per step for the tail). attrs: `buckets` and
-    `launched_during_backward` (medians per step)."""
+def summed_as_exposed(ddp_run, compute_only_run, warmup: int = 4) -> pd.DataFrame:
+    """One row per quantity, ms (median over the steps after `warmup`) and its per-step spread
+    (1.4826 x MAD): the buckets' all-reduce durations summed (the wrong claim's number), the span they
+    cover, the exposed tail (`record.exposed_tail_ms`; the sum and the span on the rank the tail comes
+    from), the sum's excess over the tail (per step), and the step's time over the compute-only run's
+    (slowest rank; a separate run, not interleaved with this one: shown, not judged). attrs:
+    `buckets` and `launched_during_backward` (medians per step), `summed_minus_tail_ms` (per step:
+    what `judge_summed_overstates` judges)."""
     if compute_only_run.spec.sync != "none":
         raise ValueError(f"run {compute_only_run.spec.name!r} synchronizes: the compute-only step needs sync='none'")
     steps = _per_step(ddp_run, warmup)
     t_ddp, t_alone = ddp_run.step_ms(warmup), compute_only_run.step_ms(warmup)
     col = {q: [s[q] for s in steps] for q in ("summed", "span", "tail")}
-    excess_tail = [s["summed"] - s["tail"] for s in steps]
-    added = statistics.median(t_ddp) - statistics.median(t_alone)
-    added_noise = max(_noise(t_ddp, k), _noise(t_alone, k))
-    rows = {"summed all-reduce durations": (statistics.median(col["summed"]), _noise(col["summed"], k)),
-            "communication span": (statistics.median(col["span"]), _noise(col["span"], k)),
-            "exposed tail": (statistics.median(col["tail"]), _noise(col["tail"], k)),
-            "step over compute-only step": (added, added_noise),
-            "summed minus exposed tail": (statistics.median(excess_tail), _noise(excess_tail, k)),
-            "summed minus step over compute-only": (statistics.median(col["summed"]) - added,
-                                                    max(_noise(col["summed"], k), added_noise))}
-    df = pd.DataFrame([{"quantity": q, "ms": v, "noise_ms": n} for q, (v, n) in rows.items()]).set_index("quantity")
-    df["resolved"] = df["ms"].abs() > df["noise_ms"]
+    excess = [s["summed"] - s["tail"] for s in steps]
+    rows = {"summed all-reduce durations": col["summed"], "communication span": col["span"],
+            "exposed tail": col["tail"], "summed minus exposed tail": excess}
+    df = pd.DataFrame([{"quantity": q, "ms": statistics.median(v), "spread_ms": robust_spread(v)}
+                       for q, v in rows.items()]).set_index("quantity")
+    df.loc["step over compute-only run's step"] = [statistics.median(t_ddp) - statistics.median(t_alone),
+                                                   max(robust_spread(t_ddp), robust_spread(t_alone))]
+    df = df.round(3)
     df.attrs.update(buckets=statistics.median(s["buckets"] for s in steps),
-                    launched_during_backward=statistics.median(s["during_backward"] for s in steps))
-    return df.round(3)
+                    launched_during_backward=statistics.median(s["during_backward"] for s in steps),
+                    summed_minus_tail_ms=excess)
+    return df
+
+
+def judge_summed_overstates(table: pd.DataFrame):
+    """The claim "the summed all-reduce durations exceed the exposed tail", judged by `claims` on a
+    `summed_as_exposed` table's per-step excess (both halves from the same step and rank)."""
+    from .. import claims
+
+    return claims.judge("the summed all-reduce durations exceed the exposed tail of the same step (summed minus "
+                        "tail, per step)", table.attrs["summed_minus_tail_ms"], above=0.0)
 
 
 def overlap_sentence(table: pd.DataFrame) -> str:
     """What one `summed_as_exposed` table says, in a sentence: the summed durations, the exposed tail,
-    and the step's time over the compute-only step against the sum (resolved or not)."""
+    the judged excess, and the step's time over the compute-only run's (not judged: not interleaved)."""
+    v = judge_summed_overstates(table)
     summed, tail = table.loc["summed all-reduce durations", "ms"], table.loc["exposed tail", "ms"]
-    added, gap = table.loc["step over compute-only step"], table.loc["summed minus step over compute-only"]
-    if not gap["resolved"]:
-        versus = "as much as the sum, within the noise"
-    else:
-        versus = "less than the sum" if gap["ms"] > 0 else "more than the sum"
-    return (f"summed all-reduce durations {summed:.1f} ms, exposed tail {tail:.1f} ms; the step took "
-            f"{added['ms']:.1f} ms longer than a compute-only step: {versus} (noise +/- {gap['noise_ms']:.1f} ms)")
+    excess = {"holds": "exceeds it", "contradicted": "falls short of it",
+              "cannot resolve": "cannot be told from it on this run's noise"}[v.outcome]
+    added = table.loc["step over compute-only run's step", "ms"]
+    return (f"summed all-reduce durations {summed:.1f} ms against an exposed tail of {tail:.1f} ms (medians over "
+            f"{v.n} steps): the sum {excess}; the step took {added:+.1f} ms over the compute-only run's step (a "
+            f"separate run, not interleaved with this one, so this lab does not judge that difference)")
 
 
 def verify_summed_overstates(table: pd.DataFrame) -> None:
-    """On a `summed_as_exposed` table: the summed durations exceed the exposed tail of the same steps
-    by more than the noise. Raises `verify.CheckFailed` where they do not (one bucket launched after
-    the last gradient: nothing overlapped, so the sum is the tail)."""
-    excess = table.loc["summed minus exposed tail"]
-    verify.above(f"the summed all-reduce durations exceed the exposed tail by more than the noise "
-                 f"({excess['noise_ms']:.2f} ms) (summed minus tail, ms)", excess["ms"], excess["noise_ms"])
+    """Notebook 08's check on a `summed_as_exposed` table: `judge_summed_overstates`, one line; raises
+    `verify.CheckFailed` only where the steps contradict it (one bucket launched after the last
+    gradient: nothing overlapped, so the sum is at most the tail)."""
+    from .. import claims
+
+    claims.check(judge_summed_overstates(table))
 
 
 # ---- 4. source order assumed to be ready order -------------------------------------------------
@@ -307,19 +307,15 @@ def _memory_row(memory_runs) -> dict:
 
 def _overlap_row(ddp_run, compute_only_run) -> dict:
     t = summed_as_exposed(ddp_run, compute_only_run)
-    v = t["ms"]
+    v, ms = judge_summed_overstates(t), t["ms"]
     says = (f"{t.attrs['launched_during_backward']:g} of {t.attrs['buckets']:g} buckets launched during backward; "
-            f"summed durations {v['summed all-reduce durations']:.1f} ms, exposed tail {v['exposed tail']:.1f} ms, "
-            f"step over compute-only {v['step over compute-only step']:.1f} "
-            f"± {t.loc['step over compute-only step', 'noise_ms']:.1f} ms")
-    parts = []
-    for q, what in (("summed minus exposed tail", "the exposed tail"),
-                    ("summed minus step over compute-only", "the step's extra time")):
-        x, n = t.loc[q, "ms"], t.loc[q, "noise_ms"]
-        parts.append(f"cannot resolve the sum against {what} (difference {x:.1f} ms, noise {n:.1f} ms)" if abs(x) <= n
-                     else f"the sum {'over' if x > 0 else 'under'}states {what} by {abs(x):.1f} ms (noise {n:.1f} ms)")
-    over = t.loc["summed minus exposed tail", "ms"] > t.loc["summed minus exposed tail", "noise_ms"]
-    return {"says": says, "verdict": ("wrong: " if over else "not shown: ") + "; ".join(parts)}
+            f"summed durations {ms['summed all-reduce durations']:.1f} ms, exposed tail {ms['exposed tail']:.1f} ms "
+            f"(medians over {v.n} steps)")
+    excess = (f"summed minus tail per step: median {v.center:.1f} ms, {100 * (1 - 2 * v.alpha):.3g}% interval "
+              f"[{v.low:.1f}, {v.high:.1f}] ms")
+    verdict = {"holds": "wrong: the sum overstates the exposed tail", "contradicted": "not shown: the sum falls short "
+               "of the exposed tail", "cannot resolve": "cannot resolve the sum against the exposed tail"}[v.outcome]
+    return {"says": says, "verdict": f"{verdict} ({excess})"}
 
 
 def _order_row(run) -> dict:
