@@ -33,7 +33,9 @@ def bytes_on_wire(world_sizes=(2, 3, 4), local_batch: int = 8, **overrides) -> l
                        **{**COMM_MODEL, **overrides}) for w in world_sizes]
 
 
-def local_batch_sweep(local_batches=(1, 4, 16, 64), world_size: int = 2, **overrides) -> list[Experiment]:
-    """Notebook 03: the same model at growing local batches, without synchronization (compute only)."""
-    return [Experiment(name=f"compute-b{b}", world_size=world_size, local_batch=b, steps=4, sync="none",
+def local_batch_sweep(local_batches=(1, 4, 16, 64), world_size: int = 2, steps: int = 12,
+                      **overrides) -> list[Experiment]:
+    """Notebook 03: the same model at growing local batches, without synchronization (compute only).
+    12 steps leave 11 after the warm-up: enough per-step pairs for `claims` to judge a growth."""
+    return [Experiment(name=f"compute-b{b}", world_size=world_size, local_batch=b, steps=steps, sync="none",
                        **{**COMM_MODEL, **overrides}) for b in local_batches]

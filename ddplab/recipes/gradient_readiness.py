@@ -19,8 +19,9 @@ def readiness_cases(bucket_cap_mb: float = 0.001, **overrides) -> list[Experimen
             Experiment(name="ready-find-unused", find_unused_parameters=True, **base)]
 
 
-def backward_trace(bucket_cap_mb: float = 0.5, local_batch: int = 16, steps: int = 8, **overrides) -> list[Experiment]:
-    """Notebook 04: a DDP step traced bucket by bucket, and the same step without synchronization."""
+def backward_trace(bucket_cap_mb: float = 0.5, local_batch: int = 16, steps: int = 14, **overrides) -> list[Experiment]:
+    """Notebook 04: a DDP step traced bucket by bucket, and the same step without synchronization.
+    14 steps leave 12 after DDP's first iteration and its rebuild: enough for `claims` to judge per step."""
     base = dict(world_size=2, local_batch=local_batch, steps=steps, **COMM_MODEL)
     base.update(overrides)
     return [Experiment(name="overlap-ddp", bucket_cap_mb=bucket_cap_mb, probes=("readiness",), **base),

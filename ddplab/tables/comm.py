@@ -1,6 +1,7 @@
 """Tables of communication (notebooks 03 and 05): all-reduce sweeps with bus bandwidth, the
 alpha-beta fit (`predict/comm.py`), bytes each rank wrote against the ring formula, and compute
-against communication as the local batch grows."""
+against communication as the local batch grows. The chapter's timing claims are judged here by
+`claims` on per-repeat or per-step values (`judge_*`), never on a fixed threshold of a few medians."""
 
 from __future__ import annotations
 
@@ -8,20 +9,27 @@ import statistics
 
 import pandas as pd
 
+from .. import claims
 from ..predict import comm
-from ..units import MIB
+from ..units import MIB, rel_error, size_label
+
+
+def call_ms(run) -> dict[int, list[float]]:
+    """Per message size, every repeat's all-reduce time (ms), each timed by its slowest rank (the
+    collective is done only when every rank is), in repeat order. Within a repeat every size ran once,
+    in alternating order, so two sizes' lists pair repeat by repeat (`rank/tasks/allreduce_sweep.py`)."""
+    if run.spec.task.kind != "allreduce-sweep":
+        raise ValueError("this run is not an all-reduce sweep: use recipes.allreduce_sweep()")
+    return {per_rank[0].bytes: [max(t) for t in zip(*[c.ms for c in per_rank])]
+            for per_rank in zip(*[r.result.sizes for r in run.ranks])}
 
 
 def allreduce_sweep(run) -> pd.DataFrame:
     """Per message size: the all-reduce time (each repeat timed by its slowest rank; median, min and
     max over repeats), algorithm and bus bandwidth, and bytes each rank wrote against the ring formula."""
-    if run.spec.task.kind != "allreduce-sweep":
-        raise ValueError("this run is not an all-reduce sweep: use recipes.allreduce_sweep()")
     w = run.world_size
     rows = []
-    for per_rank in zip(*[r.result.sizes for r in run.ranks]):
-        n = per_rank[0].bytes
-        ms = [max(t) for t in zip(*[c.ms for c in per_rank])]
+    for (n, ms), per_rank in zip(call_ms(run).items(), zip(*[r.result.sizes for r in run.ranks])):
         written = statistics.median(b for c in per_rank for b in c.write_bytes)
         med = statistics.median(ms)
         rows.append({"bytes": n, "ms": med, "ms_min": min(ms), "ms_max": max(ms),
@@ -37,6 +45,46 @@ def fit_sweep(table: pd.DataFrame, min_bytes: int = 0, floor: bool = False):
     sizes, times = list(part.index), [t / 1e3 for t in part["ms"]]
     model = comm.fit_with_floor(sizes, times) if floor else comm.fit(sizes, times)
     return model, comm.quality(model, sizes, times)
+
+
+def _weakest(verdicts):
+    """The verdict to report for "every one of these holds": a contradiction, else an unresolved one,
+    else the one nearest its claim's edge (the largest |center|)."""
+    rank = {claims.CONTRADICTED: 0, claims.UNRESOLVED: 1, claims.HOLDS: 2}
+    return min(verdicts, key=lambda v: (rank[v.outcome], -abs(v.center)))
+
+
+def call_errors(run, model: comm.AlphaBeta, min_bytes: int = 0) -> dict[int, list[float]]:
+    """Per message size >= min_bytes: the model's relative error on every call, (predicted - measured)
+    / measured, as the fit's residuals are (`comm.quality`), but per repeat instead of on the median."""
+    return {n: [rel_error(model.predict(n) * 1e3, t) for t in ms] for n, ms in call_ms(run).items() if n >= min_bytes}
+
+
+def judge_fit(run, model: comm.AlphaBeta, min_bytes: int = 0, describes: float = 0.15, misses: float = 0.5):
+    """The fitted line against every call it was fitted to, judged by `claims` (two verdicts):
+    "it describes the sizes": the median relative error over every call of every size lies within
+    +-`describes`; "it misses no size by `misses`": each size's median relative error over its repeats
+    lies within +-`misses` (the weakest size's verdict). Noise per call widens the intervals; only a
+    line that is off by more than the band at a resolved size contradicts."""
+    errors = call_errors(run, model, min_bytes)
+    above = f" of {size_label(min_bytes)} and more" if min_bytes else ""
+    pooled = claims.judge(f"the line describes messages{above} (relative error of every call, (fit - measured) / measured)",
+                          [e for es in errors.values() for e in es], within=(-describes, describes), unit="",
+                          what=f"median over {sum(map(len, errors.values()))} calls")
+    per_size = _weakest([claims.judge(f"the line misses no message size{above} by {misses:.0%} (weakest: {size_label(n)})",
+                                      es, within=(-misses, misses), unit="", what=f"median over {len(es)} calls")
+                         for n, es in errors.items()])
+    return pooled, per_size
+
+
+def judge_size_ratio(run, small_bytes: int, large_bytes: int, below: float):
+    """The claim "`large_bytes` cost less than `below` x the time of `small_bytes`", judged on the
+    per-repeat ratio of the two sizes' times (they ran interleaved in every repeat)."""
+    ms = call_ms(run)
+    return claims.paired(f"the fixed cost dominates small messages: on {run.world_size} ranks, {large_bytes // small_bytes}x "
+                         f"the bytes ({size_label(large_bytes)} against {size_label(small_bytes)}) cost less than "
+                         f"{below:g}x the time (per-repeat ratio)", ms[large_bytes], ms[small_bytes], ratio=True,
+                         below=below)
 
 
 def fit_summary(model: comm.AlphaBeta, q: comm.FitQuality) -> pd.Series:
@@ -59,6 +107,12 @@ def bytes_on_wire(runs) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index("world_size")
 
 
+def compute_ms(run, warmup: int = 1) -> list[float]:
+    """Forward + backward of each step after `warmup`, timed by its slowest rank (ms)."""
+    return [max(r.steps[i].phase_ms["forward"] + r.steps[i].phase_ms["backward"] for r in run.ranks)
+            for i in range(warmup, run.spec.steps)]
+
+
 def compute_vs_comm(runs_alone, sweep: pd.DataFrame, model: comm.AlphaBeta, warmup: int = 1) -> pd.DataFrame:
     """Per local batch: forward+backward compute time (runs without synchronization; median, min and
     max over steps, each step timed by its slowest rank), the gradient payload, the all-reduce of
@@ -66,8 +120,7 @@ def compute_vs_comm(runs_alone, sweep: pd.DataFrame, model: comm.AlphaBeta, warm
     the fitted model predicts it, and compute over the measured all-reduce."""
     rows = []
     for run in runs_alone:
-        per_step = [max(r.steps[i].phase_ms["forward"] + r.steps[i].phase_ms["backward"] for r in run.ranks)
-                    for i in range(warmup, run.spec.steps)]
+        per_step = compute_ms(run, warmup)
         payload = run.ranks[0].model.payload_bytes
         if payload not in sweep.index:
             raise ValueError(f"the sweep did not time the gradient's size ({payload} bytes): "
@@ -78,3 +131,28 @@ def compute_vs_comm(runs_alone, sweep: pd.DataFrame, model: comm.AlphaBeta, warm
                      "compute_ms_min": min(per_step), "compute_ms_max": max(per_step), "allreduce_ms": measured,
                      "allreduce_ms_fit": model.predict(payload) * 1e3, "compute_to_comm": compute / measured})
     return pd.DataFrame(rows).set_index("local_batch").round(3)
+
+
+def judge_compute_growth(small_run, large_run, above: float = 1.0, warmup: int = 1):
+    """The claim "`large_run`'s local batch takes more than `above` x the compute of `small_run`'s",
+    judged on per-step ratios: step i of one against step i of the other. The two runs ran one after
+    the other in one launch (seconds apart, not interleaved), so a change of load between them shifts
+    the ratios; the claim's margin (2x for 64x the examples) is what keeps it honest."""
+    a, b = compute_ms(large_run, warmup), compute_ms(small_run, warmup)
+    n = min(len(a), len(b))
+    lb, sb = large_run.spec.local_batch_of(0), small_run.spec.local_batch_of(0)
+    return claims.paired(f"compute grows with the local batch: {lb} examples take over {above:g}x the time of {sb} "
+                         "(per-step ratio, forward + backward)", a[:n], b[:n], ratio=True, above=above)
+
+
+def compute_growth(runs, warmup: int = 1) -> pd.DataFrame:
+    """From each local batch to the next: the per-step compute ratio (median and interval, `claims`)
+    and what it says: "grew" where it is resolved above 1, "shrank" where resolved below, else "not
+    resolved here" (the two runs' step times too close for their noise)."""
+    rows = []
+    for a, b in zip(runs, runs[1:]):
+        v = judge_compute_growth(a, b, above=1.0, warmup=warmup)
+        said = {claims.HOLDS: "grew", claims.CONTRADICTED: "shrank"}.get(v.outcome, "not resolved here")
+        rows.append({"from_local_batch": a.spec.local_batch_of(0), "to_local_batch": b.spec.local_batch_of(0),
+                     "ratio": v.center, "ratio_low": v.low, "ratio_high": v.high, "steps": v.n, "compute": said})
+    return pd.DataFrame(rows).set_index(["from_local_batch", "to_local_batch"]).round(3)
