@@ -72,6 +72,9 @@ def test_branchy_ready_order_differs_from_reverse_source_order(ready_runs):
 
 
 def test_every_bucket_completes_before_backward_returns(ready_runs):
+    # causal, so no slack (notebook 04 checks the same, also without): a rank stamps all three on its own
+    # monotonic clock (rank/clock.py), the launch before the all-reduce starts, the completion in its
+    # future's callback, and backward's end only after DDP has waited on that future
     for run in ready_runs.values():
         for r in run.ranks:
             st = r.steps[-1]
@@ -81,4 +84,6 @@ def test_every_bucket_completes_before_backward_returns(ready_runs):
 def test_loopback_ceiling_is_measured():
     from ddplab.doctor import loopback_bandwidth_bytes_per_s
 
+    # 1 MB/s is a floor a thousand times below what loopback TCP pushes (GB/s): only a broken measurement,
+    # never a busy machine, lands under it
     assert loopback_bandwidth_bytes_per_s(total_bytes=8 * 2**20, tries=1) > 1e6
