@@ -189,9 +189,9 @@ def wait_per_delay(run, skip: int = SKIP) -> list[float]:
 def judge_wait_for_delay(run, skip: int = SKIP, least: float = MIN_WAIT_PER_DELAY):
     """The claim "the early ranks wait, at the final bucket, for the delay the slow rank lost", judged
     on this run's steps: per step, wait / delay above `least`. One-sided on purpose: on a quiet machine
-    the ratio sits near 1 (a little above: while one rank is delayed the others compute without it),
-    but load that slows the late rank further lengthens the wait, never shortens it. A delay off the
-    early ranks' critical path would leave them waiting nothing."""
+    the ratio sits near 1, but load moves it (on the late rank it lengthens the wait without bound, on
+    an early rank it shortens it), so the claim asks only that most of the delay reach the early ranks.
+    A delay off their critical path would leave them waiting nothing."""
     from .. import claims
 
     slow = run.spec.straggler
