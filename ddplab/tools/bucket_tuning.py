@@ -197,7 +197,8 @@ def recommend(step_table: pd.DataFrame, best: str, setting: str) -> tuple[str, s
     (`bucket_sweep.steps`): `best`'s `setting` only where `best` is judged faster than DDP's default;
     otherwise DDP's default, saying why."""
     if best == DEFAULT:
-        return KEEP, f"DDP's default measured fastest ({step_table[DEFAULT].median():.1f} ms a step): keep it", "not judged"
+        return KEEP, (f"DDP's default measured fastest (median of its steps {step_table[DEFAULT].median():.1f} ms): "
+                      "keep it"), "not judged"
     v = faster_than_default(step_table, best)
     if v.holds:
         return setting, f"{best} measured faster than DDP's default: {v}", v.outcome
