@@ -54,9 +54,9 @@ def timeline(run, microbatches: int, round_: int = 0, schedules=None, detached: 
 def bubble_vs_microbatches(runs, detached: bool = False):
     """The measured bubble (median, with min..max over rounds) against m, one line per schedule and
     stage count, beside the formula (p - 1)/(m + p - 1) (dashed) and the replay with the measured
-    compute times and free communication (dotted)."""
+    compute times and free communication (dotted: a model, beside the measurement)."""
     table = bubble(runs).reset_index()
-    table = table[table["verdict"] != "not run"]
+    table = table[table["rounds"] > 0]
     fig, ax = subplots((7, 4.2), detached=detached)
     for i, ((schedule, p), rows) in enumerate(table.groupby(["schedule", "stages"])):
         color = f"C{i}"
@@ -65,7 +65,7 @@ def bubble_vs_microbatches(runs, detached: bool = False):
                                                rows["measured_max"] - rows["measured"]],
                     marker="o", capsize=3, color=color, label=f"{schedule}, {p} stages: measured")
         ax.plot(m, rows["simulated"], ":", color=color,
-                label="dotted: replayed with the measured compute, free sends" if i == 0 else None)
+                label="dotted: replay (a model): the measured compute, free sends" if i == 0 else None)
     for j, p in enumerate(sorted(table["stages"].unique())):
         ms = sorted(table.loc[table["stages"] == p, "microbatches"].unique())
         ax.plot(ms, [bubble_fraction(int(p), int(x)) for x in ms], "k--", linewidth=1,

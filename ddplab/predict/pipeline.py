@@ -144,30 +144,6 @@ def simulate(schedule: str, forward_ms, backward_ms, microbatches: int, send_ms:
     return Simulation(schedule, stages, microbatches, timelines, span, bubble)
 
 
-def formula_range(bubble: float, forward_ms, backward_ms) -> tuple[float, float]:
-    """The values the formula (p - 1)/(m + p - 1) can take for a schedule whose bubble is `bubble` when
-    stage s spends forward_ms[s] and backward_ms[s] on every microbatch (one number per stage): how
-    far unequal stages can move the bubble off the formula, from the durations alone.
-
-    With T_s = F_s + B_s, bubble = 1 - m x sum(T) / (p x span) = 1 - (1 - formula) x (m + p - 1) x
-    mean(T) / span, and either schedule's span lies between (m + p - 1) x (min F + min B) and
-    (m + p - 1) x (max F + max B) (checked against `simulate` in the tests); so
-    1 - (1 - bubble) x (max F + max B) / mean(T) <= formula <= 1 - (1 - bubble) x (min F + min B) / mean(T).
-    Equal stages: both ends are the bubble itself."""
-    if not isinstance(forward_ms, (list, tuple)) or not isinstance(backward_ms, (list, tuple)) or \
-            not forward_ms or len(forward_ms) != len(backward_ms) or \
-            not all(_duration(d) for d in [*forward_ms, *backward_ms]):
-        raise ValueError("forward_ms and backward_ms: one duration >= 0 per stage, the same number of each "
-                         f"(got {forward_ms!r} and {backward_ms!r})")
-    if not isinstance(bubble, (int, float)) or not 0 <= bubble <= 1:
-        raise ValueError(f"bubble must be a fraction in 0..1 (got {bubble!r})")
-    mean = (sum(forward_ms) + sum(backward_ms)) / len(forward_ms)
-    if mean <= 0:
-        raise ValueError("forward_ms and backward_ms: the stages did no work")
-    fastest, slowest = min(forward_ms) + min(backward_ms), max(forward_ms) + max(backward_ms)
-    return 1 - (1 - bubble) * slowest / mean, 1 - (1 - bubble) * fastest / mean
-
-
 def _duration(d) -> bool:
     return isinstance(d, (int, float)) and not isinstance(d, bool) and d >= 0
 

@@ -3,6 +3,7 @@ torch's GPipe and 1F1B schedules with m = 1, 2, 4, 8 microbatches of one global 
 
 from __future__ import annotations
 
+from ..claims import min_rounds
 from ..predict.pipeline import SCHEDULES
 from ..spec import Experiment
 from ..spec.pipeline import Pipeline
@@ -11,13 +12,17 @@ from ..spec.pipeline import Pipeline
 # few ms a forward on one core, against a few tenths of a ms for a send on gloo; what a stage waits
 # beyond that for the CPU is the bubble table's `waits`
 PIPELINE_MODEL = dict(vocab_size=64, d_model=128, n_layers=4, n_heads=4, seq_len=64)
+# the bubble's claims are judged on paired rounds by the sign test, which judges nothing under 10
+PIPELINE_ROUNDS = min_rounds()
 
 
-def pipeline_parallel(stages=(2, 4), schedules=SCHEDULES, microbatches=(1, 2, 4, 8), rounds: int = 3,
+def pipeline_parallel(stages=(2, 4), schedules=SCHEDULES, microbatches=(1, 2, 4, 8),
+                      rounds: int = PIPELINE_ROUNDS,
                       global_batch: int = 32, seed: int = 0, **overrides) -> list[Experiment]:
     """Notebook 09, one experiment per stage count ("pipeline-2-stages", "pipeline-4-stages") for one
     `ddplab.run_many` launch (the widest sets the ranks; the 2-stage one runs on ranks 0 and 1 first):
-    every (schedule, m) checked against the unsplit model, then timed in `rounds` interleaved rounds.
+    every (schedule, m) checked against the unsplit model, then timed in `rounds` interleaved rounds
+    (every (schedule, m) once a round, in alternating order: the rounds pair the arms for `claims`).
     Keyword arguments override Experiment fields (PIPELINE_MODEL's among them)."""
     model = {**PIPELINE_MODEL, **overrides}
     task = Pipeline(schedules=tuple(schedules), microbatches=tuple(microbatches), rounds=rounds,

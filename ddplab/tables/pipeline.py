@@ -1,12 +1,16 @@
 """Tables of pipeline parallelism (notebook 09): each stage's timeline of forwards, losses and
 backwards; the bubble per (schedule, stages, m) measured over rounds beside the formula
-(p - 1)/(m + p - 1) and the schedule simulated with the measured durations (`predict/pipeline.py`);
-the activations each stage held against m and the schedule; the pipeline's loss and gradients
-against the unsplit model's; and the chapter's checks, `verify_bubble_matches_formula`,
+(p - 1)/(m + p - 1) and a replay of the schedule with the measured compute (`predict/pipeline.py`,
+a model shown beside the measurement); the activations each stage held against m and the schedule;
+the pipeline's loss and gradients against the unsplit model's; and the chapter's checks:
+`check_bubble_shrinks` and `check_formula_floor` (timing claims, judged by `claims` on the rounds),
 `verify_activation_memory` and `verify_pipeline_matches_unsplit`.
 
 The bubble of one step is each stage's idle fraction of the step's span (the first forward's start
-to the last backward's end, over all stages, on the host's one clock), averaged over the stages.
+to the last backward's end, over all stages, on the host's one clock), averaged over the stages; a
+stage is busy while one of its ops runs, as in the timeline. Every timed round runs every (schedule,
+m) once, in alternating order (`rank/tasks/pipeline.py`), so two microbatch counts compared round by
+round shared the machine's load: the claims are judged on those paired rounds.
 The formula assumes equal work per microbatch on every stage and free communication; `waits` is the
 share of the span the measured step lost beyond what its own compute explains (the schedule
 replayed with every op's measured compute, the CPU time its process spent in it, and no
@@ -16,15 +20,16 @@ Counted from what the stages recorded (`spec/pipeline.py`).
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 
 import pandas as pd
 
-from .. import verify
-from ..predict.pipeline import bubble_fraction, formula_range, in_flight, simulate
+from .. import claims, verify
+from ..predict.pipeline import bubble_fraction, in_flight, simulate
 from ..units import MIB
 
-BUBBLE_TOLERANCE = 0.03      # absolute, on a fraction of the span
+FLOOR_TOLERANCE = 0.05       # absolute, on a fraction of the span: what uneven microbatches may take off
 MEMORY_TOLERANCE = 0.01      # relative, on the peak saved bytes
 UNSPLIT_TOLERANCE = 1e-5     # relative to the largest reference gradient (float32 rounding is ~1e-7)
 
@@ -61,24 +66,26 @@ def _durations_ms(step, m: int, cpu: bool = False) -> tuple[list[float], list[fl
 
 def step_bubble(stage_steps: list) -> dict:
     """One step over all stages: its span (ms), each stage's idle fraction, their mean (`bubble`); the
-    schedule replayed with free communication and each stage's typical compute (`simulated`: every
-    forward, every backward, the median of that stage's, in CPU time, its process's own work), with
-    the range of formula values that replay's unevenness allows (`formula_low`, `formula_high`,
-    `predict.pipeline.formula_range`); and the share of the span lost beyond the replay with every
-    op's own compute (`waits`: waiting for messages and, where stages share a core, for it)."""
+    share of the span the stages' processes were not computing (`not_computing`: the span less their
+    ops' CPU time, over the stages; a stage preempted inside an op counts as busy in `bubble`, not
+    here); the schedule replayed with free communication and each stage's typical compute
+    (`simulated`: every forward, every backward, the median of that stage's, in CPU time, its
+    process's own work); and the share of the span lost beyond the replay with every op's own compute
+    (`waits`: waiting for messages and, where stages share a core, for it)."""
     first = stage_steps[0]
     m = first.microbatches
     t0 = min(op.start_ns for s in stage_steps for op in s.ops)
-    span_ms = (max(op.end_ns for s in stage_steps for op in s.ops) - t0) / 1e6
-    stage_bubble = [1 - sum(op.end_ns - op.start_ns for op in s.ops) / 1e6 / span_ms for s in stage_steps]
+    span_ns = max(op.end_ns for s in stage_steps for op in s.ops) - t0
+    span_ms = span_ns / 1e6
+    stage_bubble = [1 - sum(op.end_ns - op.start_ns for op in s.ops) / span_ns for s in stage_steps]
     cpu = all(op.cpu_ns is not None for s in stage_steps for op in s.ops)   # older records lack it
+    computing = [sum(op.cpu_ns for op in s.ops) / span_ns for s in stage_steps] if cpu else \
+        [1 - b for b in stage_bubble]
     fwd, bwd = (list(d) for d in zip(*(_durations_ms(s, m, cpu) for s in stage_steps)))
     per_op = simulate(first.schedule, fwd, bwd, m)
-    typical_f, typical_b = [statistics.median(f) for f in fwd], [statistics.median(b) for b in bwd]
-    typical = simulate(first.schedule, typical_f, typical_b, m)
-    low, high = formula_range(typical.bubble, typical_f, typical_b)
+    typical = simulate(first.schedule, [statistics.median(f) for f in fwd], [statistics.median(b) for b in bwd], m)
     return {"span_ms": span_ms, "stage_bubble": stage_bubble, "bubble": sum(stage_bubble) / len(stage_bubble),
-            "simulated": typical.bubble, "formula_low": low, "formula_high": high,
+            "not_computing": 1 - sum(computing) / len(computing), "simulated": typical.bubble,
             "waits": max(0.0, (span_ms - per_op.span_ms) / span_ms), "compute": "cpu" if cpu else "wall"}
 
 
@@ -103,108 +110,180 @@ def _cores(run) -> int | None:
     return None if any(c is None for c in cores) else len({c for mine in cores for c in mine})
 
 
-def bubble(runs, tolerance: float = BUBBLE_TOLERANCE) -> pd.DataFrame:
-    """Per (schedule, stages, microbatches): the measured bubble over the timed rounds (median, min,
-    max), the formula, the replay with the stages' typical compute (`simulated`: median, min, max;
-    see `step_bubble`) and the formula values its unevenness allows (`formula_low`..`formula_high`,
-    over the rounds), the waits (median share of the span), the cores the stages ran on, and the
-    verdict of `verify_bubble_matches_formula` with its reason (`_verdict` with `tolerance`). Pairs
-    torch refuses are listed with the verdict "not run"."""
+def rounds(run) -> dict[tuple[str, int], dict[int, dict]]:
+    """(schedule, m) -> round -> `step_bubble` of that timed step: the rounds that pair the arms."""
+    out: dict[tuple[str, int], dict[int, dict]] = {}
+    for (schedule, m, r), stage_steps in sorted(steps(run).items()):
+        if r >= 0:
+            out.setdefault((schedule, m), {})[r] = step_bubble(stage_steps)
+    return out
+
+
+def _label(schedule: str, p: int, m: int | None = None) -> str:
+    return f"{schedule}, {p} stages" + ("" if m is None else f", m={m}")
+
+
+def judge_formula_floor(runs, tolerance: float = FLOOR_TOLERANCE) -> dict[tuple[str, int, int], claims.Verdict]:
+    """(schedule, stages, m) -> the verdict on "the stages were not computing for at least the formula's
+    share of the step, (p - 1)/(m + p - 1), less `tolerance`", judged on the rounds' `not_computing`
+    minus the formula. With p stages in a chain, a stage can compute at most m of the m + p - 1 slots
+    of equal work (`simulate` with any equal-per-microbatch stages never idles less); waiting for
+    messages or for a core only adds idle time. `tolerance` covers microbatches of uneven cost
+    (one microbatch's backward 1.5x on every stage idles 0.033 below the formula, 1F1B p=2 m=2;
+    tests/test_pipeline.py). A formula that claims more idle time than the stages had is contradicted."""
+    out = {}
+    for run in _runs(runs):
+        p = run.world_size
+        for (schedule, m), per_round in rounds(run).items():
+            formula = bubble_fraction(p, m)
+            out[(schedule, p, m)] = claims.judge(
+                f"{_label(schedule, p, m)}: the stages were not computing for at least the formula's "
+                f"(p-1)/(m+p-1) = {formula:.3f} of the step, less {tolerance:g} (not computing minus formula, per round)",
+                [b["not_computing"] - formula for b in per_round.values()], above=-tolerance, unit="")
+    return out
+
+
+def _weakest(verdicts):
+    """A contradiction first, then the unresolved, then the holding claim nearest its edge."""
+    order = {claims.CONTRADICTED: 0, claims.UNRESOLVED: 1, claims.HOLDS: 2}
+    return min(verdicts, key=lambda v: (order[v.outcome], v.low))
+
+
+def check_formula_floor(runs, tolerance: float = FLOOR_TOLERANCE) -> claims.Verdict:
+    """Notebook 09's check of the formula against the measurement: `judge_formula_floor` for every
+    (schedule, stages, m) run; prints one line, the weakest pair's verdict with the count of the
+    others, and raises `verify.CheckFailed` only where a pair contradicts it (`claims.check`)."""
+    verdicts = judge_formula_floor(runs, tolerance)
+    if not verdicts:
+        raise ValueError("no (schedule, microbatches) pair was run")
+    held = sum(v.holds for v in verdicts.values())
+    open_ = [_label(*k) for k, v in verdicts.items() if not v.resolved]
+    bad = [_label(*k) for k, v in verdicts.items() if v.contradicted]
+    counts = f"{held} hold" + (f", {len(open_)} cannot resolve ({'; '.join(open_)})" if open_ else "") + \
+        (f", {len(bad)} contradicted ({'; '.join(bad)})" if bad else "")
+    weakest = _weakest(verdicts.values())
+    return claims.check(dataclasses.replace(weakest, claim=f"{weakest.claim} [the weakest of {len(verdicts)} "
+                                                            f"pairs: {counts}]"))
+
+
+def _arms(run, ran) -> dict[str, list[tuple[str, int]]]:
+    """schedule -> its arms in order of m (`ran`: `rounds(run)`), the fewest microbatches first: where
+    torch refused the schedule one microbatch, GPipe's m = 1 stands in (with one microbatch every
+    schedule runs the same order: forward through the stages, then backward). A schedule with a
+    single arm is left out."""
+    out = {}
+    for schedule in run.spec.task.schedules:
+        arms = [(schedule, m) for s, m in sorted(ran, key=lambda k: k[1]) if s == schedule]
+        if arms and arms[0][1] > 1 and ("GPipe", 1) in ran:
+            arms.insert(0, ("GPipe", 1))
+        if len(arms) > 1:
+            out[schedule] = arms
+    return out
+
+
+def _paired(ran, a: tuple[str, int], b: tuple[str, int]) -> list[float]:
+    """Per round that ran both arms: bubble(a) - bubble(b)."""
+    return [ran[a][r]["bubble"] - ran[b][r]["bubble"] for r in sorted(ran[a]) if r in ran[b]]
+
+
+def _as(schedule: str, arm: tuple[str, int]) -> str:
+    return f" (run as {arm[0]})" if arm[0] != schedule else ""
+
+
+def judge_bubble_shrinks(runs) -> dict[tuple[str, int], claims.Verdict]:
+    """(schedule, stages) -> the verdict on "the most microbatches leave a smaller bubble than the
+    fewest", judged round by round on the measured bubble: the fewest-microbatch arm's minus the
+    most's (`_arms`: m = 1, under GPipe where torch refuses 1F1B's)."""
+    out = {}
+    for run in _runs(runs):
+        ran = rounds(run)
+        for schedule, arms in _arms(run, ran).items():
+            few, most = arms[0], arms[-1]
+            out[(schedule, run.world_size)] = claims.judge(
+                f"{_label(schedule, run.world_size)}: {most[1]} microbatches leave a smaller bubble than "
+                f"{few[1]}{_as(schedule, few)} (measured bubble at m={few[1]} minus at m={most[1]}, per round)",
+                _paired(ran, few, most), above=0.0, unit="")
+    return out
+
+
+def check_bubble_shrinks(runs) -> list[claims.Verdict]:
+    """Notebook 09's check of the lesson on the measurement: `judge_bubble_shrinks` for every schedule
+    and stage count, one line each (`claims.check`: only a contradiction raises)."""
+    verdicts = judge_bubble_shrinks(runs)
+    if not verdicts:
+        raise ValueError("no schedule ran at two microbatch counts")
+    return [claims.check(v) for v in verdicts.values()]
+
+
+def bubble_changes(runs) -> pd.DataFrame:
+    """Per (schedule, stages, m, next m): what going from m to the next microbatch count changed in the
+    measured bubble, round by round: the median of bubble(next m) - bubble(m) over the paired rounds
+    (`change`, negative where it shrank), its interval (`low`, `high`: `claims.median_interval`, the
+    sign test at `claims.ALPHA` a side), what this run shows (`seen`: "smaller", "larger" or "not
+    resolved"), and the medians at both (`from`, `to`; `from_schedule` where GPipe's m = 1 stands in).
+    A description of this run, not a claim: the formula leaves out what each extra microbatch costs
+    (its sends, its ops' fixed overhead), which can outweigh the shorter fill and drain."""
     rows = []
     for run in _runs(runs):
-        p, table, cores = run.world_size, steps(run), _cores(run)
-        task = run.spec.task
+        ran = rounds(run)
+        for schedule, arms in _arms(run, ran).items():
+            for a, b in zip(arms, arms[1:]):
+                d = [-x for x in _paired(ran, a, b)]
+                center, low, high = claims.median_interval(d)
+                rows.append({"schedule": schedule, "stages": run.world_size, "microbatches": a[1], "next": b[1],
+                             "from_schedule": a[0], "rounds": len(d),
+                             "from": statistics.median(x["bubble"] for x in ran[a].values()),
+                             "to": statistics.median(x["bubble"] for x in ran[b].values()),
+                             "change": center, "low": low, "high": high,
+                             "seen": "smaller" if high < 0 else "larger" if low > 0 else "not resolved"})
+    return pd.DataFrame(rows).set_index(["schedule", "stages", "microbatches", "next"])
+
+
+def change_sentences(runs) -> list[str]:
+    """One sentence per (schedule, stages), read from `bubble_changes`: the bubble's median at each m,
+    and what each step up in m did to it in this run, round by round."""
+    out = []
+    for (schedule, p), part in bubble_changes(runs).groupby(level=["schedule", "stages"], sort=False):
+        ms = [m for _, _, m, _ in part.index] + [part.index[-1][3]]
+        medians = list(part["from"]) + [part["to"].iloc[-1]]
+        stand_in = f" (m={ms[0]} run as GPipe)" if part["from_schedule"].iloc[0] != schedule else ""
+        each = [f"{a}->{b} {row['seen']} ({row['change']:+.3f}, interval [{row['low']:+.3f}, {row['high']:+.3f}])"
+                for (_, _, a, b), row in part.iterrows()]
+        out.append(f"{_label(schedule, p)}: median bubble {' -> '.join(f'{x:.3f}' for x in medians)} at m = "
+                   f"{', '.join(map(str, ms))}{stand_in}; over {int(part['rounds'].min())} paired rounds, "
+                   f"m {'; '.join(each)}")
+    return out
+
+
+def bubble(runs, tolerance: float = FLOOR_TOLERANCE) -> pd.DataFrame:
+    """Per (schedule, stages, microbatches): the measured bubble over the timed rounds (median, min,
+    max), the share the stages were not computing (median), the formula, the replay with the stages'
+    typical compute and free sends (`simulated`: median, min, max; a model, see `step_bubble`), the
+    waits (median share of the span), the cores the stages ran on, and the outcome of
+    `judge_formula_floor` (`floor`). Pairs torch refuses are listed with `rounds` 0 and the floor
+    "not run"."""
+    rows = []
+    floors = judge_formula_floor(runs, tolerance)
+    for run in _runs(runs):
+        p, cores, task = run.world_size, _cores(run), run.spec.task
+        ran = rounds(run)
         for schedule, m in task.combos(run.spec):
-            per_round = [step_bubble(v) for (s, mb, r), v in sorted(table.items()) if (s, mb) == (schedule, m) and r >= 0]
+            per_round = list(ran[(schedule, m)].values())
             measured = [b["bubble"] for b in per_round]
             simulated = [b["simulated"] for b in per_round]
-            row = {"schedule": schedule, "stages": p, "microbatches": m, "rounds": len(per_round),
-                   "measured": statistics.median(measured), "measured_min": min(measured),
-                   "measured_max": max(measured), "formula": bubble_fraction(p, m),
-                   "simulated": statistics.median(simulated), "simulated_min": min(simulated),
-                   "simulated_max": max(simulated),
-                   "formula_low": min(b["formula_low"] for b in per_round),
-                   "formula_high": max(b["formula_high"] for b in per_round),
-                   "waits": statistics.median(b["waits"] for b in per_round),
-                   "span_ms": statistics.median(b["span_ms"] for b in per_round), "cores": cores,
-                   "compute": per_round[0]["compute"]}
-            row["verdict"], row["why"] = _verdict(row, tolerance)
-            rows.append(row)
+            rows.append({"schedule": schedule, "stages": p, "microbatches": m, "rounds": len(per_round),
+                         "measured": statistics.median(measured), "measured_min": min(measured),
+                         "measured_max": max(measured),
+                         "not_computing": statistics.median(b["not_computing"] for b in per_round),
+                         "formula": bubble_fraction(p, m), "simulated": statistics.median(simulated),
+                         "simulated_min": min(simulated), "simulated_max": max(simulated),
+                         "waits": statistics.median(b["waits"] for b in per_round),
+                         "span_ms": statistics.median(b["span_ms"] for b in per_round), "cores": cores,
+                         "compute": per_round[0]["compute"], "floor": floors[(schedule, p, m)].outcome})
         for schedule, m in task.not_run(run.spec):
             rows.append({"schedule": schedule, "stages": p, "microbatches": m, "rounds": 0,
-                         "formula": bubble_fraction(p, m), "cores": cores, "verdict": "not run",
-                         "why": f"torch's Schedule1F1B needs at least {p} microbatches on {p} stages"})
+                         "formula": bubble_fraction(p, m), "cores": cores, "floor": "not run"})
     return pd.DataFrame(rows).set_index(["schedule", "stages", "microbatches"]).sort_index()
-
-
-def _verdict(row: dict, tolerance: float) -> tuple[str, str]:
-    """"matches" when the formula lies within the measured min..max widened by `tolerance`.
-    Above that range it "does not match": waiting only lengthens a step, so it cannot excuse a
-    measured bubble below the formula. Below that range the stages may have waited (for messages,
-    for a core), which the formula leaves out; the gap is excused ("cannot resolve") only where the
-    waits explain it: the replay with the stages' typical measured compute and free communication
-    gives the formula within `tolerance`, and, where the waits took more than `tolerance` of the
-    span (the machine's noise shows, so the compute's unevenness is taken for noise too: stages
-    sharing a core slow each other), within what that unevenness allows (`formula_low`..
-    `formula_high`). Otherwise the formula "does not match": stages that idle more than it says
-    without waiting for anything, as on a split whose stages' work is unequal, are a real mismatch."""
-    low, high = row["measured_min"] - tolerance, row["measured_max"] + tolerance
-    seen = (f"measured {row['measured']:.3f} [{row['measured_min']:.3f}, {row['measured_max']:.3f}], "
-            f"formula {row['formula']:.3f}")
-    if low <= row["formula"] <= high:
-        return "matches", seen
-    compute = "compute" if row.get("compute") == "cpu" else "op times"
-    cores = row.get("cores")
-    for_core = f" and for a core ({row['stages']} stages on {cores} cores)" if cores and row["stages"] > cores else ""
-    waited = f"the stages waited for messages{for_core} for {row['waits']:.0%} of the span"
-    noisy = row["waits"] > tolerance      # the machine's noise shows: its unevenness is noise too
-    allowed = (row["formula_low"], row["formula_high"]) if noisy else (row["simulated_min"], row["simulated_max"])
-    replay = (f"the replay with the stages' measured {compute} and free communication gives "
-              f"{row['simulated']:.3f} [{row['simulated_min']:.3f}, {row['simulated_max']:.3f}], which allows "
-              f"a formula in [{allowed[0]:.3f}, {allowed[1]:.3f}] +- {tolerance:g}")
-    if row["formula"] > high:
-        return "does not match", f"{seen}: the stages idled less than the formula says they must ({replay})"
-    if allowed[0] - tolerance <= row["formula"] <= allowed[1] + tolerance:
-        return "cannot resolve", f"{seen}: {waited}; {replay}: the waits explain the gap"
-    return "does not match", f"{seen}: the waits do not explain the gap: {waited}; {replay}"
-
-
-def verify_bubble_matches_formula(runs, tolerance: float = BUBBLE_TOLERANCE) -> None:
-    """Notebook 09's check: for every (schedule, stages, m) run, the formula (p - 1)/(m + p - 1) lies
-    within the measured bubble's min..max over rounds, widened by `tolerance`, or below it by a gap
-    the measured waits explain (see `_verdict`; named as not resolved on this machine, with the
-    reason). Raises `verify.CheckFailed` for a pair that does not match. The evidence is the pairs
-    that match with m >= 2 (with one microbatch there is no microbatching to speak of); where there
-    is none it says it cannot verify, and prints no "verified" line."""
-    table = bubble(runs, tolerance)
-    table = table[table["verdict"] != "not run"]
-    if not len(table):
-        raise ValueError("no (schedule, microbatches) pair was run")
-    label = lambda k: f"{k[0]} p={k[1]} m={k[2]}"  # noqa: E731
-    for key, row in table[table["verdict"] == "cannot resolve"].iterrows():
-        print(f"cannot resolve on this machine: {label(key)}: {row['why']}")
-    wrong = table[table["verdict"] == "does not match"]
-    matched = table[table["verdict"] == "matches"]
-    evidence = matched[matched.index.get_level_values("microbatches") >= 2]
-    claim = f"the measured bubble matches (p - 1)/(m + p - 1) within the rounds' spread +- {tolerance:g}"
-    if len(wrong):
-        key, row = next(iter(wrong.iterrows()))
-        verify.that(claim, False, seen=f"{label(key)}: {row['why']}",
-                    expected="the formula inside the measured range, or below it by what the waits explain")
-    if not len(evidence):   # nothing with microbatches resolved: no claim either way, and no "verified" line
-        m1 = f"; only m = 1 matched ({', '.join(map(label, matched.index))})" if len(matched) else ""
-        print(f"cannot verify on this machine: {claim}: none of the {len(table)} pairs with m >= 2 was resolved{m1}")
-        return
-    n, m1, rest = len(evidence), len(matched) - len(evidence), len(table) - len(matched)
-    if rest:   # a claim about every pair, some unresolved: no "verified" line for what this run could not judge
-        print(f"cannot resolve here now: {claim}: {n} pair{'s' * (n != 1)} with m >= 2 match "
-              f"({', '.join(map(label, evidence.index))}), {rest} of {len(table)} not resolved on this run "
-              "(the waits explain their gap); more rounds or more compute per stage would resolve them")
-        return
-    verify.that(claim, True, seen=f"{n} pair{'s' * (n != 1)} with m >= 2 match{'es' * (n == 1)} "
-                                 f"({', '.join(map(label, evidence.index))})"
-                                 + (f"; {m1} with m = 1 match{'es' * (m1 == 1)} too" if m1 else ""),
-                expected="every pair")
 
 
 def activation_memory(runs) -> pd.DataFrame:
