@@ -62,6 +62,14 @@ def test_the_recipe_is_a_2_stage_and_a_4_stage_experiment_for_one_launch():
     assert two.n_layers % 4 == 0
 
 
+def test_the_recipe_has_the_fewest_rounds_that_one_outlier_round_cannot_unresolve():
+    from ddplab import claims
+
+    rounds = pipeline_parallel()[0].task.rounds
+    assert claims.median_interval(range(rounds))[1:] == (1, rounds - 2)        # one round left out at each end
+    assert claims.median_interval(range(rounds - 1))[1:] == (0, rounds - 2)    # one fewer: the extremes
+
+
 # ---- the pure model ------------------------------------------------------------------------------------
 ALL = [(s, p, m) for s in model.SCHEDULES for p in (2, 3, 4) for m in (1, 2, 3, 4, 8) if model.runs(s, p, m)]
 
