@@ -334,7 +334,9 @@ def diagnose(progress: dict[int, list[dict]], errors: dict[int, dict], finished:
 class Provoked:
     """One failure provoked on purpose (`launch.failure_lab.provoke`): the fault injected, what the
     launcher said (None: the run did not fail), seconds from the launch to the error, the
-    collective timeout it ran with, and any process of the run still alive afterwards (orphans)."""
+    collective timeout it ran with, any process of the run still alive afterwards (orphans), and how
+    much of `seconds` was start-up (processes, imports, the process group), which a loaded machine
+    stretches without bound and the launcher's timeout does not cover."""
 
     name: str
     fault_kind: str | None
@@ -343,3 +345,4 @@ class Provoked:
     seconds: float
     timeout_s: float
     orphans: list[str] = field(default_factory=list)
+    startup_s: float = 0.0     # of `seconds`, until the last rank began its task (its progress log says when)

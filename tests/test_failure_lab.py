@@ -105,6 +105,24 @@ def test_the_diagnosis_check_fails_on_a_wrong_rank_a_late_answer_an_orphan_or_a_
         tables.failures.verify_failures_diagnosed([_outcome(), _outcome(**wrong)])
 
 
+def test_start_up_stretched_by_a_busy_machine_is_not_held_against_the_diagnosis(tmp_path):
+    """The bound runs from the moment every rank began its task; start-up (imports, the process group)
+    is what load stretches, and no collective timeout covers it."""
+    tables.failures.verify_failures_diagnosed([_outcome(seconds=40.0, startup_s=25.0)])
+    with pytest.raises(CheckFailed, match="ranks' start to the diagnosis"):
+        tables.failures.verify_failures_diagnosed([_outcome(seconds=40.0, startup_s=10.0)])
+    import json
+
+    from ddplab.launch.failure_lab import work_started_ns
+    from ddplab.rundir import progress_file
+    for rank, times in enumerate([(1, 5, 9), (2, 7, 8)]):
+        with open(progress_file(tmp_path, rank), "w") as f:
+            for phase, t in zip(("start", "init-process-group", "step"), times):
+                f.write(json.dumps({"t_ns": t, "phase": phase}) + "\n")
+    assert work_started_ns(tmp_path, 2) == 9      # the later rank's first phase after start-up
+    assert work_started_ns(tmp_path, 3) is None   # a rank that says nothing: no start-up is subtracted
+
+
 def test_every_fault_of_the_failure_lab_has_its_signs():
     # notebook 08 provokes every one of them for real and runs verify_failures_diagnosed on them
     assert set(failure_lab()) == set(tables.failures.SIGNS)

@@ -14,23 +14,42 @@ from pathlib import Path
 import psutil
 
 from ..failures import Provoked, RunFailed
+from ..rundir import read_progress
 from ..spec import Experiment
 from .cold import run, run_dir_for
+
+STARTUP_PHASES = ("start", "init-process-group")
 
 
 def provoke(exp: Experiment, out=None) -> Provoked:
     """Run `exp` cold (a failed job would end a warm session anyway) and return what happened."""
     run_dir = Path(out) if out is not None else run_dir_for(exp)
-    t0 = time.monotonic()
+    t0, wall0 = time.monotonic(), time.time_ns()
+    failed_dir = None
     try:
         run(exp, run_dir, progress=False, warm=False)
         diagnosis = None
     except RunFailed as e:
-        diagnosis = e.diagnosis
+        diagnosis, failed_dir = e.diagnosis, e.run_dir
     seconds = time.monotonic() - t0
     fault = exp.fault
+    started = work_started_ns(Path(failed_dir), exp.world_size) if failed_dir else None
+    startup_s = min(max(0.0, (started - wall0) / 1e9), seconds) if started else 0.0
     return Provoked(exp.name, fault.kind if fault else None, fault.rank if fault else None, diagnosis, seconds,
-                    exp.timeout_s, orphans(run_dir))
+                    exp.timeout_s, orphans(run_dir), startup_s)
+
+
+def work_started_ns(run_dir: Path, world_size: int) -> int | None:
+    """When the last rank began its task (wall ns): the first phase after start-up in each rank's
+    progress log, the latest over ranks; None where a rank's log says nothing of it."""
+    firsts = []
+    for rank in range(world_size):
+        t = next((r["t_ns"] for r in read_progress(run_dir, rank)
+                  if r.get("phase") not in STARTUP_PHASES and isinstance(r.get("t_ns"), int)), None)
+        if t is None:
+            return None
+        firsts.append(t)
+    return max(firsts) if firsts else None
 
 
 def orphans(run_dir: Path) -> list[str]:

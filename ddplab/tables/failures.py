@@ -38,7 +38,8 @@ def failure_table(outcomes: list[Provoked]) -> pd.DataFrame:
         d = o.diagnosis
         rows.append({"fault": o.fault_kind, "faulty_rank": o.fault_rank, "diagnosis": d.kind if d else "no failure",
                      "named_ranks": d.ranks if d else [], "named_right": bool(d) and d.ranks == [o.fault_rank],
-                     "seconds": round(o.seconds, 1), "bound_s": o.timeout_s + DIAGNOSIS_GRACE_S,
+                     "seconds": round(o.seconds, 1), "startup_s": round(o.startup_s, 1),
+                     "after_start_s": round(o.seconds - o.startup_s, 1), "bound_s": o.timeout_s + DIAGNOSIS_GRACE_S,
                      "orphans": len(o.orphans), "says": _first_sentence(d.summary) if d else ""})
     return pd.DataFrame(rows).set_index("fault")
 
@@ -54,12 +55,15 @@ def verify_failures_diagnosed(outcomes: list[Provoked]) -> None:
     table = failure_table(outcomes)
     verify.equal("the ranks each failure's diagnosis names, by fault (exactly the faulty rank)",
                  {f: list(r) for f, r in table["named_ranks"].items()}, {f: [r] for f, r in table["faulty_rank"].items()})
+    # from the moment every rank began its task: start-up (processes, imports, the process group) is
+    # what a loaded machine stretches without bound, and no collective timeout covers it
     bounds = set(table["bound_s"])
     if len(bounds) == 1:
-        verify.below("seconds from launch to diagnosis (timeout_s + 15 s at most)", table["seconds"].tolist(), bounds.pop())
+        verify.below("seconds from the ranks' start to the diagnosis (timeout_s + 15 s at most)",
+                     table["after_start_s"].tolist(), bounds.pop())
     else:
-        verify.below("seconds from launch to diagnosis beyond each run's timeout_s + 15 s",
-                     (table["seconds"] - table["bound_s"]).tolist(), 0.0)
+        verify.below("seconds from the ranks' start to the diagnosis beyond each run's timeout_s + 15 s",
+                     (table["after_start_s"] - table["bound_s"]).tolist(), 0.0)
     verify.equal("processes left behind by the failed runs", int(table["orphans"].sum()), 0)
     signs = [o for o in outcomes if o.fault_kind in SIGNS and o.diagnosis is not None]   # (no failure: failed above)
     verify.equal("each failure's kind of diagnosis (hang, crash, missing result), by run",
