@@ -9,7 +9,7 @@ arguments override any field. Used by the notebooks, the CLI and the tests.
 """
 
 from .beyond_ddp import beyond_ddp
-from .buckets_and_overlap import BUCKET_MODEL, ONE_PER_PARAMETER_MB, bucket_sweep
+from .buckets_and_overlap import BUCKET_MODEL, ONE_PER_PARAMETER_MB, bucket_sweep, split_on_link
 from .common_errors import common_error_groups, common_errors
 from .coverage import data_coverage
 from .failure_lab import failure_lab, find_unused_cost, unused_parameter_fixes
@@ -26,7 +26,7 @@ from .slowest_rank import STRAGGLER_MODEL, balance_study, delay_sweep, profiled,
 from .synchronized_gradient import synchronized_gradient, unequal_work
 
 __all__ = ["BUCKET_MODEL", "COMM_MODEL", "MEMORY_MODEL", "ONE_PER_PARAMETER_MB", "SCALING_MODEL", "STRAGGLER_MODEL",
-           "accumulation", "allreduce_sweep", "backward_trace", "batch_size_study", "bucket_sweep", "bytes_on_wire", "crash",
+           "accumulation", "allreduce_sweep", "backward_trace", "batch_size_study", "bucket_sweep", "split_on_link", "bytes_on_wire", "crash",
            "balance_study", "delay_sweep", "profiled", "stragglers",
            "launch_and_ranks", "local_batch_sweep", "memory_sweeps", "readiness_cases", "replicated_memory",
            "sharding_preview", "skip_backward", "strong_scaling", "synchronized_gradient", "unequal_work",

@@ -30,3 +30,17 @@ def bucket_sweep(world_size: int = 2, caps_mb=(ONE_PER_PARAMETER_MB, 0.25, 1, 2,
     sweep = Experiment(**{**dict(name=f"bucket-sweep-w{world_size}", task=task, world_size=world_size,
                                  pin_cpus=pin_cpus, **BUCKET_MODEL), **overrides})
     return [allreduce_sweep(world_size, max_bytes=32 * MIB, repeats=allreduce_repeats, pin_cpus=pin_cpus), sweep]
+
+
+def split_on_link(link: str = "1GbE", cap_mb: float = 64, rounds: int = 5, steps: int = 4, world_size: int = 2,
+                  pin_cpus: bool = True) -> Experiment:
+    """Notebook 05, section 5 on a link you can dial: one bucket (`ddp:{cap_mb}`) against the same bucket
+    cut in two by DDP itself (`ddp-split:{cap_mb}`), with every all-reduce held to the emulated `link`
+    (spec/link.py). One bucket's halves are the later and the earlier layers, so the first half is ready
+    about halfway through backward: a head start of half a backward, where the 8 MiB plan's cut gives a
+    few ms. On the link the wire time is a wait, not work for the cores, so the head start shows in the
+    exposed tail instead of slowing the backward beside it. `rounds` x `steps` paired steps (20: on a
+    busy 2-core machine 16 resolved only just)."""
+    task = BucketSweep(plans=(f"ddp:{cap_mb:g}", f"ddp-split:{cap_mb:g}"), rounds=rounds, steps_per_round=steps)
+    return Experiment(name=f"split-on-link-w{world_size}", task=task, world_size=world_size, pin_cpus=pin_cpus,
+                      link=link, **BUCKET_MODEL)

@@ -235,10 +235,12 @@ def verdict_table(verdicts: dict) -> pd.DataFrame:
                          for k, v in verdicts.items()}).T.astype({"median": float, "low": float, "high": float})
 
 
-def judge_split_tail(tails: pd.DataFrame, uncut: str, split: str) -> claims.Verdict:
+def judge_split_tail(tails: pd.DataFrame, uncut: str, split: str, on: str = "") -> claims.Verdict:
     """`tails` = steps(run, record.exposed_tail_ms, plans): "cutting the last bucket in two shortens
-    the exposed tail" (split minus uncut, paired per step, below 0)."""
-    return claims.paired(f"{split} has a shorter exposed tail than {uncut}", *_pairs(tails, split, uncut), below=0.0)
+    the exposed tail" (split minus uncut, paired per step, below 0); `on` names the link, if any."""
+    where = f" ({on})" if on else ""
+    return claims.paired(f"{split} has a shorter exposed tail than {uncut}{where}", *_pairs(tails, split, uncut),
+                         below=0.0)
 
 
 def split_finding(tails: pd.DataFrame, step_table: pd.DataFrame, uncut: str, split: str) -> str:
