@@ -3,7 +3,8 @@
     python bench/reference_runs.py                         # notebooks 03-09, once each
     python bench/reference_runs.py --repeat 3 notebooks/05_buckets_and_overlap.ipynb
 
-Executes each notebook (nbconvert, in a scratch copy: the notebook in the repository is left as it is)
+Executes each notebook (nbconvert, in a scratch copy: the notebook in the repository is left as it is,
+unless `--inplace` asks to store the outputs in it)
 with `$DDPLAB_RECORD_CLAIMS` pointing at a scratch file, so every timing claim's verdict is written
 down, and its runs under a scratch `$DDPLAB_RUNS`, whose `spec.json` files say which link each run used.
 Every claim that resolved (holds, or contradicted) replaces the stored verdict of the same claim in
@@ -49,11 +50,14 @@ def commit() -> str:
         return "?"
 
 
-def links(runs_dir: Path) -> dict[str, str]:
-    """Run name -> the link its all-reduces used, from each run's spec.json (read as plain JSON)."""
+def links(runs_dir: Path, since: float = 0.0) -> dict[str, str]:
+    """Run name -> the link its all-reduces used, from each run's spec.json written after `since`
+    (read as plain JSON)."""
     out = {}
     for spec in sorted(runs_dir.rglob("spec.json")):
         try:
+            if spec.stat().st_mtime < since:
+                continue
             d = json.loads(spec.read_text())
         except (OSError, ValueError):
             continue
@@ -64,18 +68,23 @@ def links(runs_dir: Path) -> dict[str, str]:
     return out
 
 
-def run_notebook(nb: Path, scratch: Path) -> tuple[list[dict], dict, float, int]:
+def run_notebook(nb: Path, scratch: Path, inplace: bool = False) -> tuple[list[dict], dict, float, int]:
     record, runs = scratch / "claims.jsonl", scratch / "runs"
     record.unlink(missing_ok=True)
     env = {**os.environ, "DDPLAB_RECORD_CLAIMS": str(record), "DDPLAB_RUNS": str(runs)}
+    where = ["--output-dir", str(scratch), "--output", "executed"]
+    if inplace:   # the outputs as a learner's run leaves them: runs under the notebook's own runs/
+        where, runs = ["--inplace"], Path(os.environ.get("DDPLAB_RUNS", nb.parent / "runs"))
+        env["DDPLAB_RUNS"] = str(runs)
     load = os.getloadavg()[0]
+    started = time.time()
     t0 = time.monotonic()
     p = subprocess.run([sys.executable, "-m", "jupyter", "nbconvert", "--to", "notebook", "--execute",
-                        "--ExecutePreprocessor.timeout=1200", "--output-dir", str(scratch), "--output", "executed",
-                        str(nb)], cwd=nb.parent, env=env, capture_output=True, text=True)
+                        "--ExecutePreprocessor.timeout=1200", *where, str(nb)], cwd=nb.parent, env=env,
+                       capture_output=True, text=True)
     seconds = time.monotonic() - t0
     verdicts = [json.loads(ln) for ln in record.read_text().splitlines()] if record.exists() else []
-    meta = {"load": f"{load:.1f} at start, {os.getloadavg()[0]:.1f} at end", "links": links(runs)}
+    meta = {"load": f"{load:.1f} at start, {os.getloadavg()[0]:.1f} at end", "links": links(runs, started)}
     if p.returncode:
         print(p.stderr[-3000:], file=sys.stderr)
     return verdicts, meta, seconds, p.returncode
@@ -86,6 +95,8 @@ def main() -> int:
     ap.add_argument("notebooks", nargs="*", default=DEFAULT)
     ap.add_argument("--repeat", type=int, default=1, help="runs of a notebook at most, while claims stay unresolved")
     ap.add_argument("--out", type=Path, default=REFERENCES)
+    ap.add_argument("--inplace", action="store_true",
+                    help="store the executed notebook's outputs in the notebook itself (its runs still go to scratch)")
     a = ap.parse_args()
     if a.repeat < 1:
         raise ValueError(f"--repeat must be >= 1, got {a.repeat}")
@@ -99,7 +110,7 @@ def main() -> int:
         nb = (ROOT / name).resolve()
         for i in range(a.repeat):
             with tempfile.TemporaryDirectory(prefix="ddplab-ref-") as tmp:
-                verdicts, meta, seconds, rc = run_notebook(nb, Path(tmp))
+                verdicts, meta, seconds, rc = run_notebook(nb, Path(tmp), a.inplace)
             run_id = f"{nb.stem}@{datetime.now(timezone.utc):%Y-%m-%dT%H:%MZ}"
             resolved = [v for v in verdicts if v["outcome"] != "cannot resolve"]
             if resolved:
