@@ -97,6 +97,10 @@ def test_the_step_slope_of_a_perfect_straggler_is_one_and_noise_widens_its_error
     assert noisy["slope"] == pytest.approx(1.0) and 0 < noisy["slope_se"] < 0.1
     with pytest.raises(ValueError, match="measured_delay_ms"):
         stragglers.step_slope(table.assign(measured_delay_ms=20.0))
+    # runs measured one after another: a load change between them moves a point off the line by more than
+    # its steps' spread says, and that scatter widens the error too (here: a 15 ms jump in the 20 ms run)
+    shifted = stragglers.step_slope(table.assign(step_added_ms=[11.0, 36.0, 41.0]))
+    assert shifted["slope_se"] > 0.3
 
 
 # ---- the judged claims on stand-in runs: contradicted where false, unresolved on pure noise, no launch ----

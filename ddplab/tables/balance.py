@@ -182,6 +182,14 @@ def balance_verdict(run) -> dict:
     return out
 
 
+def step_finding(verdict) -> str:
+    """The step's verdict of `balance_verdict` as this run's finding, in words (not a check: whether
+    balancing by cost also shortens the step depends on what else the cores do)."""
+    what = {"holds": "shorter", "contradicted": "longer"}.get(verdict.outcome, "not resolved against equal tokens")
+    return (f"this run's step, balanced by cost: {what} (median of {verdict.n} paired differences {verdict.center:+.1f} ms, "
+            f"interval [{verdict.low:+.1f}, {verdict.high:+.1f}] ms)")
+
+
 def imbalance(run) -> pd.DataFrame:
     """Per policy, out of sample: the gap between its slowest and fastest rank's median compute as
     measured in the study's steps (and `step_gaps_ms`, that gap in each step: both ranks computed
@@ -204,23 +212,24 @@ def imbalance(run) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index("policy")
 
 
-def verify_cost_explains_imbalance(table: pd.DataFrame, policy: str = "tokens", factor: float = 2.0) -> None:
-    """Notebook 07's check, on an `imbalance` table: for `policy`'s split, the measured gap between the
-    slowest and the fastest rank is within `factor` of the cost model's predicted gap (either way),
-    while the token count predicts no gap at all for ranks of equal tokens. Out of sample: the models
-    were fitted on the calibration shapes, not on these steps. A factor, not a tolerance in ms: inside
-    a real step both ranks compute at once and share the machine, which shrinks or stretches the gap
-    by a share of it (how much, each run's ratios say). Judged by `claims` on the per-step
-    ratios (holds, or cannot resolve on too few or too noisy steps); raises `verify.CheckFailed` when
-    the steps contradict it, or when the cost model predicts no gap (tests/test_balance.py feeds it
-    ranks that took the same time)."""
+def verify_cost_explains_imbalance(table: pd.DataFrame, policy: str = "tokens", share: float = 0.25) -> None:
+    """Notebook 07's check, on an `imbalance` table: for `policy`'s split, the ranks of equal tokens
+    differ in compute the way the cost model predicts, in its direction and by at least `share` of
+    the predicted gap, while the token count predicts no gap at all. Out of sample: the models were
+    fitted on calibration shapes timed alone, at another moment. One-sided on purpose: inside a real
+    step both ranks compute at once and share the machine, which stretches or shrinks the gap by a
+    share that load decides (the ratio is printed; it is not a constant of the model). Judged by
+    `claims` on the per-step ratios measured / predicted (above `share`); raises `verify.CheckFailed`
+    when the steps contradict it, or when the cost model predicts no gap (tests/test_balance.py feeds
+    it ranks that took the same time)."""
     from .. import claims, verify
 
     row = table.loc[policy]
-    name = (f"{policy} split: the measured gap between ranks {int(row['slow_rank'])} and {int(row['fast_rank'])} "
-            f"({row['measured_gap_ms']:.1f} ms, median) against the cost model's prediction ({row['cost_model_gap_ms']:.1f} ms; "
-            f"the token count predicts {row['tokens_model_gap_ms']:.1f} ms): measured / predicted, per step")
+    name = (f"{policy} split: the gap between ranks {int(row['slow_rank'])} and {int(row['fast_rank'])} "
+            f"({row['measured_gap_ms']:.1f} ms, median) follows the cost model's prediction ({row['cost_model_gap_ms']:.1f} ms; "
+            f"the token count predicts {row['tokens_model_gap_ms']:.1f} ms): measured / predicted per step, at least "
+            f"{share:g} of it")
     predicted = row["cost_model_gap_ms"]
     if not predicted > 0:
         raise verify.CheckFailed(f"NOT verified: {name}: the cost model predicts no gap ({predicted:.3g} ms)")
-    claims.check(claims.judge(name, [g / predicted for g in row["step_gaps_ms"]], within=(1 / factor, factor), unit=""))
+    claims.check(claims.judge(name, [g / predicted for g in row["step_gaps_ms"]], above=share, unit=""))

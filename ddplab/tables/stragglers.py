@@ -211,8 +211,11 @@ def check_wait_for_delay(runs, skip: int = SKIP) -> list:
 
 def step_slope(table: pd.DataFrame) -> dict:
     """The least-squares line through (measured_delay_ms, step_added_ms): `slope` and `intercept` (1 and
-    0 when the step follows the slowest rank exactly) and the slope's standard error `slope_se` from
-    each run's step spread (the median of n steps has a standard error of about 1.25 x spread / sqrt(n))."""
+    0 when the step follows the slowest rank exactly) and the slope's standard error `slope_se`: from
+    each run's step spread (the median of n steps has a standard error of about 1.25 x spread / sqrt(n))
+    and, where there are more runs than two, from the points' scatter about the line too, since the
+    runs ran one after another and a change of load between them moves a point by more than its
+    steps' spread says."""
     x, y = table["measured_delay_ms"].astype(float), table["step_added_ms"].astype(float)
     if x.nunique() < 2:
         raise ValueError("measured_delay_ms: a slope needs runs with at least two different delays")
@@ -221,4 +224,7 @@ def step_slope(table: pd.DataFrame) -> dict:
     slope = float(((x - mx) * (y - my)).sum() / sxx)
     sigma = 1.25 * table["step_spread_ms"].astype(float) / table["steps"].astype(float) ** 0.5
     se = float((((x - mx) ** 2) * sigma ** 2).sum() ** 0.5 / sxx)
+    if len(x) > 2:
+        resid = y - (my + slope * (x - mx))
+        se = (se ** 2 + float((resid ** 2).sum()) / (len(x) - 2) / sxx) ** 0.5
     return {"slope": slope, "intercept": float(my - slope * mx), "slope_se": se}
