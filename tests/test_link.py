@@ -114,3 +114,24 @@ def test_a_run_on_a_link_holds_every_bucket_for_the_link_and_reduces_the_same_gr
                 assert b.done_ns - first >= on_wire * 0.999
     assert [s.param_checksum for s in held.ranks[0].steps] == [s.param_checksum for s in loop.ranks[0].steps]
     assert held.spec.link == link
+
+
+def test_a_failure_inside_the_wire_reaches_its_waiter_and_later_transfers_still_go():
+    wire.activate(Link("t", latency_us=0, gbit_s=1), 2)
+    try:
+        done = torch.futures.Future()
+        done.set_result([torch.zeros(1)])
+        held = wire.hold(done, 10)
+        held.set_result([torch.ones(1)])       # someone completed it first: set_result raises on the wire
+        later = wire.hold(_done([torch.ones(1) * 2]), 10)
+        assert later.wait()[0].item() == 2.0   # the wire lived on
+    finally:
+        wire.deactivate()
+
+
+def test_a_link_is_refused_for_cuda_before_anything_starts():
+    with pytest.raises(ValueError, match="Experiment.link: is emulated for gloo"):
+        Experiment(probes=("buckets",), link="1GbE", backend="nccl")
+    with pytest.raises(ValueError, match="Experiment.link: the emulated link holds gloo"):
+        wire.activate(LINKS["1GbE"], 2, torch.device("meta"))
+    wire.deactivate()

@@ -20,6 +20,7 @@ import threading
 import time
 
 _active: "_Wire | None" = None
+CLOSE_S = 5.0
 
 
 class _Wire:
@@ -45,26 +46,32 @@ class _Wire:
             fut, n_bytes, held = item
             try:
                 value = fut.wait()
-            except BaseException as e:  # noqa: BLE001 - the waiting rank must see the collective's error
-                held.set_exception(e)
-                continue
-            start = max(time.perf_counter(), self.free_at)
-            self.free_at = done = start + self.link.wire_s(n_bytes, self.world_size)
-            left = done - time.perf_counter()
-            if left > 0:
-                time.sleep(left)
-            held.set_result(value)
+                start = max(time.perf_counter(), self.free_at)
+                self.free_at = done = start + self.link.wire_s(n_bytes, self.world_size)
+                left = done - time.perf_counter()
+                if left > 0:
+                    time.sleep(left)
+                held.set_result(value)
+            except BaseException as e:  # noqa: BLE001 - the waiting rank must see the error, and later transfers still go
+                if not held.done():
+                    held.set_exception(e)
 
     def close(self) -> None:
+        """Stop after the transfers handed over so far; a collective that never completes (the run
+        failed) keeps the thread, a daemon, no longer than `CLOSE_S`."""
         self.transfers.put(None)
-        self.thread.join(timeout=60)
+        self.thread.join(timeout=CLOSE_S)
 
 
-def activate(link, world_size: int) -> None:
-    """Put this process's all-reduces on `link` (None: loopback as it is)."""
+def activate(link, world_size: int, device=None) -> None:
+    """Put this process's all-reduces on `link` (None: loopback as it is). CPU tensors only: a held
+    CUDA future would need its devices named, and an NCCL future's wait does not mean done."""
     global _active
     deactivate()
     if link is not None:
+        if device is not None and getattr(device, "type", "cpu") != "cpu":
+            raise ValueError(f"Experiment.link: the emulated link holds gloo all-reduces of CPU tensors; this rank "
+                             f"runs on {device} (use backend='gloo', device='cpu')")
         _active = _Wire(link, world_size)
 
 

@@ -112,7 +112,7 @@ def run_experiments(spec_paths: list[Path], env, launch_id: str, warm: tuple | N
                 _FATAL.watch(run_dir, env.rank)
             t0 = time.time_ns()
             ctx = TaskContext(exp, env.rank, device, log, groups[exp.world_size], run_dir)
-            link.activate(exp.link, exp.world_size)
+            link.activate(exp.link, exp.world_size, device)
             try:
                 result, tensors = runner(exp.task)(ctx)
             finally:

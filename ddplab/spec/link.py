@@ -93,6 +93,9 @@ def describe(exp) -> str:
 def _check_with(link: Link, exp) -> None:
     if exp.world_size < 2:
         bad("link", "needs world_size >= 2: one rank sends nothing")
+    if exp.backend == "nccl" or exp.device == "cuda":
+        bad("link", "is emulated for gloo all-reduces of CPU tensors: use backend='gloo' (or 'auto' on a machine "
+                    "without GPUs) and device='cpu'")
     if exp.task.kind == "train":
         if exp.sync != "ddp" or exp.sharding == "fsdp2":
             bad("link", "holds DDP's bucket all-reduces: it needs sync='ddp' and sharding 'none' or 'zero1'")
