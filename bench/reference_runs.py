@@ -7,9 +7,9 @@ Executes each notebook (nbconvert, in a scratch copy: the notebook in the reposi
 unless `--inplace` asks to store the outputs in it)
 with `$DDPLAB_RECORD_CLAIMS` pointing at a scratch file, so every timing claim's verdict is written
 down, and its runs under a scratch `$DDPLAB_RUNS`, whose `spec.json` files say which link each run used.
-Every claim that resolved (holds, or contradicted) replaces the stored verdict of the same claim in
+Every claim that held, in a run that went through, replaces the stored verdict of the same claim in
 `ddplab/references/claims.json`, together with the run's machine (cores, CPU model), load average,
-links, date, torch version and commit; an unresolved claim keeps the reference it had. With `--repeat`,
+links, date, torch version and commit; any other claim keeps the reference it had. With `--repeat`,
 a notebook is run again while some of its claims are unresolved. Run it on a quiet machine. Prints a
 line per notebook run: claims seen, resolved, and how long it took.
 """
@@ -111,8 +111,10 @@ def main() -> int:
         for i in range(a.repeat):
             with tempfile.TemporaryDirectory(prefix="ddplab-ref-") as tmp:
                 verdicts, meta, seconds, rc = run_notebook(nb, Path(tmp), a.inplace)
-            run_id = f"{nb.stem}@{datetime.now(timezone.utc):%Y-%m-%dT%H:%MZ}"
-            resolved = [v for v in verdicts if v["outcome"] != "cannot resolve"]
+            run_id = f"{nb.stem}@{datetime.now(timezone.utc):%Y-%m-%dT%H:%M:%SZ}"
+            # a reference shows what the lesson looks like when it resolves: a claim that held, in a run
+            # that went through (a contradicted claim failed its cell, and is the run's news, not a reference)
+            resolved = [v for v in verdicts if v["outcome"] == "holds"] if rc == 0 else []
             if resolved:
                 store["runs"][run_id] = {"notebook": nb.name, "machine": machine(), "date": f"{datetime.now(timezone.utc):%Y-%m-%d}",
                                          "commit": commit(), "python": platform.python_version(),

@@ -140,10 +140,12 @@ def _decide(claim, center, low, high, n, what, unit, alpha, above, below, within
             nearest = min(edges, key=lambda e: abs(center - e))
             margin = abs(center - nearest)
             half = center - low if nearest < center else high - center   # the side that faces the edge
-            if margin > 0 and scale_rounds:
+            if margin > 0 and scale_rounds and half / margin <= 10:
                 need = max(math.ceil(n * (half / margin) ** 2), n + 1)
                 advice = (f"about {need} rounds (not {n}) or an effect {half / margin:.1f}x larger would resolve it, "
                           "noise staying as it is")
+            elif margin > 0 and scale_rounds:
+                advice = "no effect this size shows above the noise here: the median sits near the claim's edge"
             elif margin > 0:
                 advice = f"it would take an interval {half / margin:.1f}x narrower"
             else:
@@ -157,7 +159,7 @@ def judge(claim: str, values, *, above=None, below=None, within=None, unit: str 
     values = list(values)
     center, low, high = median_interval(values, alpha)
     n = len(values)
-    return _decide(claim, center, low, high, n, what or f"median of {n} paired values", unit, alpha,
+    return _decide(claim, center, low, high, n, what or f"median of {n} values", unit, alpha,
                    above, below, within, scale_rounds=True)
 
 
@@ -204,8 +206,19 @@ _NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:e[-+]?\d+)?")
 
 
 def claim_key(claim: str) -> str:
-    """A claim's text with every number blanked: the same claim in another run has the same key."""
-    return " ".join(_NUMBER.sub("#", claim).split())
+    """A claim's text with every number inside parentheses blanked (where claims quote this run's
+    measurements): the same claim in another run has the same key, while the numbers that name what
+    is claimed (a rank, a plan such as ddp:64, a stage count) stay and keep different claims apart."""
+    out, depth, start = [], 0, 0
+    for i, ch in enumerate(claim + "("):
+        if ch in "()":
+            part = claim[start:i]
+            out.append(_NUMBER.sub("#", part) if depth > 0 else part)
+            if i < len(claim):
+                out.append(ch)
+            depth = max(0, depth + (1 if ch == "(" else -1))
+            start = i + 1
+    return " ".join("".join(out).split())
 
 
 @functools.lru_cache(maxsize=4)

@@ -91,18 +91,21 @@ def _store(tmp_path, line="holds: the split shortens the tail (median of 24 pair
     path.write_text(json.dumps({
         "runs": {"05@x": {"machine": "2 cores, test CPU", "load": "0.3 at start", "date": "2026-12-03",
                           "commit": "abc1234", "links": {"bucket-sweep-w2": "emulated link 1GbE (50 us, 1 Gb/s)"}}},
-        "claims": {claims.claim_key("the split shortens the tail by 4.1 ms"): {"run": "05@x", "line": line,
+        "claims": {claims.claim_key("the split shortens the tail (by 4.1 ms)"): {"run": "05@x", "line": line,
                                                                               "outcome": "holds"}}}))
     return path
 
 
 def test_a_claim_is_keyed_by_its_text_with_every_number_blanked():
-    assert claims.claim_key("rank 1 waits 12.5 ms, 3e-05 x") == claims.claim_key("rank 1 waits 7 ms, 0.25 x")
+    assert claims.claim_key("rank 1 waits (12.5 ms, 3e-05 x)") == claims.claim_key("rank 1 waits (7 ms, 0.25 x)")
     assert claims.claim_key("the split shortens the tail") != claims.claim_key("the split lengthens the tail")
+    # numbers outside parentheses name what is claimed: another rank, plan or stage count is another claim
+    assert claims.claim_key("rank 1 joins after rank 0") != claims.claim_key("rank 0 joins after rank 1")
+    assert claims.claim_key("ddp:64 is faster") != claims.claim_key("ddp:0.25 is faster")
 
 
 def test_the_reference_line_says_it_is_not_this_run_and_where_it_came_from(tmp_path):
-    line = claims.reference("the split shortens the tail by 9.9 ms", _store(tmp_path))
+    line = claims.reference("the split shortens the tail (by 9.9 ms)", _store(tmp_path))
     for part in ("not this run", "2 cores, test CPU", "load 0.3", "1GbE", "2026-12-03", "abc1234", "holds: the split"):
         assert part in line
     assert claims.reference("some other claim", _store(tmp_path)) == ""
@@ -114,18 +117,18 @@ def test_the_reference_line_says_it_is_not_this_run_and_where_it_came_from(tmp_p
 def test_check_shows_the_reference_only_beside_an_unresolved_claim_and_keeps_this_runs_outcome(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(claims, "REFERENCES", _store(tmp_path))
     noise = [(-1) ** i * (i + 1.0) for i in range(12)]
-    v = claims.check(claims.judge("the split shortens the tail by 1 ms", noise, below=0))
+    v = claims.check(claims.judge("the split shortens the tail (by 1 ms)", noise, below=0))
     out = capsys.readouterr().out
     assert v.outcome == "cannot resolve" and out.startswith("cannot resolve") and "reference run" in out
-    claims.check(claims.judge("the split shortens the tail by 1 ms", [-5.0 - i for i in range(12)], below=0))
+    claims.check(claims.judge("the split shortens the tail (by 1 ms)", [-5.0 - i for i in range(12)], below=0))
     assert "reference run" not in capsys.readouterr().out
     with pytest.raises(CheckFailed):   # a stored "holds" cannot rescue a contradicted claim
-        claims.check(claims.judge("the split shortens the tail by 1 ms", [5.0 + i for i in range(12)], below=0))
+        claims.check(claims.judge("the split shortens the tail (by 1 ms)", [5.0 + i for i in range(12)], below=0))
 
 
 def test_check_writes_each_verdict_down_when_asked(tmp_path, monkeypatch, capsys):
     out = tmp_path / "verdicts.jsonl"
     monkeypatch.setenv("DDPLAB_RECORD_CLAIMS", str(out))
-    claims.check(claims.judge("x above 0 by 2 ms", [2.0 + i for i in range(12)], above=0))
+    claims.check(claims.judge("x above 0 (by 2 ms)", [2.0 + i for i in range(12)], above=0))
     row = json.loads(out.read_text())
-    assert row["outcome"] == "holds" and row["key"] == claims.claim_key("x above 0 by 5 ms") and row["line"].startswith("holds")
+    assert row["outcome"] == "holds" and row["key"] == claims.claim_key("x above 0 (by 5 ms)") and row["line"].startswith("holds")
