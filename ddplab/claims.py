@@ -43,7 +43,7 @@ from statistics import NormalDist
 
 from ddplab.verify import CheckFailed
 
-__all__ = ["ALPHA", "Verdict", "check", "claim_key", "estimate", "judge", "median_interval", "min_rounds", "paired",
+__all__ = ["ALPHA", "Verdict", "check", "claim_key", "estimate", "finding", "judge", "median_interval", "min_rounds", "paired",
            "reference"]
 
 ALPHA = 0.001
@@ -199,6 +199,14 @@ def check(verdict: Verdict) -> Verdict:
         if ref:
             print(f"  {ref}")
     return verdict
+
+
+def finding(verdict: Verdict) -> str:
+    """A verdict as this run's answer to an open question (one the machine decides, such as whether a
+    plan beats another here), printed as such and never failing: "yes", "no, the opposite" or "not
+    resolved", then the claim and what was seen."""
+    word = {HOLDS: "yes", CONTRADICTED: "no, the opposite", UNRESOLVED: "not resolved"}[verdict.outcome]
+    return f"this run's finding, not a check ({word}): {str(verdict).split(': ', 1)[1]}"
 
 
 REFERENCES = Path(__file__).with_name("references") / "claims.json"

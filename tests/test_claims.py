@@ -132,3 +132,10 @@ def test_check_writes_each_verdict_down_when_asked(tmp_path, monkeypatch, capsys
     claims.check(claims.judge("x above 0 (by 2 ms)", [2.0 + i for i in range(12)], above=0))
     row = json.loads(out.read_text())
     assert row["outcome"] == "holds" and row["key"] == claims.claim_key("x above 0 (by 5 ms)") and row["line"].startswith("holds")
+
+
+def test_a_finding_is_printed_as_this_runs_answer_and_never_fails():
+    v = claims.judge("b beats a (per step)", [5.0 + i for i in range(12)], below=0)
+    assert v.contradicted
+    line = claims.finding(v)
+    assert line.startswith("this run's finding, not a check (no, the opposite): b beats a") and "claim < 0" in line
