@@ -65,7 +65,8 @@ def compute(step=100.0, noise=None, last=50.0):
 
 # ---- per_step: the pairing itself --------------------------------------------------------------------
 def test_the_compute_only_step_pairs_by_the_mean_of_its_two_steps_around_the_plans():
-    run = fake_sweep({"compute-only": lambda r, i, k: (100.0 + 10 * (i >= STEPS) + i % STEPS, 50.0, ()),
+    # the baseline's steps in a round, as recorded: step i before the plans' step i, then step i after it
+    run = fake_sweep({"compute-only": lambda r, i, k: (100.0 + 10 * (i % 2) + i // 2, 50.0, ()),
                       "ddp:1": synced(130.0)})
     base = bucket_sweep.per_step(run, "compute-only")
     assert len(base) == ROUNDS * STEPS and base[(0, 1)] == pytest.approx((101 + 111) / 2)

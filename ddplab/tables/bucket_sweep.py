@@ -7,9 +7,9 @@
   the compute-only backward, that backward's length, forward and optimizer time;
 - `per_step`, `steps`: one value per timed step (over the ranks: the step's slowest rank, or the
   lab's one exposed tail, `record.exposed_tail_ms`), indexed by (round, step in the round), so that
-  step i of one plan pairs with step i of another in the same round (the rounds alternate the
-  plans' order); the compute-only baseline, run at both ends of every round, pairs by the mean of
-  its two steps i;
+  step i of one plan pairs with step i of another in the same round (the plans take turns a step at
+  a time, in alternating order); the compute-only baseline, run at both ends of every pass, pairs
+  by the mean of its two steps i;
 - the timing claims, judged on those pairs by `claims` (holds / contradicted / cannot resolve):
   `judge_costs` (synchronizing costs time), `judge_split_tail`, `judge_last_ready_share`,
   `judge_launch_order`, `judge_in_flight`, `judge_stretch`, `judge_summed_vs_added`; `ordered`
@@ -186,15 +186,15 @@ def last_ready_ms(rank_steps) -> float:
 
 def per_step(run, name: str, of=slowest_step_ms) -> pd.Series:
     """`of(every rank's record of one step)` for each timed step of plan `name`, indexed by (round,
-    step in the round). The compute-only baseline runs at both ends of every round: its step i is
-    the mean of its i-th step at the start and its i-th step at the end, so it brackets the plans."""
+    step in the round). The compute-only baseline runs at both ends of every pass over the plans
+    (rank/tasks/bucket_sweep.py): its step i is the mean of its two steps around the plans' step i."""
     values, seen = {}, {}
     for s in _arm_steps(run, name):
         r = s[0].round
         seen[r] = seen.get(r, 0) + 1
         values[(r, seen[r] - 1)] = of(s)
     if name == BASELINE and values:
-        values = {(r, i): (values[(r, i)] + values[(r, n // 2 + i)]) / 2 for r, n in seen.items() for i in range(n // 2)}
+        values = {(r, i): (values[(r, 2 * i)] + values[(r, 2 * i + 1)]) / 2 for r, n in seen.items() for i in range(n // 2)}
     return pd.Series(values, dtype=float).rename_axis(["round", "step"])
 
 

@@ -120,15 +120,17 @@ def run(ctx):
         first = first or state
         checks[name] = (rel_max_diff(state[0], first[0]), rel_max_diff(state[1], first[1]))
 
-    # rounds of blocks: each plan runs `steps_per_round` steps in a row (its caches warm, as in
-    # training), the order alternates from round to round, and the compute-only baseline runs at both
-    # ends of every round (a shared machine drifts by tens of percent within seconds; the baseline
-    # must see it all)
+    # interleaved, a step at a time: in every round, step i of each plan runs right after step i of
+    # the others, the order alternating from one i to the next (forward, then reversed), with the
+    # compute-only baseline at both ends. A shared machine drifts by tens of percent within seconds:
+    # a pair's two steps run within one pass over the plans, and consecutive pairs are not a block
+    # of steps that shared one moment's load (blocks would make the pairs of a round alike, and the
+    # sign test's interval too narrow)
     for r in range(task.rounds):
-        plans = arms[1:] if r % 2 == 0 else arms[:0:-1]
-        for position, a in enumerate([arms[0], *plans, arms[0]]):
-            log.enter("round", r, position, collective=None if a is arms[0] else PLAN_ALL_REDUCE, detail=a.name)
-            for _ in range(task.steps_per_round):
+        for i in range(task.steps_per_round):
+            plans = arms[1:] if (r * task.steps_per_round + i) % 2 == 0 else arms[:0:-1]
+            log.enter("round", r, i, collective=PLAN_ALL_REDUCE)
+            for a in [arms[0], *plans, arms[0]]:
                 a.steps.append(a.step(x, y, device, group, round_=r))
 
     # every synchronized plan took the same steps from the same state on the same batch: its final
