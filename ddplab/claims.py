@@ -187,9 +187,10 @@ def estimate(claim: str, value: float, se: float, *, above=None, below=None, wit
                    above, below, within, scale_rounds=False)
 
 
-def check(verdict: Verdict) -> Verdict:
+def check(verdict: Verdict) -> None:
     """Print the verdict's line (and, where it cannot resolve, a reference run's verdict of the same
-    claim beside it); raise CheckFailed only when the run contradicts the claim."""
+    claim beside it); raise CheckFailed only when the run contradicts the claim. Returns nothing, so
+    a notebook cell that ends with it shows the line alone."""
     _record(verdict)
     if verdict.contradicted:
         raise CheckFailed(f"NOT verified: {verdict}")
@@ -198,7 +199,6 @@ def check(verdict: Verdict) -> Verdict:
         ref = reference(verdict.claim)
         if ref:
             print(f"  {ref}")
-    return verdict
 
 
 def finding(verdict: Verdict) -> str:
