@@ -145,7 +145,8 @@ def _decide(claim, center, low, high, n, what, unit, alpha, above, below, within
                 advice = (f"about {need} rounds (not {n}) or an effect {half / margin:.1f}x larger would resolve it, "
                           "noise staying as it is")
             elif margin > 0 and scale_rounds:
-                advice = "no effect this size shows above the noise here: the median sits near the claim's edge"
+                advice = (f"no effect shows above the noise here: it would take over 100x the rounds (not {n}) or an "
+                          "effect over 10x larger, the median sitting this near the claim's edge")
             elif margin > 0:
                 advice = f"it would take an interval {half / margin:.1f}x narrower"
             else:
@@ -187,10 +188,10 @@ def estimate(claim: str, value: float, se: float, *, above=None, below=None, wit
                    above, below, within, scale_rounds=False)
 
 
-def check(verdict: Verdict) -> None:
+def check(verdict: Verdict) -> Verdict:
     """Print the verdict's line (and, where it cannot resolve, a reference run's verdict of the same
-    claim beside it); raise CheckFailed only when the run contradicts the claim. Returns nothing, so
-    a notebook cell that ends with it shows the line alone."""
+    claim beside it); raise CheckFailed only when the run contradicts the claim. Returns the verdict
+    (a notebook cell that ends with it ends with `;`)."""
     _record(verdict)
     if verdict.contradicted:
         raise CheckFailed(f"NOT verified: {verdict}")
@@ -199,6 +200,7 @@ def check(verdict: Verdict) -> None:
         ref = reference(verdict.claim)
         if ref:
             print(f"  {ref}")
+    return verdict
 
 
 def finding(verdict: Verdict) -> str:
