@@ -44,7 +44,7 @@ from statistics import NormalDist
 from ddplab.verify import CheckFailed
 
 __all__ = ["ALPHA", "Verdict", "check", "claim_key", "estimate", "finding", "judge", "median_interval", "min_rounds", "paired",
-           "reference"]
+           "reference", "weakest"]
 
 ALPHA = 0.001
 HOLDS, CONTRADICTED, UNRESOLVED = "holds", "contradicted", "cannot resolve"
@@ -201,6 +201,13 @@ def check(verdict: Verdict) -> Verdict:
         if ref:
             print(f"  {ref}")
     return verdict
+
+
+def weakest(verdicts, then=None) -> Verdict:
+    """The verdict to report for "every one of these holds": a contradiction first, then an unresolved
+    one, then a holding one; among equals the least by `then` (a key on a verdict), if given."""
+    order = {CONTRADICTED: 0, UNRESOLVED: 1, HOLDS: 2}
+    return min(verdicts, key=lambda v: (order[v.outcome], then(v) if then else 0))
 
 
 def finding(verdict: Verdict) -> str:

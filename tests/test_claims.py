@@ -142,3 +142,11 @@ def test_a_finding_is_printed_as_this_runs_answer_and_never_fails():
     assert v.contradicted
     line = claims.finding(v)
     assert line.startswith("this run's finding, not a check (no, the opposite): b beats a") and "claim < 0" in line
+
+
+def test_the_weakest_of_several_verdicts_is_a_contradiction_then_an_unresolved_then_the_nearest_by_choice():
+    held = [claims.judge(f"x{i}", [i + 1.0 + k for k in range(12)], above=0) for i in range(3)]
+    noise = claims.judge("noise", [(-1) ** k * (k + 1.0) for k in range(12)], above=0)
+    wrong = claims.judge("wrong", [-5.0 - k for k in range(12)], above=0)
+    assert claims.weakest([*held, noise, wrong]) is wrong and claims.weakest([*held, noise]) is noise
+    assert claims.weakest(held, then=lambda v: v.low) is held[0]

@@ -47,13 +47,6 @@ def fit_sweep(table: pd.DataFrame, min_bytes: int = 0, floor: bool = False):
     return model, comm.quality(model, sizes, times)
 
 
-def _weakest(verdicts):
-    """The verdict to report for "every one of these holds": a contradiction, else an unresolved one,
-    else the one nearest its claim's edge (the largest |center|)."""
-    rank = {claims.CONTRADICTED: 0, claims.UNRESOLVED: 1, claims.HOLDS: 2}
-    return min(verdicts, key=lambda v: (rank[v.outcome], -abs(v.center)))
-
-
 def call_errors(run, model: comm.AlphaBeta, min_bytes: int = 0) -> dict[int, list[float]]:
     """Per message size >= min_bytes: the model's relative error on every call, (predicted - measured)
     / measured, as the fit's residuals are (`comm.quality`), but per repeat instead of on the median."""
@@ -71,9 +64,9 @@ def judge_fit(run, model: comm.AlphaBeta, min_bytes: int = 0, describes: float =
     pooled = claims.judge(f"the line describes messages{above} (relative error of every call, (fit - measured) / measured)",
                           [e for es in errors.values() for e in es], within=(-describes, describes), unit="",
                           what=f"median over {sum(map(len, errors.values()))} calls")
-    per_size = _weakest([claims.judge(f"the line misses no message size{above} by {misses:.0%} (weakest: {size_label(n)})",
+    per_size = claims.weakest([claims.judge(f"the line misses no message size{above} by {misses:.0%} (weakest: {size_label(n)})",
                                       es, within=(-misses, misses), unit="", what=f"median over {len(es)} calls")
-                         for n, es in errors.items()])
+                         for n, es in errors.items()], then=lambda v: -abs(v.center))   # the largest |median|
     return pooled, per_size
 
 

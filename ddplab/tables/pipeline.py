@@ -143,12 +143,6 @@ def judge_formula_floor(runs, tolerance: float = FLOOR_TOLERANCE) -> dict[tuple[
     return out
 
 
-def _weakest(verdicts):
-    """A contradiction first, then the unresolved, then the holding claim nearest its edge."""
-    order = {claims.CONTRADICTED: 0, claims.UNRESOLVED: 1, claims.HOLDS: 2}
-    return min(verdicts, key=lambda v: (order[v.outcome], v.low))
-
-
 def check_formula_floor(runs, tolerance: float = FLOOR_TOLERANCE) -> claims.Verdict:
     """Notebook 09's check of the formula against the measurement: `judge_formula_floor` for every
     (schedule, stages, m) run; prints one line, the weakest pair's verdict with the count of the
@@ -161,7 +155,7 @@ def check_formula_floor(runs, tolerance: float = FLOOR_TOLERANCE) -> claims.Verd
     bad = [_label(*k) for k, v in verdicts.items() if v.contradicted]
     counts = f"{held} hold" + (f", {len(open_)} cannot resolve ({'; '.join(open_)})" if open_ else "") + \
         (f", {len(bad)} contradicted ({'; '.join(bad)})" if bad else "")
-    weakest = _weakest(verdicts.values())
+    weakest = claims.weakest(verdicts.values(), then=lambda v: v.low)   # the lowest interval: nearest the floor
     return claims.check(dataclasses.replace(weakest, claim=f"{weakest.claim} [the weakest of {len(verdicts)} "
                                                             f"pairs: {counts}]"))
 

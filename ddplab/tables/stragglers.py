@@ -79,8 +79,7 @@ def judge_last(run, late: int, final_only: bool = False, skip: int = SKIP):
     verdicts = [claims.judge(f"rank {late} joins {where} after rank {r} (rank {r}'s wait minus rank {late}'s)",
                              wait_gaps(run, r, late, final_only, skip), above=0.0)
                 for r in sorted(x.rank for x in run.ranks) if r != late]
-    order = {claims.CONTRADICTED: 0, claims.UNRESOLVED: 1, claims.HOLDS: 2}
-    return min(verdicts, key=lambda v: order[v.outcome])
+    return claims.weakest(verdicts)
 
 
 def last_arrivals(run, skip: int = SKIP) -> pd.DataFrame:
