@@ -43,7 +43,7 @@ from statistics import NormalDist
 
 from ddplab.verify import CheckFailed
 
-__all__ = ["ALPHA", "Verdict", "check", "claim_key", "estimate", "finding", "judge", "median_interval", "min_rounds", "paired",
+__all__ = ["ALPHA", "Verdict", "check", "claim_key", "estimate", "family", "finding", "judge", "median_interval", "min_rounds", "paired",
            "reference", "weakest"]
 
 ALPHA = 0.001
@@ -203,9 +203,27 @@ def check(verdict: Verdict) -> Verdict:
     return verdict
 
 
+def family(k: int, alpha: float = ALPHA) -> float:
+    """The `alpha` for each of `k` claims checked together as "every one of these holds" (`weakest`):
+    alpha / k, so that the family is called "contradicted" by chance at most `alpha` of the time (the
+    union bound: each member's chance adds up), as one claim alone would be."""
+    if k < 1:
+        raise ValueError(f"k: a family needs at least one claim, got {k}")
+    return alpha / k
+
+
 def weakest(verdicts, then=None) -> Verdict:
     """The verdict to report for "every one of these holds": a contradiction first, then an unresolved
-    one, then a holding one; among equals the least by `then` (a key on a verdict), if given."""
+    one, then a holding one; among equals the least by `then` (a key on a verdict), if given. The members
+    must be judged at `family(k)` (their alphas add up to at most ALPHA): k claims at ALPHA each would
+    contradict a true family k times as often as one check may."""
+    verdicts = list(verdicts)
+    if not verdicts:
+        raise ValueError("verdicts: need at least one")
+    total = sum(v.alpha for v in verdicts)
+    if total > ALPHA * (1 + 1e-9):
+        raise ValueError(f"verdicts: {len(verdicts)} claims whose alphas add up to {total:.3g}, over {ALPHA:g}: "
+                         f"judge each at claims.family({len(verdicts)})")
     order = {CONTRADICTED: 0, UNRESOLVED: 1, HOLDS: 2}
     return min(verdicts, key=lambda v: (order[v.outcome], then(v) if then else 0))
 

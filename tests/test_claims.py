@@ -145,8 +145,30 @@ def test_a_finding_is_printed_as_this_runs_answer_and_never_fails():
 
 
 def test_the_weakest_of_several_verdicts_is_a_contradiction_then_an_unresolved_then_the_nearest_by_choice():
-    held = [claims.judge(f"x{i}", [i + 1.0 + k for k in range(12)], above=0) for i in range(3)]
-    noise = claims.judge("noise", [(-1) ** k * (k + 1.0) for k in range(12)], above=0)
-    wrong = claims.judge("wrong", [-5.0 - k for k in range(12)], above=0)
+    a = claims.family(5)
+    held = [claims.judge(f"x{i}", [i + 1.0 + k for k in range(14)], above=0, alpha=a) for i in range(3)]
+    noise = claims.judge("noise", [(-1) ** k * (k + 1.0) for k in range(14)], above=0, alpha=a)
+    wrong = claims.judge("wrong", [-5.0 - k for k in range(14)], above=0, alpha=a)
     assert claims.weakest([*held, noise, wrong]) is wrong and claims.weakest([*held, noise]) is noise
     assert claims.weakest(held, then=lambda v: v.low) is held[0]
+
+
+def test_a_family_of_claims_at_full_alpha_each_is_refused():
+    """k claims at ALPHA each would be contradicted by chance up to k times as often as one check."""
+    full = [claims.judge(f"x{i}", [1.0 + k for k in range(12)], above=0) for i in range(2)]
+    with pytest.raises(ValueError, match=r"claims.family\(2\)"):
+        claims.weakest(full)
+    assert claims.weakest(full[:1]) is full[0] and claims.family(4) == claims.ALPHA / 4
+
+
+def test_a_true_family_is_contradicted_by_chance_at_most_alpha():
+    """4 true claims (median exactly on the edge: the worst case), heavy-tailed noise, judged as one
+    family: "contradicted" at most ALPHA of the time over thousands of null draws."""
+    rng = random.Random(7)
+    draws, bad = 4000, 0
+    for _ in range(draws):
+        members = [claims.judge("edge", [_heavy(rng) for _ in range(14)], above=0.0, alpha=claims.family(4))
+                   for _ in range(4)]
+        bad += claims.weakest(members).contradicted
+    # as for one claim: a binomial(4000, 0.001) exceeds 12 with probability < 1e-3
+    assert bad <= 12, f"{bad} of {draws} null families contradicted"

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from ddplab import verify
+from ddplab import claims, verify
 from ddplab.predict import pipeline as model
 from ddplab.recipes.pipeline import pipeline_parallel
 from ddplab.spec import Experiment, Pipeline
@@ -181,6 +181,7 @@ def fake_run(p: int, forward_ms, backward_ms, send_ms: float = 0.0, microbatches
 
 EVEN = fake_run(2, [2, 2], [4, 4], name="even")
 ROUNDS = 10      # claims.min_rounds(): the fewest the sign test judges
+FLOOR_ROUNDS = 14   # the floor is checked as one family of up to 16 pairs, each at claims.family(16): 14 rounds
 # a fixed global batch: each stage spends 8 ms forward, 16 ms backward on all of it, each op drawn +-20%
 SHRINKING = fake_run(2, [8, 8], [16, 16], send_ms=0.05, microbatches=(1, 2, 4, 8), rounds=ROUNDS,
                      whole_batch=True, jitter=0.2, name="shrinking")
@@ -253,14 +254,14 @@ def test_too_few_rounds_judge_nothing(monkeypatch):
 
 
 def test_the_formula_is_a_floor_that_waits_and_preemption_leave_standing(monkeypatch, capsys):
-    even = fake_run(2, [2, 2], [4, 4], microbatches=(1, 2, 4, 8), rounds=ROUNDS, jitter=0.2)
+    even = fake_run(2, [2, 2], [4, 4], microbatches=(1, 2, 4, 8), rounds=FLOOR_ROUNDS, jitter=0.2)
     v = views.check_formula_floor(even)
     assert v.holds and "[the weakest of 7 pairs: 7 hold]" in capsys.readouterr().out
-    slow_sends = fake_run(2, [2, 2], [4, 4], send_ms=3.0, microbatches=(1, 2, 4, 8), rounds=ROUNDS)
+    slow_sends = fake_run(2, [2, 2], [4, 4], send_ms=3.0, microbatches=(1, 2, 4, 8), rounds=FLOOR_ROUNDS)
     waits = views.bubble(slow_sends)["waits"].dropna()
     assert len(waits) == 7 and (waits > 0.05).all() and views.check_formula_floor(slow_sends).holds
     # preempted inside its ops, a stage is busy on the wall clock but not computing: the floor reads CPU time
-    preempted = fake_run(2, [2, 2], [4, 4], microbatches=(2,), schedules=("GPipe",), rounds=ROUNDS, cpu_share=0.5)
+    preempted = fake_run(2, [2, 2], [4, 4], microbatches=(2,), schedules=("GPipe",), rounds=FLOOR_ROUNDS, cpu_share=0.5)
     row = views.bubble(preempted).loc[("GPipe", 2, 2)]
     assert row["not_computing"] == pytest.approx(1 - 0.5 * (1 - row["measured"]))
 
@@ -268,7 +269,7 @@ def test_the_formula_is_a_floor_that_waits_and_preemption_leave_standing(monkeyp
 @pytest.mark.parametrize("wrong", [lambda p, m: p / (m + p), lambda p, m: (p - 1) / m],
                          ids=["p/(m+p)", "(p-1)/m"])
 def test_a_formula_above_what_the_stages_idled_is_contradicted(monkeypatch, wrong):
-    even = fake_run(2, [2, 2], [4, 4], microbatches=(1, 2, 4), rounds=ROUNDS, jitter=0.2)
+    even = fake_run(2, [2, 2], [4, 4], microbatches=(1, 2, 4), rounds=FLOOR_ROUNDS, jitter=0.2)
     monkeypatch.setattr(views, "bubble_fraction", wrong)
     with pytest.raises(verify.CheckFailed, match=r"NOT verified: contradicted: .* the stages were not computing"):
         views.check_formula_floor(even)
@@ -428,10 +429,13 @@ def test_each_stage_holds_the_activations_the_schedule_predicts(pipeline_runs, c
 
 
 @pytest.mark.slow
-def test_the_bubble_claims_are_not_contradicted_on_the_real_runs(pipeline_runs, capsys):
-    shrinks = views.check_bubble_shrinks(pipeline_runs)     # a true claim never fails, however noisy
+def test_two_real_rounds_judge_no_bubble_claim_and_say_what_it_would_take(pipeline_runs, capsys):
+    # the fixture runs 2 rounds (to stay fast): under claims.min_rounds() the sign test has no interval,
+    # so every claim says "cannot resolve" with the rounds it needs, and none prints "verified"; the
+    # claims on 14 real rounds run in notebook 09 under nbval
+    shrinks = views.check_bubble_shrinks(pipeline_runs)
     floor = views.check_formula_floor(pipeline_runs)
-    assert len(shrinks) == 4 and not any(v.contradicted for v in shrinks) and not floor.contradicted
+    assert len(shrinks) == 4 and all(v.outcome == claims.UNRESOLVED and "rounds" in v.advice for v in [*shrinks, floor])
     out = capsys.readouterr().out
     assert out.count("\n") == 5 and "verified" not in out
     t = views.bubble(pipeline_runs)

@@ -64,8 +64,10 @@ def judge_fit(run, model: comm.AlphaBeta, min_bytes: int = 0, describes: float =
     pooled = claims.judge(f"the line describes messages{above} (relative error of every call, (fit - measured) / measured)",
                           [e for es in errors.values() for e in es], within=(-describes, describes), unit="",
                           what=f"median over {sum(map(len, errors.values()))} calls")
+    alpha = claims.family(len(errors))   # every size at once: the family is wrong by chance at most ALPHA
     per_size = claims.weakest([claims.judge(f"the line misses no message size{above} by {misses:.0%} (weakest: {size_label(n)})",
-                                      es, within=(-misses, misses), unit="", what=f"median over {len(es)} calls")
+                                      es, within=(-misses, misses), unit="", alpha=alpha,
+                                      what=f"median over {len(es)} calls")
                          for n, es in errors.items()], then=lambda v: -abs(v.center))   # the largest |median|
     return pooled, per_size
 

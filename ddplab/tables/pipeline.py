@@ -131,15 +131,16 @@ def judge_formula_floor(runs, tolerance: float = FLOOR_TOLERANCE) -> dict[tuple[
     messages or for a core only adds idle time. `tolerance` covers microbatches of uneven cost
     (one microbatch's backward 1.5x on every stage idles 0.033 below the formula, 1F1B p=2 m=2;
     tests/test_pipeline.py). A formula that claims more idle time than the stages had is contradicted."""
+    pairs = {(schedule, run.world_size, m): per_round for run in _runs(runs)
+             for (schedule, m), per_round in rounds(run).items()}
+    alpha = claims.family(max(1, len(pairs)))   # checked together (`check_formula_floor`): the family at ALPHA
     out = {}
-    for run in _runs(runs):
-        p = run.world_size
-        for (schedule, m), per_round in rounds(run).items():
-            formula = bubble_fraction(p, m)
-            out[(schedule, p, m)] = claims.judge(
-                f"{_label(schedule, p, m)}: the stages were not computing for at least the formula's "
-                f"(p-1)/(m+p-1) = {formula:.3f} of the step, less {tolerance:g} (not computing minus formula, per round)",
-                [b["not_computing"] - formula for b in per_round.values()], above=-tolerance, unit="")
+    for (schedule, p, m), per_round in pairs.items():
+        formula = bubble_fraction(p, m)
+        out[(schedule, p, m)] = claims.judge(
+            f"{_label(schedule, p, m)}: the stages were not computing for at least the formula's "
+            f"(p-1)/(m+p-1) = {formula:.3f} of the step, less {tolerance:g} (not computing minus formula, per round)",
+            [b["not_computing"] - formula for b in per_round.values()], above=-tolerance, unit="", alpha=alpha)
     return out
 
 

@@ -76,9 +76,10 @@ def judge_last(run, late: int, final_only: bool = False, skip: int = SKIP):
     from .. import claims
 
     where = "each step's final all-reduce" if final_only else "the all-reduces (steps x buckets)"
+    others = [r for r in sorted(x.rank for x in run.ranks) if r != late]
     verdicts = [claims.judge(f"rank {late} joins {where} after rank {r} (rank {r}'s wait minus rank {late}'s)",
-                             wait_gaps(run, r, late, final_only, skip), above=0.0)
-                for r in sorted(x.rank for x in run.ranks) if r != late]
+                             wait_gaps(run, r, late, final_only, skip), above=0.0, alpha=claims.family(len(others)))
+                for r in others]
     return claims.weakest(verdicts)
 
 

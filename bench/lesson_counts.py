@@ -1,0 +1,120 @@
+"""Count how often each timing lesson resolves: run notebooks N times (optionally under load) and tally
+every claim's verdict.
+
+    python bench/lesson_counts.py --runs 10 --busy 0 notebooks/05_buckets_and_overlap.ipynb
+    python bench/lesson_counts.py --runs 10 --busy 2 notebooks/0[579]_*.ipynb
+
+Each run executes the notebook with nbconvert in a scratch copy (as `bench/reference_runs.py` does:
+`$DDPLAB_RECORD_CLAIMS` collects every verdict `claims.check` prints, its runs go to a scratch
+`$DDPLAB_RUNS`), with `--busy` processes spinning on the cores for the whole batch (as another user's
+jobs would). The notebooks import the `ddplab` beside this script (`PYTHONPATH`), so a batch can run
+from a git worktree of a fixed commit while the main checkout changes. Appends one JSON line per run to
+`--out` (default bench/lesson_counts.jsonl: notebook, busy, load, seconds, exit code, each claim's
+outcome) and prints, per notebook and claim, how many runs held it, could not resolve it or
+contradicted it. `--tally` only prints the tally of what `--out` holds (optionally for one `--busy`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from collections import defaultdict
+from datetime import datetime, timezone
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+from reference_runs import commit, run_notebook  # noqa: E402
+
+SPIN = "while True: pass"
+
+
+def tally(rows: list[dict], busy: int | None = None) -> str:
+    """Per notebook and claim key: held / cannot resolve / contradicted, over the runs that recorded it,
+    and the runs whose notebook failed."""
+    rows = [r for r in rows if busy is None or r["busy"] == busy]
+    out = []
+    for nb in sorted({r["notebook"] for r in rows}):
+        runs = [r for r in rows if r["notebook"] == nb]
+        failed = sum(r["rc"] != 0 for r in runs)
+        loads = sorted(r["load_start"] for r in runs)
+        out.append(f"## {nb}: {len(runs)} runs (busy {sorted({r['busy'] for r in runs})}), {failed} failed; "
+                   f"load at start {loads[0]:.1f}-{loads[-1]:.1f}; "
+                   f"{sum(r['seconds'] for r in runs) / len(runs):.0f} s a run")
+        counts: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+        for r in runs:
+            seen = {}
+            for key, outcome in r["claims"]:
+                seen.setdefault(key, []).append(outcome)
+            for key, outcomes in seen.items():   # a claim checked twice in one run counts by its weakest
+                worst = ("contradicted" if "contradicted" in outcomes else
+                         "cannot resolve" if "cannot resolve" in outcomes else "holds")
+                counts[key][worst] += 1
+        for key, c in counts.items():
+            n = sum(c.values())
+            out.append(f"  held {c['holds']:2d}/{n}, unresolved {c['cannot resolve']:2d}, contradicted "
+                       f"{c['contradicted']}: {key[:150]}")
+    return "\n".join(out)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("notebooks", nargs="*")
+    ap.add_argument("--runs", type=int, default=10, help="runs of each notebook (default 10)")
+    ap.add_argument("--busy", type=int, default=0, help="busy processes on the cores for the whole batch")
+    ap.add_argument("--out", type=Path, default=HERE / "lesson_counts.jsonl")
+    ap.add_argument("--tally", action="store_true", help="print the tally of --out and stop")
+    a = ap.parse_args()
+    if a.runs < 1:
+        raise ValueError(f"--runs must be >= 1, got {a.runs}")
+    if a.busy < 0:
+        raise ValueError(f"--busy must be >= 0, got {a.busy}")
+    if a.tally:
+        rows = [json.loads(ln) for ln in a.out.read_text().splitlines() if ln.strip()]
+        print(tally(rows, None if "--busy" not in sys.argv else a.busy))
+        return 0
+    if not a.notebooks:
+        raise ValueError("notebooks: name at least one notebook to run")
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))   # so `finally` stops the spinners
+    busy: list[subprocess.Popen] = []
+    rows, code = [], 0
+    try:
+        busy += [subprocess.Popen([sys.executable, "-c", SPIN], start_new_session=True) for _ in range(a.busy)]
+        for i in range(a.runs):
+            for name in a.notebooks:
+                nb = Path(name).resolve()
+                load = os.getloadavg()[0]
+                with tempfile.TemporaryDirectory(prefix="ddplab-counts-") as tmp:
+                    verdicts, meta, seconds, rc = run_notebook(nb, Path(tmp))
+                row = {"notebook": nb.name, "run": i + 1, "busy": a.busy, "load_start": round(load, 2),
+                       "load_end": round(os.getloadavg()[0], 2), "seconds": round(seconds, 1), "rc": rc,
+                       "date": f"{datetime.now(timezone.utc):%Y-%m-%dT%H:%M:%SZ}", "commit": commit(),
+                       "claims": [[v["key"], v["outcome"]] for v in verdicts]}
+                rows.append(row)
+                with a.out.open("a") as f:
+                    f.write(json.dumps(row) + "\n")
+                held = sum(v["outcome"] == "holds" for v in verdicts)
+                print(f"{nb.name} run {i + 1}/{a.runs} busy {a.busy}: rc {rc}, {seconds:.0f} s, load {load:.1f}; "
+                      f"{held} of {len(verdicts)} claims held, "
+                      f"{sum(v['outcome'] == 'contradicted' for v in verdicts)} contradicted", flush=True)
+                code = code or rc
+    finally:
+        for b in busy:
+            try:
+                os.killpg(b.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            b.wait()
+    print(tally(rows))
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
