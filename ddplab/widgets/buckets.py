@@ -10,6 +10,7 @@ def bucket_slider(sweep_run, link, measure, model: str = "calibrated", cap_mb: f
     no launch; "measure" hands that plan, on the sweep's ranks and model, to `measure` (`ddplab.run`:
     one launch, called with `progress=`, a callable that updates the progress line, if it takes one) and overlays the measured buckets (notebook 05)."""
     import dataclasses
+    import threading
 
     import ipywidgets as w
     import pandas as pd
@@ -39,17 +40,24 @@ def bucket_slider(sweep_run, link, measure, model: str = "calibrated", cap_mb: f
         split.description = "split the last bucket in two" + ("" if splits or not split.value else " (one tensor: no split)")
         return f"{'split' if splits else 'ddp'}:{cap.value:.3g}", plan
 
+    drawing = threading.Lock()
+
     def redraw(_=None):
-        name, plan = current()
-        s = buckets.predict(ins, plan, costs[which.value])
-        row = {"plan": name, **buckets.summary(s)}
-        if name in measured:
-            row["measured_step_ms"] = measured[name]["step_ms"]
-        with out:
-            out.clear_output(wait=True)
-            display(pd.DataFrame([row]).set_index("plan").round(2))
-            display(bucket_plots.timeline(s, measured.get(name, {}).get("timeline"),
-                                          f"{name}: {len(plan)} bucket(s), {which.value} model", detached=True))
+        # one drawing at a time, each of the controls' values as they are when it starts: ipykernel may run a
+        # slider's callback on another thread while the measurement's own redraw is drawing the plan of the
+        # click, and without the lock the older of the two could land last (a measured plan shown under a
+        # slider that has moved on). The lock makes the drawing that starts last, the current one, land last.
+        with drawing:
+            name, plan = current()
+            s = buckets.predict(ins, plan, costs[which.value])
+            row = {"plan": name, **buckets.summary(s)}
+            if name in measured:
+                row["measured_step_ms"] = measured[name]["step_ms"]
+            with out:
+                out.clear_output(wait=True)
+                display(pd.DataFrame([row]).set_index("plan").round(2))
+                display(bucket_plots.timeline(s, measured.get(name, {}).get("timeline"),
+                                              f"{name}: {len(plan)} bucket(s), {which.value} model", detached=True))
 
     def on_measure():
         name, _plan = current()   # the plan of the click, whatever the slider says by the time it ends
