@@ -135,3 +135,23 @@ def test_a_link_is_refused_for_cuda_before_anything_starts():
     with pytest.raises(ValueError, match="Experiment.link: the emulated link holds gloo"):
         wire.activate(LINKS["1GbE"], 2, torch.device("meta"))
     wire.deactivate()
+
+
+def test_a_figure_of_timings_names_the_link_its_runs_used():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import pandas as pd
+    from types import SimpleNamespace
+
+    from ddplab.plots import canvas
+    from ddplab.plots.stragglers import delay_response
+
+    on_link = SimpleNamespace(spec=Experiment(name="x", world_size=2, probes=("buckets",), link="1GbE"))
+    plain = SimpleNamespace(spec=Experiment(name="y", world_size=2))
+    table = pd.DataFrame({"measured_delay_ms": [10.0, 20.0], "step_added_ms": [9.0, 21.0], "extra_wait_ms": [8.0, 19.0]})
+    texts = lambda fig: [t.get_text() for t in fig.texts]  # noqa: E731
+    assert texts(delay_response(table, link=[on_link, on_link])) == [f"link: {LINKS['1GbE'].describe()}"]
+    assert texts(delay_response(table, link=plain)) == ["link: loopback (gloo), no emulated link"]
+    assert canvas.link_of({"a": on_link, "b": plain}) == f"{LINKS['1GbE'].describe()}; loopback (gloo), no emulated link"
+    assert texts(delay_response(table)) == []

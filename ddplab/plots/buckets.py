@@ -88,8 +88,9 @@ def timeline(s, measured=None, title: str = "", detached: bool = False):
     return fig
 
 
-def timelines(schedules: dict, measured: dict | None = None):
-    """Several plans' simulated steps, one panel each, on a shared time axis, under one legend."""
+def timelines(schedules: dict, measured: dict | None = None, link=None):
+    """Several plans' simulated steps, one panel each, on a shared time axis, under one legend; `link`
+    (the run whose costs the model fitted, or a caption) is named under the figure."""
     measured = measured or {}
     heights = [3 if measured.get(k) else 2 for k in schedules]
     fig, axes = plt.subplots(len(schedules), 1, figsize=(9, 0.75 * sum(heights) + 1.4), sharex=True,
@@ -99,13 +100,14 @@ def timelines(schedules: dict, measured: dict | None = None):
     axes[0, 0].set_xlim(0, 1.03 * max(_right_ms(s, measured.get(k)) for k, s in schedules.items()))
     axes[-1, 0].set_xlabel("ms after backward started")
     _legend(fig, schedules.values(), any(measured.get(k) for k in schedules))
+    canvas.name_link(fig, link)
     return fig
 
 
-def sweep_comparison(table, title: str = ""):
+def sweep_comparison(table, title: str = "", link=None):
     """Top: measured step time per plan (median of round medians; bar: run-to-run spread) against each
     model's prediction. Bottom: each model's error per plan, with the 5% and 10% bands. Legends sit
-    beside the panels, so no bar hides under one."""
+    beside the panels, so no bar hides under one. `link` (the sweep's run, or a caption) is named under it."""
     models = [m for m in MODEL_STYLE if f"{m}_ms" in table]
     t = table.sort_values("buckets", ascending=False)
     x = range(len(t))
@@ -136,6 +138,7 @@ def sweep_comparison(table, title: str = ""):
     bottom.set_xticks(list(x), [f"{p}\n{n} bkt" for p, n in zip(t.index, t["buckets"])], fontsize=8)
     bottom.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)
     bottom.grid(axis="y", alpha=0.3)
+    canvas.name_link(fig, link)
     return fig
 
 

@@ -15,3 +15,27 @@ def subplots(figsize, nrows: int = 1, ncols: int = 1, detached: bool = False, **
     import matplotlib.pyplot as plt
 
     return plt.subplots(nrows, ncols, figsize=figsize, **kwargs)
+
+
+def link_of(source) -> str:
+    """Which link `source` ran its communication over: a run (its spec), an Experiment, several of
+    them (a list, or a dict's values; distinct links joined by "; "), or a caption already written."""
+    from ..spec.link import describe
+
+    if isinstance(source, str):
+        return source
+    if isinstance(source, dict):
+        source = list(source.values())
+    if isinstance(source, (list, tuple)):
+        return "; ".join(dict.fromkeys(filter(None, (link_of(s) for s in source))))
+    spec = getattr(source, "spec", source)
+    return describe(spec) if hasattr(spec, "backend") else ""   # a stand-in without a spec: nothing to name
+
+
+def name_link(fig, source) -> None:
+    """Write under the figure which link its runs' communication went over (`link_of`), so that a figure
+    of timings never leaves it to the reader to guess loopback from an emulated link."""
+    text = link_of(source) if source is not None else ""
+    if not text:
+        return
+    fig.text(0.995, 0.002, f"link: {text}", ha="right", va="bottom", fontsize=7, color="0.35")

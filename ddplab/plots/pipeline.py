@@ -11,7 +11,7 @@ from ..predict.pipeline import bubble_fraction
 from ..tables.pipeline import activation_memory as memory_table
 from ..tables.pipeline import bubble, step_bubble, steps
 from ..tables.pipeline import timeline as ops_table
-from .canvas import subplots
+from .canvas import name_link, subplots
 
 COLORS = {"forward": "#1f77b4", "loss": "#7f7f7f", "backward": "#ff7f0e"}
 
@@ -48,6 +48,7 @@ def timeline(run, microbatches: int, round_: int = 0, schedules=None, detached: 
     axes[-1, 0].set_xlabel("ms after the step's first forward (blank: the stage is idle)")
     fig.legend(handles=[Patch(color=c, label=k) for k, c in COLORS.items()], loc="lower right", fontsize=8, ncols=3)
     fig.tight_layout(rect=(0, 0.04, 1, 1))
+    name_link(fig, run)
     return fig
 
 
@@ -77,6 +78,7 @@ def bubble_vs_microbatches(runs, detached: bool = False):
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
     fig.tight_layout()
+    name_link(fig, runs)
     return fig
 
 

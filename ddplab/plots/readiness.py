@@ -11,6 +11,7 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
 from ..units import MIB, ms_after
+from .canvas import name_link
 
 AS_ASSUMED, NOT_AS_ASSUMED, NAIVE = "tab:blue", "tab:red", "gray"
 DURING_COMPUTE, AFTER_COMPUTE = "#6baed6", "#fd8d3c"
@@ -87,4 +88,5 @@ def backward_timeline(run, step: int = -1):
     fig.legend(handles=handles, loc="outside lower center", ncol=3, fontsize=8, frameon=False)
     fig.suptitle("One backward pass, one lane per bucket (the number beside a bar: its launch-to-completion time)",
                  fontsize=10)
+    name_link(fig, run)
     return fig

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 
+from . import canvas
+
 RANK_COLORS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink", "tab:gray")
 
 
-def waits(tables: dict, title: str = ""):
+def waits(tables: dict, title: str = "", link=None):
     """One row of boxes per run (`tables`: run name -> `compute_and_wait(run)`): for each rank, the
-    per-step wait at the final bucket (left) and the rest of its step (right), over the run's steps."""
+    per-step wait at the final bucket (left) and the rest of its step (right), over the run's steps;
+    `link` (the runs, or a caption) is named under the figure."""
     names = list(tables)
     ranks = sorted({r for t in tables.values() for r in t.index.get_level_values("rank")})
     fig, axes = plt.subplots(1, 2, figsize=(11, 0.55 * len(names) * len(ranks) + 1.6), sharey=True,
@@ -35,13 +38,15 @@ def waits(tables: dict, title: str = ""):
     axes[1].legend(loc="lower right", fontsize=9)
     if title:
         fig.suptitle(title)
+    canvas.name_link(fig, link)
     return fig
 
 
-def delay_response(table, fit=None, title: str = ""):
+def delay_response(table, fit=None, title: str = "", link=None):
     """The step time each run lost against its baseline, and the early ranks' extra wait, against the
     delay the slow rank lost (`table`: `tables.stragglers.delay_response`, its measured delay); the line
-    y = x is where the step follows the slowest rank exactly; `fit` (`step_slope`) adds the fitted line."""
+    y = x is where the step follows the slowest rank exactly; `fit` (`step_slope`) adds the fitted line;
+    `link` (the runs, or a caption) is named under the figure."""
     fig, ax = plt.subplots(figsize=(6.5, 4.2), layout="constrained")
     x = table["measured_delay_ms"]
     top = max(x.max(), table["step_added_ms"].max(), table["extra_wait_ms"].max()) * 1.1
@@ -61,4 +66,5 @@ def delay_response(table, fit=None, title: str = ""):
     ax.legend(fontsize=9, loc="upper left")
     if title:
         ax.set_title(title)
+    canvas.name_link(fig, link)
     return fig

@@ -6,7 +6,7 @@ from __future__ import annotations
 from matplotlib.patches import Patch
 
 from ..tables.tensor_parallel import timing
-from .canvas import subplots
+from .canvas import name_link, subplots
 
 WAYS = {"dense": "#7f7f7f", "tensor parallel": "#1f77b4", "ddp": "#2ca02c"}
 
@@ -54,4 +54,5 @@ def step_times(runs, detached: bool = False):
     handles = [Patch(color=c, label=w) for w, c in WAYS.items()]
     handles.append(Patch(fill=False, hatch="///", label="waiting for communication"))
     fig.legend(handles=handles, loc="outside lower center", ncol=len(handles), fontsize=8, frameon=False)
+    name_link(fig, runs)
     return fig

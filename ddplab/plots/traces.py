@@ -8,7 +8,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
 from ..tables.traces import trace_events
-from .canvas import subplots
+from .canvas import name_link, subplots
 
 PHASE_COLORS = {"barrier": "#d9d9d9", "forward": "#1f77b4", "backward": "#ff7f0e", "optimizer": "#2ca02c"}
 PHASE_LABELS = {"barrier": "ddplab:barrier (waiting for every rank)", "forward": "ddplab:forward",
@@ -98,4 +98,5 @@ def trace_timeline(run, step: int | None = None, detached: bool = False):
         handles.append(Patch(color=ALL_REDUCE_COLORS[0], label=f"all-reduce running ({_names(reduces)}{alternates})"))
     handles.append(Line2D([], [], color="black", lw=1, ls="--", label="barrier released: t = 0 on every rank"))
     fig.legend(handles=handles, loc="outside upper center", ncol=4, fontsize=8, frameon=False)
+    name_link(fig, run)
     return fig
