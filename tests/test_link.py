@@ -119,10 +119,10 @@ def test_a_run_on_a_link_holds_every_bucket_for_the_link_and_reduces_the_same_gr
 def test_a_failure_inside_the_wire_reaches_its_waiter_and_later_transfers_still_go():
     wire.activate(Link("t", latency_us=0, gbit_s=1), 2)
     try:
-        done = torch.futures.Future()
-        done.set_result([torch.zeros(1)])
-        held = wire.hold(done, 10)
+        pending = torch.futures.Future()       # the real collective, not finished yet: the wire waits on it
+        held = wire.hold(pending, 10)
         held.set_result([torch.ones(1)])       # someone completed it first: set_result raises on the wire
+        pending.set_result([torch.zeros(1)])
         later = wire.hold(_done([torch.ones(1) * 2]), 10)
         assert later.wait()[0].item() == 2.0   # the wire lived on
     finally:

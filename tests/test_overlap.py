@@ -82,3 +82,19 @@ def test_caps_for_gives_each_bucket_its_own_size_in_mib_exactly():
     # on its own last tensor (at >= its cap) and not one tensor later
     assert [int(c * 2 ** 20) for c in caps] == [3 * 2 ** 20, 1000 + 2 ** 19 + 7]
     assert not buckets.is_last_split([["x"]], [])
+
+
+def test_an_emulated_link_holds_each_all_reduce_after_it_one_transfer_at_a_time():
+    # two 1 MB buckets ready at 0 and 1 ms; loopback all-reduce 1 ms each; the link 4 ms each
+    grads = [Grad("a", 10**6, 0.0), Grad("b", 10**6, 1.0)]
+    plan = [["a"], ["b"]]
+    loop = AlphaBeta(1e-3, 0.0)
+    plain = schedule.simulate(grads, plan, Cost(loop))
+    assert [b.finish_ms for b in plain.buckets] == pytest.approx([1.0, 2.0])
+    held = schedule.simulate(grads, plan, Cost(loop, link_hold=AlphaBeta(4e-3, 0.0)))
+    # a: done at 1, on the wire 1..5; b: done at 2, waits for the wire, 5..9 (not 2 + 4 = 6)
+    assert [b.finish_ms for b in held.buckets] == pytest.approx([5.0, 9.0])
+    assert held.exposed_tail_ms == pytest.approx(8.0) and held.summed_comm_ms == pytest.approx(10.0)
+    # the hold takes no core: backward is not slowed by it, whatever the interference
+    shared = schedule.simulate(grads, plan, Cost(loop, interference=1.0, link_hold=AlphaBeta(4e-3, 0.0)))
+    assert shared.backward_ms == schedule.simulate(grads, plan, Cost(loop, interference=1.0)).backward_ms

@@ -24,7 +24,10 @@ progresses at 1 / (1 + interference) of its speed:
 the copy of each bucket's gradients into its flat buffer and back (DDP's default,
 gradient_as_bucket_view=False; True removes it) to the bucket's cost. DDP really copies in on the
 autograd thread and out after the last all-reduce; charging both to the channel is exact for the
-step time when interference is 1 (then the total work is what counts), an approximation otherwise. `calibrate` fits one knob (interference,
+step time when interference is 1 (then the total work is what counts), an approximation otherwise.
+On an emulated link (spec/link.py), `link_hold` (`Link.alpha_beta`) adds a second stage after the
+channel, as `rank/link.py` runs it: each all-reduce, once done, is held for the link's wire time, one
+transfer at a time in the order they finished; the hold takes no core, so no interference. `calibrate` fits one knob (interference,
 comm_scale or the link's alpha) on one measured point. Used by notebook 05 and the bucket slider,
 where it must redraw in well under 50 ms.
 """
@@ -56,6 +59,7 @@ class Cost:
     interference: float = 0.0
     comm_scale: float = 1.0
     copy_bytes_per_s: float | None = None
+    link_hold: AlphaBeta | None = None   # an emulated link's wire time after each all-reduce (known, not fitted)
 
     def __post_init__(self):
         for name in ("interference", "comm_scale"):
@@ -242,6 +246,13 @@ def simulate(grads: list[Grad], plan, cost: Cost, backward_ms: float | None = No
                 backward_end = t
         if current is not None:
             current[3] -= rate * dt
+    if cost.link_hold is not None:   # the link's wire: one transfer at a time, in the order they finished
+        free, held = -math.inf, []
+        for b in sorted(done, key=lambda b: (b.finish_ms, b.index)):
+            wire_ms = cost.link_hold.predict(b.bytes) * 1e3
+            free = max(b.finish_ms, free) + wire_ms
+            held.append(replace(b, finish_ms=free, cost_ms=b.cost_ms + wire_ms))
+        done = held
     buckets = tuple(sorted(done, key=lambda b: b.index))
     return Schedule(buckets, backward_end, max((b.finish_ms for b in buckets), default=0.0), forward_ms, optimizer_ms)
 

@@ -78,7 +78,9 @@ def costs(run, link: AlphaBeta, calibrate_on: str | None = None, plans=None) -> 
       (interference 1) and every bucket's copies in and out are priced at the copy bandwidth the
       ranks measured (no fitted parameter);
     - calibrated: shared_core with the start-up cost alpha of an all-reduce launched during backward
-      fitted on ONE plan (`calibrate_on`, default `calibration_plan`)."""
+      fitted on ONE plan (`calibrate_on`, default `calibration_plan`).
+    A run on an emulated link gets the link's wire time in every model (`Cost.link_hold`), after
+    the all-reduce whose line `link` is (fitted on loopback)."""
     return _costs(run, link, *_prepare(run, plans, calibrate_on))
 
 
@@ -91,8 +93,10 @@ def _prepare(run, plans, calibrate_on):
 
 
 def _costs(run, link, table, ins, layouts, calibrate_on) -> dict[str, Cost]:
-    shared = Cost(link, interference=1.0, copy_bytes_per_s=sweep_record(run).copy_bytes_per_s)
-    return {"textbook": Cost(link), "shared_core": shared,
+    on = getattr(run.spec, "link", None)   # a run on an emulated link: its wire time is known, not fitted
+    hold = AlphaBeta(*on.alpha_beta(run.world_size)) if on is not None else None
+    shared = Cost(link, interference=1.0, copy_bytes_per_s=sweep_record(run).copy_bytes_per_s, link_hold=hold)
+    return {"textbook": Cost(link, link_hold=hold), "shared_core": shared,
             "calibrated": calibrate(ins, layouts[calibrate_on], shared, table.loc[calibrate_on, "step_ms"])}
 
 
