@@ -149,14 +149,14 @@ def test_the_equality_tolerance_is_relative_to_the_dense_scale():
         views.verify_tp_matches_dense(fake_run(), layers=("block",))
 
 
-def test_timing_says_slower_only_beyond_the_spread():
+def test_timing_says_slower_or_faster_only_where_the_paired_steps_resolve_it():
     assert views.timing(fake_run(tp_ms=2.0)).loc[("tensor-parallel-2", "mlp", "tensor parallel"), "verdict"] \
         == "slower than dense"
     assert views.timing(fake_run(tp_ms=0.25)).loc[("tensor-parallel-2", "mlp", "tensor parallel"), "verdict"] \
         == "faster than dense"
     same = fake_run(tp_ms=1.0)
     assert views.timing(same).loc[("tensor-parallel-2", "mlp", "tensor parallel"), "verdict"] \
-        == "within the spread of dense"
+        == "not told apart from dense"
 
 
 def test_sentences_and_the_gpu_prediction_are_read_from_the_run():
@@ -236,7 +236,7 @@ def test_step_time_figure_has_a_panel_per_run_titled_from_the_data():
     fig = step_times([fake_run(tp_ms=2.0), fake_run(tp_ms=1.0, name="tied")], detached=True)
     titles = [ax.get_title("left") for ax in fig.axes]
     assert titles == ["tensor-parallel-2 (2 ranks): the split step slower than dense in 1 of 1 layers",
-                      "tied (2 ranks): the split step within the spread of dense in 1 of 1 layers"]
+                      "tied (2 ranks): the split step not told apart from dense in 1 of 1 layers"]
 
 
 # ---- real runs: one 4-rank launch (the mesh, tp = 4, tp = 2) ---------------------------------------------
