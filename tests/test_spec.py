@@ -248,11 +248,19 @@ def test_a_task_that_leaves_name_and_task_out_of_its_reads_still_accepts_them():
     (dict(where="network"), "straggler.where"),
     (dict(ms=0), "straggler.ms"), (dict(ms=float("nan")), "straggler.ms"), (dict(ms=True), "straggler.ms"),
     (dict(ms=20_000), "straggler.ms"),                      # past the lab's 10 s bound
+    (dict(ms=(0, 0)), "straggler.ms"), (dict(ms=(20,)), "straggler.ms"),   # a cycle: some delay, 2-16 steps
+    (dict(ms=(0, -5)), "straggler.ms"), (dict(ms=(0, 20_000)), "straggler.ms"),
     ({"rank": 1, "speed": 2}, "straggler"),                 # an unknown field
 ])
 def test_a_bad_straggler_is_refused_naming_its_field(straggler, field):
     with pytest.raises(ValueError, match=f"Experiment.{re.escape(field)}"):
         Experiment(world_size=2, straggler=straggler if "speed" in straggler else Straggler(**straggler))
+
+
+def test_a_cycle_of_delays_round_trips_and_delays_each_step_in_turn():
+    e = Experiment(world_size=2, straggler=Straggler(1, "before-backward", (0, 20, 40)))
+    assert Experiment.from_json(e.to_json()) == e and e.straggler.ms == (0, 20, 40)
+    assert [e.straggler.ms_at(k) for k in range(5)] == [0, 20, 40, 0, 20]
 
 
 def test_a_straggler_needs_someone_to_wait_for_it_and_round_trips():

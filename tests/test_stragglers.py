@@ -13,6 +13,7 @@ import pytest
 
 import ddplab
 from ddplab import claims, verify
+from ddplab.recipes.slowest_rank import delay_sweep
 from ddplab.recipes.slowest_rank import stragglers as straggler_runs
 from ddplab.tables import stragglers
 from tests.conftest import leftovers
@@ -24,6 +25,7 @@ DELAY_MS = 25
 def runs(runs_dir):
     # the notebook's model: with a smaller one a rank with 3x the sequence length is not reliably slower
     exps = straggler_runs(ms=DELAY_MS, steps=12)   # 11 judged steps: 10 are the fewest claims.judge can resolve
+    exps.append(delay_sweep((0, 20, 40, 80), cycles=10))   # 10 slopes, one per cycle
     out = {r.spec.name: r for r in ddplab.run_many(exps, runs_dir / "stragglers", progress=False)}
     assert not leftovers(runs_dir / "stragglers")
     return out
@@ -88,19 +90,51 @@ def test_arrivals_refuse_a_run_without_bucket_events(run2):
         stragglers.arrivals(run2)
 
 
-def test_the_step_slope_of_a_perfect_straggler_is_one_and_noise_widens_its_error():
-    table = pd.DataFrame({"measured_delay_ms": [10.0, 20.0, 40.0], "step_added_ms": [11.0, 21.0, 41.0],
-                          "step_spread_ms": [0.0, 0.0, 0.0], "steps": [10, 10, 10]})
-    fit = stragglers.step_slope(table)
-    assert fit["slope"] == pytest.approx(1.0) and fit["intercept"] == pytest.approx(1.0) and fit["slope_se"] == 0
-    noisy = stragglers.step_slope(table.assign(step_spread_ms=[4.0, 4.0, 4.0]))
-    assert noisy["slope"] == pytest.approx(1.0) and 0 < noisy["slope_se"] < 0.1
-    with pytest.raises(ValueError, match="measured_delay_ms"):
-        stragglers.step_slope(table.assign(measured_delay_ms=20.0))
-    # runs measured one after another: a load change between them moves a point off the line by more than
-    # its steps' spread says, and that scatter widens the error too (here: a 15 ms jump in the 20 ms run)
-    shifted = stragglers.step_slope(table.assign(step_added_ms=[11.0, 36.0, 41.0]))
-    assert shifted["slope_se"] > 0.3
+def cycle_stand_in(rank0_added, cycle=(0.0, 20.0, 40.0, 80.0), cycles: int = 12, noise=None):
+    """A 2-rank run whose rank 1 pauses `cycle[k % 4]` ms before backward in step k: rank 1's clock saw
+    exactly that, and rank 0's step is 30 ms plus `rank0_added(delay)` plus `noise(k)`."""
+    from ddplab.spec.straggler import Straggler
+
+    slow = Straggler(1, "before-backward", tuple(cycle))
+    n = len(cycle) * (cycles + 1)
+    def step(k, rank):
+        d = slow.ms_at(k)
+        ms = 30.0 + (rank0_added(d) + (noise(k) if noise else 0.0) if rank == 0 else d)
+        last = (d if rank == 1 else 0.0) + 1.0     # rank 1 launches the final bucket its pause late
+        return SimpleNamespace(step_ms=ms, phase_ms={"straggler": d} if rank == 1 else {},
+                               buckets=[SimpleNamespace(index=0, launch_ns=int(last * 1e6))])
+    ranks = [SimpleNamespace(rank=r, steps=[step(k, r) for k in range(n)]) for r in (0, 1)]
+    spec = SimpleNamespace(name="cycle", steps=n, straggler=slow)
+    return SimpleNamespace(spec=spec, ranks=ranks, world_size=2)
+
+
+def test_a_cycle_of_delays_gives_one_slope_per_cycle_against_its_own_undelayed_step():
+    fit = stragglers.cycle_slopes(cycle_stand_in(lambda d: d))         # rank 0 waits every ms
+    assert fit["cycles"] == 12 and fit["slope"] == pytest.approx(1.0) and fit["intercept"] == pytest.approx(0.0)
+    assert claims.judge("slope", fit["slopes"], within=(0.5, 1.5), unit="").holds
+    table = stragglers.cycle_response(cycle_stand_in(lambda d: d))
+    assert table["delay_ms"].tolist() == [20.0, 40.0, 80.0] and table["step_added_ms"].tolist() == [20.0, 40.0, 80.0]
+    assert (table["steps"] == 12).all()
+    # without synchronization rank 0's step stays flat: the claim is contradicted
+    flat = stragglers.cycle_slopes(cycle_stand_in(lambda d: 0.0))
+    assert claims.judge("slope", flat["slopes"], within=(0.5, 1.5), unit="").contradicted
+    # the machine's load jumping by 200 ms between cycles moves every step of a cycle alike: no slope moves
+    jumpy = stragglers.cycle_slopes(cycle_stand_in(lambda d: d, noise=lambda k: 200.0 * ((k // 4) % 2)))
+    assert jumpy["slopes"] == pytest.approx([1.0] * 12)
+    with pytest.raises(ValueError, match="straggler.ms: needs a cycle"):
+        stragglers.cycle_slopes(stand_in([20.0] * 11, [20.0] * 11))
+
+
+@pytest.mark.slow
+def test_a_real_cycle_of_delays_pauses_each_step_in_turn_and_the_step_follows(runs):
+    run = runs["delay-cycle"]
+    t = stragglers.delay_cycle(run)
+    assert t["cycle"].nunique() == 10 and (t.groupby("cycle").size() == 4).all()
+    # rank 1's clock saw each step's own delay (a sleep never returns early; a step out of turn would
+    # measure 20 ms where 80 were due)
+    assert (t["measured_delay_ms"] >= 0.999 * t["delay_ms"]).all()
+    fit = stragglers.cycle_slopes(run)
+    assert not claims.judge("slope", fit["slopes"], within=(0.5, 1.5), unit="").contradicted
 
 
 # ---- the judged claims on stand-in runs: contradicted where false, unresolved on pure noise, no launch ----

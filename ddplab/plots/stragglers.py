@@ -42,11 +42,12 @@ def waits(tables: dict, title: str = "", link=None):
     return fig
 
 
-def delay_response(table, fit=None, title: str = "", link=None):
+def delay_response(table, fit=None, title: str = "", link=None, against: str = "the run without a straggler"):
     """The step time each run lost against its baseline, and the early ranks' extra wait, against the
     delay the slow rank lost (`table`: `tables.stragglers.delay_response`, its measured delay); the line
-    y = x is where the step follows the slowest rank exactly; `fit` (`step_slope`) adds the fitted line;
-    `link` (the runs, or a caption) is named under the figure."""
+    y = x is where the step follows the slowest rank exactly; `fit` (`cycle_slopes`) adds the fitted line;
+    `link` (the runs, or a caption) is named under the figure; `against`: what the y values are set
+    against (the baseline)."""
     fig, ax = plt.subplots(figsize=(6.5, 4.2), layout="constrained")
     x = table["measured_delay_ms"]
     top = max(x.max(), table["step_added_ms"].max(), table["extra_wait_ms"].max()) * 1.1
@@ -61,7 +62,7 @@ def delay_response(table, fit=None, title: str = "", link=None):
     ax.set_xlim(0, top)
     ax.set_ylim(0, top)
     ax.set_xlabel("delay one rank lost, every step (ms, as its own clock measured it)")
-    ax.set_ylabel("ms, against the run without a straggler")
+    ax.set_ylabel(f"ms, against {against}")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=9, loc="upper left")
     if title:

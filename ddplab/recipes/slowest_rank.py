@@ -25,14 +25,16 @@ def stragglers(world_size: int = 2, ms: float = 20, rank: int = 1, steps: int = 
     return [none, *slowed, none.replace(name="straggler-longer-sequences", seq_len=longer)]
 
 
-def delay_sweep(delays_ms=(10, 20, 40), world_size: int = 2, rank: int = 1, steps: int = 12, pin_cpus: bool = True,
-                **overrides) -> list[Experiment]:
-    """Notebook 07: a pause before backward on rank `rank` of each of `delays_ms`, to see the step follow
-    the slowest rank (its baseline is `stragglers()`'s "straggler-none")."""
-    base = dict(world_size=world_size, steps=steps, probes=("buckets",), pin_cpus=pin_cpus, **STRAGGLER_MODEL)
+def delay_sweep(delays_ms=(0, 20, 40, 80), cycles: int = 16, world_size: int = 2, rank: int = 1,
+                pin_cpus: bool = True, **overrides) -> Experiment:
+    """Notebook 07: one run whose rank `rank` pauses before backward for each of `delays_ms` in turn,
+    one per step, `cycles` times over (after one cycle of warm-up): every delay is measured beside a
+    step without one, a few steps apart, so a change of the machine's load between runs cannot pose as
+    the straggler's cost (`tables.stragglers.cycle_slopes`: one slope per cycle)."""
+    base = dict(world_size=world_size, probes=("buckets",), pin_cpus=pin_cpus, **STRAGGLER_MODEL)
     base.update(overrides)
-    return [Experiment(name=f"delay-{ms:g}ms", straggler=Straggler(rank, "before-backward", ms), **base)
-            for ms in delays_ms]
+    return Experiment(name="delay-cycle", straggler=Straggler(rank, "before-backward", tuple(delays_ms)),
+                      steps=len(delays_ms) * (cycles + 1), **base)
 
 
 def profiled(ms: float = 20, world_size: int = 2, rank: int = 1, steps: int = 6, pin_cpus: bool = True,

@@ -11,6 +11,9 @@ wait is the last arrival minus its own.
 - `per_rank(run)`: their medians per rank, with the run-to-run spread of the wait;
 - `delay_response(runs, baseline)`: per straggler run, the injected delay against what the early
   ranks waited and what the step lost, each beside the baseline run without a straggler;
+- `delay_cycle(run)`, `cycle_response(run)`, `cycle_slopes(run)`: a straggler whose delay cycles step by
+  step (0, 20, 40, 80 ms, ...): every delay against the same cycle's step without one, and the slope of
+  the step against the delay, one per cycle (the delays interleaved: no baseline from another moment);
 - `judge_wait_for_delay(run)`: per step, the early ranks' wait over the delay the slow rank lost,
   judged by `claims` (`check_wait_for_delay` for several runs).
 Needs the buckets probe (`probes=("buckets",)`). Numbers in, DataFrames out (no processes).
@@ -169,6 +172,81 @@ def judge_step_added(run, baseline, skip: int = SKIP):
 MIN_WAIT_PER_DELAY = 0.5   # the early ranks wait most of the delay: it is on their critical path
 
 
+def delay_cycle(run, skip: int = SKIP) -> pd.DataFrame:
+    """A run whose straggler cycles through delays, one per step (`Straggler(ms=(0, 20, 40, 80))`): per
+    step of every whole cycle from `skip` on, its `cycle`, the delay specified (`delay_ms`) and the one
+    the slow rank's clock saw (`measured_delay_ms`), the early ranks' step (`early_step_ms`, the
+    longest of theirs) and their wait at the final bucket (`early_wait_ms`, their median)."""
+    slow = run.spec.straggler
+    if slow is None or len(getattr(slow, "cycle", ())) < 2:
+        raise ValueError(f"{run.spec.name}: straggler.ms: needs a cycle of delays, such as (0, 20, 40, 80)")
+    n = len(slow.cycle)
+    cw = compute_and_wait(run, skip)
+    early = cw[cw.index.get_level_values("rank") != slow.rank]
+    rows = []
+    for i in range(skip, run.spec.steps):
+        c = i // n
+        if c * n < skip or (c + 1) * n > run.spec.steps:   # whole cycles only
+            continue
+        e = early.xs(i, level="step")
+        rows.append({"step": i, "cycle": c, "delay_ms": slow.ms_at(i),
+                     "measured_delay_ms": run.ranks[slow.rank].steps[i].phase_ms.get("straggler", 0.0),
+                     "early_step_ms": float(e["step_ms"].max()), "early_wait_ms": float(e["wait_ms"].median())})
+    if len({r["cycle"] for r in rows}) < 1:
+        raise ValueError(f"{run.spec.name}: no whole cycle of delays after the first {skip} step(s); run more steps")
+    return pd.DataFrame(rows).set_index("step")
+
+
+def _baselined(run, skip: int) -> pd.DataFrame:
+    """`delay_cycle` with each step set against the same cycle's step without a delay (the lowest one):
+    `step_added_ms` and `extra_wait_ms`, paired within the cycle."""
+    t = delay_cycle(run, skip)
+    base = t.loc[t.groupby("cycle")["delay_ms"].idxmin()].set_index("cycle")
+    return t.assign(step_added_ms=t["early_step_ms"] - t["cycle"].map(base["early_step_ms"]),
+                    extra_wait_ms=t["early_wait_ms"] - t["cycle"].map(base["early_wait_ms"]),
+                    measured_delay_ms=t["measured_delay_ms"] - t["cycle"].map(base["measured_delay_ms"]))
+
+
+def cycle_response(run, skip: int = SKIP) -> pd.DataFrame:
+    """Per delay of the cycle (the lowest left out: it is the baseline), with the columns of
+    `delay_response`: the delay the slow rank lost, the step time the early ranks' step gained and
+    the wait they gained, each the median over cycles of the difference to the same cycle's step
+    without the delay (measured a few steps apart: the same moment of the machine), and its spread."""
+    t = _baselined(run, skip)
+    rows = []
+    for d, part in t.groupby("delay_ms"):
+        if d == t["delay_ms"].min():
+            continue
+        rows.append({"run": f"{run.spec.name} {d:g} ms", "where": run.spec.straggler.where, "delay_ms": d,
+                     "measured_delay_ms": statistics.median(part["measured_delay_ms"]),
+                     "step_added_ms": statistics.median(part["step_added_ms"]),
+                     "step_spread_ms": spread(part["step_added_ms"]),
+                     "extra_wait_ms": statistics.median(part["extra_wait_ms"]), "steps": len(part)})
+    return pd.DataFrame(rows).set_index("run")
+
+
+def cycle_slopes(run, skip: int = SKIP) -> dict:
+    """Per whole cycle of delays: the least-squares slope (and intercept) of the early ranks' step gained
+    against the delay the slow rank lost, within that cycle; `slopes` are what `claims.judge` takes (one
+    value per cycle: each from a few consecutive steps, so a change of load between cycles moves no
+    slope), `slope` and `intercept` their medians, for the figure's line."""
+    t = _baselined(run, skip)
+    slopes, intercepts = [], []
+    for _, part in t.groupby("cycle"):
+        x, y = part["measured_delay_ms"], part["step_added_ms"]
+        mx, my = x.mean(), y.mean()
+        sxx = float(((x - mx) ** 2).sum())
+        if sxx <= 0:
+            continue
+        b = float(((x - mx) * (y - my)).sum() / sxx)
+        slopes.append(b)
+        intercepts.append(float(my - b * mx))
+    if not slopes:
+        raise ValueError(f"{run.spec.name}: no cycle with two different delays measured")
+    return {"slopes": slopes, "slope": statistics.median(slopes), "intercept": statistics.median(intercepts),
+            "cycles": len(slopes)}
+
+
 def lost_ms(run, skip: int = SKIP) -> list[float]:
     """Per step (from `skip` on): what the straggler rank's own clock saw it lose (its "straggler" phase, ms)."""
     slow = run.spec.straggler
@@ -207,24 +285,3 @@ def check_wait_for_delay(runs, skip: int = SKIP) -> list:
     from .. import claims
 
     return [claims.check(judge_wait_for_delay(run, skip)) for run in runs]
-
-
-def step_slope(table: pd.DataFrame) -> dict:
-    """The least-squares line through (measured_delay_ms, step_added_ms): `slope` and `intercept` (1 and
-    0 when the step follows the slowest rank exactly) and the slope's standard error `slope_se`: from
-    each run's step spread (the median of n steps has a standard error of about 1.25 x spread / sqrt(n))
-    and, where there are more runs than two, from the points' scatter about the line too, since the
-    runs ran one after another and a change of load between them moves a point by more than its
-    steps' spread says."""
-    x, y = table["measured_delay_ms"].astype(float), table["step_added_ms"].astype(float)
-    if x.nunique() < 2:
-        raise ValueError("measured_delay_ms: a slope needs runs with at least two different delays")
-    mx, my = x.mean(), y.mean()
-    sxx = float(((x - mx) ** 2).sum())
-    slope = float(((x - mx) * (y - my)).sum() / sxx)
-    sigma = 1.25 * table["step_spread_ms"].astype(float) / table["steps"].astype(float) ** 0.5
-    se = float((((x - mx) ** 2) * sigma ** 2).sum() ** 0.5 / sxx)
-    if len(x) > 2:
-        resid = y - (my + slope * (x - mx))
-        se = (se ** 2 + float((resid ** 2).sum()) / (len(x) - 2) / sxx) ** 0.5
-    return {"slope": slope, "intercept": float(my - slope * mx), "slope_se": se}

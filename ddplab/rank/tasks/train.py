@@ -62,7 +62,7 @@ def run(ctx):
             # a straggler is slower once per optimizer step: its first batch is late, or it pauses or
             # computes more before its last backward
             if slow and slow.where == "data" and micro == 0:
-                delay(slow, device)
+                delay(slow, device, step)
                 clock.mark("straggler")
             synced = ddp is not None and (last or not exp.no_sync)
             with ddp.no_sync() if ddp is not None and not synced else nullcontext():
@@ -73,7 +73,7 @@ def run(ctx):
                 probes.after_forward(step, micro)
                 clock.mark("forward")
                 if slow and slow.where != "data" and last:
-                    delay(slow, device)
+                    delay(slow, device, step)
                     clock.mark("straggler")
                 if exp.fault and exp.fault.hits(rank, step) and inject_fault(ctx, step, micro, synced, side_group):
                     continue
@@ -145,17 +145,18 @@ def loss_scale(ctx, step: int, clock) -> tuple[float, float]:
     return scale, count.item()
 
 
-def delay(slow, device) -> None:
-    """The straggler's extra time (`spec/straggler.py`): a pause (a late batch, a paused host), or
-    matrix products that keep its core busy for `slow.ms`. On a GPU the queued work finishes first,
+def delay(slow, device, step: int = 0) -> None:
+    """The straggler's extra time in step `step` (`spec/straggler.py`: `slow.ms_at(step)`): a pause (a
+    late batch, a paused host), or matrix products that keep its core busy that long. On a GPU the queued work finishes first,
     so the delay is not hidden behind it; the products' input is fixed, so no random stream moves."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+    ms = slow.ms_at(step)
     if slow.where in ("data", "before-backward"):
-        time.sleep(slow.ms / 1e3)
+        time.sleep(ms / 1e3)
         return
     a = torch.full((128, 128), 1.0 / 128, device=device)
-    end = time.perf_counter() + slow.ms / 1e3
+    end = time.perf_counter() + ms / 1e3
     while time.perf_counter() < end:
         a = torch.tanh(a @ a)
         if device.type == "cuda":
