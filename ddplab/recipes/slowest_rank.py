@@ -54,7 +54,10 @@ def balance_study(rounds: int = 10, steps: int = 8, pin_cpus: bool = True, **ove
     (one rank gets the long sequences: 8x the squared-length sum), and by estimated cost (greedy,
     the cost model fitted on this machine by the task's calibration phase). A narrow model with long
     sequences, so attention's quadratic term is a large share of the compute."""
-    task = BalanceStudy(pool=(512,) * 4 + (64,) * 32, calibration_tokens=2048, rounds=rounds, steps_per_round=steps)
+    # 11 timed repeats a calibration shape (the median of each is the point): one disturbed call on a busy
+    # machine moves no point, so the quadratic term's standard error stays near a quiet machine's
+    task = BalanceStudy(pool=(512,) * 4 + (64,) * 32, calibration_tokens=2048, calibration_repeats=11, rounds=rounds,
+                        steps_per_round=steps)
     fields = dict(world_size=2, seq_len=512, d_model=32, n_layers=2, n_heads=4, vocab_size=64, pin_cpus=pin_cpus)
     fields.update(overrides)
     return Experiment(name="balance-study", task=task, **fields)
