@@ -38,4 +38,6 @@ def name_link(fig, source) -> None:
     text = link_of(source) if source is not None else ""
     if not text:
         return
-    fig.text(0.995, 0.002, f"link: {text}", ha="right", va="bottom", fontsize=7, color="0.35")
+    # just below the figure's edge: the notebook's inline image (bbox_inches="tight") grows to hold it, so it
+    # never sits on an axis label
+    fig.text(0.995, -0.005, f"link: {text}", ha="right", va="top", fontsize=7.5, color="0.35")
