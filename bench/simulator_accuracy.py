@@ -91,19 +91,20 @@ def known_link(bs, extra, per_step, plans, band: float) -> None:
     """Per plan: the textbook model's prediction against every paired step's measured time, judged by
     `claims` within +-`band`; prints each verdict and the widest interval seen."""
     print(f"\non a known link: the textbook model's relative error per step, judged against +-{band:.0%}")
-    verdicts = {}
+    verdicts, alpha = {}, claims.family(len(plans))   # one statement about every plan: the family at ALPHA
     for plan in plans:
         measured = per_step[plan].dropna()
         predicted = extra.loc[plan, "textbook_ms"]
         verdicts[plan] = claims.judge(f"the simulator predicts {plan}'s step within {band:.0%}",
                                       [(predicted - m) / m for m in measured], within=(-band, band), unit="",
-                                      what=f"median over {len(measured)} steps")
+                                      alpha=alpha, what=f"median over {len(measured)} steps")
         print(f"  {verdicts[plan]}")
     lo = min(v.low for v in verdicts.values())
     hi = max(v.high for v in verdicts.values())
     held = sum(v.holds for v in verdicts.values())
     print(f"how tightly: {held} of {len(verdicts)} plans held within +-{band:.0%}; every plan's median error lies "
-          f"in [{lo:+.1%}, {hi:+.1%}] (99.8% intervals, {bs.spec.link.name})")
+          f"in [{lo:+.1%}, {hi:+.1%}] ({100 * (1 - 2 * len(plans) * alpha):.3g}% for all {len(plans)} at once, "
+          f"{bs.spec.link.name})")
 
 
 if __name__ == "__main__":

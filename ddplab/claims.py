@@ -111,7 +111,9 @@ class Verdict:
 
     def __str__(self) -> str:
         u = f" {self.unit}" if self.unit else ""
-        level = f"{100 * (1 - 2 * self.alpha):.3g}%"
+        # enough digits that a family's level (alpha / k) never rounds to "100%": 99.8%, 99.98%, ...
+        digits = 2 + max(1, math.ceil(-math.log10(200 * self.alpha)))
+        level = f"{100 * (1 - 2 * self.alpha):.{digits}g}%"
         line = (f"{self.outcome}: {self.claim} ({self.what} {_g(self.center)}{u}, {level} interval "
                 f"[{_g(self.low)}, {_g(self.high)}]{u}, claim {self.claimed})")
         return line + (f"; {self.advice}" if self.advice else "")

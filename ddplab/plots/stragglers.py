@@ -61,7 +61,7 @@ def delay_response(table, fit=None, title: str = "", link=None, against: str = "
                 label=f"fit: step added = {slope:.2f} x delay {intercept:+.1f} ms")
     ax.set_xlim(0, top)
     ax.set_ylim(0, top)
-    ax.set_xlabel("delay one rank lost, every step (ms, as its own clock measured it)")
+    ax.set_xlabel("delay one rank lost in that step (ms, as its own clock measured it)")
     ax.set_ylabel(f"ms, against {against}")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=9, loc="upper left")

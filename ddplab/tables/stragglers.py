@@ -141,12 +141,10 @@ def delay_response(runs, baseline, skip: int = SKIP) -> pd.DataFrame:
     rows = []
     for run in runs:
         slow = run.spec.straggler
-        if slow is None:
-            raise ValueError(f"{run.spec.name}: no straggler in this run's spec; pass it as the baseline")
+        lost = lost_ms(run, skip)   # refuses a run without a straggler, or with a cycle of delays
         cw = compute_and_wait(run, skip)
         early = cw[cw.index.get_level_values("rank") != slow.rank]["wait_ms"].tolist()
         base_wait = statistics.median(base_cw[base_cw.index.get_level_values("rank") != slow.rank]["wait_ms"])
-        lost = lost_ms(run, skip)
         steps = _slowest_step_ms(run, skip)
         rows.append({"run": run.spec.name, "where": slow.where, "slow_rank": slow.rank, "delay_ms": slow.ms,
                      "measured_delay_ms": statistics.median(lost), "early_wait_ms": statistics.median(early),
@@ -209,7 +207,8 @@ def _baselined(run, skip: int) -> pd.DataFrame:
 
 def cycle_response(run, skip: int = SKIP) -> pd.DataFrame:
     """Per delay of the cycle (the lowest left out: it is the baseline), with the columns of
-    `delay_response`: the delay the slow rank lost, the step time the early ranks' step gained and
+    `delay_response`, but every one set against the same cycle's undelayed step: the delay the slow
+    rank lost beyond that step's (`measured_delay_ms`), the step time the early ranks' step gained and
     the wait they gained, each the median over cycles of the difference to the same cycle's step
     without the delay (measured a few steps apart: the same moment of the machine), and its spread."""
     t = _baselined(run, skip)
@@ -252,6 +251,9 @@ def lost_ms(run, skip: int = SKIP) -> list[float]:
     slow = run.spec.straggler
     if slow is None:
         raise ValueError(f"{run.spec.name}: no straggler in this run's spec; pass it as the baseline")
+    if len(getattr(slow, "cycle", ())) > 1:
+        raise ValueError(f"{run.spec.name}: straggler.ms is a cycle of delays (some steps have none): read it with "
+                         "delay_cycle, cycle_response or cycle_slopes")
     return [run.ranks[slow.rank].steps[i].phase_ms.get("straggler", 0.0) for i in range(skip, run.spec.steps)]
 
 
