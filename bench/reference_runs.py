@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 import tempfile
@@ -79,14 +80,25 @@ def run_notebook(nb: Path, scratch: Path, inplace: bool = False) -> tuple[list[d
     load = os.getloadavg()[0]
     started = time.time()
     t0 = time.monotonic()
-    p = subprocess.run([sys.executable, "-m", "jupyter", "nbconvert", "--to", "notebook", "--execute",
-                        "--ExecutePreprocessor.timeout=1200", *where, str(nb)], cwd=nb.parent, env=env,
-                       capture_output=True, text=True)
+    # a session of its own, so that however this script ends (Ctrl-C, SIGTERM), the notebook's kernel and
+    # the ranks it launched go with it: no orphans
+    p = subprocess.Popen([sys.executable, "-m", "jupyter", "nbconvert", "--to", "notebook", "--execute",
+                          "--ExecutePreprocessor.timeout=1200", *where, str(nb)], cwd=nb.parent, env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    stderr = ""
+    try:
+        _, stderr = p.communicate()
+    finally:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)   # whatever is left of its tree (nothing, after a clean exit)
+        except (ProcessLookupError, PermissionError):
+            pass
+        p.wait()
     seconds = time.monotonic() - t0
     verdicts = [json.loads(ln) for ln in record.read_text().splitlines()] if record.exists() else []
     meta = {"load": f"{load:.1f} at start, {os.getloadavg()[0]:.1f} at end", "links": links(runs, started)}
     if p.returncode:
-        print(p.stderr[-3000:], file=sys.stderr)
+        print(stderr[-3000:], file=sys.stderr)
     return verdicts, meta, seconds, p.returncode
 
 
