@@ -152,7 +152,10 @@ class Train(TaskSpec):
                                           deviation=True),
               Phase("extra-all-reduce", 6, "an all_reduce that no other rank issued", deviation=True),
               Phase("sigkill", 6, deviation=True),
-              Phase("optimizer", 7, ends_step=True))
+              Phase("optimizer", 7, ends_step=True),
+              # the profile probe's export after the last step (rank/probes/profile.py): minutes on a busy machine
+              Phase("profile-stop", 80, after_steps=True), Phase("profile-export-trace", 81, after_steps=True),
+              Phase("profile-memory-timeline", 82, after_steps=True))
     reads = None          # every field
 
 

@@ -120,10 +120,16 @@ class ProfileProbe(Probe):
         self.prof.step()
 
     def finish(self, run_dir) -> None:
+        # each step of the export named in the progress log: on a loaded machine each can take a minute, and
+        # the launcher's watchdog (no progress for the collective timeout) must see the rank is alive
+        log = self.at.ctx.log
+        log.enter("profile-stop")
         self.prof.stop()
         rank, run_dir = self.at.ctx.rank, Path(run_dir)
         trace_dir(run_dir).mkdir(exist_ok=True)
+        log.enter("profile-export-trace")
         _write_atomic(trace_file(run_dir, rank), lambda tmp: self.prof.export_chrome_trace(str(tmp)))
+        log.enter("profile-memory-timeline")
         timeline = memory_timeline(self.prof, self.at.ctx.device)
         _write_atomic(memory_timeline_file(run_dir, rank), lambda tmp: tmp.write_text(json.dumps(timeline)))
         peaks = [max(column, default=0) for column in zip(*timeline["bytes"])]
