@@ -106,6 +106,7 @@ def main() -> int:
                       f"{sum(v['outcome'] == 'contradicted' for v in verdicts)} contradicted", flush=True)
                 code = code or rc
     finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)   # a second SIGTERM must not cut the cleanup short
         for b in busy:
             try:
                 os.killpg(b.pid, signal.SIGKILL)

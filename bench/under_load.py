@@ -56,6 +56,7 @@ def main() -> int:
                 first_failure = p.returncode
                 print(p.stdout[-4000:], file=sys.stderr)
     finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)   # a second SIGTERM must not cut the cleanup short
         for b in busy:
             try:
                 os.killpg(b.pid, signal.SIGKILL)
