@@ -19,8 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import subprocess
 import sys
 import tempfile
 from collections import defaultdict
@@ -31,8 +29,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 from reference_runs import commit, run_notebook  # noqa: E402
-
-SPIN = "while True: pass"
+from under_load import busy_processes  # noqa: E402
 
 
 def tally(rows: list[dict], busy: int | None = None) -> str:
@@ -82,11 +79,8 @@ def main() -> int:
     if not a.notebooks:
         raise ValueError("notebooks: name at least one notebook to run")
     os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))   # so `finally` stops the spinners
-    busy: list[subprocess.Popen] = []
     rows, code = [], 0
-    try:
-        busy += [subprocess.Popen([sys.executable, "-c", SPIN], start_new_session=True) for _ in range(a.busy)]
+    with busy_processes(a.busy):
         for i in range(a.runs):
             for name in a.notebooks:
                 nb = Path(name).resolve()
@@ -105,14 +99,6 @@ def main() -> int:
                       f"{held} of {len(verdicts)} claims held, "
                       f"{sum(v['outcome'] == 'contradicted' for v in verdicts)} contradicted", flush=True)
                 code = code or rc
-    finally:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)   # a second SIGTERM must not cut the cleanup short
-        for b in busy:
-            try:
-                os.killpg(b.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            b.wait()
     print(tally(rows))
     return code
 

@@ -12,6 +12,7 @@ the result is written down. Exits with the first non-zero pytest exit code, if a
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import subprocess
@@ -21,6 +22,25 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 SPIN = "while True: pass"
+
+
+@contextlib.contextmanager
+def busy_processes(n: int):
+    """`n` processes spinning on the cores (another user's jobs) for the `with` block, stopped with their
+    whole process group however it ends (a second SIGTERM during the stop is ignored, so none is left)."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))   # so the stop below runs on SIGTERM too
+    busy: list[subprocess.Popen] = []
+    try:
+        busy += [subprocess.Popen([sys.executable, "-c", SPIN], start_new_session=True) for _ in range(n)]
+        yield busy
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        for b in busy:
+            try:
+                os.killpg(b.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            b.wait()
 
 
 def main() -> int:
@@ -35,11 +55,8 @@ def main() -> int:
     if a.repeat < 1:
         raise ValueError(f"--repeat must be >= 1, got {a.repeat}")
     args = [x for x in a.pytest_args if x != "--"] or ["tests"]
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))   # so `finally` stops the spinners
-    busy: list[subprocess.Popen] = []
     first_failure = 0
-    try:
-        busy += [subprocess.Popen([sys.executable, "-c", SPIN], start_new_session=True) for _ in range(a.busy)]
+    with busy_processes(a.busy):
         for i in range(a.repeat):
             t0 = time.monotonic()
             p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args],
@@ -55,14 +72,6 @@ def main() -> int:
             if p.returncode and not first_failure:
                 first_failure = p.returncode
                 print(p.stdout[-4000:], file=sys.stderr)
-    finally:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)   # a second SIGTERM must not cut the cleanup short
-        for b in busy:
-            try:
-                os.killpg(b.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            b.wait()
     return first_failure
 
 
