@@ -178,6 +178,23 @@ def test_the_model_claims_are_contradicted_where_the_models_are_the_other_way_ro
     assert buckets.judge_optimistic(on_the_mean, noise_only).outcome == claims.UNRESOLVED
 
 
+def test_the_model_claims_are_judged_at_each_steps_compute_only_pace():
+    # the machine's pace drifts 0.7x-1.5x over the rounds and moves every arm alike; the calibrated
+    # model is 3% off and the textbook 15% optimistic at the median pace
+    rng = random.Random(5)
+    pace = [rng.choice([0.7, 1.0, 1.5]) * (1 + rng.gauss(0, 0.01)) for _ in range(ROUNDS * STEPS)]
+    means = [100, 110, 120, 130]
+    steps = pd.DataFrame({"compute-only": [80 * k for k in pace],
+                          **{f"ddp:{i + 1}": [m * k * (1 + rng.gauss(0, 0.01)) for k in pace] for i, m in enumerate(means)}})
+    steps["compute-only"] /= steps["compute-only"].median() / 80    # the median pace is 1
+    t = model_table(means, [m * 0.85 for m in means], [m * 1.03 for m in means])
+    assert buckets.judge_closer(t, steps).holds and buckets.judge_optimistic(t, steps).holds
+    unpaced = steps.drop(columns="compute-only")
+    assert buckets.judge_closer(t, unpaced).outcome == claims.UNRESOLVED     # the drift drowns it unpaced
+    wrong = model_table(means, [m * 1.0 for m in means], [m * 0.85 for m in means])
+    assert buckets.judge_closer(wrong, steps).contradicted
+
+
 def test_ordering_grades_only_the_pairs_the_paired_steps_resolve():
     steps = step_table([100, 101, 130], noise=3.0)
     t = model_table([100, 101, 130], [0, 0, 0], [99, 102, 120])

@@ -11,18 +11,21 @@ STRAGGLER_MODEL = dict(d_model=64, n_layers=2, n_heads=4, vocab_size=64, local_b
 
 
 def stragglers(world_size: int = 2, ms: float = 20, rank: int = 1, steps: int = 12, pin_cpus: bool = True,
-               **overrides) -> list[Experiment]:
+               longer_steps: int | None = None, **overrides) -> list[Experiment]:
     """Notebook 07: the same DDP run without a straggler ("straggler-none"), then with rank `rank` slower by
     `ms` every step in each of three places (a late batch, a pause before backward, extra compute
     before backward), and with three times the sequence length on that rank (no injected delay: more work).
-    The bucket probe records every rank's arrival at every all-reduce."""
+    The bucket probe records every rank's arrival at every all-reduce. The longer-sequences run takes
+    `longer_steps` steps (default twice `steps`): its effect (a few ms a step) is the smallest of the
+    five, and its steps are cheap, so it gets the more paired values."""
     base = dict(world_size=world_size, steps=steps, probes=("buckets",), pin_cpus=pin_cpus, **STRAGGLER_MODEL)
     base.update(overrides)
     none = Experiment(name="straggler-none", **base)
     slowed = [none.replace(name=f"straggler-{where}", straggler=Straggler(rank, where, ms))
               for where in ("data", "before-backward", "compute")]
     longer = tuple(3 * none.seq_len if r == rank else none.seq_len for r in range(world_size))
-    return [none, *slowed, none.replace(name="straggler-longer-sequences", seq_len=longer)]
+    return [none, *slowed, none.replace(name="straggler-longer-sequences", seq_len=longer,
+                                        steps=longer_steps or 2 * none.steps)]
 
 
 def delay_sweep(delays_ms=(0, 20, 40, 80), cycles: int = 16, world_size: int = 2, rank: int = 1,

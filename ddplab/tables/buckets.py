@@ -142,29 +142,41 @@ def ordering(table: pd.DataFrame, step_table: pd.DataFrame, predicted: str = "ca
     return df
 
 
-def step_errors(table: pd.DataFrame, step_table: pd.DataFrame, model: str, plans=None) -> pd.DataFrame:
-    """Per step (a row of `bucket_sweep.steps`: every plan measured at one moment), `model`'s relative
-    error (predicted - measured) / measured for each plan in `plans` (default: `table`'s)."""
+def step_errors(table: pd.DataFrame, step_table: pd.DataFrame, model: str, plans=None,
+                baseline: str = "compute-only") -> pd.DataFrame:
+    """Per step (a row of `bucket_sweep.steps`: every plan measured in one round), `model`'s relative
+    error (predicted - measured) / measured for each plan in `plans` (default: `table`'s).
+
+    The models predict a step for the machine's median pace (their inputs are medians of the
+    compute-only steps). Where `step_table` has the `baseline` column, the step measured without
+    communication in the same round and position, each row's prediction is scaled by that step over
+    its median: a round where the machine ran 30% slow expects every plan 30% slower, so load that
+    moves every arm alike drops out of the errors (the baseline measured beside the plans, not at
+    another moment). Without the column the predictions are used as they are."""
     plans = list(plans if plans is not None else table.index)
-    return pd.DataFrame({p: (table.loc[p, f"{model}_ms"] - step_table[p]) / step_table[p] for p in plans}).dropna()
+    pace = step_table[baseline] / step_table[baseline].median() if baseline in step_table else 1.0
+    return pd.DataFrame({p: (table.loc[p, f"{model}_ms"] * pace - step_table[p]) / step_table[p]
+                         for p in plans}).dropna()
 
 
 def judge_optimistic(table: pd.DataFrame, step_table: pd.DataFrame, model: str = "textbook") -> claims.Verdict:
-    """"`model` is optimistic on average": per step, its mean signed error over the plans, below 0."""
+    """"`model` is optimistic on average": per step, its mean signed error over the plans (paced by
+    that row's compute-only step: `step_errors`), below 0."""
     values = step_errors(table, step_table, model).mean(axis=1).tolist()
-    return claims.judge(f"the {model} model is optimistic on average (mean signed error over the plans, per step)",
+    return claims.judge(f"the {model} model is optimistic on average (mean signed error over the plans, per step, "
+                        "at that step's compute-only pace)",
                         values, below=0.0, unit="")
 
 
 def judge_closer(table: pd.DataFrame, step_table: pd.DataFrame, model: str = "calibrated",
                  than: str = "textbook") -> claims.Verdict:
     """"`model` is closer than `than`": per step, the mean |error| of `model` minus that of `than` over
-    the plans other than the calibration point, below 0."""
+    the plans other than the calibration point (paced as in `step_errors`), below 0."""
     held_out = table.index[~table["calibration_point"]]
     gap = step_errors(table, step_table, model, held_out).abs().mean(axis=1) - \
         step_errors(table, step_table, than, held_out).abs().mean(axis=1)
     return claims.judge(f"the {model} model is closer than the {than} one (mean |error| over the {len(held_out)} "
-                        f"plans other than the calibration point, minus the {than}'s, per step)",
+                        f"plans other than the calibration point, minus the {than}'s, per step, at that step's compute-only pace)",
                         gap.dropna().tolist(), below=0.0, unit="")
 
 
