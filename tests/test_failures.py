@@ -98,3 +98,32 @@ def test_a_real_crash_still_wins_over_a_frozen_peer():
     errors = {1: err(1, "injected fault: rank 1 crashed", t=3)}
     d = diagnose({r: UP for r in range(3)}, errors, set(), 3, T, False, PHASES, frozen={2: "stopped"})
     assert d.kind == "crash" and d.ranks == [1]
+
+
+def test_the_launch_is_blamed_on_the_earliest_error_not_on_the_narrower_run_torchrun_stopped(tmp_path):
+    # notebook 09 under load: rank 2 (outside the 2-rank run) failed in the next, 4-rank run; torchrun then
+    # stopped ranks 0 and 1 mid-step in the 2-rank run, which left no result and no error of their own
+    import json
+    import types
+
+    from ddplab import Experiment, rundir
+    from ddplab.launch import cold
+
+    narrow, wide = Experiment(name="narrow", world_size=2), Experiment(name="wide", world_size=4)
+    dirs = [tmp_path / "narrow", tmp_path / "wide"]
+    for d in dirs:
+        d.mkdir()
+    for r in (0, 1):
+        rundir.progress_file(dirs[0], r).write_text(json.dumps({"phase": "forward", "step": 3, "t_ns": 1}) + "\n")
+    rundir.error_file(dirs[1], 2).write_text(json.dumps({
+        "rank": 2, "phase": "start", "step": -1, "t_ns": 5, "type": "DistBackendError",
+        "message": "Timed out waiting 60000ms", "traceback": "Traceback ...\nDistBackendError: Timed out"}))
+    (tmp_path / rundir.LOG).write_text("")
+    proc = types.SimpleNamespace(returncode=None)
+    failed = cold._first_failure([narrow, wide], dirs, tmp_path, proc, 60.0, False, tmp_path / "spec.json", {},
+                                 tmp_path)
+    assert failed.run_dir == dirs[1] and 2 in failed.diagnosis.ranks
+    # without any error record, the first run that left no result is the one blamed
+    rundir.error_file(dirs[1], 2).unlink()
+    assert cold._first_failure([narrow, wide], dirs, tmp_path, proc, 60.0, False, tmp_path / "spec.json", {},
+                               tmp_path).run_dir == dirs[0]

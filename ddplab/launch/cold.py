@@ -236,23 +236,34 @@ def _torchrun(argv, env, log, watch: Watch, reporter: Reporter, t0: float, start
 
 def _first_failure(exps, run_dirs, launch_dir: Path, proc, timeout_s: float, watchdog: bool, spec_path: Path,
                    frozen: dict, flight_dir: Path):
-    """RunFailed for the first experiment some rank of which failed or left no result, else None.
+    """RunFailed for the experiment where the launch went wrong first, else None: the one holding the
+    earliest error record of any rank (a rank outside a narrower experiment may fail in a later one,
+    and torchrun then stops the narrower one's ranks, which leave no result: the error is the cause,
+    their silence the consequence), else the first experiment some rank of which left no result.
     `frozen`: the ranks the watch saw frozen, and their process state; `flight_dir`: where NCCL's
     flight recorder dumped (the launch's directory, or its session's)."""
+    failed = []
     for exp, run_dir in zip(exps, run_dirs):
         prog, errors, finished = collect(run_dir, exp.world_size)
         if errors or len(finished) < exp.world_size:
-            if proc.returncode not in (0, None):
-                kill_tree(proc, spec_path)  # torchrun stopped its ranks; sweep for any that escaped
-            diagnosis = failures.diagnose(prog, errors, finished, exp.world_size, timeout_s, watchdog,
-                                          exp.task.all_phases(),
-                                          {r: state for r, state in frozen.items() if r < exp.world_size},
-                                          _deaths(run_dir, launch_dir, exp.world_size, finished | set(errors),
-                                                  flight_dir))
-            if diagnosis.kind == "missing-result":  # no rank could explain itself: show what torchrun saw
-                diagnosis.log_tail = "\n".join((launch_dir / rundir.LOG).read_text().splitlines()[-LOG_TAIL_LINES:])
-            return failures.RunFailed(diagnosis, run_dir)
-    return None
+            failed.append((exp, run_dir, prog, errors, finished))
+    if not failed:
+        return None
+    if proc.returncode not in (0, None):
+        kill_tree(proc, spec_path)  # torchrun stopped its ranks; sweep for any that escaped
+
+    def first_error_ns(f) -> float:
+        times = [e.get("t_ns") for e in f[3].values()]
+        return min((t for t in times if isinstance(t, int)), default=float("inf"))
+
+    exp, run_dir, prog, errors, finished = min(failed, key=first_error_ns) if any(f[3] for f in failed) else failed[0]
+    diagnosis = failures.diagnose(prog, errors, finished, exp.world_size, timeout_s, watchdog,
+                                  exp.task.all_phases(),
+                                  {r: state for r, state in frozen.items() if r < exp.world_size},
+                                  _deaths(run_dir, launch_dir, exp.world_size, finished | set(errors), flight_dir))
+    if diagnosis.kind == "missing-result":  # no rank could explain itself: show what torchrun saw
+        diagnosis.log_tail = "\n".join((launch_dir / rundir.LOG).read_text().splitlines()[-LOG_TAIL_LINES:])
+    return failures.RunFailed(diagnosis, run_dir)
 
 
 def _deaths(run_dir: Path, launch_dir: Path, world_size: int, accounted: set[int],

@@ -105,7 +105,12 @@ def run_experiments(spec_paths: list[Path], env, launch_id: str, warm: tuple | N
         groups = runtime.subgroups([e.world_size for e in exps], env.world_size, timeout_s, fresh=warm is not None)
         # every rank's events from here on share one time base, on one host or several
         aligned_ns = clock.align(env.node, device if device.type == "cuda" else None)
-        for run_dir, exp in mine:
+        gate = _Gate(launch_id)
+        for i, (path, exp) in enumerate(zip(spec_paths, exps)):
+            if env.rank >= exp.world_size:   # not in this one: wait for it outside any collective
+                gate.wait(i, exp.world_size)
+                continue
+            run_dir = path.parent
             if run_dir != log.run_dir:
                 log.close()
                 log = ProgressLog(run_dir, env.rank, exp.task.all_phases())
@@ -126,6 +131,7 @@ def run_experiments(spec_paths: list[Path], env, launch_id: str, warm: tuple | N
                 launch_id=launch_id, t_start_ns=t0, t_end_ns=time.time_ns(), node=env.node,
                 aligned_at_ns=aligned_ns)
             write_json_atomic(rank_file(run_dir, env.rank), record.dump(record.RankRecord(envelope, result)))
+            gate.passed(i)
         if warm is None:
             if log:
                 log.enter("teardown")
@@ -144,6 +150,37 @@ def run_experiments(spec_paths: list[Path], env, launch_id: str, warm: tuple | N
         log.close()
     _FATAL.stop()
     return code
+
+
+class _Gate:
+    """Where a launch's experiments differ in width (notebook 09: 2-rank pipelines among 4-rank runs),
+    a rank outside one experiment must not wait for the next inside a collective: the collective's
+    timeout (`timeout_s`, for one collective) would run out while the narrower experiment is merely
+    long (under load a 2-stage pipeline study outlasts 60 s), that rank would fail, and torchrun would
+    stop the others mid-step. So each member marks the experiment done in the process group's store,
+    and a rank outside it polls the count. Unbounded here, and bounded where it matters: a member that
+    hangs times out in its own collective and fails the launch (torchrun then stops every rank), and
+    the launcher's watchdog bounds the whole launch."""
+
+    POLL_S = 0.05
+
+    def __init__(self, launch_id: str):
+        self.prefix = f"ddplab/gate/{launch_id or 'launch'}/"
+        self._store = None
+
+    def store(self):
+        if self._store is None:
+            from torch.distributed.distributed_c10d import _get_default_store
+
+            self._store = _get_default_store()
+        return self._store
+
+    def passed(self, i: int) -> None:
+        self.store().add(f"{self.prefix}{i}", 1)
+
+    def wait(self, i: int, members: int) -> None:
+        while self.store().add(f"{self.prefix}{i}", 0) < members:
+            time.sleep(self.POLL_S)
 
 
 class _FatalSignals:

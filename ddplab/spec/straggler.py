@@ -10,9 +10,12 @@ synchronous reduction waits for its slowest participant (pure).
   its core busy, as an extra layer or a monitoring hook would).
 Once per optimizer step, whatever `accum_steps`: the step's all-reduce waits `ms` more. The delay the
 rank really lost is recorded as its step's "straggler" phase (`TrainStep.phase_ms`).
-`ms` may also be a cycle of delays, one per step in turn (0 for none): `ms=(0, 20, 40, 80)` delays
-step k by `ms[k % 4]`, a sweep of delays interleaved in one run, so every delay is measured beside the
-steps without one, at the same moment of the machine (`ms_at(step)`).
+`ms` may also be a cycle of delays, one per step in turn (0 for none): `ms=(0, 20, 40, 80)` runs every
+delay once in each cycle of 4 steps, a sweep of delays interleaved in one run, so every delay is
+measured beside the steps without one, at the same moment of the machine (`ms_at(step)`). Cycle c
+starts c places further along the tuple (a rotation: 0 20 40 80, then 20 40 80 0, ...), so a drift of
+the machine within a cycle lines up with rising delays in some cycles and falling ones in others,
+instead of always with rising ones.
 A rank with longer sequences is the fourth kind, and needs no straggler: give `seq_len` per rank.
 Only the train task injects stragglers. Used by notebook 07.
 """
@@ -43,8 +46,10 @@ class Straggler:
         return self.ms if isinstance(self.ms, tuple) else (self.ms,)
 
     def ms_at(self, step: int) -> float:
-        """The delay of optimizer step `step`."""
-        return self.cycle[step % len(self.cycle)]
+        """The delay of optimizer step `step`: step k is position k mod n of cycle k // n, which is
+        the tuple rotated by the cycle's number (every cycle holds every delay once)."""
+        n = len(self.cycle)
+        return self.cycle[(step + step // n) % n]
 
     def check(self, exp) -> None:
         if exp.world_size < 2:
