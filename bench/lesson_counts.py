@@ -12,6 +12,9 @@ from a git worktree of a fixed commit while the main checkout changes. Appends o
 `--out` (default bench/lesson_counts.jsonl: notebook, busy, load, seconds, exit code, each claim's
 outcome) and prints, per notebook and claim, how many runs held it, could not resolve it or
 contradicted it. `--tally` only prints the tally of what `--out` holds (optionally for one `--busy`).
+`--tally-dir DIR` tallies the verdict files of suite runs (`bench/under_load.py --claims DIR`: one file
+a run of the notebook suite), each claim under the notebook that `--out`'s rows saw it in; whether a
+suite run passed is in bench/under_load.log.
 """
 
 from __future__ import annotations
@@ -41,9 +44,12 @@ def tally(rows: list[dict], busy: int | None = None) -> str:
         runs = [r for r in rows if r["notebook"] == nb]
         failed = sum(r["rc"] != 0 for r in runs)
         loads = sorted(r["load_start"] for r in runs)
-        out.append(f"## {nb}: {len(runs)} runs (busy {sorted({r['busy'] for r in runs})}), {failed} failed; "
-                   f"load at start {loads[0]:.1f}-{loads[-1]:.1f}; "
-                   f"{sum(r['seconds'] for r in runs) / len(runs):.0f} s a run")
+        if all(r["busy"] == -1 for r in runs):   # suite runs (`suite_rows`): no load or time of their own here
+            out.append(f"## {nb}: {len(runs)} suite runs")
+        else:
+            out.append(f"## {nb}: {len(runs)} runs (busy {sorted({r['busy'] for r in runs})}), {failed} failed; "
+                       f"load at start {loads[0]:.1f}-{loads[-1]:.1f}; "
+                       f"{sum(r['seconds'] for r in runs) / len(runs):.0f} s a run")
         counts: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
         for r in runs:
             seen = {}
@@ -60,6 +66,21 @@ def tally(rows: list[dict], busy: int | None = None) -> str:
     return "\n".join(out)
 
 
+def suite_rows(folder: Path, known: list[dict]) -> list[dict]:
+    """One row per (verdict file, notebook), in `tally`'s shape, from the verdict files of suite runs: each
+    claim goes to the notebook a row of `known` recorded it in ("(other)" where none did)."""
+    where = {key: r["notebook"] for r in known for key, _ in r["claims"]}
+    rows = []
+    for f in sorted(folder.glob("*.jsonl")):
+        verdicts = [json.loads(ln) for ln in f.read_text().splitlines() if ln.strip()]
+        by_nb: dict[str, list] = defaultdict(list)
+        for v in verdicts:
+            by_nb[where.get(v["key"], "(other)")].append([v["key"], v["outcome"]])
+        rows += [{"notebook": nb, "run": f.stem, "busy": -1, "load_start": 0.0, "seconds": 0.0, "rc": 0,
+                  "claims": claims} for nb, claims in by_nb.items()]
+    return rows
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("notebooks", nargs="*")
@@ -67,11 +88,17 @@ def main() -> int:
     ap.add_argument("--busy", type=int, default=0, help="busy processes on the cores for the whole batch")
     ap.add_argument("--out", type=Path, default=HERE / "lesson_counts.jsonl")
     ap.add_argument("--tally", action="store_true", help="print the tally of --out and stop")
+    ap.add_argument("--tally-dir", type=Path, help="tally the suite runs' verdict files in this directory and stop")
     a = ap.parse_args()
     if a.runs < 1:
         raise ValueError(f"--runs must be >= 1, got {a.runs}")
     if a.busy < 0:
         raise ValueError(f"--busy must be >= 0, got {a.busy}")
+    if a.tally_dir:
+        known = [json.loads(ln) for ln in a.out.read_text().splitlines() if ln.strip()] if a.out.exists() else []
+        print(f"suite runs in {a.tally_dir} (busy, load, time and pass/fail: bench/under_load.log)")
+        print(tally(suite_rows(a.tally_dir, known)))
+        return 0
     if a.tally:
         rows = [json.loads(ln) for ln in a.out.read_text().splitlines() if ln.strip()]
         print(tally(rows, None if "--busy" not in sys.argv else a.busy))
