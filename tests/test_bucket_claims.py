@@ -193,6 +193,12 @@ def test_the_model_claims_are_judged_at_each_steps_compute_only_pace():
     assert buckets.judge_closer(t, unpaced).outcome == claims.UNRESOLVED     # the drift drowns it unpaced
     wrong = model_table(means, [m * 1.0 for m in means], [m * 0.85 for m in means])
     assert buckets.judge_closer(wrong, steps).contradicted
+    # no drift, and the compute-only step noisy on its own (3%): the pacing adds noise, not a verdict
+    steady = pd.DataFrame({"compute-only": [80 * (1 + rng.gauss(0, 0.03)) for _ in pace],
+                           **{f"ddp:{i + 1}": [m * (1 + rng.gauss(0, 0.01)) for _ in pace] for i, m in enumerate(means)}})
+    assert buckets.judge_closer(t, steady).holds and buckets.judge_closer(wrong, steady).contradicted
+    assert "compute-only pace" in buckets.judge_closer(t, steady).claim
+    assert "compute-only pace" not in buckets.judge_closer(t, unpaced).claim
 
 
 def test_ordering_grades_only_the_pairs_the_paired_steps_resolve():

@@ -101,8 +101,8 @@ def test_a_real_crash_still_wins_over_a_frozen_peer():
 
 
 def test_the_launch_is_blamed_on_the_earliest_error_not_on_the_narrower_run_torchrun_stopped(tmp_path):
-    # notebook 09 under load: rank 2 (outside the 2-rank run) failed in the next, 4-rank run; torchrun then
-    # stopped ranks 0 and 1 mid-step in the 2-rank run, which left no result and no error of their own
+    # a rank outside the 2-rank run failed in the next, 4-rank run; torchrun then stopped ranks 0 and 1
+    # mid-step in the 2-rank run, which left no result and no error of their own
     import json
     import types
 
@@ -115,15 +115,20 @@ def test_the_launch_is_blamed_on_the_earliest_error_not_on_the_narrower_run_torc
         d.mkdir()
     for r in (0, 1):
         rundir.progress_file(dirs[0], r).write_text(json.dumps({"phase": "forward", "step": 3, "t_ns": 1}) + "\n")
-    rundir.error_file(dirs[1], 2).write_text(json.dumps({
-        "rank": 2, "phase": "start", "step": -1, "t_ns": 5, "type": "DistBackendError",
-        "message": "Timed out waiting 60000ms", "traceback": "Traceback ...\nDistBackendError: Timed out"}))
     (tmp_path / rundir.LOG).write_text("")
     proc = types.SimpleNamespace(returncode=None)
-    failed = cold._first_failure([narrow, wide], dirs, tmp_path, proc, 60.0, False, tmp_path / "spec.json", {},
-                                 tmp_path)
-    assert failed.run_dir == dirs[1] and 2 in failed.diagnosis.ranks
-    # without any error record, the first run that left no result is the one blamed
-    rundir.error_file(dirs[1], 2).unlink()
+
+    def blamed(message):
+        rundir.error_file(dirs[1], 2).write_text(json.dumps({
+            "rank": 2, "phase": "forward", "step": 0, "t_ns": 5, "type": "RuntimeError", "message": message,
+            "traceback": f"Traceback ...\nRuntimeError: {message}"}))
+        return cold._first_failure([narrow, wide], dirs, tmp_path, proc, 60.0, False, tmp_path / "spec.json", {},
+                                   tmp_path)
+
+    own = blamed("mat1 and mat2 shapes cannot be multiplied")
+    assert own.run_dir == dirs[1] and "mat1 and mat2" in str(own)
+    # a timeout in the later run is a consequence (a rank still busy in the earlier one): the earlier is blamed
+    assert blamed("Timed out waiting 60000ms for recv operation to complete").run_dir == dirs[0]
+    rundir.error_file(dirs[1], 2).unlink()   # no error at all: the first run that left no result
     assert cold._first_failure([narrow, wide], dirs, tmp_path, proc, 60.0, False, tmp_path / "spec.json", {},
                                tmp_path).run_dir == dirs[0]

@@ -91,7 +91,7 @@ def test_arrivals_refuse_a_run_without_bucket_events(run2):
 
 
 def cycle_stand_in(rank0_added, cycle=(0.0, 20.0, 40.0, 80.0), cycles: int = 12, noise=None):
-    """A 2-rank run whose rank 1 pauses `cycle[k % 4]` ms before backward in step k: rank 1's clock saw
+    """A 2-rank run whose rank 1 pauses `Straggler.ms_at(k)` ms before backward in step k: rank 1's clock saw
     exactly that, and rank 0's step is 30 ms plus `rank0_added(delay)` plus `noise(k)`."""
     from ddplab.spec.straggler import Straggler
 

@@ -64,8 +64,8 @@ def run_many(exps: list[Experiment], out=None, *, name: str = "sweep", progress=
     `out` is the launch directory (default `runs/<name>-<hash of all specs>`); each experiment gets
     the run directory `<out>/<exp.name>-<exp.hash>` inside it. The first failure raises `RunFailed`.
     Every process group of the launch uses the largest `timeout_s`; a rank outside a smaller
-    experiment waits in the next experiment's first collective, so each smaller experiment must
-    finish within that timeout.
+    experiment waits for it at a gate in the store, outside any collective (`rank/worker.py`), so a
+    smaller experiment may take as long as it needs.
     """
     exps = list(exps)
     if not exps or not all(isinstance(e, Experiment) for e in exps):
@@ -237,9 +237,11 @@ def _torchrun(argv, env, log, watch: Watch, reporter: Reporter, t0: float, start
 def _first_failure(exps, run_dirs, launch_dir: Path, proc, timeout_s: float, watchdog: bool, spec_path: Path,
                    frozen: dict, flight_dir: Path):
     """RunFailed for the experiment where the launch went wrong first, else None: the one holding the
-    earliest error record of any rank (a rank outside a narrower experiment may fail in a later one,
-    and torchrun then stops the narrower one's ranks, which leave no result: the error is the cause,
-    their silence the consequence), else the first experiment some rank of which left no result.
+    earliest error of its own (an exception that is neither a collective's timeout nor a lost peer,
+    which are consequences of another rank's trouble): a rank may fail in a later experiment while
+    torchrun then stops an earlier one's ranks, which leave no result; their silence is the
+    consequence, the error the cause. Else the first experiment some rank of which failed or left no
+    result (a rank stuck in experiment A makes the others time out in B: A is blamed).
     `frozen`: the ranks the watch saw frozen, and their process state; `flight_dir`: where NCCL's
     flight recorder dumped (the launch's directory, or its session's)."""
     failed = []
@@ -252,11 +254,12 @@ def _first_failure(exps, run_dirs, launch_dir: Path, proc, timeout_s: float, wat
     if proc.returncode not in (0, None):
         kill_tree(proc, spec_path)  # torchrun stopped its ranks; sweep for any that escaped
 
-    def first_error_ns(f) -> float:
-        times = [e.get("t_ns") for e in f[3].values()]
+    def first_cause_ns(f) -> float:   # one host's clock: across nodes the order is approximate
+        times = [e.get("t_ns") for e in f[3].values() if not failures.is_timeout(e) and not failures.is_lost_peer(e)]
         return min((t for t in times if isinstance(t, int)), default=float("inf"))
 
-    exp, run_dir, prog, errors, finished = min(failed, key=first_error_ns) if any(f[3] for f in failed) else failed[0]
+    caused = [f for f in failed if first_cause_ns(f) < float("inf")]
+    exp, run_dir, prog, errors, finished = min(caused, key=first_cause_ns) if caused else failed[0]
     diagnosis = failures.diagnose(prog, errors, finished, exp.world_size, timeout_s, watchdog,
                                   exp.task.all_phases(),
                                   {r: state for r, state in frozen.items() if r < exp.world_size},

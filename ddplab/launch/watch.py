@@ -88,7 +88,7 @@ class Watch:
 
     def _current(self) -> int:
         """The experiment the launch is on: the first that has started and some rank of which has not
-        written its result yet (ranks outside a smaller experiment run ahead into the next one)."""
+        written its result yet (ranks outside a smaller experiment wait at its gate, then start the next)."""
         started = [i for i in range(len(self.runs)) if self.last[i]]
         for i in started:
             exp, run_dir = self.runs[i]

@@ -5,8 +5,9 @@
 
 (ddplab starts it through `launch.loopback`, torchrun with its stores on 127.0.0.1.) Given several
 specs, the ranks run them in order (one launch, one `import torch`); an experiment with a smaller
-world size runs on ranks 0..world_size-1 of its own process group while the other ranks go on to
-the next experiment they belong to. With `--serve`, the ranks join the process group once and then
+world size runs on ranks 0..world_size-1 of its own process group while the other ranks wait for it
+at a gate in the store (`_Gate`: outside any collective, so a long narrow experiment cannot run out
+their collective timeout), then go on to the next experiment they belong to. With `--serve`, the ranks join the process group once and then
 run job after job (`launch/session.py` writes `job{n}.json`, a list of specs), each exactly as a
 cold launch would, on process groups made fresh for the job.
 
@@ -158,9 +159,11 @@ class _Gate:
     timeout (`timeout_s`, for one collective) would run out while the narrower experiment is merely
     long (under load a 2-stage pipeline study outlasts 60 s), that rank would fail, and torchrun would
     stop the others mid-step. So each member marks the experiment done in the process group's store,
-    and a rank outside it polls the count. Unbounded here, and bounded where it matters: a member that
-    hangs times out in its own collective and fails the launch (torchrun then stops every rank), and
-    the launcher's watchdog bounds the whole launch."""
+    and a rank outside it polls the count. Unbounded here, and bounded elsewhere: a member that fails
+    ends the launch (torchrun stops every rank; a session's job is torn down), a member that hangs in a
+    collective times out there, and one stuck anywhere else is stopped by the launcher's watchdog (no
+    progress for timeout_s + its grace), which also covers a node whose agent left while the store
+    lived on."""
 
     POLL_S = 0.05
 

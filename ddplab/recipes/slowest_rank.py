@@ -33,9 +33,9 @@ def delay_sweep(delays_ms=(0, 20, 40, 80), cycles: int = 16, world_size: int = 2
     """Notebook 07: one run whose rank `rank` pauses before backward for each of `delays_ms` in turn,
     one per step, `cycles` times over (after one cycle of warm-up): every delay is measured beside a
     step without one, a few steps apart, so a change of the machine's load between runs cannot pose as
-    the straggler's cost (`tables.stragglers.cycle_slopes`: one slope per cycle). Each cycle starts one
-    place further along `delays_ms` (a rotation, `Straggler.ms_at`): a drift within a cycle's few steps
-    lines up with rising delays in some cycles and with falling ones in others, not always the same way."""
+    the straggler's cost (`tables.stragglers.cycle_slopes`: one slope per cycle). Cycles alternate
+    direction (`Straggler.ms_at`): a drift within a cycle's few steps lines up with rising delays in
+    half the cycles and with falling ones in the other half, not always the same way."""
     for field in ("steps", "name", "straggler"):
         if field in overrides:
             raise ValueError(f"delay_sweep: {field} is set by the cycle (steps = len(delays_ms) x (cycles + 1)); "

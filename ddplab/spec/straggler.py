@@ -12,10 +12,10 @@ Once per optimizer step, whatever `accum_steps`: the step's all-reduce waits `ms
 rank really lost is recorded as its step's "straggler" phase (`TrainStep.phase_ms`).
 `ms` may also be a cycle of delays, one per step in turn (0 for none): `ms=(0, 20, 40, 80)` runs every
 delay once in each cycle of 4 steps, a sweep of delays interleaved in one run, so every delay is
-measured beside the steps without one, at the same moment of the machine (`ms_at(step)`). Cycle c
-starts c places further along the tuple (a rotation: 0 20 40 80, then 20 40 80 0, ...), so a drift of
-the machine within a cycle lines up with rising delays in some cycles and falling ones in others,
-instead of always with rising ones.
+measured beside the steps without one, at the same moment of the machine (`ms_at(step)`). Cycles
+alternate direction (0 20 40 80, then 80 40 20 0, ...), so a drift of the machine within a cycle
+pushes the even cycles' slopes one way and the odd cycles' the other by as much, instead of every
+slope the same way.
 A rank with longer sequences is the fourth kind, and needs no straggler: give `seq_len` per rank.
 Only the train task injects stragglers. Used by notebook 07.
 """
@@ -46,10 +46,11 @@ class Straggler:
         return self.ms if isinstance(self.ms, tuple) else (self.ms,)
 
     def ms_at(self, step: int) -> float:
-        """The delay of optimizer step `step`: step k is position k mod n of cycle k // n, which is
-        the tuple rotated by the cycle's number (every cycle holds every delay once)."""
+        """The delay of optimizer step `step`: position k mod n of cycle k // n, read forwards in even
+        cycles and backwards in odd ones (every cycle holds every delay once)."""
         n = len(self.cycle)
-        return self.cycle[(step + step // n) % n]
+        cycle, k = divmod(step, n)
+        return self.cycle[k if cycle % 2 == 0 else n - 1 - k]
 
     def check(self, exp) -> None:
         if exp.world_size < 2:

@@ -147,24 +147,32 @@ def step_errors(table: pd.DataFrame, step_table: pd.DataFrame, model: str, plans
     """Per step (a row of `bucket_sweep.steps`: every plan measured in one round), `model`'s relative
     error (predicted - measured) / measured for each plan in `plans` (default: `table`'s).
 
-    The models predict a step for the machine's median pace (their inputs are medians of the
-    compute-only steps). Where `step_table` has the `baseline` column, the step measured without
-    communication in the same round and position, each row's prediction is scaled by that step over
-    its median: a round where the machine ran 30% slow expects every plan 30% slower, so load that
-    moves every arm alike drops out of the errors (the baseline measured beside the plans, not at
-    another moment). Without the column the predictions are used as they are."""
+    The models' compute comes from medians of the compute-only steps, so they predict a step at the
+    machine's median pace. Where `step_table` has the `baseline` column (the step measured without
+    communication in the same round and position), each row's prediction is scaled by that step over
+    the column's median: a round where compute alone ran 30% slow expects every plan 30% slower, so
+    load that moves every arm alike drops out of the errors (the baseline measured beside the plans,
+    not at another moment). The whole predicted step is scaled, communication included: right where
+    compute and communication share the cores and slow down together (gloo on a CPU, chapter 05's
+    sweep on loopback); on a GPU, or with an emulated link's fixed wire time, it over-corrects the
+    communication part. Without the column the predictions are used as they are."""
     plans = list(plans if plans is not None else table.index)
     pace = step_table[baseline] / step_table[baseline].median() if baseline in step_table else 1.0
     return pd.DataFrame({p: (table.loc[p, f"{model}_ms"] * pace - step_table[p]) / step_table[p]
                          for p in plans}).dropna()
 
 
+def _paced(step_table: pd.DataFrame, baseline: str = "compute-only") -> str:
+    """What the claim's text says of the pacing `step_errors` applied (nothing where it applied none)."""
+    return ", at that step's compute-only pace" if baseline in step_table else ""
+
+
 def judge_optimistic(table: pd.DataFrame, step_table: pd.DataFrame, model: str = "textbook") -> claims.Verdict:
     """"`model` is optimistic on average": per step, its mean signed error over the plans (paced by
     that row's compute-only step: `step_errors`), below 0."""
     values = step_errors(table, step_table, model).mean(axis=1).tolist()
-    return claims.judge(f"the {model} model is optimistic on average (mean signed error over the plans, per step, "
-                        "at that step's compute-only pace)",
+    return claims.judge(f"the {model} model is optimistic on average (mean signed error over the plans, per step"
+                        f"{_paced(step_table)})",
                         values, below=0.0, unit="")
 
 
@@ -176,7 +184,7 @@ def judge_closer(table: pd.DataFrame, step_table: pd.DataFrame, model: str = "ca
     gap = step_errors(table, step_table, model, held_out).abs().mean(axis=1) - \
         step_errors(table, step_table, than, held_out).abs().mean(axis=1)
     return claims.judge(f"the {model} model is closer than the {than} one (mean |error| over the {len(held_out)} "
-                        f"plans other than the calibration point, minus the {than}'s, per step, at that step's compute-only pace)",
+                        f"plans other than the calibration point, minus the {than}'s, per step{_paced(step_table)})",
                         gap.dropna().tolist(), below=0.0, unit="")
 
 
