@@ -66,13 +66,18 @@ def tally(rows: list[dict], busy: int | None = None) -> str:
     return "\n".join(out)
 
 
+def read_rows(path: Path) -> list[dict]:
+    """The JSON lines of `path` (blank lines skipped), read as data."""
+    return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
+
+
 def suite_rows(folder: Path, known: list[dict]) -> list[dict]:
     """One row per (verdict file, notebook), in `tally`'s shape, from the verdict files of suite runs: each
     claim goes to the notebook a row of `known` recorded it in ("(other)" where none did)."""
     where = {key: r["notebook"] for r in known for key, _ in r["claims"]}
     rows = []
     for f in sorted(folder.glob("*.jsonl")):
-        verdicts = [json.loads(ln) for ln in f.read_text().splitlines() if ln.strip()]
+        verdicts = read_rows(f)
         by_nb: dict[str, list] = defaultdict(list)
         for v in verdicts:
             by_nb[where.get(v["key"], "(other)")].append([v["key"], v["outcome"]])
@@ -95,13 +100,11 @@ def main() -> int:
     if a.busy < 0:
         raise ValueError(f"--busy must be >= 0, got {a.busy}")
     if a.tally_dir:
-        known = [json.loads(ln) for ln in a.out.read_text().splitlines() if ln.strip()] if a.out.exists() else []
         print(f"suite runs in {a.tally_dir} (busy, load, time and pass/fail: bench/under_load.log)")
-        print(tally(suite_rows(a.tally_dir, known)))
+        print(tally(suite_rows(a.tally_dir, read_rows(a.out) if a.out.exists() else [])))
         return 0
     if a.tally:
-        rows = [json.loads(ln) for ln in a.out.read_text().splitlines() if ln.strip()]
-        print(tally(rows, None if "--busy" not in sys.argv else a.busy))
+        print(tally(read_rows(a.out), None if "--busy" not in sys.argv else a.busy))
         return 0
     if not a.notebooks:
         raise ValueError("notebooks: name at least one notebook to run")

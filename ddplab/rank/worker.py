@@ -7,9 +7,10 @@
 specs, the ranks run them in order (one launch, one `import torch`); an experiment with a smaller
 world size runs on ranks 0..world_size-1 of its own process group while the other ranks wait for it
 at a gate in the store (`_Gate`: outside any collective, so a long narrow experiment cannot run out
-their collective timeout), then go on to the next experiment they belong to. With `--serve`, the ranks join the process group once and then
-run job after job (`launch/session.py` writes `job{n}.json`, a list of specs), each exactly as a
-cold launch would, on process groups made fresh for the job.
+their collective timeout), then go on to the next experiment they belong to. With `--serve`, the
+ranks join the process group once and then run job after job (`launch/session.py` writes
+`job{n}.json`, a list of specs), each exactly as a cold launch would, on process groups made fresh
+for the job.
 
 For each experiment the worker runs the task its spec names (`rank/tasks/`; training is
 `rank/tasks/train.py`) and writes what the task returns as `rank{r}.json` (the envelope and the
