@@ -131,6 +131,10 @@ def _experiment(args) -> Experiment:
         raise ValueError(f"spec: --spec gives the whole experiment; drop {', '.join(given)}")
     from pathlib import Path
 
+    import importlib
+
+    for name in args.imports:   # the user's own task modules, named on the command line, not by the file
+        importlib.import_module(name)
     text = sys.stdin.read() if args.spec == "-" else Path(args.spec).read_text()
     return Experiment.from_json(text)
 
@@ -309,6 +313,9 @@ def _run_flags(p, spec: bool = True) -> None:
     if spec:
         p.add_argument("--spec", default=None, help="the experiment as a spec.json file (- reads stdin), "
                                                     "instead of the flags above")
+        p.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
+                       help="import MODULE first: where your own task is declared (a spec names it, and "
+                            "ddplab never imports what a file names); repeat for several")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -10,6 +10,10 @@
         rank{r}.memory-timeline.json  the profiler's memory timeline by category (the profile probe)
         traces/rank{r}.pt.trace.json  the profiler's chrome trace (the profile probe; every rank's in one
                                folder, nothing else there, as Holistic Trace Analysis reads it)
+        checkpoint/            a saving run's checkpoint (the resume task, spec/resume.py): DCP's files and
+                               each rank's rank{r}.state.pt
+        checkpoint.seal.json   their digests under this account's key: a resume reads only a sealed
+                               checkpoint (seal.py), since loading one unpickles it
         launch.log             torchrun's own output
         launch.json            the launcher's record: command, exit status, wall time, whether complete
 

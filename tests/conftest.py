@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,19 @@ def leftovers(run_dir) -> list[str]:
     """Command lines of any live process started for this run directory (or for a launch staged
     beside it, `rundir.staging_dir`): the failure lab's own orphan search."""
     return orphans(Path(run_dir))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def checkpoint_key(tmp_path_factory):
+    """The tests seal checkpoints with a key of their own, never the account's (`ddplab/seal.py`); every
+    launch inherits it."""
+    key = tmp_path_factory.mktemp("key") / "checkpoint.key"
+    old, os.environ["DDPLAB_KEY_FILE"] = os.environ.get("DDPLAB_KEY_FILE"), str(key)
+    yield key
+    if old is None:
+        os.environ.pop("DDPLAB_KEY_FILE", None)
+    else:
+        os.environ["DDPLAB_KEY_FILE"] = old
 
 
 @pytest.fixture(scope="session")

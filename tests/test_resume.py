@@ -5,11 +5,16 @@ the spec's refusals; the slow ones share two launches (the saving runs, then eve
 
 from __future__ import annotations
 
+import json
+import pickle
+import shutil
+from pathlib import Path
+
 import pandas as pd
 import pytest
 
 import ddplab
-from ddplab import Experiment, verify
+from ddplab import Experiment, seal, verify
 from ddplab.recipes import resume as recipes
 from ddplab.spec.resume import Resume, SamplerPosition, checkpoint_dir, position_after, rank_state_file
 from ddplab.tables import resume as tables
@@ -19,8 +24,8 @@ MODEL = dict(recipes.RESUME_MODEL, world_size=2, local_batch=4)
 
 
 def saving_run_dir(tmp_path, checkpoint=True, **fields):
-    """A directory that looks like a finished saving run to the spec's checks (they read spec.json and
-    look for the checkpoint's files, never into them)."""
+    """A directory that looks like a finished saving run to the spec's checks (they read spec.json, look
+    for the checkpoint's files and check their seal, never read into them)."""
     exp = Experiment(name="saved", task=Resume(save_at=6), **{**MODEL, **fields})
     d = tmp_path / "saved"
     d.mkdir()
@@ -30,6 +35,7 @@ def saving_run_dir(tmp_path, checkpoint=True, **fields):
         (checkpoint_dir(d) / ".metadata").write_text("")
         for r in range(exp.world_size):
             rank_state_file(d, r).write_text("")
+        seal.seal(d, checkpoint_dir(d))
     return d
 
 
@@ -174,6 +180,24 @@ def test_the_checkpoint_holds_model_and_adam_state_in_dcp_and_each_ranks_own_fil
     info = saved.ranks[0].result.saved
     assert (info.step, info.epoch, info.epoch_consumed) == (6, 1, 16)
     assert info.dcp_bytes > 3 * 4 * params   # parameters, Adam's exp_avg and exp_avg_sq, float32
+
+
+@pytest.mark.slow
+def test_a_real_checkpoint_is_sealed_and_a_copy_with_a_malicious_metadata_runs_nothing(runs, tmp_path):
+    """The saving run sealed what its ranks wrote; a copy verifies; a copy whose .metadata is a pickle
+    that runs code when loaded is refused before any rank starts, and the code never runs."""
+    saved = runs["saved"]
+    files = json.loads(seal.seal_file(saved.path).read_text())["files"]
+    assert {".metadata", "rank0.state.pt", "rank1.state.pt"} <= set(files) and any(f.endswith(".distcp") for f in files)
+    copy = shutil.copytree(saved.path, tmp_path / "copy")
+    recipes.resumes(copy)   # a copy is fine
+    marker = tmp_path / "code-ran"
+    (checkpoint_dir(copy) / ".metadata").write_bytes(
+        pickle.dumps(type("Evil", (), {"__reduce__": lambda self: (Path.write_text, (marker, "x"))})()))
+    with pytest.raises(ValueError, match=r"Experiment\.task\.resume_from: the checkpoint differs from what its "
+                                         r"saving run sealed: .*\.metadata \(changed\)"):
+        ddplab.run(recipes.resumes(copy)[0], out=tmp_path / "never")
+    assert not marker.exists() and not (tmp_path / "never").exists()
 
 
 @pytest.mark.slow

@@ -25,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import seal
 from .checks import bad, is_int, is_number
 from .tasks import GRADIENT_ALL_REDUCE, MODEL_FIELDS, RUN_FIELDS, Phase, TaskSpec, register
 
@@ -39,7 +40,7 @@ SAME_OPTIMIZER = ("optimizer", "lr", "momentum")   # DCP restores the param grou
 
 def checkpoint_dir(run_dir) -> Path:
     """Where a saving run's checkpoint lies: DCP's files (`.metadata`, `__<r>_0.distcp`) and each
-    rank's own `rank{r}.state.pt`."""
+    rank's own `rank{r}.state.pt`; sealed by `checkpoint.seal.json` beside it (`ddplab/seal.py`)."""
     return Path(run_dir) / CHECKPOINT
 
 
@@ -119,7 +120,8 @@ class ResumeRecord:
     steps: list[ResumeStep]
 
 
-DCP_SAVE = "collectives of dcp.save (its write plan's gather and scatter, then the commit of .metadata)"
+DCP_SAVE = ("collectives of dcp.save (its write plan's gather and scatter, then the commit of .metadata), then "
+            "the barrier before rank 0 seals the checkpoint")
 DCP_LOAD = "collectives of dcp.load (its read plan's gather and scatter)"
 
 
@@ -199,6 +201,10 @@ class Resume(TaskSpec):
         if missing:
             bad("task.resume_from", f"{where} holds no complete checkpoint ({CHECKPOINT}/ lacks {', '.join(missing)}); "
                                     f"run it to the end (its save_at) first")
+        try:   # before anything reads the folder: DCP unpickles it (seal.py)
+            seal.verify(self.resume_from, cp)
+        except ValueError as e:
+            bad("task.resume_from", str(e))
         for name in SAME_MODEL + (SAME_OPTIMIZER if "optimizer" in self.restore else ()):
             if getattr(exp, name) != getattr(saved, name):
                 fits = "the same optimizer settings" if name in SAME_OPTIMIZER else "the same model and data order"

@@ -19,14 +19,15 @@ A task is declared once, here or in a module of your own, and runs unchanged thr
   fault).
 - `reads`: an Experiment field outside it that differs from its default is refused with a ValueError
   naming it, so no setting is silently ignored.
-- A task declared outside ddplab is found again in every rank through the module named in spec.json.
+- A task declared outside ddplab is found again in every rank through the module named in spec.json:
+  the rank worker imports it (it runs what the launcher wrote for you). Reading a spec never imports
+  it: `from_dict` refuses a kind that is not registered yet, naming the module to import yourself.
 Pure: no torch. Used by `Experiment` (spec/experiment.py), the launcher, the worker and `results`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import re
 from dataclasses import dataclass
 from typing import ClassVar
@@ -119,9 +120,12 @@ class TaskSpec:
             bad("task", f"must be a task section such as Train() or AllReduceSweep(...) (got {d!r})")
         d = dict(d)
         kind, module = d.pop("kind"), d.pop("module", None)
-        if kind not in _REGISTRY and module:
-            importlib.import_module(module)  # a task declared outside ddplab registers itself on import
-        if kind not in _REGISTRY:
+        if isinstance(kind, str) and kind not in _REGISTRY and isinstance(module, str) and module:
+            # never imported from here: a spec or a run directory would run code by naming a module
+            bad("task", f"kind {kind!r} is declared in module {module!r}, which is not imported; ddplab never "
+                        f"imports a module that a file names. If it is your own task, import it first "
+                        f"(`import {module}`; on the command line: ddplab run --import {module} --spec ...)")
+        if not isinstance(kind, str) or kind not in _REGISTRY:
             bad("task", f"must be one of {', '.join(kinds())} (got {kind!r})")
         cls = _REGISTRY[kind]
         known = {f.name for f in dataclasses.fields(cls)}

@@ -22,6 +22,7 @@ from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_o
                                                      set_model_state_dict, set_optimizer_state_dict)
 from torch.utils.data import DistributedSampler
 
+from ... import seal
 from ...rundir import save_tensors_atomic
 from ...spec.resume import CheckpointInfo, ResumeRecord, ResumeStep, checkpoint_dir, rank_state_file
 from .. import data, models
@@ -100,7 +101,8 @@ def augment(x: torch.Tensor, p: float, vocab_size: int) -> tuple[torch.Tensor, i
 
 def save(ctx, ddp, optimizer, step: int, epoch: int, offset: int) -> CheckpointInfo:
     """Write the checkpoint after `step` optimizer steps: DCP for model and optimizer (a collective),
-    then this rank's own file (its RNG state first: nothing may draw from it in between)."""
+    then this rank's own file (its RNG state first: nothing may draw from it in between); once every
+    rank has written, rank 0 seals the folder (`ddplab/seal.py`: a resume reads only what was sealed)."""
     exp = ctx.exp
     own = {"step": step, "epoch": epoch, "rank_offset": offset, "epoch_consumed": offset * exp.world_size,
            "world_size": exp.world_size, "local_batch": exp.local_batch, "rng": torch.get_rng_state()}
@@ -111,6 +113,9 @@ def save(ctx, ddp, optimizer, step: int, epoch: int, offset: int) -> CheckpointI
              process_group=ctx.group)
     clock.mark("save")
     save_tensors_atomic(rank_state_file(ctx.run_dir, ctx.rank), own)
+    torch.distributed.barrier(group=ctx.group)   # every rank's files are written: rank 0 seals them all
+    if ctx.rank == 0:
+        seal.seal(ctx.run_dir, checkpoint_dir(ctx.run_dir))
     return _info(ctx.run_dir, own, clock.durations_ms()["save"])
 
 
