@@ -73,7 +73,8 @@ def main() -> int:
     with busy_processes(a.busy):
         for i in range(a.repeat):
             env, record = dict(os.environ), None
-            if a.claims:
+            if a.claims:   # absolute: the notebooks' kernels run in notebooks/, not here
+                a.claims = a.claims.resolve()
                 a.claims.mkdir(parents=True, exist_ok=True)
                 record = a.claims / f"{datetime.now(timezone.utc):%Y%m%dT%H%M%S}-run{i + 1}.jsonl"
                 env["DDPLAB_RECORD_CLAIMS"] = str(record)

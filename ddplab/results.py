@@ -17,6 +17,7 @@ from pathlib import Path
 from . import record, rundir
 from .failures import Diagnosis, RunFailed
 from .spec import Experiment
+from .spec.checks import reading_a_record
 
 
 @dataclass(frozen=True)
@@ -93,10 +94,14 @@ def load_rank(path: Path, rank: int, spec: Experiment) -> RankResult:
     f = rundir.rank_file(path, rank)
     if not f.exists():
         raise RunFailed(Diagnosis("missing-result", [rank], f"Rank {rank} wrote no result ({f.name} is missing)."), path)
+    if not f.is_file():
+        raise _invalid(rank, "is not a file", path)
     try:
         rec = record.load(json.loads(f.read_text()), spec.task.record)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise _invalid(rank, f"is not valid JSON ({e})", path) from e
+    except RecursionError:
+        raise _invalid(rank, "is nested too deeply to be a rank's record", path) from None
     except record.RecordError as e:
         raise _invalid(rank, str(e), path) from e
     env = rec.envelope
@@ -118,13 +123,27 @@ def load_run(path) -> Run:
     spec_file = path / rundir.SPEC
     if not spec_file.exists():
         raise FileNotFoundError(f"{path} is not a ddplab run directory: {rundir.SPEC} is missing")
+    if not spec_file.is_file():
+        raise ValueError(f"{spec_file} is not a file; the run directory is damaged: run it again")
     try:
-        spec = Experiment.from_json(spec_file.read_text())
+        with reading_a_record():
+            spec = Experiment.from_json(spec_file.read_text())
     except json.JSONDecodeError as e:
         raise ValueError(f"{spec_file} is not a valid spec ({e}); the run directory is damaged: run it again") from e
     launch_file = path / rundir.LAUNCH
-    launch = json.loads(launch_file.read_text()) if launch_file.exists() else {}
+    try:
+        launch = json.loads(launch_file.read_text()) if launch_file.exists() else {}
+    except (OSError, ValueError, RecursionError) as e:
+        raise ValueError(f"{launch_file} is not the launcher's record ({e}); the run directory is damaged: "
+                         f"run it again") from None
+    if not isinstance(launch, dict):
+        raise ValueError(f"{launch_file} is not the launcher's record (a JSON object); the run directory is "
+                         f"damaged: run it again")
     ranks = [load_rank(path, r, spec) for r in range(spec.world_size)]
+    ids = {r.envelope.launch_id for r in ranks}
+    if not launch.get("launch_id") and len(ids) > 1:   # no launch.json to compare with: they must agree
+        raise _invalid(ranks[-1].rank, f"comes from another launch than rank {ranks[0].rank}'s (launch ids "
+                                       f"{', '.join(sorted(map(str, ids)))}): two launches wrote here", path)
     for r in ranks:
         if rundir.error_file(path, r.rank).exists():
             raise _invalid(r.rank, f"sits beside {rundir.error_file(path, r.rank).name}: the rank failed after writing it", path)

@@ -6,7 +6,8 @@ checkpoint that someone else made, or changed, would run whatever it holds in ev
 from it. The lab therefore seals what it writes and reads only what it sealed:
 
 - **Seal** (`seal`, called by rank 0 of a saving run once every rank has written its part): the SHA-256
-  of every file under the checkpoint folder, and an HMAC-SHA256 of that list under a key that only this
+  of every file under the checkpoint folder and of the run's spec.json (so the checkpoint belongs to
+  that run: its world size, its step), and an HMAC-SHA256 of that list under a key that only this
   account holds (`key_file()`: `$DDPLAB_KEY_FILE`, else `~/.config/ddplab/checkpoint.key`; made on first
   use, 32 random bytes, mode 0600). It goes to `checkpoint.seal.json` beside the folder, in the run
   directory.
@@ -97,9 +98,18 @@ def _mac(key: bytes, files: dict[str, str]) -> str:
     return hmac.new(key, msg.encode(), hashlib.sha256).hexdigest()
 
 
+def _sealed(run_dir, folder: Path) -> dict[str, str]:
+    """Every checkpoint file's digest, and the run's spec.json as `../spec.json`: a checkpoint is sealed to
+    the run that wrote it (its world size, its save_at), so one moved into another run is refused too."""
+    files = _digests(folder)
+    spec = Path(run_dir) / "spec.json"
+    files["../spec.json"] = hashlib.sha256(spec.read_bytes()).hexdigest() if spec.is_file() else "missing"
+    return files
+
+
 def seal(run_dir, folder) -> Path:
     """Seal the checkpoint `folder` of the run in `run_dir` as it is now (see the module docstring)."""
-    files = _digests(Path(folder))
+    files = _sealed(run_dir, Path(folder))
     out = seal_file(run_dir)
     tmp = out.with_name(f".{out.name}.tmp")
     tmp.write_text(json.dumps({"version": _VERSION, "files": files, "hmac": _mac(_key(create=True), files)},
@@ -129,7 +139,7 @@ def verify(run_dir, folder) -> None:
         raise ValueError(f"{sf} was not made with this account's checkpoint key ({key_file()}): the checkpoint "
                          f"comes from another account or machine, or its seal was edited; {why}. Run the "
                          f"saving run again here")
-    now = _digests(folder)
+    now = _sealed(run_dir, folder)
     changed = sorted(set(files) ^ set(now)) + sorted(k for k in set(files) & set(now) if files[k] != now[k])
     if changed:
         what = ", ".join(f"{folder / k} ({'added' if k not in files else 'missing' if k not in now else 'changed'})"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import pytest
@@ -39,4 +40,30 @@ def test_a_truncated_spec_is_a_damaged_run_not_a_json_traceback(run2, tmp_path):
     spec = copy / "spec.json"
     spec.write_text(spec.read_text()[:40])
     with pytest.raises(ValueError, match=r"spec.json is not a valid spec .*damaged: run it again"):
+        ddplab.load_run(copy)
+
+
+@pytest.mark.parametrize("damage, says", [
+    (lambda d: (d / "spec.json").write_text("[]"), r"a spec is a JSON object of Experiment fields \(got list\)"),
+    (lambda d: (d / "spec.json").write_text("null"), r"a spec is a JSON object of Experiment fields \(got NoneType\)"),
+    (lambda d: (d / "spec.json").write_text("[" * 100000 + "]" * 100000), r"nested too deeply"),
+    (lambda d: ((d / "spec.json").unlink(), (d / "spec.json").mkdir()), r"spec\.json is not a file"),
+    (lambda d: ((d / "rank1.json").unlink(), (d / "rank1.json").mkdir()), r"Rank 1's result file is not a file"),
+    (lambda d: (d / "rank1.json").write_text("[" * 100000 + "]" * 100000), r"Rank 1's result file is nested too deeply"),
+    (lambda d: (d / "launch.json").write_text("[1]"), r"launch\.json is not the launcher's record"),
+])
+def test_a_damaged_run_directory_is_a_clear_error_not_a_raw_one(run2, tmp_path, damage, says):
+    copy = shutil.copytree(run2.path, tmp_path / "damaged")
+    damage(copy)
+    with pytest.raises((ValueError, ddplab.RunFailed), match=says):
+        ddplab.load_run(copy)
+
+
+def test_a_rank_file_from_another_launch_is_refused_without_launch_json(run2, tmp_path):
+    copy = shutil.copytree(run2.path, tmp_path / "mixed")
+    (copy / "launch.json").unlink()
+    d = json.loads((copy / "rank1.json").read_text())
+    d["envelope"]["launch_id"] = "another"
+    (copy / "rank1.json").write_text(json.dumps(d))
+    with pytest.raises(ddplab.RunFailed, match=r"Rank 1's result file comes from another launch than rank 0's"):
         ddplab.load_run(copy)

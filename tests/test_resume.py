@@ -5,6 +5,7 @@ the spec's refusals; the slow ones share two launches (the saving runs, then eve
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import pickle
 import shutil
@@ -28,7 +29,7 @@ def saving_run_dir(tmp_path, checkpoint=True, **fields):
     for the checkpoint's files and check their seal, never read into them)."""
     exp = Experiment(name="saved", task=Resume(save_at=6), **{**MODEL, **fields})
     d = tmp_path / "saved"
-    d.mkdir()
+    d.mkdir(parents=True)
     (d / "spec.json").write_text(exp.to_json())
     if checkpoint:
         checkpoint_dir(d).mkdir()
@@ -141,8 +142,10 @@ def runs(runs_dir):
     base = ddplab.run_many(recipes.resume_baseline() + recipes.world_size_baseline(), runs_dir / "resume-base",
                            progress=False)
     named = {r.spec.name: r for r in base}
-    resumed = ddplab.run_many(recipes.resumes(named["saved"]) + recipes.world_size_resumes(named["saved-w4"]),
-                              runs_dir / "resume-resumed", progress=False)
+    copy = shutil.copytree(named["saved"].path, runs_dir / "resume-copy" / "saved")   # removed by a test below
+    from_copy = dataclasses.replace(recipes.resumes(copy)[0], name="resume-from-copy")
+    resumed = ddplab.run_many(recipes.resumes(named["saved"]) + recipes.world_size_resumes(named["saved-w4"])
+                              + [from_copy], runs_dir / "resume-resumed", progress=False)
     named.update({r.spec.name: r for r in resumed})
     return named
 
@@ -180,6 +183,17 @@ def test_the_checkpoint_holds_model_and_adam_state_in_dcp_and_each_ranks_own_fil
     info = saved.ranks[0].result.saved
     assert (info.step, info.epoch, info.epoch_consumed) == (6, 1, 16)
     assert info.dcp_bytes > 3 * 4 * params   # parameters, Adam's exp_avg and exp_avg_sq, float32
+
+
+@pytest.mark.slow
+def test_a_finished_resume_loads_after_its_saving_run_is_gone(runs):
+    """A copy of the saving run resumes exactly as the original; once the copy is deleted, the resume's
+    run directory still loads (reading checks the record, not the checkpoint it came from)."""
+    done = runs["resume-from-copy"]
+    shutil.rmtree(done.spec.task.resume_from)
+    again = ddplab.load_run(done.path)
+    assert [s.param_checksum for s in again.ranks[0].steps] == [s.param_checksum for s in
+                                                                 runs["resume-right"].ranks[0].steps]
 
 
 @pytest.mark.slow

@@ -15,9 +15,11 @@ from pathlib import Path
 
 import pytest
 
+import ddplab
 from ddplab import Experiment, seal
 from ddplab.recipes import resume as recipes
 from ddplab.results import load_run
+from ddplab.spec.checks import reading_a_record
 from ddplab.spec.resume import checkpoint_dir
 from tests.test_resume import MODEL, resume_of, saving_run_dir
 
@@ -96,6 +98,35 @@ def test_a_missing_or_damaged_seal_is_refused(tmp_path, text):
     seal.seal_file(d).unlink()
     with pytest.raises(ValueError, match=r"checkpoint\.seal\.json is missing: this checkpoint was not sealed"):
         resume_of(d)
+
+
+def test_a_checkpoint_moved_into_another_run_is_refused_with_its_seal(tmp_path):
+    """The seal covers the saving run's spec.json: a 4-rank run's checkpoint and seal moved into a 2-rank
+    run's directory (each rank would restore another world's streams and positions) is refused."""
+    two, four = saving_run_dir(tmp_path / "a"), saving_run_dir(tmp_path / "b", world_size=4)
+    shutil.rmtree(checkpoint_dir(two))
+    shutil.copytree(checkpoint_dir(four), checkpoint_dir(two))
+    shutil.copy(seal.seal_file(four), seal.seal_file(two))
+    with pytest.raises(ValueError, match=r"spec\.json \(changed\)"):
+        resume_of(two)
+
+
+def test_a_resume_is_never_written_over_the_run_it_resumes_from(tmp_path):
+    d = saving_run_dir(tmp_path)
+    for out in (d, tmp_path):
+        with pytest.raises(ValueError, match=r"out: .* holds the saving run .* checkpoint included"):
+            ddplab.run(resume_of(d), out=out)
+    assert (checkpoint_dir(d) / ".metadata").exists() and not list(tmp_path.glob(".*partial"))
+
+
+def test_a_finished_resume_is_read_without_its_saving_run(tmp_path):
+    """Reading a record checks the spec's own fields only: the saving run may have moved since."""
+    text = resume_of(saving_run_dir(tmp_path)).to_json()
+    shutil.rmtree(tmp_path / "saved")
+    with pytest.raises(ValueError, match=r"task\.resume_from: .* is not a run directory"):
+        Experiment.from_json(text)
+    with reading_a_record():
+        assert Experiment.from_json(text).task.resume_from == str(tmp_path / "saved")
 
 
 def test_a_symbolic_link_in_the_checkpoint_is_refused(tmp_path):

@@ -84,6 +84,7 @@ def _launch(exps, final_dirs, final_launch_dir: Path, name: str, progress,
             startup_timeout_s: float, warm: bool | None = None) -> list[Run]:
     nodes = Nodes.from_env()
     backend, device = preflight(exps, nodes)
+    _keeps_its_sources(exps, final_launch_dir)
     rundir.check_destination(final_launch_dir)
     # every launch writes into a directory of its own, and takes the final place when it ends
     launch_id = uuid.uuid4().hex[:12]
@@ -100,6 +101,17 @@ def _launch(exps, final_dirs, final_launch_dir: Path, name: str, progress,
         diagnosis = failures.run_dir_lost(launch_dir, e)
         reporter.finish(f"ddplab {name}: FAILED ({diagnosis.kind})")
         raise failures.RunFailed(diagnosis, placed[0] if placed else None) from None
+
+
+def _keeps_its_sources(exps, final_launch_dir: Path) -> None:
+    """A launch replaces its directory when it ends: refuse one that would replace a run it resumes from."""
+    out = final_launch_dir.resolve()
+    for exp in exps:
+        source = getattr(exp.task, "resume_from", None)
+        if source and (Path(source).resolve() == out or out in Path(source).resolve().parents):
+            raise ValueError(f"out: {final_launch_dir} holds the saving run {source} that {exp.name} resumes "
+                             f"from, and the launch replaces it when it ends, checkpoint included; write the "
+                             f"resume somewhere else")
 
 
 def _dir_lost(launch_dir: Path, error: OSError) -> bool:

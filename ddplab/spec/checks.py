@@ -4,7 +4,27 @@ Used by every spec section, so by every notebook.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
+
+_READING = contextvars.ContextVar("ddplab_reading_a_record", default=False)
+
+
+@contextlib.contextmanager
+def reading_a_record():
+    """Inside: specs are rebuilt from a finished run's spec.json (`results.load_run`). Only the spec's own
+    fields are checked, never what it pointed to when it was launched (a resume's saving run may have
+    moved or gone since; the checkpoint was checked before the ranks read it)."""
+    token = _READING.set(True)
+    try:
+        yield
+    finally:
+        _READING.reset(token)
+
+
+def reading() -> bool:
+    return _READING.get()
 
 
 def bad(field_name: str, why: str):

@@ -152,6 +152,8 @@ class Experiment:
 
     @classmethod
     def from_dict(cls, d: dict) -> "Experiment":
+        if not isinstance(d, dict):
+            raise ValueError(f"a spec is a JSON object of Experiment fields (got {type(d).__name__})")
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(d) - known)
         if unknown:
@@ -160,7 +162,11 @@ class Experiment:
 
     @classmethod
     def from_json(cls, text: str) -> "Experiment":
-        return cls.from_dict(json.loads(text))
+        try:
+            d = json.loads(text)
+        except RecursionError:
+            raise ValueError("a spec nested too deeply to be an Experiment's JSON") from None
+        return cls.from_dict(d)
 
     @property
     def hash(self) -> str:

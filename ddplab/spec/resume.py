@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import seal
-from .checks import bad, is_int, is_number
+from .checks import bad, is_int, is_number, reading
 from .tasks import GRADIENT_ALL_REDUCE, MODEL_FIELDS, RUN_FIELDS, Phase, TaskSpec, register
 
 RESTORABLE = ("model", "optimizer", "sampler", "rng")
@@ -187,7 +187,8 @@ class Resume(TaskSpec):
         if "sampler" not in restore and self.sampler_position != "global":
             bad("task.sampler_position", "places the restored sampler, and restore leaves the sampler out; "
                                          "leave it at its default")
-        self.check_checkpoint(exp)
+        if not reading():   # a finished resume reloads wherever its saving run went since
+            self.check_checkpoint(exp)
 
     def check_checkpoint(self, exp) -> None:
         """`resume_from` is a finished saving run whose checkpoint fits this experiment (ValueError naming
