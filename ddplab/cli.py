@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import sys
 
 from .spec import Experiment, Fault, Straggler, experiment
@@ -134,8 +135,14 @@ def _experiment(args) -> Experiment:
     import importlib
 
     for name in args.imports:   # the user's own task modules, named on the command line, not by the file
-        importlib.import_module(name)
-    text = sys.stdin.read() if args.spec == "-" else Path(args.spec).read_text()
+        try:
+            importlib.import_module(name)
+        except ImportError as e:
+            raise ValueError(f"--import {name}: cannot import it ({e})") from None
+    try:
+        text = sys.stdin.read() if args.spec == "-" else Path(args.spec).read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"spec: cannot read {args.spec} ({getattr(e, 'strerror', None) or e})") from None
     return Experiment.from_json(text)
 
 
@@ -253,9 +260,15 @@ def _tool(args, fields, call) -> int:
     if args.json not in (None, "-"):
         from pathlib import Path
 
-        if not Path(args.json).resolve().parent.is_dir():
-            print(f"ddplab {args.command}: --json {args.json}: no directory {Path(args.json).resolve().parent}",
-                  file=sys.stderr)
+        import os
+
+        target = Path(args.json).resolve()
+        why = (f"no directory {target.parent}" if not target.parent.is_dir() else
+               "is a directory; give a file name" if target.is_dir() else
+               f"cannot write in {target.parent}" if not os.access(target.parent, os.W_OK) else
+               "cannot write it" if target.exists() and not os.access(target, os.W_OK) else None)
+        if why:   # before the launch, not after it
+            print(f"ddplab {args.command}: --json {args.json}: {why}", file=sys.stderr)
             return 2
     report, code = _attempt(args.command, lambda: call(given))
     if code is not None:
@@ -292,9 +305,12 @@ def _cmd_tune(args) -> int:
 
 def _caps(text: str) -> tuple[float, ...]:
     try:
-        return tuple(float(p) for p in text.split(",") if p)
+        caps = tuple(float(p) for p in text.split(",") if p)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected caps in MiB separated by commas, got {text!r}") from None
+    if not all(math.isfinite(c) and c > 0 for c in caps):
+        raise argparse.ArgumentTypeError(f"every cap is a finite number of MiB above 0, got {text!r}")
+    return caps
 
 
 def _cmd_doctor(args) -> int:

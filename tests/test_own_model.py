@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import pytest
 import torch
@@ -63,8 +64,36 @@ def images_without_targets():
     return ModelWithData(nn.Linear(4, 3), lambda ids, seed: torch.randn(len(ids), 4))
 
 
+class _Argmax(nn.Module):
+    def __init__(self, vocab_size=64):
+        super().__init__()
+        self.emb = nn.Embedding(vocab_size, vocab_size)
+
+    def forward(self, idx):
+        logits = self.emb(idx)
+        return torch.zeros_like(logits, dtype=torch.long).scatter(-1, logits.argmax(-1, keepdim=True), 1)
+
+
+def integer_logits(vocab_size):
+    return _Argmax(vocab_size)
+
+
+def all_frozen(vocab_size):
+    return nn.Embedding(vocab_size, vocab_size).requires_grad_(False)
+
+
+def nan_logits(vocab_size):
+    emb = nn.Embedding(vocab_size, vocab_size)
+    with torch.no_grad():
+        emb.weight.fill_(float("nan"))
+    return emb
+
+
 @pytest.mark.parametrize("name, match", [
     ("raises", r"tests.test_own_model:raises raised RuntimeError: config has no attribute n_embd"),
+    ("integer_logits", r"returned torch.int64 logits; cross-entropy needs floating-point logits"),
+    ("all_frozen", r"has no trainable parameter .*DDP would have nothing to synchronize"),
+    ("nan_logits", r"returned logits that are NaN or infinite on two examples before any training"),
     ("wrong_shape", r"must map token ids .* = \(2, 16, 64\); it returned \(2, 64\)"),
     ("not_a_module", r"returned dict, not an nn.Module"),
     ("labels_out_of_range", r"targets must be class ids in 0..2 .* gave 7..7"),
@@ -88,6 +117,26 @@ def test_the_commands_refuse_a_wrong_factory_before_launching_anything(command, 
                      str(tmp_path / "out")])
     err = capsys.readouterr().err
     assert code == 2 and f"ddplab {command}: Experiment.model: tests.test_own_model:wrong_shape must map" in err, err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["audit", "--model", HF, "--world-size", "1"], r"world_size: the audit compares .* at least 2 ranks \(got 1\)"),
+    (["audit", "--model", HF, "--json", "/"], r"--json /: is a directory; give a file name"),
+    (["tune-buckets", "--model", HF, "--caps", "inf"], r"every cap is a finite number of MiB above 0"),
+    (["tune-buckets", "--model", HF, "--caps", "1,1e400"], r"every cap is a finite number of MiB above 0"),
+    (["run", "--spec", "/nonexistent/spec.json"], r"ddplab run: spec: cannot read /nonexistent/spec.json"),
+    (["run", "--lr", "1e308"], r"ddplab run: Experiment.lr: must be a positive number up to 1000"),
+    (["run", "--import", "no_such_module_here", "--spec", "-"], r"--import no_such_module_here: cannot import it"),
+])
+def test_bad_command_line_input_is_refused_before_any_launch(argv, says, tmp_path, capsys):
+    """Each was a raw error (after the launch, for some) in the issue 30 probe; now exit code 2 and one line."""
+    try:
+        code = cli.main([*argv, "--out", str(tmp_path / "out")])
+    except SystemExit as e:   # argparse refuses a bad flag value itself
+        code = e.code
+    err = capsys.readouterr().err
+    assert code == 2 and re.search(says, err), err
     assert not (tmp_path / "out").exists()
 
 

@@ -23,6 +23,10 @@ def preflight(exps: list[Experiment], nodes: Nodes | None = None) -> tuple[str, 
     run on it: all of them on one node or simulated nodes, one node's share under srun."""
     nodes = Nodes.from_env() if nodes is None else nodes
     nodes.check_here()
+    widest = max(e.world_size for e in exps)
+    if nodes.count > widest:
+        raise ValueError(f"DDPLAB_NODES: {nodes.count} nodes for a launch of {widest} rank(s); every node runs at "
+                         f"least one rank, so use at most {widest} nodes (or more ranks)")
     cuda_devices = host.cuda_device_count()
     choices = {host.choose_backend(e.backend, e.device, nodes.ranks_here(e.world_size), cuda_devices) for e in exps}
     if len(choices) > 1:

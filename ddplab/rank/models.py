@@ -268,6 +268,15 @@ def check_model(model: nn.Module, exp, batch: Callable | None = None) -> None:
         hint = ("; return the logits tensor itself, or an object with a .logits tensor (a Hugging Face model with "
                 "return_dict=True)") if shape is None else ""
         raise ValueError(f"Experiment.model: {exp.model} must map {what} = {need}; it returned {got}{hint}")
+    if not out.is_floating_point():
+        raise ValueError(f"Experiment.model: {exp.model} returned {out.dtype} logits; cross-entropy needs floating-"
+                         f"point logits (return the scores, not their argmax)")
+    if not torch.isfinite(out).all():
+        raise ValueError(f"Experiment.model: {exp.model} returned logits that are NaN or infinite on two examples "
+                         f"before any training; check its initialization and forward")
+    if not any(p.requires_grad for p in model.parameters()):
+        raise ValueError(f"Experiment.model: {exp.model} has no trainable parameter (none, or every one has "
+                         f"requires_grad=False): DDP would have nothing to synchronize")
     if batch is not None and not (0 <= int(y.min()) and int(y.max()) < shape[-1]):
         raise ValueError(f"Experiment.model: {exp.model}'s targets must be class ids in 0..{shape[-1] - 1} "
                          f"(the logits' last dimension); its batch gave {int(y.min())}..{int(y.max())}")

@@ -45,6 +45,7 @@ LIMITS = {"vocab_size": 10 ** 6, "d_model": 2 ** 14, "n_layers": 1024, "n_heads"
           "accum_steps": 10 ** 4, "steps": 10 ** 6, "local_batch": 10 ** 5, "seq_len": 10 ** 5, "seed": 2 ** 31 - 1}
 TIMEOUT_RANGE_S = (0.5, 7 * 86400)   # a collective's timeout: at least a scheduling hiccup, at most a week
 MAX_BUCKET_CAP_MB = 2 ** 20          # 1 TiB: far beyond any model here
+MAX_LR = 1e3                         # far above any useful rate; 1e308 overflowed in the optimizer
 MAX_NAME_CHARS = 100                 # the run directory's name is this plus a hash
 
 
@@ -302,8 +303,8 @@ def _validate_unread_by_train(e: Experiment) -> None:
 def _validate_optimization(e: Experiment) -> None:
     if e.optimizer not in OPTIMIZERS:
         bad("optimizer", f"must be one of {', '.join(OPTIMIZERS)} (got {e.optimizer!r})")
-    if not is_number(e.lr) or not e.lr > 0:
-        bad("lr", f"must be a positive number (got {e.lr!r})")
+    if not is_number(e.lr) or not 0 < e.lr <= MAX_LR:
+        bad("lr", f"must be a positive number up to {MAX_LR:g} (got {e.lr!r})")
     if not is_number(e.momentum) or not 0 <= e.momentum < 1:
         bad("momentum", f"must be in [0, 1) (got {e.momentum!r})")
     if e.momentum and e.optimizer != "sgd":

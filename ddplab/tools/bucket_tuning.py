@@ -27,6 +27,8 @@ from ..predict import buckets as simulator
 from ..recipes.buckets_and_overlap import ONE_PER_PARAMETER_MB
 from ..recipes.communication import allreduce_sweep
 from ..spec import BucketSweep
+from ..spec.checks import is_number
+from ..spec.experiment import MAX_BUCKET_CAP_MB as MAX_CAP_MB
 from ..tables import bucket_sweep, buckets
 from ..units import MIB
 from .factory import checked, experiment, records, repeats_for
@@ -42,8 +44,9 @@ def tune_buckets(model, world_size: int = 4, local_batch: int = 8, *, caps_mb=CA
     predict every cap in `caps_mb`, measure the `measure` best predicted beside DDP's default and a split
     last bucket (`rounds` interleaved rounds of `steps` steps). Other Experiment fields by keyword."""
     caps = tuple(caps_mb) if isinstance(caps_mb, (list, tuple)) else ()
-    if not caps or not all(isinstance(c, (int, float)) and not isinstance(c, bool) and c > 0 for c in caps):
-        raise ValueError(f"caps_mb: one or more bucket caps in MiB, each > 0 (got {caps_mb!r})")
+    if not caps or not all(is_number(c) and 0 < c <= MAX_CAP_MB for c in caps):
+        raise ValueError(f"caps_mb: one or more bucket caps in MiB, each > 0 and at most {MAX_CAP_MB} "
+                         f"(got {caps_mb!r})")
     if not (isinstance(measure, int) and not isinstance(measure, bool) and 1 <= measure <= len(caps) + 1):
         raise ValueError(f"measure: how many of the plans predicted fastest to measure, 1..{len(caps) + 1} (got {measure!r})")
     base = experiment(model, "tune", fields, world_size=world_size, local_batch=local_batch, pin_cpus=pin_cpus)

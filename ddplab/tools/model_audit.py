@@ -43,6 +43,9 @@ def audit_model(model, world_size: int = 4, optimizer: str = "sgd", local_batch=
     `world_size` ranks, in one launch; other Experiment fields (seq_len, bucket_cap_mb, dtype, the
     factory's sizes...) by keyword. A bad setting or a factory that cannot be audited is a ValueError
     before anything starts."""
+    if not (isinstance(world_size, int) and not isinstance(world_size, bool) and world_size >= 2):
+        raise ValueError(f"world_size: the audit compares what the ranks hold and send, so it needs at least 2 "
+                         f"ranks (got {world_size!r})")
     exp = experiment(model, "audit", fields, world_size=world_size, optimizer=optimizer, local_batch=local_batch,
                       steps=STEPS, probes=PROBES)
     counted = checked(exp)
