@@ -113,6 +113,38 @@ def staging_dir(final: Path, launch_id: str) -> Path:
     return final.parent / f".{final.name}.{launch_id}.partial"
 
 
+OWNER = ".owner.json"   # in a staging or session directory: the process that made it
+
+
+def claim(directory: Path) -> None:
+    """Record in `directory` (a launch's staging directory, a session's) the process that made it, so a
+    later launch can tell it is dead once that process is gone (`owner_gone`)."""
+    import psutil
+
+    write_json_atomic(Path(directory) / OWNER, {"pid": os.getpid(), "host": socket.gethostname(),
+                                               "started": psutil.Process().create_time()})
+
+
+def owner_gone(directory: Path) -> bool:
+    """True only if `directory`'s owner is provably gone: recorded on this host, and no process with its
+    pid started when it did. No record, a damaged one or another host: False (leave it be)."""
+    import psutil
+
+    try:
+        d = json.loads((Path(directory) / OWNER).read_text())
+        pid, host, started = int(d["pid"]), str(d["host"]), float(d["started"])
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
+        return False
+    if host != socket.gethostname():
+        return False
+    try:
+        return abs(psutil.Process(pid).create_time() - started) > 1e-3
+    except psutil.NoSuchProcess:
+        return True
+    except psutil.Error:
+        return False
+
+
 def check_destination(final: Path) -> None:
     """Refuse, before anything starts, a destination a launch would replace but that is not a run: a
     launch replaces what is at its place, so that place must be new, empty, or an earlier run."""
@@ -136,6 +168,7 @@ def settle(staged: Path, final: Path, complete: bool) -> Path:
     import fcntl
 
     staged, final = Path(staged), Path(final)
+    (staged / OWNER).unlink(missing_ok=True)   # settled: no longer a staging directory
     final.parent.mkdir(parents=True, exist_ok=True)
     with open(final.parent / f".{final.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)

@@ -30,7 +30,7 @@ from . import session
 from .nodes import Nodes
 from .preflight import preflight
 from .progress import Reporter
-from .torchrun import interrupts_caught, kill_tree, start, worker_argv, worker_env
+from .torchrun import interrupts_caught, kill_tree, start, sweep_dead, worker_argv, worker_env
 from .watch import Watch, collect
 
 STARTUP_TIMEOUT_S = 120.0
@@ -86,6 +86,7 @@ def _launch(exps, final_dirs, final_launch_dir: Path, name: str, progress,
     backend, device = preflight(exps, nodes)
     _keeps_its_sources(exps, final_launch_dir)
     rundir.check_destination(final_launch_dir)
+    sweep_dead(final_launch_dir.parent, ".*.partial")   # staging directories of launchers killed earlier
     # every launch writes into a directory of its own, and takes the final place when it ends
     launch_id = uuid.uuid4().hex[:12]
     launch_dir = rundir.staging_dir(final_launch_dir, launch_id)
@@ -132,6 +133,7 @@ def _launch_in(exps, final_dirs, final_launch_dir, name, reporter: Reporter, sta
         for run_dir, exp in zip(run_dirs, exps):
             run_dir.mkdir(parents=True, exist_ok=True)
             (run_dir / rundir.SPEC).write_text(exp.to_json())
+        rundir.claim(launch_dir)   # if this process is killed, a later launch may delete what it left
         spec_paths = [(d / rundir.SPEC).resolve() for d in run_dirs]
         world_size = max(e.world_size for e in exps)
         argv = worker_argv(world_size, spec_paths, nodes=nodes)

@@ -11,12 +11,12 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-import psutil
 
 from ..failures import Provoked, RunFailed
 from ..rundir import read_progress
 from ..spec import Experiment
 from .cold import run, run_dir_for
+from .torchrun import processes_for
 
 STARTUP_PHASES = ("start", "init-process-group")
 
@@ -54,13 +54,4 @@ def work_started_ns(run_dir: Path, world_size: int) -> int | None:
 
 def orphans(run_dir: Path) -> list[str]:
     """Command lines of live processes started for this run directory (or a launch staged beside it)."""
-    needles = (str(run_dir), f"{run_dir.parent}/.{run_dir.name}.")
-    found = []
-    for p in psutil.process_iter(["cmdline", "status"]):
-        try:
-            cmd = " ".join(p.info["cmdline"] or [])
-        except psutil.Error:
-            continue
-        if any(n in cmd for n in needles) and p.info["status"] != psutil.STATUS_ZOMBIE:
-            found.append(cmd)
-    return found
+    return processes_for(run_dir)

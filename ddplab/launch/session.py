@@ -31,6 +31,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import shutil
 import subprocess
 import threading
 import time
@@ -42,7 +43,7 @@ from ..spec import Experiment
 from ..spec.tasks import Train
 from .nodes import Nodes
 from .preflight import preflight
-from .torchrun import interrupts_caught, kill_tree, start, torchrun_argv, worker_env
+from .torchrun import interrupts_caught, kill_tree, start, sweep_dead, torchrun_argv, worker_env
 from .watch import collect
 
 STARTUP_TIMEOUT_S = 120.0
@@ -125,8 +126,11 @@ class Session:
         self.backend, self.device = preflight([Experiment(world_size=world_size, backend=backend, device=device)],
                                               self.nodes)
         self.world_size, self.pin_cpus, self.timeout_s = self.nodes.total(world_size), pin_cpus, timeout_s
-        self.dir = (Path(runs_dir or rundir.default_runs_dir()) / ".sessions" / uuid.uuid4().hex[:12]).resolve()
+        sessions = Path(runs_dir or rundir.default_runs_dir()) / ".sessions"
+        sweep_dead(sessions, "*")   # sessions of processes that are gone (a closed one removes its own)
+        self.dir = (sessions / uuid.uuid4().hex[:12]).resolve()
         self.dir.mkdir(parents=True)
+        rundir.claim(self.dir)
         rundir.write_json_atomic(self.dir / "session.json", {
             "world_size": self.world_size, "nodes": self.nodes.record, "backend": self.backend, "device": self.device,
             "pin_cpus": pin_cpus, "timeout_s": timeout_s, "idle_s": IDLE_S})
@@ -191,6 +195,8 @@ class Session:
             pass
         finally:
             self.kill()
+        if self.proc is None or self.proc.poll() is not None:   # its ranks are gone: so is what they read
+            shutil.rmtree(self.dir, ignore_errors=True)
 
     def kill(self) -> None:
         """Stop the whole process tree now (a failed job, a hang, Ctrl-C): no orphans."""

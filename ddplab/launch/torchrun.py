@@ -27,7 +27,7 @@ import threading
 import uuid
 from pathlib import Path
 
-from .. import host
+from .. import host, rundir
 from ..failures import FLIGHT_PREFIX
 from .nodes import DEFAULT_JOIN_TIMEOUT_S, Nodes, first_node
 
@@ -214,6 +214,37 @@ def _is_srun(argv) -> bool:
 
 
 SRUN_GRACE_S = 15.0   # how long srun may take to stop the agents on the other nodes
+
+
+def processes_for(run_dir: Path) -> list[str]:
+    """Command lines of live processes started for this run directory (or a launch staged beside it)."""
+    import psutil
+
+    run_dir = Path(run_dir)
+    needles = (str(run_dir), f"{run_dir.parent}/.{run_dir.name}.")
+    found = []
+    for p in psutil.process_iter(["cmdline", "status"]):
+        try:
+            cmd = " ".join(p.info["cmdline"] or [])
+        except psutil.Error:
+            continue
+        if any(n in cmd for n in needles) and p.info["status"] != psutil.STATUS_ZOMBIE:
+            found.append(cmd)
+    return found
+
+
+def sweep_dead(parent: Path, pattern: str) -> list[Path]:
+    """Delete the directories matching `pattern` in `parent` that are provably dead: the process that
+    claimed them (`rundir.claim`) is gone, on this host, and no live process names them. A killed
+    launcher's staging directory and a session's leave nothing else behind; anything unclaimed stays."""
+    import shutil
+
+    removed = []
+    for d in sorted(Path(parent).glob(pattern)) if Path(parent).is_dir() else []:
+        if d.is_dir() and not d.is_symlink() and rundir.owner_gone(d) and not processes_for(d):
+            shutil.rmtree(d, ignore_errors=True)
+            removed.append(d)
+    return removed
 
 
 def kill_tree(proc: subprocess.Popen, spec_path: Path) -> None:
