@@ -63,6 +63,13 @@ def run_dir_lost(run_dir, error: OSError) -> Diagnosis:
                      "moved or made read-only, or is the disk full? Every rank was stopped; run it again.")
 
 
+def session_dir_lost(session_dir) -> Diagnosis:
+    """The warm session's own directory went away under a job (the run directory is fine)."""
+    return Diagnosis("session-dir", [], f"The session directory {session_dir} was deleted during the job: the warm "
+                     "ranks read their jobs from it, so they were stopped. Nothing is wrong with the run itself; "
+                     "run it again (a new session starts).")
+
+
 def is_timeout(error: dict) -> bool:
     text = f"{error.get('type', '')} {error.get('message', '')}".lower()
     return "timed out" in text or "timeout" in text

@@ -334,3 +334,47 @@ def test_an_idle_session_leaves_by_itself(tmp_path, monkeypatch):
         time.sleep(0.2)
     assert not s.alive() and sessions.current() is None
     assert _wait_gone(s.dir, 5) == []
+
+
+@pytest.mark.parametrize("which", ["run", "session"])
+def test_deleting_a_directory_under_a_warm_job_stops_it_and_names_that_directory(tmp_path, which):
+    """A warm job whose run directory, or whose session's directory, is deleted stops its ranks as a
+    cold launch does, and the diagnosis names the one that went (issue 30, item 4)."""
+    import shutil
+    import threading
+
+    from ddplab.spec import Straggler
+
+    s = ddplab.Session(world_size=2, runs_dir=tmp_path / "runs")
+    out = tmp_path / "out"
+    exp = Experiment(name="long", straggler=Straggler(rank=1, where="data", ms=300.0), **{**SMALL, "steps": 60})
+
+    def delete():   # 3 s into an 18 s job
+        for d in ([s.dir] if which == "session" else list(tmp_path.glob(".out.*.partial"))):
+            shutil.rmtree(d, ignore_errors=True)
+    timer = threading.Timer(3.0, delete)
+    try:
+        t0 = time.monotonic()
+        timer.start()
+        with pytest.raises(RunFailed) as e:
+            ddplab.run(exp, out, progress=False, warm=True)
+        took = time.monotonic() - t0
+        assert e.value.diagnosis.kind == ("session-dir" if which == "session" else "run-dir"), str(e.value)
+        assert took < 12, f"the job went on for {took:.1f} s after its directory was deleted at 3 s"
+        assert not s.alive() and _wait_gone(s.dir, 5) == []
+    finally:
+        timer.cancel()
+        s.close()
+
+
+def test_a_ddp_cell_on_a_session_whose_directory_was_deleted_says_so(tmp_path):
+    import shutil
+
+    s = ddplab.Session(world_size=2, runs_dir=tmp_path / "runs")
+    try:
+        shutil.rmtree(s.dir)
+        with pytest.raises(RuntimeError, match=r"this session's directory .* was deleted, so its ranks were stopped"):
+            s.execute("1 + 1")
+        assert not s.alive() and _wait_gone(s.dir, 5) == []
+    finally:
+        s.close()

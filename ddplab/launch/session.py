@@ -29,6 +29,7 @@ is still open when Python exits is closed then.
 from __future__ import annotations
 
 import atexit
+import errno
 import json
 import os
 import shutil
@@ -255,6 +256,8 @@ class Session:
                     if watch.poll():
                         reporter.watch(watch, now - t0)
                     watch.look_at_processes()
+                    if not self.dir.exists() or not all(p.exists() for p in spec_paths):
+                        break   # the session's or the run's directory was deleted under the ranks: stop them
                     if failed_at is None and any(rundir.error_file(p.parent, r).exists()
                                                  for p in spec_paths for r in range(self.world_size)):
                         failed_at = now   # a rank failed: its peers get a moment to write what they saw
@@ -265,6 +268,12 @@ class Session:
                 if not finished:
                     self.kill()
                     forget(self)
+        if not interrupted and not finished:   # said as a cold launch says it, naming the directory that went
+            if not self.dir.exists():
+                raise failures.RunFailed(failures.session_dir_lost(self.dir), None)
+            gone = [p for p in spec_paths if not p.exists()]
+            if gone:
+                raise FileNotFoundError(errno.ENOENT, "the run directory disappeared during the run", str(gone[0].parent))
         return self.proc, watchdog, bool(interrupted)
 
     def done(self, n: int) -> bool:
@@ -279,6 +288,11 @@ class Session:
 
     def _execute(self, code: str, ranks: list[int] | None) -> dict[int, dict | None]:
         ranks = list(range(self.world_size)) if ranks is None else sorted(set(ranks))
+        if self.alive() and not self.dir.exists():
+            self.kill()
+            forget(self)
+            raise RuntimeError(f"this session's directory {self.dir} was deleted, so its ranks were stopped: start a "
+                               f"new one (%ddp_start)")
         if not self.alive():
             raise RuntimeError("this session is closed: start a new one (%ddp_start)")
         bad = [r for r in ranks if not 0 <= r < self.world_size]
@@ -291,10 +305,15 @@ class Session:
         files = {r: self.dir / f"job{n}.rank{r}.cell.json" for r in ranks}
         deadline = time.monotonic() + self.timeout_s + CELL_GRACE_S
         with interrupts_caught() as interrupted:
-            while not interrupted and self.alive() and time.monotonic() < deadline:
+            while not interrupted and self.alive() and time.monotonic() < deadline and self.dir.exists():
                 if all(f.exists() for f in files.values()):
                     break
                 time.sleep(POLL_S)
+            if not self.dir.exists():
+                self.kill()
+                forget(self)
+                raise RuntimeError(f"this session's directory {self.dir} was deleted during the cell, so its ranks "
+                                   f"were stopped: start a new one (%ddp_start)")
             self.died = not self.alive()
             results = {r: (json.loads(f.read_text()) if f.exists() else None) for r, f in files.items()}
             lost = interrupted or any(v is None for v in results.values()) or any(
@@ -307,6 +326,9 @@ class Session:
         return results
 
     def log_since_submit(self) -> str:
-        with open(self.dir / rundir.LOG, "rb") as f:
-            f.seek(self.log_offset)
-            return f.read().decode(errors="replace")
+        try:
+            with open(self.dir / rundir.LOG, "rb") as f:
+                f.seek(self.log_offset)
+                return f.read().decode(errors="replace")
+        except FileNotFoundError:
+            return f"(the session's log went with its directory {self.dir})\n"
