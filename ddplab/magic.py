@@ -163,7 +163,9 @@ def load(ip) -> None:
             args = parse_argstring(DDPMagics.ddp, line)
             s = sessions.current()
             if s is None or s.implicit:   # the session ddplab.run keeps is replaced at will: not for cell state
-                raise CellFailed("no session for %%ddp cells: run %ddp_start -n 4 first")
+                why = sessions.last_end() if s is None else None
+                raise CellFailed(f"no session for %%ddp cells{f' (the last one ended: {why})' if why else ''}: "
+                                 f"run %ddp_start -n 4 first")
             t0 = time.monotonic()
             answers = s.execute(cell, _parse_ranks(args.ranks))
             result = CellResult(answers, time.monotonic() - t0, died=s.died)

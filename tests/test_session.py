@@ -378,3 +378,28 @@ def test_a_ddp_cell_on_a_session_whose_directory_was_deleted_says_so(tmp_path):
         assert not s.alive() and _wait_gone(s.dir, 5) == []
     finally:
         s.close()
+
+
+@pytest.mark.parametrize("gap_s", [4.95, 5.2])
+def test_a_job_sent_at_the_idle_deadline_runs(tmp_path, monkeypatch, gap_s):
+    """The launcher owns the idle clock and closes the session under the launch lock: a job sent just
+    before the deadline runs on the session, one just after on a fresh one; neither fails (issue 30,
+    item 3: with each rank's own clock, a job at 4.95 s of 5 hung and one at 5.0-5.4 s lost its ranks)."""
+    monkeypatch.setattr(sessions, "IDLE_S", 5.0)
+    monkeypatch.setenv("DDPLAB_RUNS", str(tmp_path / "runs"))
+    try:
+        first = ddplab.run(Experiment(name="a", **SMALL), tmp_path / "a", progress=False, warm=True)
+        time.sleep(gap_s)
+        again = ddplab.run(Experiment(name="b", **SMALL), tmp_path / "b", progress=False, warm=True)
+        assert again.launch.get("session") and first.launch.get("session")
+    finally:
+        sessions.close_current()
+
+
+def test_a_session_that_idled_out_says_so_to_the_next_cell(tmp_path, monkeypatch):
+    monkeypatch.setattr(sessions, "IDLE_S", 2.0)
+    s = ddplab.Session(world_size=2, runs_dir=tmp_path)
+    deadline = time.monotonic() + 20
+    while s.alive() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert sessions.current() is None and sessions.last_end() == "it closed itself after 2 s without a job"

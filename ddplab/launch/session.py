@@ -53,9 +53,20 @@ POLL_S = 0.002           # how often the launcher looks for a warm job's or cell
 WATCH_POLL_S = 0.1       # how often it reads the ranks' progress logs meanwhile (as a cold launch does)
 PEERS_GRACE_S = 2.0      # after a rank of a warm job fails, how long its peers may take to say so
 CELL_GRACE_S = 5.0         # beyond the default group's timeout, how long a cell may take before it counts as hung
-IDLE_S = 3600.0            # a session's ranks leave by themselves after an hour without a job (a forgotten kernel)
+IDLE_S = 3600.0            # a session closes by itself after an hour without a job (a forgotten kernel)
+# The launcher owns that clock (a timer that closes the session under LOCK, so no job can be sent while
+# the ranks leave); the ranks' own idle limit is only a backstop for a launcher that cannot act, far later.
+RANK_IDLE_BACKSTOP = lambda idle_s: 2 * idle_s + 60   # noqa: E731
 LOCK = threading.RLock()   # one launch or cell at a time on the session (a widget's click may run on another thread)
 _current: "Session | None" = None
+_last_end: str | None = None   # why the last current session ended, for "no session" messages
+
+
+def last_end() -> str | None:
+    """Why the last session that was current ended (closed, idle, failed, its directory deleted), or None."""
+    if _current is not None and not _current.alive() and _current.ended is None:
+        return f"its ranks exited (torchrun's exit code {_current.proc.returncode})"
+    return _current.ended if _current is not None and not _current.alive() else _last_end
 
 
 def current() -> "Session | None":
@@ -106,11 +117,12 @@ def close_current() -> None:
 atexit.register(close_current)
 
 
-def forget(s: "Session") -> None:
+def forget(s: "Session", why: str = "it was stopped after a failed, hung or interrupted job") -> None:
     """`s` is no session to run in any more (torn down after a failed job)."""
-    global _current
+    global _current, _last_end
+    s.ended = s.ended or why
     if _current is s:
-        _current = None
+        _current, _last_end = None, s.ended
 
 
 class Session:
@@ -134,9 +146,11 @@ class Session:
         rundir.claim(self.dir)
         rundir.write_json_atomic(self.dir / "session.json", {
             "world_size": self.world_size, "nodes": self.nodes.record, "backend": self.backend, "device": self.device,
-            "pin_cpus": pin_cpus, "timeout_s": timeout_s, "idle_s": IDLE_S})
+            "pin_cpus": pin_cpus, "timeout_s": timeout_s, "idle_s": RANK_IDLE_BACKSTOP(IDLE_S)})
         self.argv = torchrun_argv(self.world_size, ["--serve", self.dir], nodes=self.nodes)
         self.died = False
+        self.ended: str | None = None   # why it ended, once it has
+        self._idle_timer: threading.Timer | None = None
         self.implicit = implicit
         self.jobs = 0
         self.cells = 0   # %%ddp cells run: they may change a rank's global torch state, so runs then go cold
@@ -155,6 +169,26 @@ class Session:
             raise failures.Interrupted(f"interrupted: the session's {world_size} ranks stopped while starting")
         global _current
         _current = self
+        self._arm_idle()
+
+    # -- the idle clock: the launcher's, so a job and the ranks' leaving never cross -------------------
+    def _arm_idle(self) -> None:
+        """(Re)start the idle clock now: IDLE_S from the end of the last job or cell."""
+        self.last_active = time.monotonic()
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+        self._idle_timer = threading.Timer(IDLE_S, self._idle_close)
+        self._idle_timer.daemon = True
+        self._idle_timer.start()
+
+    def _idle_close(self) -> None:
+        with LOCK:   # no job or cell is running or can start while the ranks leave
+            if not self.alive() or self.ended is not None:
+                return
+            left = IDLE_S - (time.monotonic() - self.last_active)
+            if left > 0:   # a job ran meanwhile and re-armed the clock
+                return
+            self.close(why=f"it closed itself after {IDLE_S:g} s without a job")
 
     # -- life ------------------------------------------------------------------------------------
     def alive(self) -> bool:
@@ -163,7 +197,7 @@ class Session:
     def fits(self, exps: list[Experiment], backend: str, device: str) -> bool:
         """Can this session run these experiments as one launch would? Not once a `%%ddp` cell ran on
         it: a cell may change what a job depends on (default dtype, grad mode, global hooks, memory)."""
-        return (self.alive() and self.cells == 0 and self.dir.exists()
+        return (self.alive() and self.ended is None and self.cells == 0 and self.dir.exists()
                 and max(e.world_size for e in exps) <= self.world_size and self.nodes == Nodes.from_env()
                 and (backend, device) == (self.backend, self.device)
                 and all(e.pin_cpus == self.pin_cpus for e in exps))
@@ -183,11 +217,14 @@ class Session:
                 raise failures.RunFailed(diagnosis, self.dir)
             time.sleep(0.05)
 
-    def close(self) -> None:
+    def close(self, why: str = "it was closed") -> None:
         """Ask the ranks to leave (they tear their process group down), then make sure they did."""
-        global _current
+        global _current, _last_end
+        self.ended = self.ended or why
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
         if _current is self:
-            _current = None
+            _current, _last_end = None, self.ended
         try:
             if self.alive():
                 rundir.write_json_atomic(self.dir / f"job{self.jobs}.json", {"stop": True})
@@ -265,9 +302,12 @@ class Session:
                         watchdog = failed_at is None
                         break
             finally:
-                if not finished:
+                if finished:
+                    self._arm_idle()
+                else:
                     self.kill()
-                    forget(self)
+                    forget(self, "its directory was deleted during a job" if not self.dir.exists() else
+                                 "it was stopped after a failed, hung or interrupted job")
         if not interrupted and not finished:   # said as a cold launch says it, naming the directory that went
             if not self.dir.exists():
                 raise failures.RunFailed(failures.session_dir_lost(self.dir), None)
@@ -290,7 +330,7 @@ class Session:
         ranks = list(range(self.world_size)) if ranks is None else sorted(set(ranks))
         if self.alive() and not self.dir.exists():
             self.kill()
-            forget(self)
+            forget(self, "its directory was deleted")
             raise RuntimeError(f"this session's directory {self.dir} was deleted, so its ranks were stopped: start a "
                                f"new one (%ddp_start)")
         if not self.alive():
@@ -311,7 +351,7 @@ class Session:
                 time.sleep(POLL_S)
             if not self.dir.exists():
                 self.kill()
-                forget(self)
+                forget(self, "its directory was deleted")
                 raise RuntimeError(f"this session's directory {self.dir} was deleted during the cell, so its ranks "
                                    f"were stopped: start a new one (%ddp_start)")
             self.died = not self.alive()
@@ -320,7 +360,9 @@ class Session:
                 v and v["error"] and failures.is_timeout(v["error"]) for v in results.values())
             if lost:   # a hang, a dead rank or a timed-out collective leaves the process group unusable
                 self.kill()
-                forget(self)
+                forget(self, "it was stopped after a %%ddp cell hung, timed out or was interrupted")
+            else:
+                self._arm_idle()
         if interrupted:
             raise failures.Interrupted(f"interrupted: the cell and the session's {self.world_size} ranks stopped")
         return results
