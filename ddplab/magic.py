@@ -36,8 +36,9 @@ class CellFailed(Exception):
 class CellResult:
     """What every rank of a `%%ddp` cell left: rank -> {stdout, stderr, value, error} (None: it hung)."""
 
-    def __init__(self, results: dict, seconds: float, died: bool = False):
+    def __init__(self, results: dict, seconds: float, died: bool = False, status: dict | None = None):
         self.results, self.seconds, self.died = results, seconds, died
+        self.status = status or {}   # rank -> the last collective its `dist` was called for, and whether it ended
 
     def value(self, rank: int):
         r = self.results[rank]
@@ -55,10 +56,15 @@ class CellResult:
         from .failures import is_timeout
 
         out, timed_out, clean = {}, [], []
+        waiting = {r: st for r, st in self.status.items() if not st.get("done")}   # in (or stuck in) a collective
         for rank, r in sorted(self.results.items()):
+            st = waiting.get(rank)
             if r is None:
                 out[rank] = ("its process died (see the session's launch.log)" if self.died else
-                             "never finished (a collective the other ranks did not join?)")
+                             f"never finished: still waiting in dist.{st['op']} ({st['tensor'] or 'no tensor'}), "
+                             f"a collective the other ranks did not join" if st else
+                             "never finished, and not inside any collective called through `dist`: its own code "
+                             "was still running (a loop that does not end?)")
             elif r["error"] and is_timeout(r["error"]):
                 timed_out.append(rank)
             elif r["error"]:
@@ -72,6 +78,13 @@ class CellResult:
             if not clean:
                 for rank in timed_out:
                     out[rank] = f"{self.results[rank]['error']['type']}: {self.results[rank]['error']['message']}"
+        for op in {st["op"] for st in waiting.values()}:   # one collective, called with different tensors
+            calls = {r: st["tensor"] for r, st in waiting.items() if st["op"] == op}
+            if len(set(calls.values())) > 1:
+                said = "; ".join(f"rank {r}: {t}" for r, t in sorted(calls.items()))
+                for rank in calls:
+                    out[rank] = (f"called dist.{op} with {calls[rank]}, and the ranks' calls differ ({said}): every "
+                                 f"rank must pass the same shape and dtype, or the collective never matches up")
         return out
 
     def _cell(self, r) -> str:
@@ -168,7 +181,7 @@ def load(ip) -> None:
                                  f"run %ddp_start -n 4 first")
             t0 = time.monotonic()
             answers = s.execute(cell, _parse_ranks(args.ranks))
-            result = CellResult(answers, time.monotonic() - t0, died=s.died)
+            result = CellResult(answers, time.monotonic() - t0, died=s.died, status=s.cell_status)
             self.shell.user_ns["_ddp"] = result   # the notebook's own checks read the ranks' answers here
             display(result)
             failed = result.failed

@@ -137,6 +137,23 @@ def test_a_collective_only_some_ranks_call_is_bounded_and_stops_the_session(ip):
     assert leftovers(session.dir) == []
 
 
+def test_a_rank_whose_own_code_never_ends_is_told_apart_from_one_waiting_in_a_collective(ip):
+    ip.run_line_magic("ddp_start", "-n 2 --timeout 3")
+    out, error = _cell(ip, "if rank == 1:\n    while True:\n        pass\nelse:\n    dist.all_reduce(torch.ones(3))")
+    text = str(error)
+    assert "rank 1: never finished, and not inside any collective called through `dist`: its own code" in text, text
+    assert "rank 0:" in text and "a collective" not in text.split("rank 1:")[1].split(";")[0].replace(
+        "not inside any collective", ""), text
+
+
+def test_ranks_calling_one_collective_with_different_sizes_are_told_so(ip):
+    ip.run_line_magic("ddp_start", "-n 2 --timeout 3")
+    out, error = _cell(ip, "dist.all_reduce(torch.ones(4 if rank == 0 else 8))")
+    text = str(error)
+    assert "called dist.all_reduce with shape (4,) float32, and the ranks' calls differ (rank 0: shape (4,) " \
+           "float32; rank 1: shape (8,) float32)" in text, text
+
+
 def test_ddp_stop_leaves_no_rank(ip):
     ip.run_line_magic("ddp_start", "-n 2 --timeout 5")
     session = sessions.current()

@@ -153,6 +153,7 @@ class Session:
         self._idle_timer: threading.Timer | None = None
         self.implicit = implicit
         self.jobs = 0
+        self.cell_status: dict[int, dict] = {}
         self.cells = 0   # %%ddp cells run: they may change a rank's global torch state, so runs then go cold
         self.proc = None
         close_current()   # one session at a time: the old one's ranks leave before the new ones start
@@ -356,6 +357,12 @@ class Session:
                                    f"were stopped: start a new one (%ddp_start)")
             self.died = not self.alive()
             results = {r: (json.loads(f.read_text()) if f.exists() else None) for r, f in files.items()}
+            self.cell_status = {}   # rank -> the last collective its `dist` was called for (rank/cells.py)
+            for r in ranks:
+                try:
+                    self.cell_status[r] = json.loads((self.dir / f"job{n}.rank{r}.cell.status").read_text())
+                except (OSError, ValueError):
+                    pass
             lost = interrupted or any(v is None for v in results.values()) or any(
                 v and v["error"] and failures.is_timeout(v["error"]) for v in results.values())
             if lost:   # a hang, a dead rank or a timed-out collective leaves the process group unusable

@@ -5,12 +5,15 @@ file the launcher reads (`job{n}.rank{r}.cell.json`). Runs inside a rank (`rank.
 The namespace starts with `rank`, `world_size`, `local_rank`, `device`, `torch`, `dist`, `nn` and
 `F`, as a script started by torchrun would have them after `init_process_group`, and `lab`: the
 lab's own probes for the loop you type (`Lab`: a memory ledger, gradient-ready times, bucket events).
+Its `dist` is torch.distributed with each collective's call noted first (`TracedDist`), so a cell
+that hangs can be explained.
 """
 
 from __future__ import annotations
 
 import ast
 import contextlib
+import functools
 import io
 import time
 import traceback
@@ -83,6 +86,52 @@ class Lab:
         return BucketWatch(ddp)
 
 
+COLLECTIVES = frozenset({"all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor", "gather",
+                         "scatter", "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single",
+                         "barrier", "send", "recv", "all_gather_object", "broadcast_object_list"})
+
+
+def _describe(args, kwargs) -> str | None:
+    """'shape (4,) float32' of the first tensor a collective was handed (or of a list's first), else None."""
+    import torch
+
+    for a in (*args, *kwargs.values()):
+        t = a[0] if isinstance(a, (list, tuple)) and a and isinstance(a[0], torch.Tensor) else a
+        if isinstance(t, torch.Tensor):
+            return f"shape {tuple(t.shape)} {str(t.dtype).replace('torch.', '')}"
+    return None
+
+
+class TracedDist:
+    """`dist` as a `%%ddp` cell sees it: torch.distributed, except that each collective first writes what
+    it was called with (its name, the tensor's shape and dtype) to this rank's status file, and marks it
+    done after. A cell that never finishes can then be explained: which collective a rank waits in, or
+    that it waits in none (its own code still running), and whether the ranks passed different sizes."""
+
+    def __init__(self, dist):
+        self._dist, self.status = dist, None
+
+    def __getattr__(self, name):
+        f = getattr(self._dist, name)
+        if name not in COLLECTIVES or not callable(f):
+            return f
+
+        @functools.wraps(f)
+        def traced(*args, **kwargs):
+            call = {"op": name, "tensor": _describe(args, kwargs)}
+            self._write({**call, "done": False})
+            result = f(*args, **kwargs)
+            self._write({**call, "done": True})
+            return result
+        return traced
+
+    def _write(self, d: dict) -> None:
+        if self.status is not None:
+            from ..rundir import write_json_atomic
+
+            write_json_atomic(self.status, d)
+
+
 def namespace(env, device) -> dict:
     import torch
     import torch.distributed as dist
@@ -90,13 +139,16 @@ def namespace(env, device) -> dict:
     import torch.nn.functional as F
 
     return {"__name__": "__ddp_cell__", "rank": env.rank, "world_size": env.world_size,
-            "local_rank": env.local_rank, "device": device, "torch": torch, "dist": dist, "nn": nn, "F": F,
+            "local_rank": env.local_rank, "device": device, "torch": torch, "dist": TracedDist(dist), "nn": nn, "F": F,
             "lab": Lab()}
 
 
-def run_cell(code: str, ns: dict) -> dict:
+def run_cell(code: str, ns: dict, status=None) -> dict:
     """Execute `code` in `ns` like a notebook cell: statements, then the last expression's value.
-    Returns stdout, stderr, the value's repr (or None), the error (type, message, traceback) or None."""
+    Returns stdout, stderr, the value's repr (or None), the error (type, message, traceback) or None.
+    `status`: the file where `dist`'s collectives say what they were called with (`TracedDist`)."""
+    if isinstance(ns.get("dist"), TracedDist):
+        ns["dist"].status = status
     out, err = io.StringIO(), io.StringIO()
     value, error = None, None
     t0 = time.perf_counter()

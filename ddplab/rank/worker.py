@@ -251,7 +251,8 @@ def serve(session_dir: Path, env) -> int:
         if "cell" in job:   # a %%ddp cell: this rank's namespace lives from cell to cell (runs go cold after one)
             if env.rank in job["ranks"]:
                 ns = ns if ns is not None else cells.namespace(env, device)
-                write_json_atomic(session_dir / f"job{n}.rank{env.rank}.cell.json", cells.run_cell(job["cell"], ns))
+                status = session_dir / f"job{n}.rank{env.rank}.cell.status"
+                write_json_atomic(session_dir / f"job{n}.rank{env.rank}.cell.json", cells.run_cell(job["cell"], ns, status))
             n += 1
             continue
         if run_experiments([Path(p) for p in job["specs"]], env, job["launch_id"], (cfg["backend"], device)):
