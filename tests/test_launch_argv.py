@@ -75,3 +75,29 @@ def test_every_lab_recipe_fits_this_machine():
         exps = [e for v in made.values() for e in v] if isinstance(made, dict) else made
         for e in exps if isinstance(exps, list) else [exps]:
             preflight([e])
+
+
+@pytest.mark.parametrize("model", ["branchy", "tests.user_models:with_frozen"])
+def test_activations_of_a_model_the_lab_cannot_count_are_measured_and_refused_when_too_big(model):
+    """No formula covers branchy or a user's model: one forward of two examples measures what autograd
+    saves per example, so a huge local batch is refused before launch (issue 30: `ddplab audit
+    --local-batch 100000` ran past 150 s)."""
+    from ddplab.launch.preflight import measured_activations
+
+    small = Experiment(model=model, world_size=2, local_batch=4, seq_len=16)
+    per_example = measured_activations(small)
+    assert per_example > 0
+    assert preflight([small]) == ("gloo", "cpu")
+    with pytest.raises(ValueError, match=r"^Experiment\.world_size: 2 ranks .* would need about \d+\.\d GiB"):
+        preflight([small.replace(local_batch=100_000, seq_len=1024)])
+
+
+def test_a_cgroup_memory_limit_is_what_is_available(tmp_path):
+    from ddplab.launch.preflight import memory_available
+
+    (tmp_path / "memory.max").write_text(f"{3 * 2 ** 30}\n")
+    (tmp_path / "memory.current").write_text(f"{2 ** 30}\n")
+    have, where = memory_available(str(tmp_path))
+    assert have == 2 * 2 ** 30 and where == "this process's cgroup leaves"
+    (tmp_path / "memory.max").write_text("max\n")
+    assert memory_available(str(tmp_path))[1] == "this machine has"

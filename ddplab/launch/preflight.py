@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+from pathlib import Path
 
 from .. import host
 from ..spec import Experiment
@@ -36,12 +37,15 @@ def preflight(exps: list[Experiment], nodes: Nodes | None = None) -> tuple[str, 
     if device != "cuda" and any("memory-snapshot" in e.probes for e in exps):
         raise ValueError("Experiment.probes: 'memory-snapshot' needs the ranks on CUDA; this launch runs on the CPU")
     for e in exps:
-        parameter_bytes = None
-        if e.model not in BUILTIN_MODELS and (e.task.reads is None or "model" in e.task.reads):
+        parameter_bytes, per_example = None, None
+        builds = e.task.reads is None or "model" in e.task.reads
+        if e.model not in BUILTIN_MODELS and builds:
             model = check_user_model(e)
             parameter_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
         if device == "cpu" and not os.environ.get("DDPLAB_SKIP_SIZE_CHECKS"):
-            check_fits(e, parameter_bytes, nodes.ranks_here(e.world_size))
+            if builds and e.task.kind in ("train", "bucket-sweep", "resume") and e.model not in COUNTED_MODELS:
+                per_example = measured_activations(e)   # no formula for its shapes: measure one small forward
+            check_fits(e, parameter_bytes, nodes.ranks_here(e.world_size), per_example)
     return backend, device
 
 
@@ -80,21 +84,56 @@ def check_user_model(exp: Experiment, gradients: bool = False):
 MAX_RANKS_PER_CORE = 4   # 4 gloo ranks on 2 cores is the lab's oversubscription demo; more only thrash
 
 
-def check_fits(exp: Experiment, parameter_bytes: int | None = None, ranks_here: int | None = None) -> None:
-    """ValueError if this machine's cores or available memory cannot hold the `ranks_here` ranks of
-    `exp` it runs (default all of them)."""
+COUNTED_MODELS = ("transformer", "mlp")   # predict/memory.py counts their activations from the shapes
+
+
+def measured_activations(exp: Experiment) -> int:
+    """Bytes of activations per example of `exp`'s model (built here: `rank.models.saved_bytes_per_example`)."""
+    import torch
+
+    from ..rank import models
+
+    with _importable_from_here(), torch.random.fork_rng(devices=[]):   # the caller's random stream stays as it was
+        built = models.build_with_data(exp)
+        return models.saved_bytes_per_example(built.module, exp, built.batch if built.own_data else None)
+
+
+def memory_available(cgroup_root: str = "/sys/fs/cgroup") -> tuple[int, str]:
+    """Bytes this process may still allocate, and where that limit comes from: the machine's available
+    memory, or a cgroup's limit less its usage when that is smaller (a container, a SLURM job)."""
     import psutil
+
+    have, where = psutil.virtual_memory().available, "this machine has"
+    root = Path(cgroup_root)
+    for limit_file, used_file in ((root / "memory.max", root / "memory.current"),
+                                  (root / "memory/memory.limit_in_bytes", root / "memory/memory.usage_in_bytes")):
+        try:
+            limit, used = limit_file.read_text().strip(), int(used_file.read_text().strip())
+        except (OSError, ValueError):
+            continue
+        if limit.isdigit() and int(limit) - used < have:
+            have, where = max(0, int(limit) - used), "this process's cgroup leaves"
+        break
+    return have, where
+
+
+def check_fits(exp: Experiment, parameter_bytes: int | None = None, ranks_here: int | None = None,
+               activations_per_example: int | None = None) -> None:
+    """ValueError if this machine's cores or available memory cannot hold the `ranks_here` ranks of
+    `exp` it runs (default all of them). `activations_per_example`: measured, for a model the lab
+    cannot count (a user's, branchy); its activations are that times the largest local batch."""
 
     ranks = exp.world_size if ranks_here is None else ranks_here
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     if ranks > MAX_RANKS_PER_CORE * cores:
         raise ValueError(f"Experiment.world_size: {ranks} CPU ranks on {cores} core(s) is more than "
                          f"{MAX_RANKS_PER_CORE} per core; use fewer ranks (or set DDPLAB_SKIP_SIZE_CHECKS=1)")
-    need = ranks * rank_bytes_estimate(exp, parameter_bytes)
-    have = psutil.virtual_memory().available
+    acts = 2 * activations_per_example * max(exp.local_batches) if activations_per_example else 0
+    need = ranks * (rank_bytes_estimate(exp, parameter_bytes) + acts)
+    have, where = memory_available()
     if need > 0.8 * have:
         raise ValueError(f"Experiment.world_size: {ranks} ranks of this experiment would need about "
-                         f"{need / 2 ** 30:.1f} GiB, and this machine has {have / 2 ** 30:.1f} GiB available; use a "
+                         f"{need / 2 ** 30:.1f} GiB, and {where} {have / 2 ** 30:.1f} GiB available; use a "
                          f"smaller model, batch or fewer ranks (or set DDPLAB_SKIP_SIZE_CHECKS=1)")
 
 

@@ -282,6 +282,32 @@ def check_model(model: nn.Module, exp, batch: Callable | None = None) -> None:
                          f"(the logits' last dimension); its batch gave {int(y.min())}..{int(y.max())}")
 
 
+def saved_bytes_per_example(model: nn.Module, exp, batch: Callable | None = None) -> int:
+    """Bytes autograd saves for backward, per example, measured on one forward of two examples (the
+    lab's tokens at the longest seq_len, or the factory's own `batch`): what a rank's activations grow
+    by per example, for a model whose shapes the lab cannot count. Parameters saved for backward are
+    not activations and are left out; a tensor saved twice counts once."""
+    if batch is None:
+        x = torch.zeros(2, max(exp.seq_lens), dtype=torch.long)
+    else:
+        x, _ = _user_batch(batch, exp, max(exp.seq_lens))
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen, total = set(), 0
+
+    def pack(t):
+        nonlocal total
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in params and ptr not in seen:
+            seen.add(ptr)
+            total += t.untyped_storage().nbytes()
+        return t
+
+    with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = model(x)
+        del out
+    return total // 2
+
+
 def _user_batch(batch: Callable, exp, seq_len: int):
     try:
         got = batch([0, 1], seq_len)
