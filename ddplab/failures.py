@@ -168,10 +168,13 @@ class Deaths:
     nccl_timeouts: dict[int, tuple[int, str]] = field(default_factory=dict)
     # NCCL's flight recorder, dumped on timeout: rank -> its last collective {seq, name, state}
     flight: dict[int, dict] = field(default_factory=dict)
+    # simulated nodes (launch/nodes.py): agent -> (the signal that ended its torchrun agent, its ranks)
+    lost_nodes: dict[int, tuple[str, list[int]]] = field(default_factory=dict)
 
 
 _EXIT = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank[^\n]*\n\s*exitcode\s*:\s*(-?\d+)")
 _NATIVE = re.compile(r"what\(\):\s*(.+)")
+_NODE_LOST = re.compile(r"ddplab-nodes: node agent (\d+) was ended by (\S+); its ranks: ([\d, ]+|unknown)")
 # ProcessGroupNCCL's watchdog: "[PG ID 0 PG GUID 0(default_pg) Rank 1] Watchdog caught collective operation
 # timeout: WorkNCCL(SeqNum=6, OpType=ALLREDUCE, NumelIn=1, ...) ran for 5002 milliseconds before timing out."
 _NCCL_TIMEOUT = re.compile(r"Rank (\d+)\][^\n]*?Watchdog caught collective operation timeout: "
@@ -193,7 +196,9 @@ def deaths_from(log_text: str, stacks: dict[int, str] | None = None) -> Deaths:
     timeouts = {}
     for rank, seq, op in _NCCL_TIMEOUT.findall(log_text):
         timeouts.setdefault(int(rank), (int(seq), op))
-    return Deaths(signals, dict(stacks or {}), native, timeouts)
+    lost = {int(agent): (how, [int(r) for r in ranks.split(",") if r.strip().isdigit()])
+            for agent, how, ranks in _NODE_LOST.findall(log_text)}
+    return Deaths(signals, dict(stacks or {}), native, timeouts, lost_nodes=lost)
 
 
 def flight_records(launch_dir, world_size: int) -> dict[int, dict]:
@@ -292,6 +297,14 @@ def diagnose(progress: dict[int, list[dict]], errors: dict[int, dict], finished:
     """Explain a failed run from its per-rank records (pure; the launcher gathers the records,
     `frozen`, the ranks whose process it saw stopped, and in which state, and `deaths`, what is known
     of ranks that died without writing anything)."""
+    if deaths is not None and deaths.lost_nodes:   # a whole node went: its ranks did not fail, they were lost
+        agent, (how, ranks) = min(deaths.lost_nodes.items())
+        others = sorted(set(range(world_size)) - set(ranks))
+        return Diagnosis("node-lost", ranks or others,
+                         f"Node {agent} was lost: its torchrun agent was ended by {how}, and its "
+                         f"{rank_list(ranks) if ranks else 'ranks'} with it; the others "
+                         f"{f'({rank_list(others)}) ' if ranks else ''}then lost their peers and were stopped. On a cluster that is a node failing, or a limit "
+                         f"of the job (time, memory) ending it there. See launch.log.")
     causes = sorted((e for e in errors.values() if not is_timeout(e) and not is_lost_peer(e)), key=lambda e: e["t_ns"])
     if causes:
         first = causes[0]

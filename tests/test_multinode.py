@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -379,3 +380,53 @@ def test_more_nodes_than_ranks_is_refused_naming_the_node_count():
 
     with pytest.raises(ValueError, match=r"^DDPLAB_NODES: 9 nodes for a launch of 4 rank\(s\)"):
         preflight([ddplab.Experiment(world_size=4)], Nodes.from_env({"DDPLAB_NODES": "9"}))
+
+
+def test_a_lost_node_is_diagnosed_as_a_node_with_its_ranks():
+    """launch/nodes.py reports an agent ended by a signal with the ranks it ran; the diagnosis names the
+    node, not a rank of the other node (issue 30, item 6)."""
+    log = ("ddplab-nodes: node agent 1 was ended by SIGKILL; its ranks: 2, 3\n"
+           "[E] rank 0 lost connection: Connection closed by peer\n")
+    deaths = failures.deaths_from(log)
+    assert deaths.lost_nodes == {1: ("SIGKILL", [2, 3])}
+    d = failures.diagnose({}, {}, set(), 4, 60.0, False, {}, deaths=deaths)
+    assert d.kind == "node-lost" and d.ranks == [2, 3]
+    assert str(d).startswith("Node 1 was lost: its torchrun agent was ended by SIGKILL, and its ranks 2, 3 with it")
+
+
+@pytest.mark.slow
+def test_killing_a_node_agent_names_that_node_and_its_ranks(tmp_path, monkeypatch):
+    import signal
+    import threading
+
+    import psutil
+
+    from ddplab.spec import Straggler
+
+    monkeypatch.setenv("DDPLAB_NODES", "2")
+    out = tmp_path / "node-lost"
+
+    def kill_agent_1():   # the torchrun agent started with DDPLAB_AGENT=1, once its 2 ranks have run 2 s
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            for p in psutil.process_iter(["cmdline"]):
+                try:
+                    if "ddplab.launch.loopback" in " ".join(p.info["cmdline"] or []) and \
+                            p.environ().get("DDPLAB_AGENT") == "1" and str(tmp_path) in " ".join(p.info["cmdline"]) \
+                            and len(p.children(recursive=True)) >= 2:
+                        time.sleep(2.0)
+                        p.send_signal(signal.SIGKILL)
+                        return
+                except psutil.Error:
+                    pass
+            time.sleep(0.2)
+    killer = threading.Thread(target=kill_agent_1, daemon=True)
+    killer.start()
+    with pytest.raises(failures.RunFailed) as err:
+        ddplab.run(_exp(steps=60, straggler=Straggler(rank=0, where="data", ms=500.0), timeout_s=30), out,
+                   progress=False, warm=False)
+    killer.join(timeout=5)
+    d = err.value.diagnosis
+    assert d.kind == "node-lost" and len(d.ranks) == 2, str(err.value)
+    assert str(err.value).startswith("Node 1 was lost: its torchrun agent was ended by SIGKILL"), str(err.value)
+    assert leftovers(out) == []

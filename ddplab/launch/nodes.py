@@ -188,10 +188,36 @@ def _agent_flags(flags: list[str], port: int, listen_fd: int | None) -> list[str
     return out + flags[target:]
 
 
+def _ranks_of(agent: subprocess.Popen) -> list[int]:
+    """The global ranks an agent runs now (its children's RANK), read from their environment."""
+    import psutil
+
+    ranks = []
+    try:
+        for child in psutil.Process(agent.pid).children(recursive=True):
+            rank = child.environ().get("RANK")
+            if rank is not None and rank.isdigit():
+                ranks.append(int(rank))
+    except psutil.Error:
+        pass
+    return sorted(ranks)
+
+
 def _wait_all(procs: list[subprocess.Popen]) -> int:
+    ranks: dict[int, list[int]] = {}   # agent -> its ranks, as last seen (a killed agent's are gone with it)
+    looked = 0.0
     while True:
         codes = [p.poll() for p in procs]
         failed = [c for c in codes if c not in (None, 0)]
+        if time.monotonic() - looked > 1.0 and not failed:
+            looked = time.monotonic()
+            for i, p in enumerate(procs):
+                ranks[i] = _ranks_of(p) or ranks.get(i, [])
+        for i, c in enumerate(codes):
+            if c is not None and c < 0:   # an agent killed by a signal: its node is lost, and its ranks with it
+                how = signal.Signals(-c).name if -c in signal.Signals._value2member_map_ else f"signal {-c}"
+                print(f"ddplab-nodes: node agent {i} was ended by {how}; its ranks: "
+                      f"{', '.join(map(str, ranks.get(i, []))) or 'unknown'}", file=sys.stderr, flush=True)
         if failed:
             for p in procs:
                 if p.poll() is None:
