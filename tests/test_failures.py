@@ -1,5 +1,7 @@
 """The diagnosis is pure: these tests feed it per-rank records like the ones ranks write."""
 
+import pytest
+
 from ddplab.failures import diagnose, phase_key
 from ddplab.spec import Train
 
@@ -132,3 +134,24 @@ def test_the_launch_is_blamed_on_the_earliest_error_not_on_the_narrower_run_torc
     rundir.error_file(dirs[1], 2).unlink()   # no error at all: the first run that left no result
     assert cold._first_failure([narrow, wide], dirs, tmp_path, proc, 60.0, False, tmp_path / "spec.json", {},
                                tmp_path).run_dir == dirs[0]
+
+
+def test_an_allreduce_sweep_killed_while_allocating_is_placed_in_that_phase(monkeypatch):
+    """A 4 GiB sweep killed for memory was labelled 'init-process-group' (issue 30): the sweep enters
+    'allocate buffers' before it allocates, so the last phase its progress log shows is that one."""
+    import types
+
+    from ddplab.rank.tasks import allreduce_sweep
+    from ddplab.spec import AllReduceSweep, Experiment
+
+    entered = []
+    ctx = types.SimpleNamespace(exp=Experiment(task=AllReduceSweep(sweep_bytes=(4096,), repeats=1)), group=None,
+                                device="cpu", log=types.SimpleNamespace(enter=lambda phase, *a, **k: entered.append(phase)))
+
+    def out_of_memory(*a, **k):
+        raise MemoryError("the kernel would have killed the rank here")
+    monkeypatch.setattr(allreduce_sweep.torch, "ones", out_of_memory)
+    with pytest.raises(MemoryError):
+        allreduce_sweep.run(ctx)
+    assert entered == ["allocate buffers"]
+    assert "allocate buffers" in AllReduceSweep().all_phases()

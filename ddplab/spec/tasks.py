@@ -171,7 +171,7 @@ class AllReduceSweep(TaskSpec):
     kind = "allreduce-sweep"
     runner = "ddplab.rank.tasks.allreduce_sweep:run"
     record = AllReduceSweepRecord
-    phases = (Phase("all-reduce sweep", 5, "all_reduce"),)
+    phases = (Phase("allocate buffers", 4), Phase("all-reduce sweep", 5, "all_reduce"))
     reads = RUN_FIELDS
     step_unit = "repeats"
     sweep_bytes: tuple[int, ...] = ()

@@ -17,6 +17,7 @@ from ..runtime import Clock
 
 def run(ctx):
     task, group = ctx.exp.task, ctx.group
+    ctx.log.enter("allocate buffers")   # a rank killed for memory here is named in this phase, not the one before
     buffers = {n: torch.ones(n // 4, device=ctx.device) for n in task.sweep_bytes}
     clock = Clock(ctx.device)
     for n in task.sweep_bytes:  # warm-up: connections, buffers, caches
