@@ -82,6 +82,14 @@ def all_frozen(vocab_size):
     return nn.Embedding(vocab_size, vocab_size).requires_grad_(False)
 
 
+def exits(vocab_size):
+    os._exit(0)
+
+
+def sys_exits(vocab_size):
+    raise SystemExit(3)
+
+
 def nan_logits(vocab_size):
     emb = nn.Embedding(vocab_size, vocab_size)
     with torch.no_grad():
@@ -94,6 +102,8 @@ def nan_logits(vocab_size):
     ("integer_logits", r"returned torch.int64 logits; cross-entropy needs floating-point logits"),
     ("all_frozen", r"has no trainable parameter .*DDP would have nothing to synchronize"),
     ("nan_logits", r"returned logits that are NaN or infinite on two examples before any training"),
+    ("exits", r"tried to end the process \(os._exit\(0\)\) while it was built"),
+    ("sys_exits", r"sys_exits called sys.exit\(3\) instead of returning a model"),
     ("wrong_shape", r"must map token ids .* = \(2, 16, 64\); it returned \(2, 64\)"),
     ("not_a_module", r"returned dict, not an nn.Module"),
     ("labels_out_of_range", r"targets must be class ids in 0..2 .* gave 7..7"),

@@ -58,8 +58,12 @@ def check_user_model(exp: Experiment, gradients: bool = False):
     with _importable_from_here():   # as in the ranks, whose PYTHONPATH starts with this directory
         reads_tokens = exp.task.kind in ("train", "bucket-sweep")
         try:
-            built = models.build_with_data(exp) if reads_tokens else None
-            model = built.module if built else models.build(exp)
+            with _no_process_exit():
+                built = models.build_with_data(exp) if reads_tokens else None
+                model = built.module if built else models.build(exp)
+        except _ProcessExit as e:   # (sys.exit is a SystemExit, which rank.models already refuses)
+            raise ValueError(f"Experiment.model: {exp.model} tried to end the process (os._exit({e.code!r})) "
+                             f"while it was built; a factory must return a model") from None
         except ValueError as e:
             if str(e).startswith("Experiment.model"):
                 raise
@@ -79,6 +83,28 @@ def check_user_model(exp: Experiment, gradients: bool = False):
                                  f"gradient after one forward and backward: {shown}. DDP would never reduce the bucket "
                                  f"that holds them: freeze them (requires_grad_(False)) or leave them out of the model")
     return model
+
+
+class _ProcessExit(BaseException):
+    """os._exit called by a factory while the launcher builds it (`_no_process_exit`)."""
+
+    def __init__(self, code):
+        super().__init__(code)
+        self.code = code
+
+
+@contextlib.contextmanager
+def _no_process_exit():
+    """os._exit raises instead of ending the launcher (a notebook's kernel) while a user's factory runs."""
+    real = os._exit
+
+    def refuse(code):
+        raise _ProcessExit(code)
+    os._exit = refuse
+    try:
+        yield
+    finally:
+        os._exit = real
 
 
 MAX_RANKS_PER_CORE = 4   # 4 gloo ranks on 2 cores is the lab's oversubscription demo; more only thrash
