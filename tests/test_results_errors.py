@@ -20,6 +20,8 @@ pytestmark = pytest.mark.slow
     (lambda run: tables.memory(run), r"has no memory ledger: run it with probes=\('memory',\)"),
     (lambda run: tables.accumulation([run]), r"counting all-reduces needs probes=\('buckets', \.\.\.\)"),
     (lambda run: tables.scaling([run], "strong"), r"has 2 step\(s\), all of them warm-up"),
+    (lambda run: tables.ready_order(run), r"tables\.ready_order cannot read this: 't2' is a train run with probes "),
+    (lambda run: tables.allreduce_sweep(run), r"this run is not an all-reduce sweep: use recipes.allreduce_sweep"),
 ])
 def test_a_table_of_something_the_run_did_not_record_says_how_to_record_it(run2, ask, says):
     with pytest.raises(ValueError, match=says):

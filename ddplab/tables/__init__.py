@@ -34,3 +34,32 @@ __all__ = ["common_errors", "coverage", "failures", "fsdp", "pipeline", "resume"
            "normalization", "off_line", "predicted_moments", "ranks",
            "ready_order", "reference", "scaling", "sharding", "steps", "trace_events", "trace_folder",
            "verify_distinct_examples", "verify_global_batch_gradient", "verify_model_state"]
+
+
+def _said_plainly(name: str, table):
+    """`table` as the notebooks call it, except that a run it cannot read (another task's run, or one
+    without the probe it needs) is a ValueError naming the table, the run's task and its probes, instead
+    of the AttributeError or TypeError deep inside (issue 30: 21 of 68 misuses were raw)."""
+    import functools
+
+    @functools.wraps(table)
+    def call(*args, **kwargs):
+        try:
+            return table(*args, **kwargs)
+        except (AttributeError, TypeError, KeyError, IndexError) as e:
+            runs = [a for a in args for a in (a if isinstance(a, (list, tuple)) else [a]) if hasattr(a, "spec")]
+            if not runs:
+                raise
+            said = "; ".join(f"{r.spec.name!r} is a {r.spec.task.kind} run with probes "
+                             f"{', '.join(r.spec.probes) or 'none'}" for r in runs[:3])
+            need = (table.__doc__ or "").strip().split("\n")[0]
+            raise ValueError(f"tables.{name} cannot read this: {said}. It shows: {need} Pass the run it is for "
+                             f"(the recipe of its chapter makes it, with the probes it needs). "
+                             f"[{type(e).__name__}: {e}]") from e
+    return call
+
+
+for _name in __all__:
+    _table = globals()[_name]
+    if callable(_table) and getattr(_table, "__module__", "").startswith("ddplab.tables."):
+        globals()[_name] = _said_plainly(_name, _table)
