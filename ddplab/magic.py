@@ -16,7 +16,9 @@ After each cell, `_ddp` in the notebook is its `CellResult`: `_ddp.value(rank)` 
 rank's last expression, so a normal cell can check what the ranks answered.
 A cell that hangs (say only rank 0 calls `all_reduce`) is bounded by the session's `--timeout` (plus
 5 s for the whole cell): the rank that never joined is named, and the session is torn down
-(`%ddp_start` begins a new one). Once a cell has run, `ddplab.run` launches cold rather than on this
+(`%ddp_start` begins a new one). The cell's `dist` notes each collective it is called for (name,
+shape, dtype), so the failure also says which collective a rank was waiting in, or that it waited in
+none (its own code still running), and whether the ranks called one collective with different sizes. Once a cell has run, `ddplab.run` launches cold rather than on this
 session: a cell may have changed what a run depends on (default dtype, grad mode, global hooks).
 """
 
