@@ -58,15 +58,18 @@ class CellResult:
         from .failures import is_timeout
 
         out, timed_out, clean = {}, [], []
-        waiting = {r: st for r, st in self.status.items() if not st.get("done")}   # in (or stuck in) a collective
+        stuck = {r for r, res in self.results.items() if res is None or (res["error"] and is_timeout(res["error"]))}
+        # in (or stuck in) a collective called through the cell's `dist`, among the ranks that did not finish
+        waiting = {r: st for r, st in self.status.items() if r in stuck and not st.get("done")}
         for rank, r in sorted(self.results.items()):
             st = waiting.get(rank)
             if r is None:
                 out[rank] = ("its process died (see the session's launch.log)" if self.died else
                              f"never finished: still waiting in dist.{st['op']} ({st['tensor'] or 'no tensor'}), "
                              f"a collective the other ranks did not join" if st else
-                             "never finished, and not inside any collective called through `dist`: its own code "
-                             "was still running (a loop that does not end?)")
+                             "never finished, and not inside any collective called through the cell's `dist` "
+                             "(DDP's own collectives and direct torch.distributed calls are not seen): its own code "
+                             "may still have been running (a loop that does not end?)")
             elif r["error"] and is_timeout(r["error"]):
                 timed_out.append(rank)
             elif r["error"]:
@@ -80,8 +83,8 @@ class CellResult:
             if not clean:
                 for rank in timed_out:
                     out[rank] = f"{self.results[rank]['error']['type']}: {self.results[rank]['error']['message']}"
-        for op in {st["op"] for st in waiting.values()}:   # one collective, called with different tensors
-            calls = {r: st["tensor"] for r, st in waiting.items() if st["op"] == op}
+        for op, group in {(st["op"], st.get("group")) for st in waiting.values() if st["op"] not in ("send", "recv")}:
+            calls = {r: st["tensor"] for r, st in waiting.items() if (st["op"], st.get("group")) == (op, group)}
             if len(set(calls.values())) > 1:
                 said = "; ".join(f"rank {r}: {t}" for r, t in sorted(calls.items()))
                 for rank in calls:

@@ -116,33 +116,42 @@ def staging_dir(final: Path, launch_id: str) -> Path:
 OWNER = ".owner.json"   # in a staging or session directory: the process that made it
 
 
+def _process_identity(pid: int) -> dict | None:
+    """What tells process `pid` apart from any other, ever, on this host: the boot it runs in, its pid
+    namespace and its start time in clock ticks since boot (/proc; no wall clock, so a clock step cannot
+    make a live process look like another). None if there is no such process (or no /proc)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        start = int(stat.rsplit(")", 1)[1].split()[19])   # field 22, after the command in parentheses
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        pidns = os.readlink(f"/proc/{pid}/ns/pid") if Path(f"/proc/{pid}/ns/pid").exists() else ""
+        return {"boot": boot, "pidns": pidns, "start_ticks": start}
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def claim(directory: Path) -> None:
     """Record in `directory` (a launch's staging directory, a session's) the process that made it, so a
     later launch can tell it is dead once that process is gone (`owner_gone`)."""
-    import psutil
-
     write_json_atomic(Path(directory) / OWNER, {"pid": os.getpid(), "host": socket.gethostname(),
-                                               "started": psutil.Process().create_time()})
+                                               **(_process_identity(os.getpid()) or {})})
 
 
 def owner_gone(directory: Path) -> bool:
-    """True only if `directory`'s owner is provably gone: recorded on this host, and no process with its
-    pid started when it did. No record, a damaged one or another host: False (leave it be)."""
-    import psutil
-
+    """True only if `directory`'s owner is provably gone: recorded on this host, in this boot and pid
+    namespace, and no process with its pid has its start time now. No record, a damaged one, another
+    host, boot or namespace we cannot see into: False (leave it be)."""
     try:
         d = json.loads((Path(directory) / OWNER).read_text())
-        pid, host, started = int(d["pid"]), str(d["host"]), float(d["started"])
+        pid, host, boot, pidns, start = (int(d["pid"]), str(d["host"]), str(d["boot"]), str(d["pidns"]),
+                                         int(d["start_ticks"]))
     except (OSError, ValueError, KeyError, TypeError, RecursionError):
         return False
-    if host != socket.gethostname():
+    mine = _process_identity(os.getpid())
+    if host != socket.gethostname() or mine is None or (mine["boot"], mine["pidns"]) != (boot, pidns):
         return False
-    try:
-        return abs(psutil.Process(pid).create_time() - started) > 1e-3
-    except psutil.NoSuchProcess:
-        return True
-    except psutil.Error:
-        return False
+    now = _process_identity(pid)
+    return now is None or now["start_ticks"] != start
 
 
 def check_destination(final: Path) -> None:

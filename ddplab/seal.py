@@ -43,6 +43,10 @@ def key_file() -> Path:
 
 
 def _read_key(path: Path) -> bytes:
+    st = path.stat()
+    if st.st_uid != os.getuid() or st.st_mode & 0o077:
+        raise ValueError(f"{path}, the checkpoint key, must belong to this account and be readable by it alone "
+                         f"(chmod 600 {path}): anyone who can read it can seal a checkpoint that runs code here")
     text = path.read_text().strip()
     if len(text) != 64 or any(c not in "0123456789abcdef" for c in text):
         raise ValueError(f"{path} is not a ddplab checkpoint key (64 hex digits); delete it to make a new one "

@@ -14,15 +14,13 @@ from ddplab.launch.torchrun import sweep_dead
 
 
 def _dead_owner(directory):
-    """Claim `directory` for a process that has exited (its pid and start time, as `claim` records them)."""
-    import psutil
-
+    """Claim `directory` for a process that has exited (its pid and identity, as `claim` records them)."""
     p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.5)"])
-    started = psutil.Process(p.pid).create_time()
+    identity = rundir._process_identity(p.pid)
     p.wait()
     directory.mkdir(parents=True, exist_ok=True)
     (directory / rundir.OWNER).write_text(json.dumps({"pid": p.pid, "host": __import__("socket").gethostname(),
-                                                      "started": started}))
+                                                      **identity}))
 
 
 def test_only_provably_dead_directories_are_swept(tmp_path):
@@ -38,8 +36,14 @@ def test_only_provably_dead_directories_are_swept(tmp_path):
     d = json.loads((other_host / rundir.OWNER).read_text())
     (other_host / rundir.OWNER).write_text(json.dumps({**d, "host": "another-node"}))
     assert rundir.owner_gone(dead) and not rundir.owner_gone(live)
+    recycled = tmp_path / "recycled"   # its pid now belongs to a live process started at another time
+    recycled.mkdir()
+    (recycled / rundir.OWNER).write_text(json.dumps({**json.loads((dead / rundir.OWNER).read_text()),
+                                                     "pid": __import__("os").getpid()}))
+    assert rundir.owner_gone(recycled)
     assert sweep_dead(tmp_path, ".*.partial") == [dead]
-    assert {p.name for p in tmp_path.iterdir()} == {live.name, unclaimed.name, damaged.name, other_host.name}
+    assert {p.name for p in tmp_path.iterdir()} == {live.name, unclaimed.name, damaged.name, other_host.name,
+                                                    recycled.name}
 
 
 def test_a_launch_sweeps_a_killed_launchers_staging_directory_and_leaves_its_own_settled(tmp_path):

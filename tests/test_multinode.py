@@ -430,3 +430,10 @@ def test_killing_a_node_agent_names_that_node_and_its_ranks(tmp_path, monkeypatc
     assert d.kind == "node-lost" and len(d.ranks) == 2, str(err.value)
     assert str(err.value).startswith("Node 1 was lost: its torchrun agent was ended by SIGKILL"), str(err.value)
     assert leftovers(out) == []
+
+
+def test_the_batch_script_of_your_own_task_imports_its_module(tmp_path):
+    from tests.toy_task import Toy
+
+    text = _script(tmp_path, Experiment(task=Toy(), world_size=4), nodes=2).read_text()
+    assert '-m ddplab run --import tests.toy_task --spec - --out "$RUN_DIR"' in text

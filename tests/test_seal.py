@@ -140,6 +140,7 @@ def test_a_damaged_key_is_refused_naming_it(tmp_path, monkeypatch):
     d = saving_run_dir(tmp_path)
     monkeypatch.setenv("DDPLAB_KEY_FILE", str(tmp_path / "bad.key"))
     (tmp_path / "bad.key").write_text("not a key")
+    (tmp_path / "bad.key").chmod(0o600)
     with pytest.raises(ValueError, match=r"bad\.key is not a ddplab checkpoint key"):
         seal.verify(d, checkpoint_dir(d))
 
@@ -203,3 +204,12 @@ def test_the_command_line_imports_a_task_module_only_when_asked(tmp_path):
     ok = subprocess.run([sys.executable, "-c", code, "run", "--import", "tests.toy_task", "--spec", str(spec)],
                         capture_output=True, text=True, cwd=ROOT, env=env)
     assert ok.returncode == 0 and ok.stdout.strip() == "toy", ok.stderr
+
+
+def test_a_key_others_can_read_is_refused(tmp_path, monkeypatch):
+    key = tmp_path / "shared.key"
+    monkeypatch.setenv("DDPLAB_KEY_FILE", str(key))
+    d = saving_run_dir(tmp_path)
+    key.chmod(0o644)
+    with pytest.raises(ValueError, match=r"must belong to this account and be readable by it alone"):
+        seal.verify(d, checkpoint_dir(d))

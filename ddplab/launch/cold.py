@@ -105,10 +105,14 @@ def _launch(exps, final_dirs, final_launch_dir: Path, name: str, progress,
 
 
 def _keeps_its_sources(exps, final_launch_dir: Path) -> None:
-    """A launch replaces its directory when it ends: refuse one that would replace a run it resumes from."""
+    """A launch replaces its directory when it ends: refuse one that would replace a run it resumes from.
+    And the checkpoint is checked again here, sealed and fitting, whenever the Experiment was built (a
+    spec rebuilt by `load_run` skipped it; the files may have changed since)."""
     out = final_launch_dir.resolve()
     for exp in exps:
         source = getattr(exp.task, "resume_from", None)
+        if source:
+            exp.task.check_checkpoint(exp)
         if source and (Path(source).resolve() == out or out in Path(source).resolve().parents):
             raise ValueError(f"out: {final_launch_dir} holds the saving run {source} that {exp.name} resumes "
                              f"from, and the launch replaces it when it ends, checkpoint included; write the "

@@ -131,7 +131,14 @@ def memory_available(cgroup_root: str = "/sys/fs/cgroup") -> tuple[int, str]:
 
     have, where = psutil.virtual_memory().available, "this machine has"
     root = Path(cgroup_root)
-    for limit_file, used_file in ((root / "memory.max", root / "memory.current"),
+    own = ""   # this process's cgroup (v2: the "0::" line of /proc/self/cgroup), e.g. a SLURM job's
+    try:
+        own = next((ln.split("::", 1)[1] for ln in Path("/proc/self/cgroup").read_text().splitlines()
+                    if ln.startswith("0::")), "").strip("/")
+    except OSError:
+        pass
+    mine = root / own if own and (root / own / "memory.max").exists() else root
+    for limit_file, used_file in ((mine / "memory.max", mine / "memory.current"),
                                   (root / "memory/memory.limit_in_bytes", root / "memory/memory.usage_in_bytes")):
         try:
             limit, used = limit_file.read_text().strip(), int(used_file.read_text().strip())

@@ -62,6 +62,8 @@ def render(exp: Experiment, nodes: int, out, *, gpus_per_node: int = 0, cpus_per
               "time": time_limit, "partition": partition, "account": account,
               "output": f"ddplab-{exp.name}-%j.out"}   # in the directory sbatch was run from
     spec = exp.to_json()
+    module = exp.task.to_dict().get("module")   # a task of your own: `ddplab run` imports it only when told
+    imports = f" --import {shlex.quote(module)}" if module else ""
     if "\nDDPLAB_SPEC\n" in f"\n{spec}\n":
         raise ValueError("Experiment: its JSON contains the heredoc's end marker")
     lines = ["#!/bin/bash",
@@ -84,7 +86,7 @@ def render(exp: Experiment, nodes: int, out, *, gpus_per_node: int = 0, cpus_per
              f"export SRUN_CPUS_PER_TASK={cpus}",
              "export DDPLAB_WARM=0   # one experiment: no session of warm ranks",
              f"# the agents wait up to {DEFAULT_JOIN_TIMEOUT_S} s for each other at the rendezvous",
-             '"$PYTHON" -m ddplab run --spec - --out "$RUN_DIR" <<\'DDPLAB_SPEC\'',
+             f'"$PYTHON" -m ddplab run{imports} --spec - --out "$RUN_DIR" <<\'DDPLAB_SPEC\'',
              spec,
              "DDPLAB_SPEC",
              ""]

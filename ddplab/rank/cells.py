@@ -105,8 +105,10 @@ def _describe(args, kwargs) -> str | None:
 class TracedDist:
     """`dist` as a `%%ddp` cell sees it: torch.distributed, except that each collective first writes what
     it was called with (its name, the tensor's shape and dtype) to this rank's status file, and marks it
-    done after. A cell that never finishes can then be explained: which collective a rank waits in, or
-    that it waits in none (its own code still running), and whether the ranks passed different sizes."""
+    done after (also when it raises). A cell that never finishes can then be explained: which collective
+    a rank waits in, or that it waits in none called through `dist` (DDP's own collectives, direct
+    torch.distributed calls and the wait on async work are not seen), and whether the ranks passed
+    different sizes to one collective of one group."""
 
     def __init__(self, dist):
         self._dist, self.status = dist, None
@@ -118,11 +120,19 @@ class TracedDist:
 
         @functools.wraps(f)
         def traced(*args, **kwargs):
-            call = {"op": name, "tensor": _describe(args, kwargs)}
+            group = kwargs.get("group")
+            call = {"op": name, "tensor": _describe(args, kwargs),
+                    "group": None if group is None else id(group) if not hasattr(group, "group_name") else
+                    str(group.group_name)}
             self._write({**call, "done": False})
-            result = f(*args, **kwargs)
-            self._write({**call, "done": True})
-            return result
+            raised = None
+            try:   # (with async_op=True the call returns at once: the wait on its work is not seen)
+                return f(*args, **kwargs)
+            except BaseException as e:
+                raised = type(e).__name__
+                raise
+            finally:
+                self._write({**call, "done": True, "raised": raised})
         return traced
 
     def _write(self, d: dict) -> None:

@@ -83,6 +83,8 @@ def run_experiments(spec_paths: list[Path], env, launch_id: str, warm: tuple | N
         if warm is not None:   # before parsing: a changed task class must be the one the spec is read with
             _fresh_user_modules(texts)
             _baseline()
+        else:
+            _import_task_modules(texts)
         exps = [Experiment.from_json(t) for t in texts]
         mine = [(p.parent, e) for p, e in zip(spec_paths, exps) if env.rank < e.world_size]
         timeout_s = max(e.timeout_s for e in exps)
@@ -282,20 +284,32 @@ def _fresh_user_modules(spec_texts: list[str]) -> None:
     A task module is imported again at once (it registers its task class, which the spec is then
     read with); a model module when the model is built (a broken file fails in 'build', as cold)."""
     importlib.invalidate_caches()
-    tasks = []
     for text in spec_texts:
         d = json.loads(text)
         names = [d["model"].split(":")[0]] if ":" in str(d.get("model", "")) else []
-        task = d.get("task")
-        if isinstance(task, dict) and task.get("module"):
-            names.append(task["module"])
-            tasks.append(task["module"])
+        names += _task_modules([text])
         for name in names:
             if name.split(".")[0] in _NEVER_PURGED:
                 continue
             for loaded in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
                 del sys.modules[loaded]
-    for name in dict.fromkeys(tasks):
+    _import_task_modules(spec_texts)
+
+
+def _task_modules(spec_texts: list[str]) -> list[str]:
+    """The modules where the specs' own tasks are declared (`task.module`), in order, once each."""
+    names = []
+    for text in spec_texts:
+        task = json.loads(text).get("task")
+        if isinstance(task, dict) and isinstance(task.get("module"), str) and task["module"]:
+            names.append(task["module"])
+    return list(dict.fromkeys(names))
+
+
+def _import_task_modules(spec_texts: list[str]) -> None:
+    """Import the modules of the specs' own tasks: the rank runs what the launcher wrote for this launch
+    (which had those modules imported), so the specs can be read; reading a spec never imports them."""
+    for name in _task_modules(spec_texts):
         importlib.import_module(name)
 
 

@@ -41,13 +41,18 @@ def _said_plainly(name: str, table):
     without the probe it needs) is a ValueError naming the table, the run's task and its probes, instead
     of the AttributeError or TypeError deep inside (issue 30: 21 of 68 misuses were raw)."""
     import functools
+    import inspect
+
+    signature = inspect.signature(table)
 
     @functools.wraps(table)
     def call(*args, **kwargs):
+        signature.bind(*args, **kwargs)   # a wrong call is the caller's TypeError, as it is
         try:
             return table(*args, **kwargs)
         except (AttributeError, TypeError, KeyError, IndexError) as e:
-            runs = [a for a in args for a in (a if isinstance(a, (list, tuple)) else [a]) if hasattr(a, "spec")]
+            given = [*args, *kwargs.values()]
+            runs = [a for a in given for a in (a if isinstance(a, (list, tuple)) else [a]) if hasattr(a, "spec")]
             if not runs:
                 raise
             said = "; ".join(f"{r.spec.name!r} is a {r.spec.task.kind} run with probes "
