@@ -58,11 +58,13 @@ class CellResult:
         from .failures import is_timeout
 
         out, timed_out, clean = {}, [], []
-        stuck = {r for r, res in self.results.items() if res is None or (res["error"] and is_timeout(res["error"]))}
-        # in (or stuck in) a collective called through the cell's `dist`, among the ranks that did not finish
-        waiting = {r: st for r, st in self.status.items() if r in stuck and not st.get("done")}
+        unfinished = {r for r, res in self.results.items() if res is None or res["error"]}
+        # among the ranks that did not finish the cell cleanly: the collective called through the cell's `dist`
+        # that each was still in, or that raised
+        waiting = {r: st for r, st in self.status.items()
+                   if r in unfinished and (not st.get("done") or st.get("raised"))}
         for rank, r in sorted(self.results.items()):
-            st = waiting.get(rank)
+            st = waiting.get(rank) if not (waiting.get(rank) or {}).get("done") else None
             if r is None:
                 out[rank] = ("its process died (see the session's launch.log)" if self.died else
                              f"never finished: still waiting in dist.{st['op']} ({st['tensor'] or 'no tensor'}), "
