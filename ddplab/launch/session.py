@@ -220,12 +220,9 @@ class Session:
 
     def close(self, why: str = "it was closed") -> None:
         """Ask the ranks to leave (they tear their process group down), then make sure they did."""
-        global _current, _last_end
-        self.ended = self.ended or why
         if self._idle_timer is not None:
             self._idle_timer.cancel()
-        if _current is self:
-            _current, _last_end = None, self.ended
+        forget(self, why)
         try:
             if self.alive():
                 rundir.write_json_atomic(self.dir / f"job{self.jobs}.json", {"stop": True})
@@ -330,10 +327,7 @@ class Session:
     def _execute(self, code: str, ranks: list[int] | None) -> dict[int, dict | None]:
         ranks = list(range(self.world_size)) if ranks is None else sorted(set(ranks))
         if self.alive() and not self.dir.exists():
-            self.kill()
-            forget(self, "its directory was deleted")
-            raise RuntimeError(f"this session's directory {self.dir} was deleted, so its ranks were stopped: start a "
-                               f"new one (%ddp_start)")
+            self._stop_for_lost_dir("")
         if not self.alive():
             raise RuntimeError("this session is closed: start a new one (%ddp_start)")
         bad = [r for r in ranks if not 0 <= r < self.world_size]
@@ -351,10 +345,7 @@ class Session:
                     break
                 time.sleep(POLL_S)
             if not self.dir.exists():
-                self.kill()
-                forget(self, "its directory was deleted")
-                raise RuntimeError(f"this session's directory {self.dir} was deleted during the cell, so its ranks "
-                                   f"were stopped: start a new one (%ddp_start)")
+                self._stop_for_lost_dir(" during the cell")
             self.died = not self.alive()
             results = {r: (json.loads(f.read_text()) if f.exists() else None) for r, f in files.items()}
             self.cell_status = {}   # rank -> the last collective its `dist` was called for (rank/cells.py)
@@ -373,6 +364,13 @@ class Session:
         if interrupted:
             raise failures.Interrupted(f"interrupted: the cell and the session's {self.world_size} ranks stopped")
         return results
+
+    def _stop_for_lost_dir(self, when: str) -> None:
+        """Its directory is gone (the ranks read their jobs there): stop them and say so."""
+        self.kill()
+        forget(self, "its directory was deleted")
+        raise RuntimeError(f"this session's directory {self.dir} was deleted{when}, so its ranks were stopped: "
+                           f"start a new one (%ddp_start)")
 
     def log_since_submit(self) -> str:
         try:

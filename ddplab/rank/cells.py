@@ -120,10 +120,8 @@ class TracedDist:
 
         @functools.wraps(f)
         def traced(*args, **kwargs):
-            group = kwargs.get("group")
-            call = {"op": name, "tensor": _describe(args, kwargs),
-                    "group": None if group is None else id(group) if not hasattr(group, "group_name") else
-                    str(group.group_name)}
+            group = getattr(kwargs.get("group"), "group_name", None)   # the same on every rank of the group
+            call = {"op": name, "tensor": _describe(args, kwargs), "group": None if group is None else str(group)}
             self._write({**call, "done": False})
             raised = None
             try:   # (with async_op=True the call returns at once: the wait on its work is not seen)

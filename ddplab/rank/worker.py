@@ -287,7 +287,7 @@ def _fresh_user_modules(spec_texts: list[str]) -> None:
     for text in spec_texts:
         d = json.loads(text)
         names = [d["model"].split(":")[0]] if ":" in str(d.get("model", "")) else []
-        names += _task_modules([text])
+        names += [m for m in [_task_module(d)] if m]
         for name in names:
             if name.split(".")[0] in _NEVER_PURGED:
                 continue
@@ -296,20 +296,18 @@ def _fresh_user_modules(spec_texts: list[str]) -> None:
     _import_task_modules(spec_texts)
 
 
-def _task_modules(spec_texts: list[str]) -> list[str]:
-    """The modules where the specs' own tasks are declared (`task.module`), in order, once each."""
-    names = []
-    for text in spec_texts:
-        task = json.loads(text).get("task")
-        if isinstance(task, dict) and isinstance(task.get("module"), str) and task["module"]:
-            names.append(task["module"])
-    return list(dict.fromkeys(names))
+def _task_module(spec: dict) -> str | None:
+    """The module where a spec's own task is declared (`task.module`), if it names one."""
+    task = spec.get("task")
+    module = task.get("module") if isinstance(task, dict) else None
+    return module if isinstance(module, str) and module else None
 
 
 def _import_task_modules(spec_texts: list[str]) -> None:
-    """Import the modules of the specs' own tasks: the rank runs what the launcher wrote for this launch
-    (which had those modules imported), so the specs can be read; reading a spec never imports them."""
-    for name in _task_modules(spec_texts):
+    """Import the modules of the specs' own tasks, in order, once each: the rank runs what the launcher
+    wrote for this launch (which had those modules imported), so the specs can be read; reading a spec
+    never imports them."""
+    for name in dict.fromkeys(filter(None, (_task_module(json.loads(t)) for t in spec_texts))):
         importlib.import_module(name)
 
 
