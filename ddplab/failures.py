@@ -182,6 +182,21 @@ _NCCL_TIMEOUT = re.compile(r"Rank (\d+)\][^\n]*?Watchdog caught collective opera
 FLIGHT_PREFIX = "nccl_trace_rank_"   # TORCH_FR_DUMP_TEMP_FILE's prefix in a launch directory (launch.torchrun)
 
 
+def exit_codes(log_text: str) -> dict[int, int]:
+    """rank -> its exit code, from torchrun's failure report in a log (pure; negative: a signal)."""
+    return {int(rank): int(code) for rank, code in _EXIT.findall(log_text)}
+
+
+def exit_said(code: int) -> str:
+    """'was killed by SIGKILL' or 'exited with code 3' (pure)."""
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
 def deaths_from(log_text: str, stacks: dict[int, str] | None = None) -> Deaths:
     """`Deaths` from the text of launch.log (torchrun's failure report and what the ranks printed)
     and the faulthandler dumps the ranks left (pure). A negative exit code is a signal."""

@@ -38,7 +38,7 @@ class CellFailed(Exception):
 class CellResult:
     """What every rank of a `%%ddp` cell left: rank -> {stdout, stderr, value, error} (None: it hung)."""
 
-    def __init__(self, results: dict, seconds: float, died: bool = False, status: dict | None = None):
+    def __init__(self, results: dict, seconds: float, died: str = "", status: dict | None = None):
         self.results, self.seconds, self.died = results, seconds, died
         self.status = status or {}   # rank -> the last collective its `dist` was called for, and whether it ended
 
@@ -66,7 +66,7 @@ class CellResult:
         for rank, r in sorted(self.results.items()):
             st = waiting.get(rank) if not (waiting.get(rank) or {}).get("done") else None
             if r is None:
-                out[rank] = ("its process died (see the session's launch.log)" if self.died else
+                out[rank] = (f"its process died: {self.died}" if self.died else
                              f"never finished: still waiting in dist.{st['op']} ({st['tensor'] or 'no tensor'}), "
                              f"a collective the other ranks did not join" if st else
                              "never finished, and not inside any collective called through the cell's `dist` "
@@ -192,6 +192,9 @@ def load(ip) -> None:
             self.shell.user_ns["_ddp"] = result   # the notebook's own checks read the ranks' answers here
             display(result)
             failed = result.failed
+            if failed and s.died and all(why == f"its process died: {s.died}" for why in failed.values()):
+                raise CellFailed(f"the session died during the cell: {s.died}. Every rank's state is gone: "
+                                 f"%ddp_start again")
             if failed:
                 what = "; ".join(f"rank {r}: {why}" for r, why in sorted(failed.items()))
                 if not s.alive():

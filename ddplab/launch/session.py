@@ -33,6 +33,7 @@ import errno
 import json
 import os
 import shutil
+import signal
 import subprocess
 import threading
 import time
@@ -148,11 +149,12 @@ class Session:
             "world_size": self.world_size, "nodes": self.nodes.record, "backend": self.backend, "device": self.device,
             "pin_cpus": pin_cpus, "timeout_s": timeout_s, "idle_s": RANK_IDLE_BACKSTOP(IDLE_S)})
         self.argv = torchrun_argv(self.world_size, ["--serve", self.dir], nodes=self.nodes)
-        self.died = False
+        self.died = ""   # once a %%ddp cell's ranks died: how (`death()`), else ""
         self.ended: str | None = None   # why it ended, once it has
         self._idle_timer: threading.Timer | None = None
         self.implicit = implicit
         self.jobs = 0
+        self.log_offset = 0   # where the current job's part of the session's log starts
         self.cell_status: dict[int, dict] = {}
         self.cells = 0   # %%ddp cells run: they may change a rank's global torch state, so runs then go cold
         self.proc = None
@@ -233,6 +235,30 @@ class Session:
             self.kill()
         if self.proc is None or self.proc.poll() is not None:   # its ranks are gone: so is what they read
             shutil.rmtree(self.dir, ignore_errors=True)
+
+    def death(self) -> str:
+        """How the session's processes died, from torchrun's exit status and its failure report in the
+        log: torchrun itself killed by a signal (its ranks go with it), or the rank(s) whose exit took
+        it down. "" while it is alive."""
+        code = None if self.proc is None else self.proc.poll()
+        if code is None:
+            return ""
+        if code < 0:
+            try:
+                how = signal.Signals(-code).name
+            except ValueError:
+                how = f"signal {-code}"
+            return (f"torchrun, the session's launcher (pid {self.proc.pid}), was killed by {how}, "
+                    f"and its ranks went with it")
+        exits = failures.exit_codes(self.log_since_submit())
+        # torchrun SIGTERMs the ranks still running once one fails: those are the consequence, not the cause
+        first = {r: c for r, c in exits.items() if c != -signal.SIGTERM} or exits
+        if first:
+            said = "; ".join(f"rank {r} {failures.exit_said(c)}" for r, c in sorted(first.items()))
+            rest = sorted(set(exits) - set(first))
+            return (f"{said}, so torchrun stopped " + (f"{failures.rank_list(rest)} and " if rest else "")
+                    + f"the session (exit code {code})")
+        return f"torchrun exited with code {code} (see the session's {rundir.LOG})"
 
     def kill(self) -> None:
         """Stop the whole process tree now (a failed job, a hang, Ctrl-C): no orphans."""
@@ -334,6 +360,7 @@ class Session:
         if bad:
             raise ValueError(f"ranks: {bad} not in this session's 0..{self.world_size - 1}")
         n = self.jobs
+        self.log_offset = (self.dir / rundir.LOG).stat().st_size
         rundir.write_json_atomic(self.dir / f"job{n}.json", {"cell": code, "ranks": ranks})
         self.jobs += 1
         self.cells += 1
@@ -346,7 +373,7 @@ class Session:
                 time.sleep(POLL_S)
             if not self.dir.exists():
                 self._stop_for_lost_dir(" during the cell")
-            self.died = not self.alive()
+            self.died = "" if self.alive() else self.death()
             results = {r: (json.loads(f.read_text()) if f.exists() else None) for r, f in files.items()}
             self.cell_status = {}   # rank -> the last collective its `dist` was called for (rank/cells.py)
             for r in ranks:
@@ -358,7 +385,8 @@ class Session:
                 v and v["error"] and failures.is_timeout(v["error"]) for v in results.values())
             if lost:   # a hang, a dead rank or a timed-out collective leaves the process group unusable
                 self.kill()
-                forget(self, "it was stopped after a %%ddp cell hung, timed out or was interrupted")
+                forget(self, f"{self.died} during a %%ddp cell" if self.died else
+                             "it was stopped after a %%ddp cell hung, timed out or was interrupted")
             else:
                 self._arm_idle()
         if interrupted:
