@@ -79,10 +79,25 @@ class Run:
         """The tensors rank saved (probes), loaded safely with weights_only=True."""
         import torch
 
-        return torch.load(rundir.tensor_file(self.path, rank), weights_only=True)
+        import pickle
+
+        path = rundir.tensor_file(self.path, rank)
+        if not path.is_file() or path.is_symlink():
+            raise _invalid(rank, f"of tensors ({path.name}) is {'missing' if not path.exists() else 'not a file'}: "
+                                 f"the probes that save tensors wrote none, or it was removed", self.path)
+        try:
+            return torch.load(path, weights_only=True)
+        except (RuntimeError, pickle.UnpicklingError, EOFError, ValueError, OSError) as e:
+            raise _invalid(rank, f"of tensors ({path.name}) is damaged or not one this lab wrote ({type(e).__name__}: "
+                                 f"{str(e).splitlines()[0][:200]}); run it again", self.path) from e
 
     def __repr__(self) -> str:
         return f"Run({self.spec.name!r}, world_size={self.world_size}, path='{self.path}')"
+
+
+class NotARun(FileNotFoundError, ValueError):
+    """`load_run` of a directory that holds no run (a FileNotFoundError, and a ValueError like every
+    other refusal of bad input)."""
 
 
 def _invalid(rank: int, why: str, path: Path) -> RunFailed:
@@ -122,7 +137,7 @@ def load_run(path) -> Run:
     path = Path(path)
     spec_file = path / rundir.SPEC
     if not spec_file.exists():
-        raise FileNotFoundError(f"{path} is not a ddplab run directory: {rundir.SPEC} is missing")
+        raise NotARun(f"{path} is not a ddplab run directory: {rundir.SPEC} is missing")
     if not spec_file.is_file():
         raise ValueError(f"{spec_file} is not a file; the run directory is damaged: run it again")
     try:

@@ -234,8 +234,10 @@ def test_summarize_is_robust_to_one_disturbed_round():
 
 def test_the_tables_refuse_a_run_of_another_task():
     run = SimpleNamespace(spec=SimpleNamespace(task=SimpleNamespace(kind="bucket-sweep")), ranks=[])
-    with pytest.raises(ValueError, match="not a balance study"):
+    with pytest.raises(ValueError, match="a bucket-sweep run, and it reads balance-study runs"):
         views.balance_timing(run)
+    with pytest.raises(ValueError, match="`run` must be a run .*got str 'runs/mine'"):
+        views.balance_timing("runs/mine")
 
 
 def test_a_balance_record_round_trips_through_the_rank_file_schema():

@@ -194,7 +194,7 @@ def test_timeline_refuses_samples_that_do_not_line_up_with_the_model():
 
 
 def test_zero_measured_refuses_a_run_it_cannot_read_naming_it():
-    with pytest.raises(ValueError, match="run 'fsdp-memory-w4': zero_measured reads Train runs"):
+    with pytest.raises(ValueError, match="tables.fsdp.zero_measured: `runs` got 'fsdp-memory-w4', a fsdp-memory run, and it reads train runs"):
         views.zero_measured([fake_run()])
 
 

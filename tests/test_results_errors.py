@@ -18,7 +18,8 @@ pytestmark = pytest.mark.slow
     (lambda run: tables.gradient_values(run), r"has no gradients"),
     (lambda run: tables.normalization([run]), r"has no gradients"),
     (lambda run: tables.memory(run), r"has no memory ledger: run it with probes=\('memory',\)"),
-    (lambda run: tables.accumulation([run]), r"counting all-reduces needs probes=\('buckets', \.\.\.\)"),
+    (lambda run: tables.accumulation([run]), r"tables\.accumulation: run 't2' was run without the probe\(s\) buckets, "
+                                             r"activations, gradients it shows: run it with probes="),
     (lambda run: tables.scaling([run], "strong"), r"has 2 step\(s\), all of them warm-up"),
     (lambda run: tables.ready_order(run), r"tables\.ready_order cannot read this: 't2' is a train run with probes "),
     (lambda run: tables.allreduce_sweep(run), r"this run is not an all-reduce sweep: use recipes.allreduce_sweep"),

@@ -36,8 +36,12 @@ def test_loss_by_examples_bins_steps_by_examples_seen():
 
 
 def test_scaling_kind_is_checked():
+    from types import SimpleNamespace as NS
+
     with pytest.raises(ValueError, match="strong"):
-        tables.scaling([], "medium")
+        tables.scaling([NS(spec=Experiment())], "medium")
+    with pytest.raises(ValueError, match="tables.scaling: `runs` is empty"):
+        tables.scaling([], "strong")
 
 
 def test_examples_per_step_counts_what_the_ranks_consumed_not_what_was_asked():

@@ -37,9 +37,9 @@ __all__ = ["common_errors", "coverage", "failures", "fsdp", "pipeline", "resume"
 
 
 def _said_plainly(name: str, table):
-    """`table` as the notebooks call it, except that a run it cannot read (another task's run, or one
-    without the probe it needs) is a ValueError naming the table, the run's task and its probes, instead
-    of the AttributeError or TypeError deep inside (issue 30: 21 of 68 misuses were raw)."""
+    """The last resort behind the declared checks (`tables/reads.py`): a table that still fails inside
+    on a run it cannot read (a probe it needs but does not declare) says so as a ValueError naming the
+    table, the run's task and its probes, instead of the AttributeError or TypeError deep inside."""
     import functools
     import inspect
 
@@ -64,7 +64,28 @@ def _said_plainly(name: str, table):
     return call
 
 
-for _name in __all__:
-    _table = globals()[_name]
-    if callable(_table) and getattr(_table, "__module__", "").startswith("ddplab.tables."):
-        globals()[_name] = _said_plainly(_name, _table)
+def _check_every_table() -> None:
+    """Every public table of every module here checks what it reads before it runs (`reads.checked`),
+    both as `tables.<name>` and as `tables.<module>.<name>`; `tables.<name>` also gets `_said_plainly`."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    from .reads import checked
+
+    for info in pkgutil.iter_modules(__path__):
+        if info.name == "reads":
+            continue
+        module = importlib.import_module(f"{__name__}.{info.name}")
+        for n, f in list(vars(module).items()):
+            if inspect.isfunction(f) and f.__module__ == module.__name__ and not n.startswith("_"):
+                setattr(module, n, checked(f"tables.{info.name}.{n}", module, f))
+    g = globals()
+    for name in __all__:
+        table = g[name]
+        if inspect.isfunction(table) and table.__module__.startswith(f"{__name__}."):
+            module = importlib.import_module(table.__module__)
+            g[name] = _said_plainly(name, checked(f"tables.{name}", module, table))
+
+
+_check_every_table()

@@ -24,6 +24,8 @@ import pandas as pd
 from ..predict import balance as cost
 from .bucket_sweep import round_summary as summarize   # (median, spread) over rounds, as the bucket sweep
 
+READS = "balance-study"   # the task kind of the runs its tables read (tables/reads.py)
+
 def balance_record(run, rank: int = 0):
     """What `rank` recorded (`record.BalanceRecord`)."""
     if run.spec.task.kind != "balance-study":

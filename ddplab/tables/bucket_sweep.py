@@ -34,6 +34,8 @@ from ..predict.buckets import Grad
 from ..predict.comm import AlphaBeta
 from ..spec.tasks import parse_plan
 
+READS = "bucket-sweep"   # the task kind of the runs its tables read (tables/reads.py)
+
 
 def sweep_record(run, rank: int = 0):
     """What `rank` recorded (`record.BucketSweepRecord`)."""

@@ -27,6 +27,9 @@ from ..predict.comm import AlphaBeta
 from ..units import MIB, rel_error
 from . import bucket_sweep
 from .bucket_sweep import Inputs, sweep_record, cap_of, inputs, measured
+from .reads import reads
+
+READS = "bucket-sweep"   # the task kind of the runs its tables read (tables/reads.py)
 
 DDP_DEFAULT_CAP_MB, DDP_DEFAULT_FIRST_CAP_MB = 25, 1
 
@@ -195,6 +198,7 @@ def _repeat_ms(allreduce_run) -> dict[int, list[float]]:
             for per_rank in zip(*[r.result.sizes for r in allreduce_run.ranks])}
 
 
+@reads(allreduce_run="allreduce-sweep")
 def judge_bandwidth_term(allreduce_run, n_bytes: int, times: float = 5.0) -> claims.Verdict:
     """"At `n_bytes` the bandwidth term n*beta is more than `times` x alpha": on the line t = alpha + n*beta,
     the same as t(n) / t(smallest) > times + 1 (up to the smallest message's own bytes), judged on the
@@ -206,6 +210,7 @@ def judge_bandwidth_term(allreduce_run, n_bytes: int, times: float = 5.0) -> cla
                          ratio=True, above=times + 1)
 
 
+@reads(allreduce_run="allreduce-sweep")
 def judge_startup_term(allreduce_run, k: int = 16) -> claims.Verdict:
     """"For the smallest message n, n*beta is below alpha": on the line, t(k n) / t(n) = (alpha + k x) /
     (alpha + x) with x = n*beta, which is below (1 + k) / 2 exactly when x < alpha; judged on the

@@ -32,6 +32,9 @@ from .bucket_sweep import robust_spread
 from .global_batch import examples_per_step, scaling
 from .memory import MODEL_STATE
 from .readiness import ready_order, traced_step
+from .reads import reads
+
+READS = "train"   # the task kind of the runs its tables read (tables/reads.py)
 
 GROUPS = ("weak", "strong", "memory", "overlap", "ready")
 
@@ -60,6 +63,7 @@ def error_runs(runs) -> dict[str, list]:
 
 # ---- 1. strong scaling claimed after growing the global batch -------------------------------------
 
+@reads(weak_runs="train", strong_runs="train")
 def weak_as_strong(weak_runs, strong_runs, warmup: int = 2) -> pd.DataFrame:
     """Per world size: the weak runs' global batch, step time (median, min-max over steps) and the
     throughput ratio over the fewest ranks that the wrong claim reads as a speed-up (`claimed_speedup`, and
@@ -89,6 +93,7 @@ def weak_as_strong(weak_runs, strong_runs, warmup: int = 2) -> pd.DataFrame:
     return df.round(3)
 
 
+@reads(strong_runs="train", weak_runs="train")
 def verify_fixed_global_batch(strong_runs, weak_runs) -> None:
     """The right claim's premise: the strong runs keep one global batch at every world size (from the
     spec, and counted from the distinct examples each step consumed), and the weak runs do not (so
@@ -122,6 +127,7 @@ def _memory_step(run, step: int):
     return [r.memory.steps[step] for r in run.ranks]
 
 
+@reads(memory_runs="train", probes=("memory",))
 def divided_state(memory_runs, predicted=replicated_state_bytes, step: int = 1) -> pd.DataFrame:
     """Per world size and rank: the model state the memory probe measured after the optimizer step of
     step `step` (parameters + gradients + buckets + optimizer state, bytes), the wrong claim's number
@@ -174,6 +180,7 @@ def _per_step(run, warmup: int) -> list[dict]:
     return out
 
 
+@reads(ddp_run="train", compute_only_run="train")
 def summed_as_exposed(ddp_run, compute_only_run, warmup: int = 4) -> pd.DataFrame:
     """One row per quantity, ms (median over the steps after `warmup`) and its per-step spread
     (1.4826 x MAD): the buckets' all-reduce durations summed (the wrong claim's number), the span they

@@ -12,6 +12,8 @@ import pandas as pd
 
 from .. import verify
 
+READS = "data-coverage"   # the task kind of the runs its tables read (tables/reads.py)
+
 
 def _listed(items: list, most: int = 10) -> str:
     """'[3, 7]', or '[0, 1, ... (30 in all)]' for a long list (a check's one line stays one line)."""

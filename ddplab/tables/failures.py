@@ -17,6 +17,8 @@ from .. import verify
 from ..failures import Provoked
 from .bucket_sweep import robust_spread
 
+READS = "train"   # the task kind of the runs its tables read (tables/reads.py)
+
 DIAGNOSIS_GRACE_S = 15.0   # the launch's own start and stop, beyond the collective timeout
 # what each provoked failure's diagnosis must be and say (torch 2.13's own words where DDP or gloo speaks);
 # {timeout} is the run's timeout_s

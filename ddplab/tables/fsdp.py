@@ -16,6 +16,9 @@ from ..predict import zero
 from ..predict.memory import state_bytes
 from ..spec.fsdp import SAMPLE_CATEGORIES
 from ..units import DTYPE_BYTES, MIB, ms_after
+from .reads import reads
+
+READS = "fsdp-memory"   # the task kind of the runs its tables read (tables/reads.py)
 
 
 def _configs(run) -> list[tuple[bool, bool]]:
@@ -247,6 +250,7 @@ def zero_stages(psi: float, n_devices: int, precision: str = "mixed") -> pd.Data
 _STAGE = {"none": 0, "zero1": 1, "fsdp2": 3}
 
 
+@reads(runs="train", probes=("memory",))
 def zero_measured(runs, step: int = 1) -> pd.DataFrame:
     """ZeRO stages on one model (`recipes.fsdp_memory.zero_stages_measured`: DDP = stage 0, ZeRO-1,
     FSDP2 = stage 3; fp32 Adam), per stage and rank: the model state each rank measured after optimizer
@@ -288,6 +292,7 @@ def zero_measured(runs, step: int = 1) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index(["stage", "rank"]).sort_index()
 
 
+@reads(runs="train", probes=("memory",))
 def verify_zero_exact(runs, predicted: str = "exact_bytes", step: int = 1) -> None:
     """Notebook 09's check: every rank's measured model state equals the prediction to the byte, at
     every stage; `predicted="even_bytes"` holds the paper's even split to the same standard (it fails

@@ -11,6 +11,8 @@ import pandas as pd
 from .. import verify
 from ..tensors import flat_float64
 
+READS = "train"   # the task kind of the runs its tables read (tables/reads.py)
+
 
 def _flat(d: dict, names: list[str]):
     return flat_float64(d[n] for n in names)

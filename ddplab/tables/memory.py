@@ -16,6 +16,8 @@ from .. import verify
 from ..predict.memory import CATEGORIES, predict
 from ..units import MIB
 
+READS = "train"   # the task kind of the runs its tables read (tables/reads.py)
+
 # the moments the worker samples the ledger at, as figures and tables name them
 MOMENTS = {"forward": "after forward", "backward": "after backward", "step": "after optimizer step"}
 # the categories that make up the model state (everything but the activations)

@@ -29,6 +29,9 @@ from .. import claims, verify
 from ..predict.pipeline import bubble_fraction, in_flight, simulate
 from ..units import MIB
 
+READS = "pipeline"   # the task kind of the runs its tables read (tables/reads.py)
+EITHER = ("runs",)   # its `runs` may also be one run
+
 FLOOR_TOLERANCE = 0.05       # absolute, on a fraction of the span: what uneven microbatches may take off
 MEMORY_TOLERANCE = 0.01      # relative, on the peak saved bytes
 UNSPLIT_TOLERANCE = 1e-5     # relative to the largest reference gradient (float32 rounding is ~1e-7)

@@ -8,6 +8,9 @@ import statistics
 import pandas as pd
 
 from ..spec.sharding import contiguous_spans
+from .reads import reads
+
+READS = "train"   # the task kind of the runs its tables read (tables/reads.py)
 
 
 def id_ranges(ids: list[int]) -> str:
@@ -40,6 +43,7 @@ def steps(run) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index(["rank", "step"])
 
 
+@reads(run="train", probes=("reference",))
 def reference(run) -> pd.DataFrame:
     """Per rank, after step 0: distance to the single-process global-batch update, for the DDP
     update and for the update the rank would have taken alone (needs the 'reference' probe)."""

@@ -11,6 +11,9 @@ import pandas as pd
 
 from .. import claims, record
 from ..units import ms_after
+from .reads import reads
+
+READS = "train"   # the task kind of the runs its tables read (tables/reads.py)
 
 
 def ready_order(run, step: int = -1, rank: int = 0) -> pd.DataFrame:
@@ -18,6 +21,8 @@ def ready_order(run, step: int = -1, rank: int = 0) -> pd.DataFrame:
     position in the order gradients became ready, the position the naive "reverse source order"
     assumption gives it, and its bucket."""
     st = run.ranks[rank].steps[step]
+    if st.backward is None:
+        raise ValueError(f"run {run.spec.name!r} recorded no gradient readiness: run it with probes=('readiness',)")
     ready = [e.param for e in st.backward.ready]
     bucket_of = {p: b.index for b in st.buckets for p in b.params}
     source = [n for n in run.ranks[rank].parameter_names if n in set(ready)]
@@ -29,6 +34,7 @@ def ready_order(run, step: int = -1, rank: int = 0) -> pd.DataFrame:
     return df
 
 
+@reads(run="train", probes=("readiness",))
 def bucket_timeline(run, step: int = -1) -> pd.DataFrame:
     """Per rank and bucket: launch and completion, ms after the earliest backward start of the step."""
     t0 = min(r.steps[step].backward.start_ns for r in run.ranks)

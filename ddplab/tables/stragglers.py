@@ -26,6 +26,18 @@ import statistics
 import pandas as pd
 
 from .bucket_sweep import robust_spread
+from .reads import reads
+
+READS = "train"   # the task kind of the runs its tables read (tables/reads.py)
+
+
+def _straggler(run):
+    """The run's `Straggler`, or a ValueError saying these tables need a run with one."""
+    slow = run.spec.straggler
+    if slow is None:
+        raise ValueError(f"run {run.spec.name!r} has no straggler, and this table reads the delay one rank was given: "
+                         f"run it with straggler=Straggler(...) (recipes.slowest_rank, notebook 07)")
+    return slow
 
 SKIP = 1   # steps left out at the start: DDP's first iteration runs one bucket, then rebuilds
 
@@ -129,6 +141,7 @@ def _slowest_step_ms(run, skip: int) -> list[float]:
     return [max(r.steps[i].step_ms for r in run.ranks) for i in range(skip, run.spec.steps)]
 
 
+@reads(runs="train", baseline="train")
 def delay_response(runs, baseline, skip: int = SKIP) -> pd.DataFrame:
     """Per run with a straggler: where and how much it was delayed (`delay_ms` as specified,
     `measured_delay_ms` as the slow rank's clock saw it: its "straggler" phase, median over steps),
@@ -140,7 +153,7 @@ def delay_response(runs, baseline, skip: int = SKIP) -> pd.DataFrame:
     base_cw = compute_and_wait(baseline, skip)
     rows = []
     for run in runs:
-        slow = run.spec.straggler
+        slow = _straggler(run)
         lost = lost_ms(run, skip)   # refuses a run without a straggler, or with a cycle of delays
         cw = compute_and_wait(run, skip)
         early = cw[cw.index.get_level_values("rank") != slow.rank]["wait_ms"].tolist()
@@ -154,6 +167,7 @@ def delay_response(runs, baseline, skip: int = SKIP) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index("run")
 
 
+@reads(run="train", baseline="train")
 def judge_step_added(run, baseline, skip: int = SKIP):
     """The claim "the straggler lengthens the step": this run's steps (each at its slowest rank)
     against the baseline run's, step by step. The two runs ran one after the other, not interleaved,
@@ -175,7 +189,7 @@ def delay_cycle(run, skip: int = SKIP) -> pd.DataFrame:
     step of every whole cycle from `skip` on, its `cycle`, the delay specified (`delay_ms`) and the one
     the slow rank's clock saw (`measured_delay_ms`), the early ranks' step (`early_step_ms`, the
     longest of theirs) and their wait at the final bucket (`early_wait_ms`, their median)."""
-    slow = run.spec.straggler
+    slow = _straggler(run)
     if slow is None or len(getattr(slow, "cycle", ())) < 2:
         raise ValueError(f"{run.spec.name}: straggler.ms: needs a cycle of delays, such as (0, 20, 40, 80)")
     n = len(slow.cycle)
@@ -216,7 +230,7 @@ def cycle_response(run, skip: int = SKIP) -> pd.DataFrame:
     for d, part in t.groupby("delay_ms"):
         if d == t["delay_ms"].min():
             continue
-        rows.append({"run": f"{run.spec.name} {d:g} ms", "where": run.spec.straggler.where, "delay_ms": d,
+        rows.append({"run": f"{run.spec.name} {d:g} ms", "where": _straggler(run).where, "delay_ms": d,
                      "measured_delay_ms": statistics.median(part["measured_delay_ms"]),
                      "step_added_ms": statistics.median(part["step_added_ms"]),
                      "step_spread_ms": spread(part["step_added_ms"]),
@@ -248,7 +262,7 @@ def cycle_slopes(run, skip: int = SKIP) -> dict:
 
 def lost_ms(run, skip: int = SKIP) -> list[float]:
     """Per step (from `skip` on): what the straggler rank's own clock saw it lose (its "straggler" phase, ms)."""
-    slow = run.spec.straggler
+    slow = _straggler(run)
     if slow is None:
         raise ValueError(f"{run.spec.name}: no straggler in this run's spec; pass it as the baseline")
     if len(getattr(slow, "cycle", ())) > 1:
@@ -262,7 +276,7 @@ def wait_per_delay(run, skip: int = SKIP) -> list[float]:
     lost in that same step. Both halves come from one step, so the machine's load hits them alike."""
     lost = lost_ms(run, skip)
     cw = compute_and_wait(run, skip)
-    early = cw[cw.index.get_level_values("rank") != run.spec.straggler.rank]["wait_ms"].groupby(level="step").median()
+    early = cw[cw.index.get_level_values("rank") != _straggler(run).rank]["wait_ms"].groupby(level="step").median()
     return [w / d for w, d in zip(early.tolist(), lost)]
 
 
@@ -274,7 +288,7 @@ def judge_wait_for_delay(run, skip: int = SKIP, least: float = MIN_WAIT_PER_DELA
     A delay off their critical path would leave them waiting nothing."""
     from .. import claims
 
-    slow = run.spec.straggler
+    slow = _straggler(run)
     return claims.judge(f"{run.spec.name}: the early ranks wait, at the final bucket, for the delay rank {slow.rank} "
                         f"lost ({slow.where}) (per step: wait / delay)", wait_per_delay(run, skip), above=least,
                         unit="")

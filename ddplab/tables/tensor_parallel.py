@@ -13,6 +13,9 @@ from .. import claims, verify
 from ..predict import tensor_parallel as model
 from .bucket_sweep import round_summary
 
+READS = "tensor-parallel"   # the task kind of the runs its tables read (tables/reads.py)
+EITHER = ("runs",)   # its `runs` may also be one run
+
 # relative to the largest dense value of the same quantity: float32 sums in another order are off by
 # ~1e-7 of it (errors grow with the batch and the sequence, and so does the scale); a mis-split layer
 # by order 1

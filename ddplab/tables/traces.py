@@ -33,6 +33,8 @@ import pandas as pd
 
 from .. import rundir
 
+READS = "train"   # the task kind of the runs its tables read (tables/reads.py)
+
 PHASES = {"barrier": "ddplab:barrier", "forward": "ddplab:forward", "backward": "ddplab:backward",
           "optimizer": "ddplab:optimizer"}
 STEP = "ProfilerStep#"
