@@ -385,9 +385,12 @@ def faults(t: Tally, tmp: Path) -> None:
     from ddplab.spec.fault import FAULT_KINDS, Fault
 
     for kind in FAULT_KINDS:
-        exp = Experiment(name=f"fault-{kind}", world_size=2, steps=2, fault=Fault(kind, rank=1, step=1), timeout_s=5)
-        t.call("faults and signals", f"fault {kind}",
-               lambda: _expect_failed(lambda: ddplab.run(exp, tmp / f"fault-{kind}", progress=False, warm=False)))
+        def provoke():
+            step = 0 if kind == "shape-mismatch" else 1
+            exp = Experiment(name=f"fault-{kind}", world_size=2, steps=2, fault=Fault(kind, rank=1, step=step),
+                             timeout_s=5)
+            ddplab.run(exp, tmp / f"fault-{kind}", progress=False, warm=False)
+        t.call("faults and signals", f"fault {kind}", lambda: _expect_failed(provoke))
     script = ("import ddplab, sys; ddplab.run(ddplab.Experiment(world_size=2, steps=200, local_batch=4), "
               "sys.argv[1], progress=False, warm=False)")
     for sig in (signal.SIGINT, signal.SIGTERM):

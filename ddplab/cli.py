@@ -125,6 +125,9 @@ def experiment_from_args(args: argparse.Namespace) -> Experiment:
 def _experiment(args) -> Experiment:
     """The experiment of `run` and `slurm`: from --spec (a spec.json, or - for stdin) or from the flags."""
     if getattr(args, "spec", None) is None:
+        if getattr(args, "imports", None):
+            raise ValueError(f"--import {args.imports[0]}: imports the module of a task that a --spec file names; "
+                             f"without --spec there is none to import: drop --import, or give --spec")
         return experiment_from_args(args)
     given = [flag for flag in {**RUN_FLAGS, **FAULT_FLAGS, **STRAGGLER_FLAGS}
              if getattr(args, flag[2:].replace("-", "_")) is not None]

@@ -11,9 +11,13 @@ from it. The lab therefore seals what it writes and reads only what it sealed:
   account holds (`key_file()`: `$DDPLAB_KEY_FILE`, else `~/.config/ddplab/checkpoint.key`; made on first
   use, 32 random bytes, mode 0600). It goes to `checkpoint.seal.json` beside the folder, in the run
   directory.
-- **Verify** (`verify`, before any rank reads the folder: the resume's spec check runs in the launcher,
-  then again in every rank before `dcp.load`): the seal's HMAC under this account's key, then every
-  file's digest, with no file added or missing. Anything else is a ValueError naming the file and why.
+- **Verify** (`verify`): the seal's HMAC under this account's key, then every file's digest, with no
+  file added or missing. Anything else is a ValueError naming the file and why. It runs in full once in
+  the launcher, before anything starts, and once per node in the ranks, on a private copy that the
+  ranks then load from (`rank/tasks/resume.py`), so nothing can change the files between the check and
+  the read. Building a resume Experiment checks it in full too (a clear error as early as can be),
+  except in a rank, which rebuilds the spec the launcher checked: there `digests=False` checks the
+  seal and the file names only, so W ranks do not hash the checkpoint W more times.
 
 A copy or a move of the saving run still verifies (the seal names files relative to the folder); a
 checkpoint from another account or machine does not (another key), whatever its own seal says. On
@@ -97,6 +101,19 @@ def _digests(folder: Path) -> dict[str, str]:
     return out
 
 
+def _names(folder: Path) -> list[str]:
+    """The files under `folder`, as `_digests` names them, without reading any."""
+    out = []
+    for p in sorted(folder.rglob("*")):
+        if p.is_symlink():
+            raise ValueError(f"{p} is a symbolic link; a checkpoint holds plain files only")
+        if p.is_file():
+            out.append(p.relative_to(folder).as_posix())
+        elif not p.is_dir():
+            raise ValueError(f"{p} is not a plain file; a checkpoint holds plain files only")
+    return out
+
+
 def _mac(key: bytes, files: dict[str, str]) -> str:
     msg = _VERSION + "\n" + json.dumps(files, sort_keys=True, separators=(",", ":"))
     return hmac.new(key, msg.encode(), hashlib.sha256).hexdigest()
@@ -122,8 +139,10 @@ def seal(run_dir, folder) -> Path:
     return out
 
 
-def verify(run_dir, folder) -> None:
-    """ValueError unless `folder` is exactly what this account's lab sealed in `run_dir`."""
+def verify(run_dir, folder, read_from=None, digests: bool = True) -> None:
+    """ValueError unless `folder` is exactly what this account's lab sealed in `run_dir`: or, given
+    `read_from`, unless that copy of `folder` is. With digests=False only the seal and the file names
+    are checked (no file is read)."""
     folder, sf = Path(folder), seal_file(run_dir)
     why = ("ddplab reads only a checkpoint it wrote itself and that nobody changed since: loading one "
            "unpickles its files, which can run code")
@@ -143,7 +162,10 @@ def verify(run_dir, folder) -> None:
         raise ValueError(f"{sf} was not made with this account's checkpoint key ({key_file()}): the checkpoint "
                          f"comes from another account or machine, or its seal was edited; {why}. Run the "
                          f"saving run again here")
-    now = _sealed(run_dir, folder)
+    if not digests:
+        now = {k: files.get(k, "") for k in _names(folder)} | {"../spec.json": files.get("../spec.json", "")}
+    else:
+        now = _sealed(run_dir, Path(read_from) if read_from is not None else folder)
     changed = sorted(set(files) ^ set(now)) + sorted(k for k in set(files) & set(now) if files[k] != now[k])
     if changed:
         what = ", ".join(f"{folder / k} ({'added' if k not in files else 'missing' if k not in now else 'changed'})"

@@ -357,3 +357,19 @@ def test_tune_buckets_runs_end_to_end_on_the_hugging_face_gpt2_from_the_command_
     plans = [r["plan"] for r in got["measured"]]
     assert "ddp:default" in plans and any(p.startswith("ddp-split:") for p in plans) and "compute-only" in plans
     assert f"recommendation: {got['recommendation']}" in capsys.readouterr().out
+
+
+def test_the_launchers_checks_build_a_users_model_once_and_leave_its_random_stream_alone():
+    """Issue 30's review: preflight built a user's model twice (checked, then its activations measured)."""
+    import torch
+
+    from ddplab.launch.preflight import preflight
+    from tests import user_models
+
+    user_models.BUILT.clear()
+    torch.manual_seed(7)
+    expected = torch.rand(3)
+    torch.manual_seed(7)
+    preflight([Experiment(model="tests.user_models:counted", world_size=2)])
+    assert len(user_models.BUILT) == 1
+    assert torch.equal(torch.rand(3), expected)

@@ -215,6 +215,28 @@ def test_a_real_checkpoint_is_sealed_and_a_copy_with_a_malicious_metadata_runs_n
 
 
 @pytest.mark.slow
+def test_a_checkpoint_changed_after_the_launchers_check_is_refused_by_the_ranks(runs, tmp_path, monkeypatch):
+    """The window between the check and the read (issue 30's review): the launcher checks the files, then
+    someone replaces .metadata before the ranks load it. Each node's ranks load a private copy that they
+    verified themselves, so the change is refused in the ranks and the pickle never runs."""
+    from ddplab.launch import cold
+
+    copy = shutil.copytree(runs["saved"].path, tmp_path / "copy")
+    marker = tmp_path / "code-ran"
+    evil = pickle.dumps(type("Evil", (), {"__reduce__": lambda self: (Path.write_text, (marker, "x"))})())
+    checked = cold._keeps_its_sources
+
+    def check_then_tamper(exps, out):
+        checked(exps, out)
+        (checkpoint_dir(copy) / ".metadata").write_bytes(evil)
+    monkeypatch.setattr(cold, "_keeps_its_sources", check_then_tamper)
+    with pytest.raises(ddplab.RunFailed, match=r"the checkpoint of .*copy changed after the launcher checked it.*"
+                                               r"\.metadata \(changed\)"):
+        ddplab.run(recipes.resumes(copy)[0], out=tmp_path / "tampered", progress=False, warm=False)
+    assert not marker.exists()
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("name", BROKEN)
 def test_each_broken_resume_departs_at_the_first_resumed_step_and_stays_departed(runs, name):
     ref, broken = runs["uninterrupted"], runs[name]

@@ -204,6 +204,10 @@ def test_the_command_line_imports_a_task_module_only_when_asked(tmp_path):
     ok = subprocess.run([sys.executable, "-c", code, "run", "--import", "tests.toy_task", "--spec", str(spec)],
                         capture_output=True, text=True, cwd=ROOT, env=env)
     assert ok.returncode == 0 and ok.stdout.strip() == "toy", ok.stderr
+    without = subprocess.run([sys.executable, "-c", code, "run", "--import", "tests.toy_task"], capture_output=True,
+                             text=True, cwd=ROOT, env=env)
+    assert without.returncode != 0 and "--import tests.toy_task: imports the module of a task that a --spec file " \
+                                       "names; without --spec" in without.stderr, without.stderr
 
 
 def test_a_key_others_can_read_is_refused(tmp_path, monkeypatch):

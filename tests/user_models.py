@@ -63,3 +63,12 @@ def held(vocab_size: int, d_model: int):
     """`_TokenLinear` whose forward, inside a rank, waits while the file named by $DDPLAB_TEST_HOLD exists
     (the launcher's own check of the factory runs through): a run that lasts as long as the test needs."""
     return _Held(vocab_size, d_model)
+
+
+BUILT = []   # one entry per call of `counted`, for tests/test_own_model.py
+
+
+def counted(vocab_size: int, d_model: int):
+    """Counts its calls: the launcher's checks should build a user's model once per launch."""
+    BUILT.append(1)
+    return _TokenLinear(vocab_size, d_model)

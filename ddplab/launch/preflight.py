@@ -39,12 +39,13 @@ def preflight(exps: list[Experiment], nodes: Nodes | None = None) -> tuple[str, 
     for e in exps:
         parameter_bytes, per_example = None, None
         builds = e.task.reads is None or "model" in e.task.reads
+        built = None   # a user's model, built once here: checked, counted, and its activations measured
         if e.model not in BUILTIN_MODELS and builds:
-            model = check_user_model(e)
+            model, built = _checked_build(e)
             parameter_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
         if device == "cpu" and not os.environ.get("DDPLAB_SKIP_SIZE_CHECKS"):
             if builds and e.task.kind in ("train", "bucket-sweep", "resume") and e.model not in COUNTED_MODELS:
-                per_example = measured_activations(e)   # no formula for its shapes: measure one small forward
+                per_example = measured_activations(e, built)   # no formula for its shapes: one small forward
             check_fits(e, parameter_bytes, nodes.ranks_here(e.world_size), per_example)
     return backend, device
 
@@ -53,9 +54,18 @@ def check_user_model(exp: Experiment, gradients: bool = False):
     """Build `exp`'s user model here and check what it returns (spec/model.py); with `gradients`,
     also that one backward reaches every trainable parameter (DDP waits for each of them, and the
     audit and tune tools read every bucket). Returns the module; a ValueError says what to fix."""
+    return _checked_build(exp, gradients)[0]
+
+
+def _checked_build(exp: Experiment, gradients: bool = False):
+    """`check_user_model`, returning (the module, what `rank.models.build_with_data` built, or None for
+    a task that reads no tokens), so the caller can measure the same model instead of building another.
+    The caller's random stream stays as it was."""
+    import torch
+
     from ..rank import models  # builds the user's model once here, to say what is wrong in this process
 
-    with _importable_from_here():   # as in the ranks, whose PYTHONPATH starts with this directory
+    with _importable_from_here(), torch.random.fork_rng(devices=[]):   # as in the ranks (PYTHONPATH)
         reads_tokens = exp.task.kind in ("train", "bucket-sweep")
         try:
             with _no_process_exit():
@@ -82,7 +92,7 @@ def check_user_model(exp: Experiment, gradients: bool = False):
                 raise ValueError(f"Experiment.model: {exp.model} leaves {len(unused)} trainable parameter(s) without a "
                                  f"gradient after one forward and backward: {shown}. DDP would never reduce the bucket "
                                  f"that holds them: freeze them (requires_grad_(False)) or leave them out of the model")
-    return model
+    return model, built
 
 
 class _ProcessExit(BaseException):
@@ -113,14 +123,15 @@ MAX_RANKS_PER_CORE = 4   # 4 gloo ranks on 2 cores is the lab's oversubscription
 COUNTED_MODELS = ("transformer", "mlp")   # predict/memory.py counts their activations from the shapes
 
 
-def measured_activations(exp: Experiment) -> int:
-    """Bytes of activations per example of `exp`'s model (built here: `rank.models.saved_bytes_per_example`)."""
+def measured_activations(exp: Experiment, built=None) -> int:
+    """Bytes of activations per example of `exp`'s model (`rank.models.saved_bytes_per_example`), on
+    `built` (what `_checked_build` made) or on a model built here."""
     import torch
 
     from ..rank import models
 
     with _importable_from_here(), torch.random.fork_rng(devices=[]):   # the caller's random stream stays as it was
-        built = models.build_with_data(exp)
+        built = built if built is not None else models.build_with_data(exp)
         return models.saved_bytes_per_example(built.module, exp, built.batch if built.own_data else None)
 
 

@@ -22,6 +22,7 @@ Reference: https://pytorch.org/docs/stable/distributed.checkpoint.html
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -188,11 +189,14 @@ class Resume(TaskSpec):
             bad("task.sampler_position", "places the restored sampler, and restore leaves the sampler out; "
                                          "leave it at its default")
         if not reading():   # a finished resume reloads wherever its saving run went since
-            self.check_checkpoint(exp)
+            # a rank rebuilds the spec the launcher checked in full, and checks its node's copy before it
+            # loads (rank/tasks/resume.py): here it only checks the seal and the names, reading no file
+            self.check_checkpoint(exp, digests="LOCAL_RANK" not in os.environ)
 
-    def check_checkpoint(self, exp) -> None:
+    def check_checkpoint(self, exp, digests: bool = True) -> None:
         """`resume_from` is a finished saving run whose checkpoint fits this experiment (ValueError naming
-        `task.resume_from`, or the field that differs)."""
+        `task.resume_from`, or the field that differs). digests=False (a rank rebuilding the spec) checks
+        the seal and the file names but reads no file (seal.py)."""
         saved = self.saved_spec()
         task = saved.task
         where = f"the saving run {self.resume_from}"
@@ -203,7 +207,7 @@ class Resume(TaskSpec):
             bad("task.resume_from", f"{where} holds no complete checkpoint ({CHECKPOINT}/ lacks {', '.join(missing)}); "
                                     f"run it to the end (its save_at) first")
         try:   # before anything reads the folder: DCP unpickles it (seal.py)
-            seal.verify(self.resume_from, cp)
+            seal.verify(self.resume_from, cp, digests=digests)
         except ValueError as e:
             bad("task.resume_from", str(e))
         for name in SAME_MODEL + (SAME_OPTIMIZER if "optimizer" in self.restore else ()):

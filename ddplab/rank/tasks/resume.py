@@ -16,6 +16,9 @@ Reference: https://pytorch.org/docs/stable/distributed.checkpoint.html
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_optimizer_state_dict, get_state_dict,
@@ -24,10 +27,10 @@ from torch.utils.data import DistributedSampler
 
 from ... import seal
 from ...rundir import save_tensors_atomic
-from ...spec.resume import CheckpointInfo, ResumeRecord, ResumeStep, checkpoint_dir, rank_state_file
+from ...spec.resume import CHECKPOINT, CheckpointInfo, ResumeRecord, ResumeStep, checkpoint_dir, rank_state_file
 from .. import data, models
 from ..parallel import ddp as ddp_wrapper
-from ..runtime import Clock
+from ..runtime import Clock, rank_env
 from ..training import flat_parameters, make_optimizer, parameter_checksum, token_losses, torch_dtype
 
 AUGMENT_STREAM = 1_000_003   # rank r's augmentation stream is seeded with seed + AUGMENT_STREAM x (r + 1)
@@ -125,8 +128,42 @@ def restore(ctx, ddp, optimizer) -> tuple[CheckpointInfo, int, int]:
     into the model and the optimizer (its state, step count and param groups)."""
     exp, task = ctx.exp, ctx.exp.task
     source = task.resume_from
-    own = torch.load(rank_state_file(source, ctx.rank if ctx.rank < task.saved_spec().world_size else 0),
-                     weights_only=True)
+    copy = verified_copy(ctx, source)
+    restored = _restore_from(ctx, ddp, optimizer, source, copy)
+    torch.distributed.barrier(group=ctx.group)   # every rank of this node has read the copy
+    if rank_env().local_rank == 0:
+        shutil.rmtree(copy.parent, ignore_errors=True)
+    return restored
+
+
+def verified_copy(ctx, source) -> Path:
+    """The checkpoint of `source`, copied once per node into this launch's own directory and verified
+    against its seal there (seal.py): the ranks load that copy, so nothing can change what they read
+    between the check and the load, and the files are hashed once per node, not once per rank. The
+    lowest rank of each node copies; a copy that fails the check is refused on every rank, naming why."""
+    here = Path(ctx.run_dir) / f".resume-source-node{rank_env().node}"
+    copy = here / CHECKPOINT
+    if rank_env().local_rank == 0:
+        try:
+            shutil.rmtree(here, ignore_errors=True)
+            here.mkdir(mode=0o700, parents=True)
+            shutil.copytree(checkpoint_dir(source), copy, symlinks=True)
+            seal.verify(source, checkpoint_dir(source), read_from=copy)
+            (here / "verified").write_text("")
+        except (ValueError, OSError) as e:
+            (here / "refused").write_text(f"{type(e).__name__}: {e}")
+    torch.distributed.barrier(group=ctx.group)
+    if not (here / "verified").exists():
+        why = (here / "refused").read_text() if (here / "refused").exists() else "no copy was made on this node"
+        raise ValueError(f"task.resume_from: the checkpoint of {source} changed after the launcher checked it, "
+                         f"or could not be copied ({why}); nothing of it was loaded")
+    return copy
+
+
+def _restore_from(ctx, ddp, optimizer, source, copy: Path) -> tuple[CheckpointInfo, int, int]:
+    exp, task = ctx.exp, ctx.exp.task
+    rank_file = rank_state_file(source, ctx.rank if ctx.rank < task.saved_spec().world_size else 0)
+    own = torch.load(copy / rank_file.name, weights_only=True)
     clock = Clock(ctx.device)
     clock.mark("start")
     state = {}
@@ -135,7 +172,7 @@ def restore(ctx, ddp, optimizer) -> tuple[CheckpointInfo, int, int]:
     if "optimizer" in task.restore:   # a fresh optimizer's state is made here (a step at lr 0), then replaced
         state["optimizer"] = get_optimizer_state_dict(ddp, optimizer)
     if state:
-        dcp.load(state, checkpoint_id=checkpoint_dir(source), process_group=ctx.group)
+        dcp.load(state, checkpoint_id=copy, process_group=ctx.group)
     if "model" in state:
         set_model_state_dict(ddp, state["model"])
     if "optimizer" in state:
