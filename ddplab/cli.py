@@ -235,6 +235,8 @@ def _cmd_run(args) -> int:
         print(tables.ranks(result).to_string())
     print(f"global batch {exp.global_batch} = sum of local batches {exp.local_batches} x accum_steps {exp.accum_steps}; "
           f"results in {result.path}")
+    if result.diverged():   # the ranks ran as asked, the training did not: the launch's last line said where
+        return 3
     return 0
 
 

@@ -75,6 +75,23 @@ class Run:
         return [sum(r.steps[i].loss_sum for r in self.ranks) / sum(r.steps[i].tokens for r in self.ranks)
                 for i in range(len(self.ranks[0].steps))]
 
+    def diverged(self) -> str | None:
+        """Where the loss first stopped being a finite number (the first step and the ranks whose loss
+        was NaN or infinite there), said as a sentence; None if it stayed finite, or the task records no
+        training loss. A diverged run ran correctly: it is training that failed (lr too high?)."""
+        import math
+
+        steps = [getattr(r, "steps", None) for r in self.ranks]
+        if not steps or any(s is None for s in steps):
+            return None
+        for i in range(min(len(s) for s in steps)):
+            bad = [r.rank for r, s in zip(self.ranks, steps) if not math.isfinite(getattr(s[i], "loss", 0.0))]
+            if bad:
+                how = {repr(steps[b][i].loss) for b in bad}
+                return (f"the loss became {'/'.join(sorted(how))} at step {steps[0][i].step} on rank(s) "
+                        f"{', '.join(map(str, bad))}: training diverged (lr={self.spec.lr:g}; try a smaller one)")
+        return None
+
     def tensors(self, rank: int) -> dict:
         """The tensors rank saved (probes), loaded safely with weights_only=True."""
         import torch

@@ -69,3 +69,18 @@ def test_off_line_tells_a_weight_bias_swap_from_a_real_reordering():
     order["ready_position"] = [0, 3, 2, 1]   # a.weight ready first: not a swap with its bias
     order["as_assumed"] = order["ready_position"] == order["reverse_source_position"]
     assert not off_line(order).loc["a.weight", "swapped_within_module"]
+
+
+def test_a_run_whose_loss_stopped_being_finite_says_where_it_diverged():
+    """Issue 30's review: a run with lr far too high ended with NaN losses and was reported as a success."""
+    from pathlib import Path
+    from types import SimpleNamespace as NS
+
+    from ddplab.results import Run
+
+    def run(*losses):
+        return Run(Path("x"), Experiment(lr=1000.0), [NS(rank=r, steps=[NS(step=i, loss=l[r]) for i, l in enumerate(losses)])
+                                                      for r in range(2)])
+    assert run((1.0, 1.0), (2.0, 2.0)).diverged() is None
+    said = run((1.0, 1.0), (1.0, float("inf")), (float("nan"), float("nan"))).diverged()
+    assert said == "the loss became inf at step 1 on rank(s) 1: training diverged (lr=1000; try a smaller one)"
