@@ -230,7 +230,7 @@ def _cmd_run(args) -> int:
     if exp.task.kind != "train":   # tables.ranks reads training steps; other tasks have their chapter's tables
         print(f"a {exp.task.kind} run on {exp.world_size} ranks finished; results in {result.path} "
               f"(ddplab.load_run(path) reads it, and the tables of its chapter show it)")
-        return 0
+        return 3 if result.diverged() else 0
     with pd.option_context("display.width", 200, "display.max_columns", 20):
         print(tables.ranks(result).to_string())
     print(f"global batch {exp.global_batch} = sum of local batches {exp.local_batches} x accum_steps {exp.accum_steps}; "

@@ -4,6 +4,7 @@ imports, and a factory that exits is an error, not a silent success."""
 from __future__ import annotations
 
 import dataclasses
+import re
 import shutil
 import subprocess
 import sys
@@ -70,3 +71,14 @@ def test_ddplab_lab_opens_jupyterlab_on_the_notebooks(capsys):
     command = capsys.readouterr().out.split()
     assert command[1:3] == ["-m", "jupyterlab"] and command[3].endswith("notebooks")
     assert (cli.notebooks_dir() / "00_launch_and_ranks.ipynb").exists()
+
+
+@pytest.mark.slow
+def test_a_run_whose_loss_goes_nan_exits_3_and_says_where(tmp_path, capsys):
+    """A run at lr=1000 trains to NaN: the ranks ran as asked, so it is no RunFailed, but `ddplab run` must
+    not report it as a success. The launch's last line says where the loss stopped being finite."""
+    code = cli.main(["run", "--world-size", "2", "--lr", "1000", "--steps", "6", "--out", str(tmp_path / "nan")])
+    out = capsys.readouterr()
+    assert code == 3, out
+    assert re.search(r"warning: experiment: the loss became (nan|inf) at step \d on rank\(s\) 0, 1: training diverged "
+                     r"\(lr=1000; try a smaller one\)", out.out + out.err), out

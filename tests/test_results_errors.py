@@ -21,8 +21,13 @@ pytestmark = pytest.mark.slow
     (lambda run: tables.accumulation([run]), r"tables\.accumulation: run 't2' was run without the probe\(s\) buckets, "
                                              r"activations, gradients it shows: run it with probes="),
     (lambda run: tables.scaling([run], "strong"), r"has 2 step\(s\), all of them warm-up"),
-    (lambda run: tables.ready_order(run), r"tables\.ready_order cannot read this: 't2' is a train run with probes "),
-    (lambda run: tables.allreduce_sweep(run), r"this run is not an all-reduce sweep: use recipes.allreduce_sweep"),
+    (lambda run: tables.ready_order(run), r"run 't2' recorded no gradient readiness: run it with probes=\('readiness',\)"),
+    (lambda run: tables.allreduce_sweep(run), r"tables\.allreduce_sweep: `run` got 't2', a train run, and it reads "
+                                              r"allreduce-sweep runs \(made by recipes\.allreduce_sweep\(\)\)"),
+    (lambda run: tables.coverage.coverage(run),
+     r"tables\.coverage\.coverage: `run` got 't2', a train run, and it reads data-coverage runs"),
+    (lambda run: tables.pipeline.bubble({"a": run}), r"tables\.pipeline\.bubble: `runs` is a dict; pass a list of runs"),
+    (lambda run: tables.memory_sweep([]), r"tables\.memory_sweep: `runs` is empty"),
 ])
 def test_a_table_of_something_the_run_did_not_record_says_how_to_record_it(run2, ask, says):
     with pytest.raises(ValueError, match=says):

@@ -230,10 +230,13 @@ def test_a_checkpoint_changed_after_the_launchers_check_is_refused_by_the_ranks(
         checked(exps, out)
         (checkpoint_dir(copy) / ".metadata").write_bytes(evil)
     monkeypatch.setattr(cold, "_keeps_its_sources", check_then_tamper)
-    with pytest.raises(ddplab.RunFailed, match=r"the checkpoint of .*copy changed after the launcher checked it.*"
-                                               r"\.metadata \(changed\)"):
+    with pytest.raises(ddplab.RunFailed, match=r"the checkpoint of .*copy could not be copied and verified on node 0 "
+                                               r"before it was loaded .*\.metadata \(changed\)"):
         ddplab.run(recipes.resumes(copy)[0], out=tmp_path / "tampered", progress=False, warm=False)
     assert not marker.exists()
+    said = [p.read_text() for p in tmp_path.rglob(".resume-source-node0/refused")]   # the failed run keeps why
+    assert len(said) == 1 and ".metadata (changed)" in said[0]
+    assert not list(tmp_path.rglob(".resume-source-node*/checkpoint")), "the tampered copy stayed behind"
 
 
 @pytest.mark.slow

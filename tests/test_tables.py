@@ -84,3 +84,28 @@ def test_a_run_whose_loss_stopped_being_finite_says_where_it_diverged():
     assert run((1.0, 1.0), (2.0, 2.0)).diverged() is None
     said = run((1.0, 1.0), (1.0, float("inf")), (float("nan"), float("nan"))).diverged()
     assert said == "the loss became inf at step 1 on rank(s) 1: training diverged (lr=1000; try a smaller one)"
+
+
+def test_a_declared_table_takes_a_generator_once_and_refuses_a_dict_a_path_and_another_tasks_run():
+    """tables/reads.py: what a table declares is checked before it runs, and a one-shot iterable of runs
+    reaches the table as the list the check read (not an exhausted generator)."""
+    from types import ModuleType
+    from types import SimpleNamespace as NS
+
+    from ddplab.spec.tasks import AllReduceSweep
+    from ddplab.tables.reads import checked
+
+    module = ModuleType("m")
+    module.READS = "train"
+
+    def names(runs):
+        return [r.spec.name for r in runs]
+    table = checked("tables.m.names", module, names)
+    run = NS(spec=Experiment(name="a"), ranks=[])
+    assert table(r for r in [run]) == ["a"]
+    with pytest.raises(ValueError, match=r"tables\.m\.names: `runs` is a dict; pass a list of runs"):
+        table({"a": run})
+    with pytest.raises(ValueError, match=r"`runs` must be a list of runs .*got str 'runs/a'"):
+        table("runs/a")
+    with pytest.raises(ValueError, match=r"`runs` got 'sweep', a allreduce-sweep run, and it reads train runs"):
+        table([NS(spec=Experiment(name="sweep", task=AllReduceSweep(sweep_bytes=(4096,))), ranks=[])])

@@ -39,6 +39,7 @@ READS = "train"   # the task kind of the runs its tables read (tables/reads.py)
 GROUPS = ("weak", "strong", "memory", "overlap", "ready")
 
 
+@reads(runs=None, mapping=("runs",))   # the chapter's dict of every run: it picks the train runs by name
 def error_runs(runs) -> dict[str, list]:
     """The runs of a `recipes.common_errors()` launch (a list, or a dict by name), by group: "weak",
     "strong", "memory", "overlap" ([DDP, compute-only]) and "ready", in launch order. Runs of other
@@ -349,6 +350,7 @@ MISCLAIMS = {
 }
 
 
+@reads(runs=None, mapping=("runs",))   # the chapter's dict of every run: it picks the train runs by name
 def common_errors(runs) -> pd.DataFrame:
     """One row per error of a `recipes.common_errors()` launch (the list `run_many` returned, or a dict
     by name): the misclaim, what these runs say (numbers from them), and a verdict computed from those

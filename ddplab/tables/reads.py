@@ -34,11 +34,12 @@ MAKES = {
 DEFAULT_ARGS = ("run", "runs")   # what a module's READS applies to
 
 
-def reads(probes: tuple[str, ...] = (), either: tuple[str, ...] = (), **args):
+def reads(probes: tuple[str, ...] = (), either: tuple[str, ...] = (), mapping: tuple[str, ...] = (), **args):
     """Declare a table's run arguments: name -> a task kind, a tuple of kinds, or None (any kind). A
-    name ending in `runs` takes a non-empty list of runs; one in `either`, a run or such a list."""
+    name ending in `runs` takes a non-empty list of runs; one in `either`, a run or such a list; one
+    in `mapping` also a dict of runs by name (checked by its values)."""
     def mark(f):
-        f.__reads__ = ({k: _kinds(v) for k, v in args.items()}, tuple(probes), tuple(either))
+        f.__reads__ = ({k: _kinds(v) for k, v in args.items()}, tuple(probes), tuple(either), tuple(mapping))
         return f
     return mark
 
@@ -47,16 +48,16 @@ def _kinds(v) -> tuple[str, ...] | None:
     return None if v is None else (v,) if isinstance(v, str) else tuple(v)
 
 
-def declared(module, f) -> tuple[dict, tuple, tuple]:
+def declared(module, f) -> tuple[dict, tuple, tuple, tuple]:
     """The run arguments `f` of `module` reads: its own `@reads`, else the module's READS for its
-    `run`/`runs` parameters; ({}, (), ()) if it takes no run."""
+    `run`/`runs` parameters; ({}, (), (), ()) if it takes no run."""
     if hasattr(f, "__reads__"):
         return f.__reads__
     default = getattr(module, "READS", None)
     if default is False:
-        return {}, (), ()
+        return {}, (), (), ()
     params = inspect.signature(f).parameters
-    return {p: _kinds(default) for p in DEFAULT_ARGS if p in params}, (), tuple(getattr(module, "EITHER", ()))
+    return {p: _kinds(default) for p in DEFAULT_ARGS if p in params}, (), tuple(getattr(module, "EITHER", ())), ()
 
 
 def _is_run(x) -> bool:
@@ -68,7 +69,10 @@ def _said(x) -> str:
     return f"{type(x).__name__} {text[:60]}{'...' if len(text) > 60 else ''}"
 
 
-def check(label: str, wants: dict, probes: tuple, either: tuple, bound: inspect.BoundArguments) -> None:
+def check(label: str, wants: dict, probes: tuple, either: tuple, mapping: tuple,
+          bound: inspect.BoundArguments) -> None:
+    """Raise a ValueError for the first declared argument that is not what the table reads. A one-shot
+    iterable of runs (a generator) is read into a list, which `bound` then passes on in its place."""
     for name, kinds in wants.items():
         if name not in bound.arguments or bound.arguments[name] is None and \
                 bound.signature.parameters[name].default is None:
@@ -82,7 +86,12 @@ def check(label: str, wants: dict, probes: tuple, either: tuple, bound: inspect.
             if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
                 raise ValueError(f"{label}: `{name}` must be a list of runs (ddplab.run's results, or "
                                  f"ddplab.load_run(path) each), got {_said(value)}")
+            if isinstance(value, dict) and name not in mapping:
+                raise ValueError(f"{label}: `{name}` is a dict; pass a list of runs (list(d.values()) if it "
+                                 f"maps names to runs)")
             items = list(value.values()) if isinstance(value, dict) else list(value)
+            if not isinstance(value, (dict, list, tuple)):   # a generator: read once here, passed on as a list
+                bound.arguments[name] = items
             if not items:
                 raise ValueError(f"{label}: `{name}` is empty: pass the runs it compares")
         else:
@@ -106,7 +115,7 @@ def check(label: str, wants: dict, probes: tuple, either: tuple, bound: inspect.
 
 def checked(label: str, module, f):
     """`f`, checked against what it declares before it runs (the same function if it reads no run)."""
-    wants, probes, either = declared(module, f)
+    wants, probes, either, mapping = declared(module, f)
     if not wants:
         return f
     signature = inspect.signature(f)
@@ -114,8 +123,8 @@ def checked(label: str, module, f):
     @functools.wraps(f)
     def call(*args, **kwargs):
         bound = signature.bind(*args, **kwargs)   # a wrong call is the caller's TypeError, as it is
-        check(label, wants, probes, either, bound)
-        return f(*args, **kwargs)
+        check(label, wants, probes, either, mapping, bound)
+        return f(*bound.args, **bound.kwargs)
 
     call.__wrapped_table__ = f
     return call

@@ -142,6 +142,7 @@ def resume_summary(reference, resumed: list, saved=None) -> pd.DataFrame:
     throughout), |loss difference| and relative parameter distance at the first resumed step and at
     the last, whether every step trained on the reference's global batch, and (given the saving run)
     how many examples of the interrupted epoch the optimizer saw twice or more, and never."""
+    resumed = [resumed] if hasattr(resumed, "spec") else resumed   # one resumed run, or a list
     rows = []
     for run in resumed:
         d = departure(reference, run)

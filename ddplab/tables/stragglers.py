@@ -189,7 +189,7 @@ def delay_cycle(run, skip: int = SKIP) -> pd.DataFrame:
     step of every whole cycle from `skip` on, its `cycle`, the delay specified (`delay_ms`) and the one
     the slow rank's clock saw (`measured_delay_ms`), the early ranks' step (`early_step_ms`, the
     longest of theirs) and their wait at the final bucket (`early_wait_ms`, their median)."""
-    slow = _straggler(run)
+    slow = run.spec.straggler
     if slow is None or len(getattr(slow, "cycle", ())) < 2:
         raise ValueError(f"{run.spec.name}: straggler.ms: needs a cycle of delays, such as (0, 20, 40, 80)")
     n = len(slow.cycle)
@@ -262,7 +262,7 @@ def cycle_slopes(run, skip: int = SKIP) -> dict:
 
 def lost_ms(run, skip: int = SKIP) -> list[float]:
     """Per step (from `skip` on): what the straggler rank's own clock saw it lose (its "straggler" phase, ms)."""
-    slow = _straggler(run)
+    slow = run.spec.straggler
     if slow is None:
         raise ValueError(f"{run.spec.name}: no straggler in this run's spec; pass it as the baseline")
     if len(getattr(slow, "cycle", ())) > 1:

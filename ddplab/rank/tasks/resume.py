@@ -17,6 +17,7 @@ Reference: https://pytorch.org/docs/stable/distributed.checkpoint.html
 from __future__ import annotations
 
 import shutil
+import time
 from pathlib import Path
 
 import torch
@@ -129,34 +130,46 @@ def restore(ctx, ddp, optimizer) -> tuple[CheckpointInfo, int, int]:
     exp, task = ctx.exp, ctx.exp.task
     source = task.resume_from
     copy = verified_copy(ctx, source)
-    restored = _restore_from(ctx, ddp, optimizer, source, copy)
-    torch.distributed.barrier(group=ctx.group)   # every rank of this node has read the copy
-    if rank_env().local_rank == 0:
-        shutil.rmtree(copy.parent, ignore_errors=True)
-    return restored
+    try:
+        restored = _restore_from(ctx, ddp, optimizer, source, copy)
+        torch.distributed.barrier(group=ctx.group)   # every rank has read the copy (the rng/sampler-only case too)
+        return restored
+    finally:
+        if rank_env().local_rank == 0:
+            shutil.rmtree(copy.parent, ignore_errors=True)
+
+
+COPY_WAIT_S = 600.0   # how long a node's other ranks wait for its copier to copy and hash the checkpoint
 
 
 def verified_copy(ctx, source) -> Path:
     """The checkpoint of `source`, copied once per node into this launch's own directory and verified
     against its seal there (seal.py): the ranks load that copy, so nothing can change what they read
     between the check and the load, and the files are hashed once per node, not once per rank. The
-    lowest rank of each node copies; a copy that fails the check is refused on every rank, naming why."""
+    lowest rank of each node copies; the node's other ranks wait for its word in a file (not in a
+    collective, whose timeout a large checkpoint could outlast). A copy that fails the check is
+    deleted and refused on every rank of the node, saying why."""
     here = Path(ctx.run_dir) / f".resume-source-node{rank_env().node}"
-    copy = here / CHECKPOINT
+    copy, verified, refused = here / CHECKPOINT, here / "verified", here / "refused"
     if rank_env().local_rank == 0:
         try:
             shutil.rmtree(here, ignore_errors=True)
             here.mkdir(mode=0o700, parents=True)
             shutil.copytree(checkpoint_dir(source), copy, symlinks=True)
             seal.verify(source, checkpoint_dir(source), read_from=copy)
-            (here / "verified").write_text("")
+            verified.write_text("")
         except (ValueError, OSError) as e:
-            (here / "refused").write_text(f"{type(e).__name__}: {e}")
-    torch.distributed.barrier(group=ctx.group)
-    if not (here / "verified").exists():
-        why = (here / "refused").read_text() if (here / "refused").exists() else "no copy was made on this node"
-        raise ValueError(f"task.resume_from: the checkpoint of {source} changed after the launcher checked it, "
-                         f"or could not be copied ({why}); nothing of it was loaded")
+            shutil.rmtree(copy, ignore_errors=True)
+            here.mkdir(mode=0o700, parents=True, exist_ok=True)
+            refused.write_text(f"{type(e).__name__}: {e}")
+    else:
+        deadline = time.monotonic() + max(COPY_WAIT_S, ctx.exp.timeout_s)
+        while not (verified.exists() or refused.exists()) and time.monotonic() < deadline:
+            time.sleep(0.02)
+    if not verified.exists():
+        why = refused.read_text() if refused.exists() else f"no copy was made on this node within {COPY_WAIT_S:g} s"
+        raise ValueError(f"task.resume_from: the checkpoint of {source} could not be copied and verified on node "
+                         f"{rank_env().node} before it was loaded ({why}); nothing of it was loaded")
     return copy
 
 
