@@ -106,7 +106,7 @@ class Run:
             return torch.load(path, weights_only=True)
         except (RuntimeError, pickle.UnpicklingError, EOFError, ValueError, OSError) as e:
             raise _invalid(rank, f"of tensors ({path.name}) is damaged or not one this lab wrote ({type(e).__name__}: "
-                                 f"{str(e).splitlines()[0][:200]}); run it again", self.path) from e
+                                 f"{(str(e).splitlines() or [''])[0][:200]}); run it again", self.path) from e
 
     def __repr__(self) -> str:
         return f"Run({self.spec.name!r}, world_size={self.world_size}, path='{self.path}')"
@@ -183,6 +183,11 @@ def load_run(path) -> Run:
             raise _invalid(r.rank, "comes from another launch than the run's launch.json (two launches wrote here)", path)
         if "gradients" in spec.probes and not rundir.tensor_file(path, r.rank).exists():
             raise _invalid(r.rank, f"has no {rundir.tensor_file(path, r.rank).name}, though the gradients probe was on", path)
+        if spec.task.kind == "train":   # what every training rank records, and what each probe adds
+            if not getattr(r.result, "parameter_names", None):
+                raise _invalid(r.rank, "names no parameter (every training rank records its model's)", path)
+            if "memory" in spec.probes and getattr(r.result, "memory", None) is None:
+                raise _invalid(r.rank, "has no memory ledger, though the memory probe was on", path)
     if spec.task.kind == "train" and spec.sync == "ddp":
         _check_replicas_agree(spec, ranks, path)
     return Run(path, spec, ranks, launch)

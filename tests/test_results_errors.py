@@ -59,12 +59,20 @@ def test_a_truncated_spec_is_a_damaged_run_not_a_json_traceback(run2, tmp_path):
     (lambda d: ((d / "rank1.json").unlink(), (d / "rank1.json").mkdir()), r"Rank 1's result file is not a file"),
     (lambda d: (d / "rank1.json").write_text("[" * 100000 + "]" * 100000), r"Rank 1's result file is nested too deeply"),
     (lambda d: (d / "launch.json").write_text("[1]"), r"launch\.json is not the launcher's record"),
+    (lambda d: _edit_rank(d, 1, parameter_names=[]), r"Rank 1's result file names no parameter"),
 ])
 def test_a_damaged_run_directory_is_a_clear_error_not_a_raw_one(run2, tmp_path, damage, says):
     copy = shutil.copytree(run2.path, tmp_path / "damaged")
     damage(copy)
     with pytest.raises((ValueError, ddplab.RunFailed), match=says):
         ddplab.load_run(copy)
+
+
+def _edit_rank(d, rank, **fields):
+    f = d / f"rank{rank}.json"
+    record = json.loads(f.read_text())
+    record["result"].update(fields)
+    f.write_text(json.dumps(record))
 
 
 def test_a_rank_file_from_another_launch_is_refused_without_launch_json(run2, tmp_path):
