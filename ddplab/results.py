@@ -94,9 +94,9 @@ class Run:
 
     def tensors(self, rank: int) -> dict:
         """The tensors rank saved (probes), loaded safely with weights_only=True."""
-        import torch
-
         import pickle
+
+        import torch
 
         path = rundir.tensor_file(self.path, rank)
         if not path.is_file() or path.is_symlink():

@@ -199,18 +199,11 @@ def _launch_in(exps, final_dirs, final_launch_dir, name, reporter: Reporter, sta
                 placed.append(rundir.settle(launch_dir, final_launch_dir, complete=False))
             except OSError:
                 pass
-    diverged = [f"{r.spec.name}: {why}" for r in runs for why in [_diverged(r)] if why]
+    diverged = [f"{r.spec.name}: {why}" for r in runs for why in [r.diverged()] if why]
     reporter.finish(f"ddplab {name}: {_what(exps, world_size)} on {backend}/{device} in {wall_s:.1f} s "
                     f"-> {final_launch_dir}" + "".join(f"\n  warning: {d}" for d in diverged))
     return [dataclasses.replace(r, path=final, launch={**r.launch, "complete": True})   # the same files, settled
             for r, final in zip(runs, final_dirs)]
-
-
-def _diverged(run) -> str | None:
-    try:
-        return run.diverged()
-    except (AttributeError, TypeError):   # a task whose steps carry no loss
-        return None
 
 
 def _session_for(exps, backend, device, warm, startup_timeout_s, reporter: Reporter, name: str):

@@ -244,11 +244,7 @@ class Session:
         if code is None:
             return ""
         if code < 0:
-            try:
-                how = signal.Signals(-code).name
-            except ValueError:
-                how = f"signal {-code}"
-            return (f"torchrun, the session's launcher (pid {self.proc.pid}), was killed by {how}, "
+            return (f"torchrun, the session's launcher (pid {self.proc.pid}), {failures.exit_said(code)}, "
                     f"and its ranks went with it")
         exits = failures.exit_codes(self.log_since_submit())
         # torchrun SIGTERMs the ranks still running once one fails: those are the consequence, not the cause

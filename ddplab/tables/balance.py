@@ -26,6 +26,7 @@ from .bucket_sweep import round_summary as summarize   # (median, spread) over r
 
 READS = "balance-study"   # the task kind of the runs its tables read (tables/reads.py)
 
+
 def balance_record(run, rank: int = 0):
     """What `rank` recorded (`record.BalanceRecord`)."""
     if run.spec.task.kind != "balance-study":

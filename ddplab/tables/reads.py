@@ -81,8 +81,8 @@ def check(label: str, wants: dict, probes: tuple, either: tuple, mapping: tuple,
         plural = (name.endswith("runs") or name in either) and not (name in either and _is_run(value))
         if plural:
             if _is_run(value) and name not in either:
-                raise ValueError(f"{label}: `{name}` is one run ({getattr(getattr(value, 'spec', None), 'name', '?')!r}); it takes a list of runs: "
-                                 f"pass [run]")
+                one = getattr(getattr(value, "spec", None), "name", "?")
+                raise ValueError(f"{label}: `{name}` is one run ({one!r}); it takes a list of runs: pass [run]")
             if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
                 raise ValueError(f"{label}: `{name}` must be a list of runs (ddplab.run's results, or "
                                  f"ddplab.load_run(path) each), got {_said(value)}")

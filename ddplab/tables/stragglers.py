@@ -30,15 +30,6 @@ from .reads import reads
 
 READS = "train"   # the task kind of the runs its tables read (tables/reads.py)
 
-
-def _straggler(run):
-    """The run's `Straggler`, or a ValueError saying these tables need a run with one."""
-    slow = run.spec.straggler
-    if slow is None:
-        raise ValueError(f"run {run.spec.name!r} has no straggler, and this table reads the delay one rank was given: "
-                         f"run it with straggler=Straggler(...) (recipes.slowest_rank, notebook 07)")
-    return slow
-
 SKIP = 1   # steps left out at the start: DDP's first iteration runs one bucket, then rebuilds
 
 
@@ -153,7 +144,7 @@ def delay_response(runs, baseline, skip: int = SKIP) -> pd.DataFrame:
     base_cw = compute_and_wait(baseline, skip)
     rows = []
     for run in runs:
-        slow = _straggler(run)
+        slow = run.spec.straggler
         lost = lost_ms(run, skip)   # refuses a run without a straggler, or with a cycle of delays
         cw = compute_and_wait(run, skip)
         early = cw[cw.index.get_level_values("rank") != slow.rank]["wait_ms"].tolist()
@@ -230,7 +221,7 @@ def cycle_response(run, skip: int = SKIP) -> pd.DataFrame:
     for d, part in t.groupby("delay_ms"):
         if d == t["delay_ms"].min():
             continue
-        rows.append({"run": f"{run.spec.name} {d:g} ms", "where": _straggler(run).where, "delay_ms": d,
+        rows.append({"run": f"{run.spec.name} {d:g} ms", "where": run.spec.straggler.where, "delay_ms": d,
                      "measured_delay_ms": statistics.median(part["measured_delay_ms"]),
                      "step_added_ms": statistics.median(part["step_added_ms"]),
                      "step_spread_ms": spread(part["step_added_ms"]),
@@ -276,7 +267,7 @@ def wait_per_delay(run, skip: int = SKIP) -> list[float]:
     lost in that same step. Both halves come from one step, so the machine's load hits them alike."""
     lost = lost_ms(run, skip)
     cw = compute_and_wait(run, skip)
-    early = cw[cw.index.get_level_values("rank") != _straggler(run).rank]["wait_ms"].groupby(level="step").median()
+    early = cw[cw.index.get_level_values("rank") != run.spec.straggler.rank]["wait_ms"].groupby(level="step").median()
     return [w / d for w, d in zip(early.tolist(), lost)]
 
 
@@ -288,10 +279,10 @@ def judge_wait_for_delay(run, skip: int = SKIP, least: float = MIN_WAIT_PER_DELA
     A delay off their critical path would leave them waiting nothing."""
     from .. import claims
 
-    slow = _straggler(run)
+    ratios = wait_per_delay(run, skip)   # first: it refuses a run without a straggler, naming it
+    slow = run.spec.straggler
     return claims.judge(f"{run.spec.name}: the early ranks wait, at the final bucket, for the delay rank {slow.rank} "
-                        f"lost ({slow.where}) (per step: wait / delay)", wait_per_delay(run, skip), above=least,
-                        unit="")
+                        f"lost ({slow.where}) (per step: wait / delay)", ratios, above=least, unit="")
 
 
 def check_wait_for_delay(runs, skip: int = SKIP) -> list:

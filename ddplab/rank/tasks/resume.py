@@ -127,8 +127,7 @@ def restore(ctx, ddp, optimizer) -> tuple[CheckpointInfo, int, int]:
     """Load what `task.restore` names from `task.resume_from`; (what was read, epoch, offset into this
     rank's shard) for the sampler. DCP loads into the state dicts in place; set_*_state_dict puts them
     into the model and the optimizer (its state, step count and param groups)."""
-    exp, task = ctx.exp, ctx.exp.task
-    source = task.resume_from
+    source = ctx.exp.task.resume_from
     copy = verified_copy(ctx, source)
     try:
         restored = _restore_from(ctx, ddp, optimizer, source, copy)
@@ -149,7 +148,8 @@ def verified_copy(ctx, source) -> Path:
     lowest rank of each node copies; the node's other ranks wait for its word in a file (not in a
     collective, whose timeout a large checkpoint could outlast). A copy that fails the check is
     deleted and refused on every rank of the node, saying why."""
-    here = Path(ctx.run_dir) / f".resume-source-node{rank_env().node}"
+    node = rank_env().node
+    here = Path(ctx.run_dir) / f".resume-source-node{node}"
     copy, verified, refused = here / CHECKPOINT, here / "verified", here / "refused"
     if rank_env().local_rank == 0:
         try:
@@ -169,7 +169,7 @@ def verified_copy(ctx, source) -> Path:
     if not verified.exists():
         why = refused.read_text() if refused.exists() else f"no copy was made on this node within {COPY_WAIT_S:g} s"
         raise ValueError(f"task.resume_from: the checkpoint of {source} could not be copied and verified on node "
-                         f"{rank_env().node} before it was loaded ({why}); nothing of it was loaded")
+                         f"{node} before it was loaded ({why}); nothing of it was loaded")
     return copy
 
 
