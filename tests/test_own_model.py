@@ -373,3 +373,23 @@ def test_the_launchers_checks_build_a_users_model_once_and_leave_its_random_stre
     preflight([Experiment(model="tests.user_models:counted", world_size=2)])
     assert len(user_models.BUILT) == 1
     assert torch.equal(torch.rand(3), expected)
+
+
+def test_a_sweep_whose_times_do_not_grow_with_size_writes_no_infinite_bandwidth():
+    """CI at f139c0f: a noisy 2-point sweep fitted beta = 0, and `tune-buckets --json` raised on inf."""
+    import math
+    import pandas as pd
+
+    from ddplab.predict.comm import AlphaBeta, fit, quality
+
+    sizes, times = [1e3, 1e6], [2e-3, 1.9e-3]     # the larger message measured no slower
+    link = fit(sizes, times)
+    assert link.beta_s_per_byte == 0 and math.isinf(link.bandwidth_bytes_per_s)   # the case is real
+    line = bucket_tuning.line_of(link, quality(link, sizes, times))
+    assert line["bandwidth_gb_s"] is None
+    json.dumps(line, allow_nan=False)
+    assert bucket_tuning.line_of(AlphaBeta(1e-4, 1e-9), quality(link, sizes, times))["bandwidth_gb_s"] == \
+        pytest.approx(1.0)
+    rows = factory.records(pd.DataFrame({"step_ms": [1.0, math.inf, math.nan]}, index=["a", "b", "c"]))
+    assert [r["step_ms"] for r in rows] == [1.0, None, None]
+    json.dumps(rows, allow_nan=False)

@@ -18,6 +18,7 @@ stopped after them: the model's imports and the process group are paid once):
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import pandas as pd
@@ -139,8 +140,7 @@ class BucketTuning:
         return cls(spec={"factory": exp.model, "world_size": exp.world_size, "local_batch": exp.local_batch,
                          "seq_len": exp.seq_len, "gradient_mib": ins.gradient_bytes / MIB, "tensors": len(ins.grads),
                          "backward_ms": ins.backward_ms},
-                   line={"alpha_ms": link.alpha_s * 1e3, "bandwidth_gb_s": link.bandwidth_bytes_per_s / 1e9,
-                         "median_rel_error": quality.median_rel_error},
+                   line=line_of(link, quality),
                    predicted=predicted, measured=rows, best=best, recommendation=setting,
                    verdict=verdict, outcome=outcome, paths=paths)
 
@@ -177,8 +177,10 @@ class BucketTuning:
         return "\n".join([
             f"ddplab tune-buckets for {s['factory']}: {s['world_size']} ranks, local batch {s['local_batch']}, "
             f"{s['tensors']} gradients, {s['gradient_mib']:.2f} MiB; backward alone {s['backward_ms']:.1f} ms",
-            f"all-reduce line of this machine: alpha {ln['alpha_ms']:.3f} ms, {ln['bandwidth_gb_s']:.2f} GB/s "
-            f"(median miss {ln['median_rel_error']:.0%})", "",
+            f"all-reduce line of this machine: alpha {ln['alpha_ms']:.3f} ms, "
+            + (f"{ln['bandwidth_gb_s']:.2f} GB/s" if ln["bandwidth_gb_s"] is not None else
+               "no bandwidth resolved (the sweep's times did not grow with size)")
+            + f" (median miss {ln['median_rel_error']:.0%})", "",
             "predicted (simulator, calibrated on DDP's default; ms):", self.predicted.round(2).to_string(), "",
             "measured (median of round medians, spread = robust standard deviation; ms):",
             self.measured.round(2).to_string(), "",
@@ -187,6 +189,15 @@ class BucketTuning:
 
 
 KEEP = "bucket_cap_mb=None (DDP's default)"
+
+
+def line_of(link, quality) -> dict:
+    """The fitted all-reduce line as JSON-ready data: a sweep whose times did not grow with size fits
+    beta = 0, an unbounded bandwidth, written as None (JSON null) rather than inf."""
+    bandwidth = link.bandwidth_bytes_per_s
+    return {"alpha_ms": link.alpha_s * 1e3,
+            "bandwidth_gb_s": bandwidth / 1e9 if math.isfinite(bandwidth) else None,
+            "median_rel_error": quality.median_rel_error}
 
 
 def faster_than_default(step_table: pd.DataFrame, plan: str) -> claims.Verdict:

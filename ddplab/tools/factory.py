@@ -3,6 +3,7 @@ model in this process (spec/model.py), and count its parameters here, independen
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -48,9 +49,9 @@ def repeats_for(payload: int, given: int | None = None) -> int:
 
 
 def records(table) -> list[dict]:
-    """A DataFrame as JSON-ready rows, its index a column, NaN as None."""
+    """A DataFrame as JSON-ready rows, its index a column, NaN and infinities as None."""
     frame = table.reset_index()
-    return [{k: (None if isinstance(v, float) and v != v else v) for k, v in row.items()}
+    return [{k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}
             for row in frame.to_dict(orient="records")]
 
 
