@@ -9,7 +9,7 @@ Importing ddplab is cheap: every rank imports it, so heavy modules (torch, panda
 
 The tree follows a run's data flow and shows where code runs: `spec/` (the Experiment, no torch) ->
 `launch/` (the parent side: torchrun, watching) -> `rank/` (inside each torchrun rank: the worker,
-tasks, probes, parallelism wrappers) -> `record.py` / `rundir.py` (the files ranks write) ->
+tasks, probes, parallelism wrappers) -> `record/` / `rundir.py` (the files ranks write) ->
 `results.py` (`Run`) -> `tables/`, `plots/`, `widgets/` (views); `predict/` holds the pure models
 (cost formulas, the bucket simulator, the memory model) that notebooks put beside measurements.
 """

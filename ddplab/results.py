@@ -1,7 +1,7 @@
 """`Run` and `RankResult`: a finished run directory, loaded and cross-checked.
 
 `load_run(path)` accepts a run only if every rank wrote a `rank{r}.json` that matches the record
-schema (`record.py`) for the same spec and launch, and, where DDP synchronizes, every rank holds the
+schema (`record/`) for the same spec and launch, and, where DDP synchronizes, every rank holds the
 same parameters after every step; anything less raises `RunFailed` naming the rank or the step.
 A `RankResult` is the rank's envelope and its task's typed record (`result`): a `TrainRecord` for
 training, with `steps`, `param_checksum`, `model`, `reference` and `memory` at hand. Used by every

@@ -20,7 +20,7 @@
 Every stage hands the next a file, so a notebook can reload an old run, and a failed run keeps
 whatever its ranks managed to write. A launch writes into a staging directory of its own
 (`.<name>.<launch id>.partial` beside the final place) and `settle` moves it there when it ends: a
-complete run replaces the old one; a failed one never destroys a complete one, it sits beside it. The schema of `rank{r}.json` is `record.py`; the phases a
+complete run replaces the old one; a failed one never destroys a complete one, it sits beside it. The schema of `rank{r}.json` is `record/`; the phases a
 progress log may name are the task's (`spec.tasks`). Used by the launcher, the ranks and `results`.
 """
 

@@ -14,7 +14,7 @@ import ddplab
 from ddplab import record
 from ddplab.predict import balance as cost
 from ddplab.spec import Experiment
-from ddplab.spec.tasks import BalanceStudy
+from ddplab.spec.balance import BalanceStudy
 from ddplab.tables import balance as views
 
 POOL = (512,) * 2 + (64,) * 16   # the brief's example: 1024 tokens each way on 2 ranks

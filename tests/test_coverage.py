@@ -12,7 +12,8 @@ import pytest
 from ddplab import verify
 from ddplab.recipes.coverage import data_coverage
 from ddplab.spec import Experiment
-from ddplab.spec.coverage import CoverageRecord, DataCoverage, EpochBatches
+from ddplab.record.coverage import CoverageRecord, EpochBatches
+from ddplab.spec.coverage import DataCoverage
 from ddplab.tables import coverage as views
 from tests.conftest import leftovers, share
 

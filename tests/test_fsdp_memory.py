@@ -16,7 +16,8 @@ from ddplab.predict import zero
 from ddplab.predict.memory import activation_bytes, parameter_numels
 from ddplab.recipes.fsdp_memory import fsdp_memory, zero_stages_measured
 from ddplab.spec import Experiment, FsdpMemory
-from ddplab.spec.fsdp import SAMPLE_CATEGORIES, FsdpConfigRecord, FsdpMemoryRecord, FsdpUnit, MemorySample
+from ddplab.record.fsdp_memory import FsdpConfigRecord, FsdpMemoryRecord, FsdpUnit, MemorySample
+from ddplab.spec.fsdp_memory import SAMPLE_CATEGORIES
 from ddplab.tables import fsdp as views
 from ddplab.units import MIB
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pickle
 
 from ddplab import failures
-from ddplab.spec.tasks import Train
+from ddplab.spec.train import Train
 
 PHASES = Train().all_phases()
 

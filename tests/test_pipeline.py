@@ -14,7 +14,7 @@ from ddplab import claims, verify
 from ddplab.predict import pipeline as model
 from ddplab.recipes.pipeline import pipeline_parallel
 from ddplab.spec import Experiment, Pipeline
-from ddplab.spec.pipeline import PipelineRecord, PipelineStep, StageOp, UnsplitCheck
+from ddplab.record.pipeline import PipelineRecord, PipelineStep, StageOp, UnsplitCheck
 from ddplab.tables import pipeline as views
 
 SIZES = dict(d_model=32, n_layers=4, n_heads=2, seq_len=8)

@@ -1,4 +1,4 @@
-"""The rank record (record.py): typed records dumped to JSON and parsed back, and files that do not
+"""The rank record (record/): typed records dumped to JSON and parsed back, and files that do not
 match the schema refused with the field that is wrong (pure: no ranks launched)."""
 
 from __future__ import annotations

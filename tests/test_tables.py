@@ -92,7 +92,7 @@ def test_a_declared_table_takes_a_generator_once_and_refuses_a_dict_a_path_and_a
     from types import ModuleType
     from types import SimpleNamespace as NS
 
-    from ddplab.spec.tasks import AllReduceSweep
+    from ddplab.spec.allreduce_sweep import AllReduceSweep
     from ddplab.tables.reads import checked
 
     module = ModuleType("m")

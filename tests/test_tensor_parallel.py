@@ -17,7 +17,7 @@ from ddplab import verify
 from ddplab.predict import tensor_parallel as formula
 from ddplab.recipes.tensor_parallel import dp_tp_mesh, split_layers, tensor_parallel_runs
 from ddplab.spec import Experiment, TensorParallel
-from ddplab.spec.tensor_parallel import Collective, LayerRecord, MeshLayerRecord, StepTimes, TensorParallelRecord
+from ddplab.record.tensor_parallel import Collective, LayerRecord, MeshLayerRecord, StepTimes, TensorParallelRecord
 from ddplab.tables import tensor_parallel as views
 from tests.conftest import leftovers
 

@@ -42,7 +42,7 @@ from pathlib import Path
 
 from .. import failures, rundir
 from ..spec import Experiment
-from ..spec.tasks import Train
+from ..spec.train import Train
 from .nodes import Nodes
 from .preflight import preflight
 from .torchrun import interrupts_caught, kill_tree, start, sweep_dead, torchrun_argv, worker_env

@@ -8,7 +8,7 @@ from __future__ import annotations
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from ..spec.fsdp import SAMPLE_CATEGORIES
+from ..spec.fsdp_memory import SAMPLE_CATEGORIES
 from ..tables import fsdp as views
 from ..units import MIB
 from .canvas import subplots

@@ -15,7 +15,7 @@ sequences among the ranks (pure: numbers in, numbers out).
 - `by_cost` ("cost"): greedy longest-processing-time (Graham 1969): sequences by estimated cost,
   largest first, each to the rank whose estimated total is the least so far. The pool stays the same
   sequences; only who computes which changes.
-Both return, per rank, indices into the pool. The balance study (`spec.tasks.BalanceStudy`,
+Both return, per rank, indices into the pool. The balance study (`spec.balance.BalanceStudy`,
 `rank/tasks/balance.py`) measures the points and runs both; `tables/balance.py` compares them.
 Used by notebook 07. Reference: R. L. Graham, "Bounds on multiprocessing timing anomalies" (1969).
 """

@@ -21,7 +21,7 @@ the root, which holds nothing of its own. What a rank holds:
   unit in backward.
 
 `timeline` walks these allocations and frees in FSDP2's order (torch 2.13) and returns the moments,
-among them the ones the rank samples (`spec.fsdp.SAMPLE_EVENTS`); `peak` is their largest total.
+among them the ones the rank samples (`spec.fsdp_memory.SAMPLE_EVENTS`); `peak` is their largest total.
 Temporaries of the computation itself (gradients of activations, logits) are left out: the model is
 for models whose parameters dominate, and the tests hold it to 10% of real runs.
 Used by notebook 09 and `tables/fsdp.py`.
@@ -141,7 +141,7 @@ class _Walk:
 def timeline(exp, reshard_after_forward: bool = True, prefetch: bool = False, rank: int = 0) -> list[dict]:
     """FSDP2's allocations and frees on `rank` through one step after the warm-up, in FSDP2's order:
     a list of moments {"event", "unit", "sampled", "bytes" (category -> bytes), "total"}. The sampled
-    ones are the moments the rank samples (`spec.fsdp.SAMPLE_EVENTS`); the others are transients
+    ones are the moments the rank samples (`spec.fsdp_memory.SAMPLE_EVENTS`); the others are transients
     between them (an all-gather's copy-out, a reduce-scatter's copy-in)."""
     w, e, us = exp.world_size, DTYPE_BYTES[exp.dtype], units(exp)
     shard = [shard_bytes(u, w, e) for u in us]

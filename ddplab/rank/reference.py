@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from ..record import Distance
+from ..record.train import Distance
 from ..spec.sharding import shard_ids
 from . import models
 from .training import flat_parameters, make_optimizer, parameter_checksum, sample_loss_sum, token_loss_sum, torch_dtype

@@ -14,7 +14,7 @@ for the job.
 
 For each experiment the worker runs the task its spec names (`rank/tasks/`; training is
 `rank/tasks/train.py`) and writes what the task returns as `rank{r}.json` (the envelope and the
-task's record, `record.py`) and `rank{r}.pt` (tensors) into the run directory. The task logs every
+task's record, `record/`) and `rank{r}.pt` (tensors) into the run directory. The task logs every
 phase it enters to `rank{r}.progress`, so the launcher can show progress and, if the ranks hang, say
 which rank never reached which collective. A rank that fails writes `rank{r}.error.json` with its
 traceback.

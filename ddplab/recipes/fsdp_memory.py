@@ -5,7 +5,7 @@ on 4 ranks; and the lab's own model under DDP, ZeRO-1 and FSDP2 for ZeRO's stage
 from __future__ import annotations
 
 from ..spec import Experiment
-from ..spec.fsdp import FsdpMemory
+from ..spec.fsdp_memory import FsdpMemory
 
 # parameters dominate (a block is 1.7 MiB gathered, its activations 0.4 MiB), and dims that do not divide
 # by 4 ranks (a vocabulary of 250, 18 positions) show FSDP2's padding

@@ -6,14 +6,18 @@ Used by every notebook, through `recipes`.
 
 from .coverage import DataCoverage
 from .experiment import Experiment
-from .fsdp import FsdpMemory
+from .fsdp_memory import FsdpMemory
 from .fault import Fault
 from .link import LINKS, Link
 from .pipeline import Pipeline
 from .resume import Resume
 from .straggler import Straggler
 from .tensor_parallel import TensorParallel
-from .tasks import AllReduceSweep, BalanceStudy, BucketSweep, Phase, TaskSpec, Train, parse_plan, register
+from .allreduce_sweep import AllReduceSweep
+from .balance import BalanceStudy
+from .bucket_sweep import BucketSweep, parse_plan
+from .tasks import Phase, TaskSpec, register
+from .train import Train
 
 __all__ = ["AllReduceSweep", "BalanceStudy", "BucketSweep", "DataCoverage", "Resume", "Experiment", "Fault", "FsdpMemory", "LINKS", "Link", "Phase", "Pipeline", "Straggler", "TaskSpec", "TensorParallel", "Train", "parse_plan",
            "register"]

@@ -26,7 +26,8 @@ from .checks import bad, is_int, is_number
 from .fault import Fault
 from .link import Link
 from .straggler import Straggler
-from .tasks import TaskSpec, Train
+from .tasks import TaskSpec
+from .train import Train
 
 BUILTIN_MODELS = ("transformer", "mlp", "branchy")
 OPTIMIZERS = ("sgd", "adam", "adamw")

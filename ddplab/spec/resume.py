@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import seal
+from ..record.resume import ResumeRecord
 from .checks import bad, is_int, is_number, reading
 from .tasks import GRADIENT_ALL_REDUCE, MODEL_FIELDS, RUN_FIELDS, Phase, TaskSpec, register
 
@@ -80,47 +81,6 @@ def position_after(steps: int, dataset_size: int, world_size: int, local_batch: 
 
 
 # ---- the record: rank{r}.json's "result" -------------------------------------------------------
-@dataclass(frozen=True)
-class ResumeStep:
-    step: int                      # optimizer step of the whole trajectory (a resume starts at save_at)
-    epoch: int                     # the sampler's epoch for this step's batch
-    sample_ids: list[int]
-    loss: float                    # mean token loss of this rank's batch
-    loss_sum: float
-    tokens: int
-    augmented: int                 # input tokens the augmentation replaced in this rank's batch
-    param_checksum: str            # after the step (training.parameter_checksum)
-    step_ms: float
-
-
-@dataclass(frozen=True)
-class CheckpointInfo:
-    """The checkpoint a run wrote (save_at) or resumed from (resume_from), as this rank saw it."""
-
-    path: str
-    step: int                      # optimizer steps done when it was written
-    epoch: int
-    rank_offset: int               # of the rank whose file was read (or written)
-    epoch_consumed: int
-    world_size: int                # of the run that wrote it
-    local_batch: int
-    dcp_bytes: int                 # DCP's files (model and optimizer), all ranks' together
-    ms: float                      # how long dcp.save or dcp.load took on this rank
-
-
-@dataclass(frozen=True)
-class ResumeRecord:
-    """A rank's part of rank{r}.json: where it started, what it restored, every step it trained."""
-
-    start_step: int
-    start_epoch: int
-    start_offset: int              # ids of its shard of start_epoch it skipped
-    restored: list[str]
-    saved: CheckpointInfo | None   # written after the last step (save_at)
-    resumed: CheckpointInfo | None  # read before the first step (resume_from)
-    steps: list[ResumeStep]
-
-
 DCP_SAVE = ("collectives of dcp.save (its write plan's gather and scatter, then the commit of .metadata), then "
             "the barrier before rank 0 seals the checkpoint")
 DCP_LOAD = "collectives of dcp.load (its read plan's gather and scatter)"

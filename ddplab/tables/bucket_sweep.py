@@ -32,7 +32,7 @@ from .. import claims, record
 from ..predict import buckets as simulator
 from ..predict.buckets import Grad
 from ..predict.comm import AlphaBeta
-from ..spec.tasks import parse_plan
+from ..spec.bucket_sweep import parse_plan
 
 READS = "bucket-sweep"   # the task kind of the runs its tables read (tables/reads.py)
 

@@ -4,7 +4,7 @@ the predicted peak (`predict/fsdp.py`), one configuration's timeline sample by s
 stages for any model size (`predict/zero.py`) and measured on one model (`zero_measured`). The chapter's
 checks: `verify_fsdp_peak_predicted`, `verify_peak_exceeds_shard_estimate`,
 `verify_reshard_frees_gathered_units` and `verify_zero_exact`. Measured numbers come
-from the ranks' records (`spec/fsdp.py`), predictions from the spec alone."""
+from the ranks' records (`record/fsdp_memory.py`), predictions from the spec alone."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from .. import verify
 from ..predict import fsdp as model
 from ..predict import zero
 from ..predict.memory import state_bytes
-from ..spec.fsdp import SAMPLE_CATEGORIES
+from ..spec.fsdp_memory import SAMPLE_CATEGORIES
 from ..units import DTYPE_BYTES, MIB, ms_after
 from .reads import reads
 

@@ -39,7 +39,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ...record import BucketEvent
+from ...record.timeline import BucketEvent
 from .. import clock, link
 
 

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 from torch.utils.checkpoint import checkpoint
 
-from ...spec.pipeline import StageOp
+from ...record.pipeline import StageOp
 from ..probes.memory import storages
 from .. import clock
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
-from ...record import BucketEvent
+from ...record.timeline import BucketEvent
 from . import Probe
 from .. import clock, link
 

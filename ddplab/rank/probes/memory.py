@@ -23,7 +23,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from ...predict.memory import CATEGORIES
-from ...record import MemoryRecord, MemoryStep
+from ...record.train import MemoryRecord, MemoryStep
 from ...rundir import snapshot_file
 from ..parallel.ddp import construction_bucket_bytes
 from . import Probe

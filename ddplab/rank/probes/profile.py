@@ -37,7 +37,7 @@ import torch.distributed as dist
 from torch.profiler import ProfilerActivity, record_function
 from torch.profiler._memory_profiler import _CATEGORY_TO_INDEX, Category
 
-from ...record import ProfileRecord
+from ...record.train import ProfileRecord
 from ...rundir import memory_timeline_file, trace_dir, trace_file
 from . import Probe
 

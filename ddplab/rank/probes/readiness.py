@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 
-from ...record import Backward, ReadyEvent
+from ...record.timeline import Backward, ReadyEvent
 from . import Probe
 from .. import clock
 

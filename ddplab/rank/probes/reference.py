@@ -5,7 +5,7 @@ Used by notebooks 00 and 01.
 
 from __future__ import annotations
 
-from ...record import Distance, ReferenceRecord
+from ...record.train import Distance, ReferenceRecord
 from .. import reference
 from ..training import flat_parameters
 from . import Probe

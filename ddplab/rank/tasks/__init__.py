@@ -3,7 +3,7 @@
 
 A task's spec section (`spec/tasks.py`) names its runner, `"ddplab.rank.tasks.<module>:run"`; the
 worker calls it with a `TaskContext` and writes what it returns: the task's record (its part of
-rank{r}.json, `record.py`) and a dict of tensors for rank{r}.pt. Runs inside a rank.
+rank{r}.json, `record/`) and a dict of tensors for rank{r}.pt. Runs inside a rank.
 Used by every notebook's runs.
 """
 

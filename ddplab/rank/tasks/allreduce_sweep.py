@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ...record import AllReduceSweepRecord, SizeCalls
+from ...record.allreduce_sweep import AllReduceSweepRecord, SizeCalls
 from ..probes.bytes import io_write_bytes
 from ..runtime import Clock
 

@@ -16,7 +16,7 @@
    unambiguous; not DDP's bucketed overlap), and no optimizer step (the study times compute and
    waiting; an update would change neither, and without it every step starts from the same
    parameters). Arrivals are all-gathered once at the end: each rank's wait is the last rank's
-   arrival minus its own, on the host's shared clock (`record.py`).
+   arrival minus its own, on the host's shared clock (`record/`).
 Runs inside a rank.
 """
 
@@ -27,7 +27,8 @@ import torch
 import torch.distributed as dist
 
 from ...predict import balance as cost
-from ...record import BalanceArm, BalanceRecord, BalanceStep, CalibrationPoint, CostFit, ModelInfo
+from ...record.balance import BalanceArm, BalanceRecord, BalanceStep, CalibrationPoint, CostFit
+from ...record.train import ModelInfo
 from ...tensors import flat_float64, rel_max_diff
 from ...units import ms_after
 from .. import clock, data, models

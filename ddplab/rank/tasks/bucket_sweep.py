@@ -17,7 +17,7 @@ rounds run every plan for its timed steps in a row (`steps_per_round`), in alter
 (so drift on a shared machine hits every plan alike); every step starts with an untimed barrier, so
 the ranks run in lock-step in every plan.
 Per step the rank records forward, backward and optimizer time, and (probed plans) when each
-gradient became ready and each bucket was launched and finished, on the shared clock (`record.py`).
+gradient became ready and each bucket was launched and finished, on the shared clock (`record/`).
 Runs inside a rank.
 """
 
@@ -30,9 +30,11 @@ import torch
 import torch.distributed as dist
 
 from ...predict import buckets as simulator
-from ...record import Backward, BucketSweepRecord, ModelInfo, PlanCheck, SweepArm, SweepStep
+from ...record.bucket_sweep import BucketSweepRecord, PlanCheck, SweepArm, SweepStep
+from ...record.timeline import Backward
+from ...record.train import ModelInfo
 from ...spec.sharding import shard_ids
-from ...spec.tasks import parse_plan
+from ...spec.bucket_sweep import parse_plan
 from ...tensors import flat_float64, rel_max_diff
 from ...units import MIB, ms_after
 from .. import models

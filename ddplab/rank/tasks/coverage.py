@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from ...spec.coverage import CoverageRecord, EpochBatches
+from ...record.coverage import CoverageRecord, EpochBatches
 
 
 class ExampleIds(Dataset):

@@ -2,7 +2,7 @@
 a `fully_shard`ed model, sampled at every unit's pre/post forward and pre/post backward, for each
 configuration of `reshard_after_forward` x prefetch, the model rebuilt from the seed for each.
 
-How each category of a sample (`spec.fsdp.SAMPLE_CATEGORIES`) is counted, from tensor metadata, each
+How each category of a sample (`spec.fsdp_memory.SAMPLE_CATEGORIES`) is counted, from tensor metadata, each
 storage once:
 - sharded_parameters: every unit's padded shard (FSDP2's `_sharded_param_data`), fixed for the run;
 - optimizer_state: the optimizer's state tensors (local shards);
@@ -34,7 +34,7 @@ import weakref
 
 import torch
 
-from ...spec.fsdp import FsdpConfigRecord, FsdpMemoryRecord, FsdpUnit, MemorySample
+from ...record.fsdp_memory import FsdpConfigRecord, FsdpMemoryRecord, FsdpUnit, MemorySample
 from ...spec.sharding import shard_ids
 from .. import data, models
 from ..parallel.fsdp import fully_shard_layers

@@ -23,7 +23,7 @@ import gc
 import torch
 import torch.distributed as dist
 
-from ...spec.pipeline import PipelineRecord, PipelineStep, UnsplitCheck
+from ...record.pipeline import PipelineRecord, PipelineStep, UnsplitCheck
 from .. import data, models, runtime
 from ..parallel.pipeline import (LiveSavedBytes, StageRecorder, TransformerStage, build_schedule, build_stage,
                                  stage_blocks, token_mean_loss)

@@ -28,7 +28,8 @@ from torch.utils.data import DistributedSampler
 
 from ... import seal
 from ...rundir import save_tensors_atomic
-from ...spec.resume import CHECKPOINT, CheckpointInfo, ResumeRecord, ResumeStep, checkpoint_dir, rank_state_file
+from ...record.resume import CheckpointInfo, ResumeRecord, ResumeStep
+from ...spec.resume import CHECKPOINT, checkpoint_dir, rank_state_file
 from .. import data, models
 from ..parallel import ddp as ddp_wrapper
 from ..runtime import Clock, rank_env

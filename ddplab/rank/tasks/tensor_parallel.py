@@ -30,8 +30,7 @@ import torch.distributed._functional_collectives as funcol
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor.debug import CommDebugMode
 
-from ...spec.tensor_parallel import (Collective, LayerRecord, MeshLayerRecord, StepTimes,
-                                     TensorParallelRecord)
+from ...record.tensor_parallel import Collective, LayerRecord, MeshLayerRecord, StepTimes, TensorParallelRecord
 from .. import runtime
 from ..parallel import ddp as ddp_wrap
 from ..parallel.tensor import CollectiveLog, build_layer, tensor_parallel

@@ -19,7 +19,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from ...record import Checksums, ModelInfo, TrainRecord, TrainStep
+from ...record.train import Checksums, ModelInfo, TrainRecord, TrainStep
 from ...spec.sharding import shard_ids
 from ...spec.tasks import GRADIENT_ALL_REDUCE
 from .. import models

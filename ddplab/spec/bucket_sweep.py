@@ -1,0 +1,66 @@
+"""The bucket sweep's settings and its plans (notebook 05, `ddplab tune-buckets`). Its record:
+`record/bucket_sweep.py`; its rank: `rank/tasks/bucket_sweep.py`."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from ..record.bucket_sweep import BucketSweepRecord
+from .checks import bad, is_int
+from .tasks import MODEL_FIELDS, RUN_FIELDS, Phase, TaskSpec, register
+
+
+# a bucket-sweep plan: "<kind>:<cap in MiB>"; ddp = torch DDP with the readiness and bucket probes,
+# bare = torch DDP without probes, plan = BucketedSync with DDP's rule, split = the same with its last
+# bucket cut in two, ddp-split = the split plan run by torch DDP itself (one `bucket_cap_mb_list` cap per
+# bucket); "ddp:default" and "bare:default" leave bucket_cap_mb at None
+PLAN_KINDS = ("ddp", "bare", "plan", "split", "ddp-split")
+_PLAN = re.compile(r"^(ddp|bare|plan|split|ddp-split):(default|\d+(\.\d+)?(e-?\d+)?)$")
+
+
+def parse_plan(plan: str) -> tuple[str, float | None]:
+    """"split:4" -> ("split", 4.0); "ddp:default" -> ("ddp", None)."""
+    kind, cap = plan.split(":")
+    return kind, None if cap == "default" else float(cap)
+
+
+def _plan_ok(plan) -> bool:
+    if not isinstance(plan, str) or not _PLAN.match(plan):
+        return False
+    kind, cap = parse_plan(plan)
+    return 0 < cap <= 2 ** 20 if cap is not None else kind in ("ddp", "bare")   # at most 1 TiB
+
+
+@register
+@dataclass(frozen=True, kw_only=True)
+class BucketSweep(TaskSpec):
+    """Time `steps_per_round` steps of every plan in `plans` (and of a compute-only step) in each of
+    `rounds` interleaved rounds, after 2 warm-up steps each (`rank/tasks/bucket_sweep.py`). Its own
+    optimizer is plain SGD with a small step: the sweep times synchronization, not training."""
+
+    kind = "bucket-sweep"
+    runner = "ddplab.rank.tasks.bucket_sweep:run"
+    record = BucketSweepRecord
+    phases = (Phase("construct", 1, "broadcast of rank 0's parameters"), Phase("warm-up", 2),
+              Phase("round", 3))
+    reads = RUN_FIELDS | MODEL_FIELDS | {"link"}
+    step_unit = "rounds"
+    plans: tuple[str, ...] = ()
+    rounds: int = 5
+    steps_per_round: int = 4
+
+    def check(self, exp) -> None:
+        plans = list(self.plans) if isinstance(self.plans, tuple) else None
+        if not plans or not all(_plan_ok(p) for p in plans) or len(set(plans)) != len(plans):
+            bad("task.plans", f"a bucket sweep needs distinct plans '<kind>:<cap MiB>' with kind one of "
+                              f"{', '.join(PLAN_KINDS)} and a cap > 0 ('default' for ddp and bare) (got {plans!r})")
+        for name in ("rounds", "steps_per_round"):
+            v = getattr(self, name)
+            if not is_int(v) or not 1 <= v <= 10 ** 4:
+                bad(f"task.{name}", f"must be an integer in 1..10000 (got {v!r})")
+        if any(isinstance(v, tuple) for v in (exp.local_batch, exp.seq_len)):
+            bad("local_batch", "a bucket sweep gives every rank the same work: one local_batch and one seq_len")
+
+    def total_steps(self, exp) -> int:
+        return self.rounds
