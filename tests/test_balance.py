@@ -227,11 +227,6 @@ def test_the_quadratic_term_is_judged_on_its_standard_error():
     assert judged(cost.CostModel(1.5, 0.004, 0.0), 0.3).outcome == "cannot resolve"   # no quadratic term: noise
 
 
-def test_summarize_is_robust_to_one_disturbed_round():
-    median, spread = views.summarize({0: [10.0] * 3, 1: [10.2] * 3, 2: [9.9] * 3, 3: [50.0] * 3})
-    assert median == pytest.approx(10.1) and spread < 1.0
-
-
 def test_the_tables_refuse_a_run_of_another_task():
     run = SimpleNamespace(spec=SimpleNamespace(task=SimpleNamespace(kind="bucket-sweep")), ranks=[])
     with pytest.raises(ValueError, match="a bucket-sweep run, and it reads balance-study runs"):

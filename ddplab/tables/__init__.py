@@ -3,6 +3,7 @@ Nothing here launches ranks or imports rank code; torch loads only to read saved
 
     ranks (00), gradients (01, 06), memory (02), comm (03, 05), readiness (04),
     bucket_sweep and buckets (05: the sweep as measured; the simulator beside it), global_batch (06),
+    stats (the robust spread and round summary every timing view shares),
     stragglers, traces and balance (07: who waits for whom; the profiler's traces and memory timeline;
     equal tokens against cost-balanced batching), failures, coverage, resume and common_errors (08: the failure lab, DistributedSampler's
     coverage of the data set, resuming from a checkpoint, the four common errors; as `tables.<module>.*`), fsdp, tensor_parallel and pipeline (09: FSDP2 memory over

@@ -12,7 +12,7 @@
   Judged by `claims` on the paired steps (each round runs both policies, in alternating order);
 - `imbalance(run)`, `verify_cost_explains_imbalance`: out of sample, does the cost model predict the
   measured gap between the slowest and fastest rank better than the token count?
-The spread is `bucket_sweep`'s: 1.4826 x the MAD of the per-round medians, and at least what
+The spread is `stats.round_summary`'s: 1.4826 x the MAD of the per-round medians, and at least what
 step-to-step noise implies for a median of one round's steps. Numbers in, DataFrames out (no
 processes). Used by notebook 07.
 """
@@ -22,7 +22,7 @@ from __future__ import annotations
 import pandas as pd
 
 from ..predict import balance as cost
-from .bucket_sweep import round_summary as summarize   # (median, spread) over rounds, as the bucket sweep
+from .stats import round_summary
 
 READS = "balance-study"   # the task kind of the runs its tables read (tables/reads.py)
 
@@ -147,12 +147,12 @@ def balance_timing(run) -> pd.DataFrame:
     records = _records(run)
     rows = []
     for policy in [a.policy for a in records[0].arms]:
-        step_ms, step_spread = summarize(_slowest(records, policy, lambda x: x.step_ms))
-        wait_ms, wait_spread = summarize(_slowest(records, policy, lambda x: x.wait_ms))
+        step_ms, step_spread = round_summary(_slowest(records, policy, lambda x: x.step_ms))
+        wait_ms, wait_spread = round_summary(_slowest(records, policy, lambda x: x.wait_ms))
         for rank, rec in enumerate(records):
             arm = rec.arm(policy)
-            compute, compute_spread = summarize(_rounds(arm.steps, lambda x: x.compute_ms))
-            wait, spread = summarize(_rounds(arm.steps, lambda x: x.wait_ms))
+            compute, compute_spread = round_summary(_rounds(arm.steps, lambda x: x.compute_ms))
+            wait, spread = round_summary(_rounds(arm.steps, lambda x: x.wait_ms))
             rows.append({"policy": policy, "rank": rank, "tokens": arm.tokens, "sum_sq": arm.sum_sq,
                          "predicted_ms": arm.predicted_ms, "compute_ms": compute, "compute_spread_ms": compute_spread,
                          "wait_ms": wait, "wait_spread_ms": spread, "step_ms": step_ms, "step_spread_ms": step_spread,

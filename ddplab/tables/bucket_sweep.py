@@ -33,6 +33,7 @@ from ..predict import buckets as simulator
 from ..predict.buckets import Grad
 from ..predict.comm import AlphaBeta
 from ..spec.bucket_sweep import parse_plan
+from .stats import round_summary
 
 READS = "bucket-sweep"   # the task kind of the runs its tables read (tables/reads.py)
 
@@ -89,30 +90,6 @@ def measured(run) -> pd.DataFrame:
             row["exposed_tail_ms"] = statistics.median(record.exposed_tail_ms(s) for s in steps)
         rows.append(row)
     return pd.DataFrame(rows).set_index("plan")
-
-
-def robust_spread(values) -> float:
-    """The run-to-run spread: 1.4826 x the median absolute deviation (the standard deviation for
-    normal noise, but one disturbed round does not inflate it)."""
-    if len(values) < 2:
-        return 0.0
-    m = statistics.median(values)
-    return 1.4826 * statistics.median(abs(v - m) for v in values)
-
-
-def median_error(values) -> float:
-    """The standard error of a median of `values`, robustly: `robust_spread` / sqrt(n)."""
-    return robust_spread(values) / len(values) ** 0.5 if values else 0.0
-
-
-def round_summary(rounds: dict[int, list[float]]) -> tuple[float, float]:
-    """(median, spread) of a quantity timed in interleaved rounds: the median of the per-round medians,
-    and the spread 1.4826 x MAD of them, at least what step-to-step noise implies for a median of one
-    round's steps (a few rounds can agree by luck)."""
-    medians = [statistics.median(v) for v in rounds.values()]
-    every = [t for v in rounds.values() for t in v]
-    per_round = max(1, round(len(every) / len(rounds)))
-    return statistics.median(medians), max(robust_spread(medians), robust_spread(every) / per_round ** 0.5)
 
 
 @dataclass(frozen=True)

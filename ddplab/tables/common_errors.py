@@ -28,7 +28,7 @@ from .. import record, verify
 from ..predict.memory import state_bytes
 from ..recipes.common_errors import PREFIX
 from ..units import MIB, ms_after
-from .bucket_sweep import robust_spread
+from .stats import robust_spread
 from .global_batch import examples_per_step, scaling
 from .memory import MODEL_STATE
 from .readiness import ready_order, traced_step

@@ -15,7 +15,7 @@ import pandas as pd
 
 from .. import verify
 from ..failures import Provoked
-from .bucket_sweep import robust_spread
+from .stats import robust_spread
 
 READS = "train"   # the task kind of the runs its tables read (tables/reads.py)
 

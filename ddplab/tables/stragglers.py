@@ -25,18 +25,12 @@ import statistics
 
 import pandas as pd
 
-from .bucket_sweep import robust_spread
+from .stats import robust_spread
 from .reads import reads
 
 READS = "train"   # the task kind of the runs its tables read (tables/reads.py)
 
 SKIP = 1   # steps left out at the start: DDP's first iteration runs one bucket, then rebuilds
-
-
-def spread(values) -> float:
-    """The per-step spread of a timing: 1.4826 x its median absolute deviation (the standard deviation
-    for normal noise; one disturbed step does not inflate it)."""
-    return robust_spread(list(values))
 
 
 def _buckets(run, skip: int):
@@ -224,7 +218,7 @@ def cycle_response(run, skip: int = SKIP) -> pd.DataFrame:
         rows.append({"run": f"{run.spec.name} {d:g} ms", "where": run.spec.straggler.where, "delay_ms": d,
                      "measured_delay_ms": statistics.median(part["measured_delay_ms"]),
                      "step_added_ms": statistics.median(part["step_added_ms"]),
-                     "step_spread_ms": spread(part["step_added_ms"]),
+                     "step_spread_ms": robust_spread(part["step_added_ms"]),
                      "extra_wait_ms": statistics.median(part["extra_wait_ms"]), "steps": len(part)})
     return pd.DataFrame(rows).set_index("run")
 

@@ -11,7 +11,7 @@ import pandas as pd
 
 from .. import claims, verify
 from ..predict import tensor_parallel as model
-from .bucket_sweep import round_summary
+from .stats import round_summary
 
 READS = "tensor-parallel"   # the task kind of the runs its tables read (tables/reads.py)
 EITHER = ("runs",)   # its `runs` may also be one run
@@ -163,7 +163,7 @@ def verify_tp_collectives(runs) -> None:
 
 
 def _stat(values: list[float], per_round: int) -> tuple[float, float, float, float]:
-    """Median (of the per-round medians), min, max and spread (`bucket_sweep.round_summary`) of
+    """Median (of the per-round medians), min, max and spread (`stats.round_summary`) of
     per-step values listed round after round, `per_round` steps each."""
     rounds = {k: values[i:i + per_round] for k, i in enumerate(range(0, len(values), per_round))}
     median, spread = round_summary(rounds)
@@ -179,7 +179,7 @@ def timing(runs) -> pd.DataFrame:
     """Per run, layer and way of running it ("dense": the whole layer on one rank, no communication;
     "tensor parallel": every rank 1/tp of it; "ddp": every rank the whole layer on 1/world_size of the
     batch): the step time (forward + backward, the slowest rank per step): `step_ms` the median of the
-    interleaved rounds' medians, `step_ms_spread` their spread (`bucket_sweep.round_summary`), min and
+    interleaved rounds' medians, `step_ms_spread` their spread (`stats.round_summary`), min and
     max over every timed step; and the time spent in communication: tensor parallelism's collectives
     on the critical path (the rank blocked in them; separate traced steps), DDP's all-reduce from
     launch to done (`comm_ms`), the part of it in flight while backward still computed

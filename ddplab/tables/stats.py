@@ -1,0 +1,28 @@
+"""The statistics every view shares (pure: no torch): a robust spread, and the median and spread of a
+quantity timed in interleaved rounds. Judging a claim against that noise is `claims.py`'s."""
+
+from __future__ import annotations
+
+import statistics
+
+READS = False   # reads no run: numbers in, numbers out (tables/reads.py)
+
+
+def robust_spread(values) -> float:
+    """The run-to-run spread: 1.4826 x the median absolute deviation (the standard deviation for
+    normal noise, but one disturbed round or step does not inflate it); 0 for fewer than 2 values."""
+    values = list(values)
+    if len(values) < 2:
+        return 0.0
+    m = statistics.median(values)
+    return 1.4826 * statistics.median(abs(v - m) for v in values)
+
+
+def round_summary(rounds: dict[int, list[float]]) -> tuple[float, float]:
+    """(median, spread) of a quantity timed in interleaved rounds: the median of the per-round medians,
+    and the spread 1.4826 x MAD of them, at least what step-to-step noise implies for a median of one
+    round's steps (a few rounds can agree by luck)."""
+    medians = [statistics.median(v) for v in rounds.values()]
+    every = [t for v in rounds.values() for t in v]
+    per_round = max(1, round(len(every) / len(rounds)))
+    return statistics.median(medians), max(robust_spread(medians), robust_spread(every) / per_round ** 0.5)
