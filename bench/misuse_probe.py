@@ -19,11 +19,9 @@ bench/misuse_probe.jsonl, and exits 1 if any case was raw, ran code, or left a p
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import inspect
 import json
-import math
 import os
 import pickle
 import shutil
@@ -31,7 +29,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import traceback
 import warnings

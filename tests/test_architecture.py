@@ -39,6 +39,9 @@ def test_the_import_contracts_hold():
     ("ddplab/rank/tasks/train.py", "from ...tables import ranks", "rank-side code never imports views"),
     ("ddplab/spec/tasks.py", "from ..rank import models", "spec, record schema, units and checks import no torch"),
     ("ddplab/results.py", "from .rank import training", "the notebook's side never imports rank-side code"),
+    ("ddplab/rank/parallel/bucketed.py", "from ..probes.buckets import BucketLog",
+     "inside a rank: the parallel wrappers are mechanism only"),
+    ("ddplab/rank/probes/memory.py", "from ..parallel.ddp import wrap", "inside a rank: the meters import no parallel"),
 ])
 def test_a_forbidden_import_breaks_its_contract(tmp_path, module, line, contract):
     out = lint(broken_copy(tmp_path, module, line))

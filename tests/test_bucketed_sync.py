@@ -12,6 +12,7 @@ from ddplab import record
 from ddplab.predict.buckets import Cost
 from ddplab.predict.comm import AlphaBeta
 from ddplab.rank.parallel.bucketed import BucketedSync
+from ddplab.rank.probes.buckets import BucketLog
 from ddplab.spec import BucketSweep
 from ddplab.tables import bucket_sweep, buckets
 from tests.conftest import leftovers
@@ -53,7 +54,7 @@ def test_one_rank_gradients_unchanged_and_an_unused_parameter_is_named(one_rank_
         no_unused(x).square().sum().backward()
     net2 = Net()
     net2.unused.requires_grad_(False)
-    sync = BucketedSync(net2, plan[:2])
+    sync = BucketedSync(net2, plan[:2], log=BucketLog())
     sync(x).square().sum().backward()
     for (n, p), (_, q) in zip(net2.named_parameters(), ref.named_parameters()):
         if q.grad is not None:
@@ -65,7 +66,7 @@ def test_one_rank_gradients_unchanged_and_an_unused_parameter_is_named(one_rank_
     # a plan whose first bucket completes last: the second, complete earlier, still starts after it
     net3 = Net()
     net3.unused.requires_grad_(False)
-    backwards = BucketedSync(net3, [plan[1], plan[0]])
+    backwards = BucketedSync(net3, [plan[1], plan[0]], log=BucketLog())
     backwards(x).square().sum().backward()
     events = backwards.take()
     assert [e.index for e in events] == [0, 1] and events[0].launch_ns <= events[1].launch_ns

@@ -351,7 +351,7 @@ def test_the_stages_chained_are_the_unsplit_model_and_own_each_parameter_once():
 def test_live_saved_bytes_counts_what_autograd_holds_until_backward():
     import torch
 
-    from ddplab.rank.parallel.pipeline import LiveSavedBytes
+    from ddplab.rank.probes.pipeline import LiveSavedBytes
 
     w = torch.randn(64, 64, requires_grad=True)
     meter = LiveSavedBytes([w])
@@ -370,7 +370,7 @@ def test_live_saved_bytes_counts_what_autograd_holds_until_backward():
 def test_live_saved_bytes_leaves_out_token_ids_that_views_of_one_batch_share():
     import torch
 
-    from ddplab.rank.parallel.pipeline import LiveSavedBytes
+    from ddplab.rank.probes.pipeline import LiveSavedBytes
 
     emb = torch.nn.Embedding(16, 8)
     ids = torch.randint(0, 16, (4, 32))          # the global batch; the microbatches are views of it

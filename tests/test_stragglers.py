@@ -8,7 +8,6 @@ from __future__ import annotations
 import random
 from types import SimpleNamespace
 
-import pandas as pd
 import pytest
 
 import ddplab

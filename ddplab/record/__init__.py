@@ -26,3 +26,13 @@ from .tensor_parallel import Collective, LayerRecord, MeshLayerRecord, StepTimes
 from .timeline import Backward, BucketEvent, ReadyEvent, Timeline, exposed_tail_ms
 from .train import (Checksums, Distance, MemoryRecord, MemoryStep, ModelInfo, ProfileRecord, ReferenceRecord,
                     TrainRecord, TrainStep)
+
+__all__ = ["AllReduceSweepRecord", "SizeCalls", "BalanceArm", "BalanceRecord", "BalanceStep",
+           "CalibrationPoint", "CostFit", "BucketSweepRecord", "PlanCheck", "SweepArm", "SweepStep",
+           "CoverageRecord", "EpochBatches", "SCHEMA_VERSION", "Envelope", "RankRecord", "RecordError",
+           "dump", "load", "parse", "FsdpConfigRecord", "FsdpMemoryRecord", "FsdpUnit", "MemorySample",
+           "PipelineRecord", "PipelineStep", "StageOp", "UnsplitCheck", "CheckpointInfo", "ResumeRecord",
+           "ResumeStep", "Collective", "LayerRecord", "MeshLayerRecord", "StepTimes",
+           "TensorParallelRecord", "Backward", "BucketEvent", "ReadyEvent", "Timeline", "exposed_tail_ms",
+           "Checksums", "Distance", "MemoryRecord", "MemoryStep", "ModelInfo", "ProfileRecord",
+           "ReferenceRecord", "TrainRecord", "TrainStep"]

@@ -26,27 +26,25 @@ parameter unused in this forward) is an error naming them. As a module it is the
 the name `module`, as with DDP: `state_dict()` keys are the module's with a `module.` prefix, and
 `.to()` moves the flat tensors with the parameters.
 
-Every bucket's launch and completion time is recorded (`take()`), in the format of
-`rank/probes/buckets.BucketLog`, so measured timelines read the same for DDP and for this. On gloo the
-completion callback runs when the all-reduce is done; on NCCL it runs when the work is enqueued, so
-GPU timelines would need CUDA events. Checked against
+Given a `log` (`rank/probes/buckets.BucketLog`, the one bucket recorder, which DDP's comm hook uses
+too), every bucket's all-reduce goes through it and `take()` returns what it recorded, so measured
+timelines read the same for DDP and for this; the mechanism itself meters nothing. Checked against
 DDP's gradients in tests/test_bucketed_sync.py. Used by the bucket sweep (notebook 05).
 """
 
 from __future__ import annotations
 
-
 import torch
 import torch.distributed as dist
 
 from ...record.timeline import BucketEvent
-from .. import clock, link
+from .. import link
 
 
 class BucketedSync(torch.nn.Module):
-    def __init__(self, module: torch.nn.Module, plan: list[list[str]], group=None, cuda: bool = False):
+    def __init__(self, module: torch.nn.Module, plan: list[list[str]], group=None, log=None):
         super().__init__()
-        self.stamps = clock.gpu_stamps() if cuda else None   # device times on CUDA (rank/clock.py)
+        self.log = log   # a `probes.buckets.BucketLog` records every bucket's all-reduce; None: unrecorded
         self.module = module
         self.group = group
         params = dict(module.named_parameters())
@@ -76,7 +74,6 @@ class BucketedSync(torch.nn.Module):
                 self._bucket_of[n] = j
                 params[n].register_post_accumulate_grad_hook(self._hook_for(n))
         self._reset()
-        self.events: list[dict] = []
 
     def forward(self, *args, **kwargs):
         return self.module(*args, **kwargs)
@@ -118,20 +115,12 @@ class BucketedSync(torch.nn.Module):
             n = p.numel()
             buf[offset:offset + n].copy_(p.grad.reshape(-1))
             offset += n
-        event = {"index": j, "bytes": buf.numel() * buf.element_size(), "params": list(self.plan[j]),
-                 "launch_ns": clock.now_ns()}
-        self.events.append(event)
-        if self.stamps:
-            self.stamps.mark(lambda t: event.__setitem__("launch_ns", t))
-        buf.div_(dist.get_world_size(self.group))
-        fut = link.hold(dist.all_reduce(buf, group=self.group, async_op=True).get_future(), event["bytes"])  # spec/link.py
-
-        def done(f):  # gloo: on a worker thread when the all-reduce completes; CUDA: on the stream after it
-            event["done_ns"] = clock.now_ns()
-            if self.stamps:
-                self.stamps.mark(lambda t: event.__setitem__("done_ns", t))
-            return f.value()[0]
-        self._futures[j] = fut.then(done)
+        if self.log is not None:
+            self._futures[j] = self.log.launch(j, buf, list(self.plan[j]))
+        else:
+            buf.div_(dist.get_world_size(self.group))
+            self._futures[j] = link.hold(dist.all_reduce(buf, group=self.group, async_op=True).get_future(),
+                                         buf.numel() * buf.element_size())   # spec/link.py
 
     def _finish(self):
         try:
@@ -150,8 +139,5 @@ class BucketedSync(torch.nn.Module):
             self._reset()  # the next backward starts clean, even after an error
 
     def take(self) -> list[BucketEvent]:
-        """The buckets launched since the last call."""
-        if self.stamps:
-            self.stamps.resolve()
-        events, self.events = self.events, []
-        return [BucketEvent(**e) for e in events]
+        """The buckets launched since the last call (from its log)."""
+        return self.log.take()

@@ -20,8 +20,3 @@ def wrap(module, device, group=None, bucket_cap_mb: float | None = None, gradien
                                    bucket_cap_mb=bucket_cap_mb, gradient_as_bucket_view=gradient_as_bucket_view,
                                    find_unused_parameters=find_unused_parameters, process_group=group, **extra)
 
-
-def construction_bucket_bytes(ddp) -> int:
-    """Total bytes of the buckets DDP allocated at construction, from DDP's own logging data."""
-    sizes = ddp._get_ddp_logging_data().get("bucket_sizes", "")
-    return sum(int(x) for x in str(sizes).replace(",", " ").split())

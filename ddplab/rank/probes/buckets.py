@@ -20,7 +20,8 @@ from .. import clock, link
 
 
 class BucketLog:
-    """Register with `ddp.register_comm_hook(None, log.hook)`; read `log.take()` after each step.
+    """Register with `ddp.register_comm_hook(None, log.hook)` (or hand it to `BucketedSync`); read
+    `log.take()` after each step.
     On CUDA, launch and done are when the device got there (`clock.GpuStamps`): the bucket's gradients
     written, and the all-reduce finished on the NCCL stream, not when the host queued them."""
 
@@ -32,10 +33,16 @@ class BucketLog:
         self.stamps = clock.gpu_stamps() if cuda else None
 
     def hook(self, state, bucket):
+        """DDP's communication hook: the bucket's all-reduce, recorded."""
         buf = bucket.buffer()
         self.buffers[bucket.index()] = buf
-        event = {"index": bucket.index(), "bytes": buf.numel() * buf.element_size(),
-                 "params": [self.names.get(id(p), "?") for p in bucket.parameters()],
+        return self.launch(bucket.index(), buf, [self.names.get(id(p), "?") for p in bucket.parameters()])
+
+    def launch(self, index: int, buf, params: list[str]):
+        """Average `buf` over the group with an async all-reduce and record it as bucket `index` holding
+        `params`: the one bucket recorder, for DDP's hook and for `parallel.bucketed.BucketedSync`.
+        Returns the all-reduce's future, completed with the reduced buffer."""
+        event = {"index": index, "bytes": buf.numel() * buf.element_size(), "params": params,
                  "launch_ns": clock.now_ns()}
         self.events.append(event)
         if self.stamps:

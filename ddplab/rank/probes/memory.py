@@ -25,7 +25,6 @@ from torch.utils._pytree import tree_flatten
 from ...predict.memory import CATEGORIES
 from ...record.train import MemoryRecord, MemoryStep
 from ...rundir import snapshot_file
-from ..parallel.ddp import construction_bucket_bytes
 from . import Probe
 
 
@@ -60,6 +59,12 @@ def ledger(module, optimizer, bucket_buffers=(), unseen_bucket_bytes: int = 0,
             "optimizer_state": sum(storages(optimizer_state(optimizer)).values()), "activations": activation_bytes}
 
 
+def construction_bucket_bytes(ddp) -> int:
+    """Total bytes of the buckets DDP allocated at construction, from DDP's own logging data."""
+    sizes = ddp._get_ddp_logging_data().get("bucket_sizes", "")
+    return sum(int(x) for x in str(sizes).replace(",", " ").split())
+
+
 def rss_bytes() -> int:
     """Resident set size of this process (Linux; 0 elsewhere)."""
     try:
@@ -90,10 +95,10 @@ class PeakTracker(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         # a view or an in-place result shares an input's storage: only new storages are allocations
-        inputs = {_storage(t)[0] for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)}
+        inputs = {storage_of(t)[0] for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)}
         for t in tree_flatten(out)[0]:
             if isinstance(t, torch.Tensor) and not t.is_meta:
-                key, storage = _storage(t)
+                key, storage = storage_of(t)
                 if key and key not in self.live and key not in inputs and storage.nbytes():
                     self.live[key] = storage.nbytes()
                     self.current += storage.nbytes()
@@ -102,7 +107,7 @@ class PeakTracker(TorchDispatchMode):
         return out
 
 
-def _storage(t: torch.Tensor):
+def storage_of(t: torch.Tensor):
     """(data pointer, storage) of a tensor; (0, None) for one whose storage was freed (FSDP2 frees the
     storage of gathered parameters after use)."""
     try:

@@ -177,8 +177,8 @@ def _arm(ctx, name: str, index: int, base, grads) -> _Arm:
         buckets = BucketLog(ctx.group, {id(p): n for n, p in module.named_parameters()}, cuda)
         wrapper.register_comm_hook(None, buckets.hook)
         return _Arm(name, module, wrapper, ready, buckets)
-    wrapper = BucketedSync(module, plan, ctx.group, cuda=cuda)
-    return _Arm(name, module, wrapper, ready, wrapper)
+    buckets = BucketLog(ctx.group, cuda=cuda)
+    return _Arm(name, module, BucketedSync(module, plan, ctx.group, log=buckets), ready, buckets)
 
 
 def _copy_bandwidth(n_bytes: int, device, dtype, repeats: int = 9) -> float:

@@ -11,7 +11,7 @@ GPipe and 1F1B schedules push the same global batch through the stages as m micr
    parameters.
 4. Time: `rounds` rounds, the (schedule, m) pairs in alternating order, one step each: a barrier
    (every stage starts together), then the schedule's step with every forward, loss and backward
-   timed and the saved activations metered (`StageRecorder`, `LiveSavedBytes`).
+   timed and the saved activations metered (`probes/pipeline.py`: `StageRecorder`, `LiveSavedBytes`).
 Runs inside a rank.
 """
 
@@ -25,8 +25,8 @@ import torch.distributed as dist
 
 from ...record.pipeline import PipelineRecord, PipelineStep, UnsplitCheck
 from .. import data, models, runtime
-from ..parallel.pipeline import (LiveSavedBytes, StageRecorder, TransformerStage, build_schedule, build_stage,
-                                 stage_blocks, token_mean_loss)
+from ..parallel.pipeline import TransformerStage, build_schedule, build_stage, stage_blocks, token_mean_loss
+from ..probes.pipeline import LiveSavedBytes, StageRecorder
 from ..training import torch_dtype
 from .. import clock
 

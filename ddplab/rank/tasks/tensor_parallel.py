@@ -5,7 +5,7 @@ dp = 1, per layer: build the dense layer from the seed, split a copy over every 
 split output, input gradient and (gathered) parameter gradients are from the dense ones, beside the
 dense values' largest magnitudes (the errors' scale). Torch's `CommDebugMode` counts that step's
 collectives per module (which Linear issued which all-reduce); a second step under ddplab's
-`CollectiveLog` (`rank/parallel/tensor.py`) records each collective's op, phase, bytes and group,
+`CollectiveLog` (`rank/probes/collectives.py`) records each collective's op, phase, bytes and group,
 which is where the per-step collectives, bytes and groups of the record come from. Then rounds of
 steps are timed, in an order that rotates every round: the dense layer alone (no communication), the
 split layer, the split layer with its collectives timed (`CollectiveLog`), and the dense layer under
@@ -33,8 +33,9 @@ from torch.distributed.tensor.debug import CommDebugMode
 from ...record.tensor_parallel import Collective, LayerRecord, MeshLayerRecord, StepTimes, TensorParallelRecord
 from .. import runtime
 from ..parallel import ddp as ddp_wrap
-from ..parallel.tensor import CollectiveLog, build_layer, tensor_parallel
+from ..parallel.tensor import build_layer, tensor_parallel
 from ..probes.buckets import BucketLog
+from ..probes.collectives import CollectiveLog
 from ..probes.memory import local
 from ..training import full
 from .. import clock
