@@ -213,10 +213,10 @@ def nccl_hang(gpus: int, out: Path) -> str:
 
 @check("doctor")
 def doctor_check(gpus: int, out: Path) -> str:
-    from ddplab.doctor import doctor
+    from ddplab.doctor import check
 
     said: list[str] = []
-    assert doctor(said.append), "\n".join(said)
+    assert check(said.append), "\n".join(said)
     return " / ".join(line.strip() for line in said[-3:])
 
 
@@ -224,7 +224,7 @@ def doctor_check(gpus: int, out: Path) -> str:
 def chapter_01(gpus: int, out: Path) -> str:
     from ddplab import recipes, tables
 
-    exp = recipes.synchronized_gradient(world_size=2, **_place(2, gpus), name="gpu-ch01")
+    exp = recipes.gradient_run(world_size=2, **_place(2, gpus), name="gpu-ch01")
     run = _run(exp, out)
     tables.verify_global_batch_gradient(tables.gradient_check(run))
     return f"{exp.backend} on CUDA: every rank holds the global-batch gradient"
@@ -234,8 +234,8 @@ def chapter_01(gpus: int, out: Path) -> str:
 def chapter_02(gpus: int, out: Path) -> str:
     from ddplab import recipes, tables
 
-    exp = recipes.replicated_memory(world_size=2, **_place(2, gpus), name="gpu-ch02")
-    tables.verify_model_state(tables.memory(_run(exp, out)))
+    exp = recipes.memory_ledger(world_size=2, **_place(2, gpus), name="gpu-ch02")
+    tables.verify_model_state(tables.memory_table(_run(exp, out)))
     return f"{exp.backend} on CUDA: parameters, gradients, buckets, Adam state as predicted"
 
 

@@ -238,10 +238,10 @@ def _mutations(d: dict, prefix=""):
 
 def _read_all(path: Path) -> None:
     run = ddplab.load_run(path)
-    tables.ranks(run)
+    tables.rank_table(run)
     tables.steps(run)
     tables.gradient_check(run)
-    tables.memory(run)
+    tables.memory_table(run)
     tables.ready_order(run)
     tables.bytes_on_wire([run])
 

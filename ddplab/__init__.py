@@ -2,8 +2,8 @@
 
     import ddplab
     from ddplab import recipes, tables
-    run = ddplab.run(recipes.launch_and_ranks(world_size=4, local_batch=16))
-    tables.ranks(run)
+    run = ddplab.run(recipes.first_launch(world_size=4, local_batch=16))
+    tables.rank_table(run)
 
 Importing ddplab is cheap: every rank imports it, so heavy modules (torch, pandas) load on use.
 

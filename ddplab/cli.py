@@ -232,7 +232,7 @@ def _cmd_run(args) -> int:
               f"(ddplab.load_run(path) reads it, and the tables of its chapter show it)")
         return 3 if result.diverged() else 0
     with pd.option_context("display.width", 200, "display.max_columns", 20):
-        print(tables.ranks(result).to_string())
+        print(tables.rank_table(result).to_string())
     print(f"global batch {exp.global_batch} = sum of local batches {exp.local_batches} x accum_steps {exp.accum_steps}; "
           f"results in {result.path}")
     if result.diverged():   # the ranks ran as asked, the training did not: the launch's last line said where
@@ -323,10 +323,10 @@ def _caps(text: str) -> tuple[float, ...]:
 
 
 def _cmd_doctor(args) -> int:
-    from .doctor import doctor
+    from .doctor import check
 
     try:
-        return 0 if doctor(print) else 1
+        return 0 if check(print) else 1
     except ValueError as e:
         print(f"ddplab doctor: {e}", file=sys.stderr)
         return 2

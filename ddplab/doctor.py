@@ -58,7 +58,7 @@ def _loopback_once(total_bytes: int, chunk: int) -> float:
     return received[0] / seconds
 
 
-def doctor(say=print, nodes=None) -> bool:
+def check(say=print, nodes=None) -> bool:
     """Print the report; True if the all-reduce gave the expected sum on every rank (and over NCCL
     too, where the ranks had GPUs). On several `nodes` (default `Nodes.from_env()`), two ranks per
     node, so the sum crosses every node: the check that the nodes can talk."""

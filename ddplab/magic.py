@@ -146,7 +146,7 @@ def load(ip) -> None:
     from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
     from IPython.display import display
 
-    from .launch import session as sessions
+    from . import launch
 
     @magics_class
     class DDPMagics(Magics):
@@ -160,7 +160,7 @@ def load(ip) -> None:
             """Start a session of warm ranks for %%ddp cells (and for ddplab.run)."""
             args = parse_argstring(DDPMagics.ddp_start, line)
             t0 = time.monotonic()
-            s = sessions.Session(world_size=args.nproc, backend=args.backend, device=args.device,
+            s = launch.session.Session(world_size=args.nproc, backend=args.backend, device=args.device,
                                  timeout_s=args.timeout)
             print(f"{s.world_size} ranks ready on {s.backend}/{s.device} in {time.monotonic() - t0:.1f} s "
                   f"(collectives time out after {args.timeout:g} s)")
@@ -168,7 +168,7 @@ def load(ip) -> None:
         @line_magic
         def ddp_stop(self, line):
             """Stop the session's ranks."""
-            s = sessions.current()
+            s = launch.session.current()
             if s is None:
                 print("no session is running")
                 return
@@ -181,9 +181,9 @@ def load(ip) -> None:
         def ddp(self, line, cell):
             """Run this cell on every rank of the session; show each rank's output side by side."""
             args = parse_argstring(DDPMagics.ddp, line)
-            s = sessions.current()
+            s = launch.session.current()
             if s is None or s.implicit:   # the session ddplab.run keeps is replaced at will: not for cell state
-                why = sessions.last_end() if s is None else None
+                why = launch.session.last_end() if s is None else None
                 raise CellFailed(f"no session for %%ddp cells{f' (the last one ended: {why})' if why else ''}: "
                                  f"run %ddp_start -n 4 first")
             t0 = time.monotonic()

@@ -128,7 +128,7 @@ def _sealed(run_dir, folder: Path) -> dict[str, str]:
     return files
 
 
-def seal(run_dir, folder) -> Path:
+def sign(run_dir, folder) -> Path:
     """Seal the checkpoint `folder` of the run in `run_dir` as it is now (see the module docstring)."""
     files = _sealed(run_dir, Path(folder))
     out = seal_file(run_dir)

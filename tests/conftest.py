@@ -74,7 +74,7 @@ def shared_runs(runs_dir, request):
 
 share("run2", lambda: [ddplab.Experiment(name="t2", world_size=2, local_batch=4, seq_len=8, steps=2,
                                          probes=("reference",))])
-share("run4", lambda: [recipes.launch_and_ranks()])
+share("run4", lambda: [recipes.first_launch()])
 
 
 @pytest.fixture(scope="session")
@@ -96,7 +96,7 @@ def chapter09_runs(runs_dir):
     the pipeline at m = 1, 2, 4 with 2 rounds on a smaller model. name -> Run."""
     import time
 
-    exps = (recipes.tensor_parallel_runs(rounds=2) + [recipes.fsdp_memory()] + recipes.zero_stages_measured()
+    exps = (recipes.tensor_parallel_runs(rounds=2) + [recipes.fsdp_configs()] + recipes.zero_stages_measured()
             + recipes.pipeline_parallel(microbatches=(1, 2, 4), rounds=2, global_batch=16, d_model=64, seq_len=32))
     t0 = time.perf_counter()
     runs = ddplab.run_many(exps, runs_dir / "chapter-09", progress=False)

@@ -41,7 +41,7 @@ def test_the_import_contracts_hold():
     ("ddplab/results.py", "from .rank import training", "the notebook's side never imports rank-side code"),
     ("ddplab/rank/parallel/bucketed.py", "from ..probes.buckets import BucketLog",
      "inside a rank: the parallel wrappers are mechanism only"),
-    ("ddplab/rank/probes/memory.py", "from ..parallel.ddp import wrap", "inside a rank: the meters import no parallel"),
+    ("ddplab/rank/probes/memory.py", "from ..parallel.ddp import wrap_in_ddp", "inside a rank: the meters import no parallel"),
 ])
 def test_a_forbidden_import_breaks_its_contract(tmp_path, module, line, contract):
     out = lint(broken_copy(tmp_path, module, line))
@@ -59,3 +59,84 @@ def test_importing_ddplab_and_its_views_loads_no_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]", f"torch was imported: {out.stdout.strip()[:200]}"
+
+
+# ---- names: one name per concept (README, "Layout") -----------------------------------------------------
+PACKAGE = ROOT / "ddplab"
+
+
+def _modules():
+    for path in sorted(PACKAGE.rglob("*.py")):
+        yield path, ".".join(path.relative_to(ROOT).with_suffix("").parts)
+
+
+def function_named_like_its_module(path: Path) -> list[str]:
+    import ast
+
+    return [n.name for n in ast.parse(path.read_text()).body
+            if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name == path.stem]
+
+
+def module_renaming_imports(path: Path, dotted: str) -> list[str]:
+    """`from <ddplab package> import <module> as <other name>` and `import ddplab.<module> as <other>`."""
+    import ast
+
+    package = dotted.rsplit(".", 1)[0] if path.stem != "__init__" else dotted
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                source = ".".join(base + ([node.module] if node.module else []))
+            else:
+                source = node.module or ""
+            if not source.startswith("ddplab"):
+                continue
+            folder = ROOT.joinpath(*source.split("."))
+            for a in node.names:
+                if a.asname and a.asname != a.name and (folder / f"{a.name}.py").exists() or \
+                        a.asname and a.asname != a.name and (folder / a.name / "__init__.py").exists():
+                    found.append(f"from {source} import {a.name} as {a.asname}")
+        elif isinstance(node, ast.Import):
+            found += [f"import {a.name} as {a.asname}" for a in node.names
+                      if a.name.startswith("ddplab.") and a.asname and a.asname != a.name.rsplit(".", 1)[-1]]
+    return found
+
+
+def test_no_function_is_named_like_its_module():
+    """A package that re-exports such a function hides its own module (`tables.memory` was the function,
+    not the module)."""
+    named = [f"{dotted}.{n}" for path, dotted in _modules() for n in function_named_like_its_module(path)]
+    assert named == []
+
+
+def test_no_import_renames_a_ddplab_module():
+    """`from ..predict import buckets as simulator` made one module go by two names; a module that clashes
+    with a name of the importer is reached through its stage (`predict.buckets.simulate`)."""
+    renamed = [f"{dotted}: {line}" for path, dotted in _modules() for line in module_renaming_imports(path, dotted)]
+    assert renamed == []
+
+
+def test_the_name_checks_see_what_they_forbid(tmp_path):
+    shadow = tmp_path / "memory.py"
+    shadow.write_text("def memory(run):\n    return run\n")
+    assert function_named_like_its_module(shadow) == ["memory"]
+    alias = tmp_path / "buckets.py"
+    alias.write_text("from ..predict import buckets as simulator\nfrom ..predict.buckets import simulate as run\n")
+    assert module_renaming_imports(alias, "ddplab.tables.buckets") == \
+        ["from ddplab.predict import buckets as simulator"]   # a function alias is not a module's second name
+
+
+def test_every_task_goes_by_one_module_name_through_every_stage():
+    """A task's settings, record, rank code and recipes share one module name: spec/<m>.py,
+    record/<m>.py, rank/tasks/<m>.py."""
+    import ddplab.spec  # noqa: F401 (registers ddplab's tasks)
+    from ddplab.spec.tasks import _REGISTRY
+
+    for kind, cls in _REGISTRY.items():
+        if not cls.__module__.startswith("ddplab."):
+            continue
+        name = cls.__module__.rsplit(".", 1)[-1]
+        assert cls.__module__ == f"ddplab.spec.{name}", kind
+        assert cls.record.__module__ == f"ddplab.record.{name}", kind
+        assert cls.runner == f"ddplab.rank.tasks.{name}:run", kind

@@ -1,5 +1,5 @@
 """The four common errors (notebook 08, seed claim C18): each right claim holds on real runs of
-`recipes.common_errors()`, all in one launch, and its check fails for a wrong input: weak runs fed as
+`recipes.common_error_runs()`, all in one launch, and its check fails for a wrong input: weak runs fed as
 strong scaling, a prediction divided by the world size, a chain-shaped model whose gradients are ready in
 reverse source order, or a recorded order rewritten to the source order. The timing claim (the summed
 durations exceed the exposed tail) is judged by `claims`: on the real runs it is only asserted not
@@ -18,10 +18,10 @@ import pytest
 
 import ddplab
 from ddplab import verify
-from ddplab.recipes.common_errors import PREFIX, common_error_groups, common_errors
+from ddplab.recipes.common_errors import PREFIX, common_error_groups, common_error_runs
 # by name from the modules: once the packages export `common_errors` (the function), the name
 # `ddplab.tables.common_errors` is the function, not this module
-from ddplab.tables.common_errors import (common_errors as summary, divided_state, error_runs, judge_summed_overstates,
+from ddplab.tables.common_errors import (error_table, divided_state, error_runs, judge_summed_overstates,
                                          replicated_state_bytes, source_as_ready_order, summed_as_exposed,
                                          verify_fixed_global_batch, verify_ready_not_source_order,
                                          verify_replicated_state, verify_summed_overstates, weak_as_strong)
@@ -36,7 +36,7 @@ CHAIN = GROUPS["ready"][0].replace(name="wrong-ready-mlp", model="mlp")
 @pytest.fixture(scope="module")
 def launch(runs_dir):
     start = time.perf_counter()
-    runs = ddplab.run_many([*common_errors(), ONE_BUCKET, CHAIN], runs_dir / "common-errors", progress=False)
+    runs = ddplab.run_many([*common_error_runs(), ONE_BUCKET, CHAIN], runs_dir / "common-errors", progress=False)
     wall_s = time.perf_counter() - start
     by_name = {r.spec.name: r for r in runs}
     wrong = {n: by_name.pop(n) for n in (ONE_BUCKET.name, CHAIN.name)}
@@ -153,7 +153,7 @@ def test_a_recorded_order_rewritten_to_source_order_fails_the_order_check(launch
 # ---- the four, side by side ------------------------------------------------------------------------
 @pytest.mark.slow
 def test_summary_has_one_row_per_error_and_verdicts_computed_from_the_runs(launch):
-    table = summary(launch.runs)
+    table = error_table(launch.runs)
     print(f"launch wall time {launch.wall_s:.1f} s")   # reported, not asserted: a loaded machine stretches it
     for error, row in table.iterrows():
         print(f"{error}: {row['says']} => {row['verdict']}")
@@ -172,13 +172,13 @@ def test_summary_verdict_follows_the_runs_not_fixed_text(launch):
                for r in g["strong"]]
     weak = {r.spec.name for r in g["weak"]}
     others = [r for r in launch.runs if r.spec.name not in weak]
-    verdict = summary([*as_weak, *others]).loc["global batch", "verdict"]
+    verdict = error_table([*as_weak, *others]).loc["global batch", "verdict"]
     assert verdict.startswith("not shown: "), verdict
 
 
 # ---- fast: the recipe and the tables' logic --------------------------------------------------------
 def test_recipe_is_one_list_whose_groups_say_what_each_error_needs():
-    exps = common_errors()
+    exps = common_error_runs()
     assert len({e.name for e in exps}) == len(exps) and all(e.name.startswith(PREFIX) for e in exps)
     assert {e.hash for e in exps} and len({e.hash for e in exps}) == len(exps)
     g = common_error_groups()
@@ -194,12 +194,12 @@ def test_recipe_is_one_list_whose_groups_say_what_each_error_needs():
 
 def test_recipe_refuses_a_global_batch_that_does_not_split():
     with pytest.raises(ValueError, match="does not split evenly over 4 ranks"):
-        common_errors(global_batch=30)
+        common_error_runs(global_batch=30)
 
 
 def test_error_runs_refuses_an_unknown_group_and_leaves_other_recipes_runs_out():
     foreign = SimpleNamespace(spec=ddplab.Experiment(name="errors-nonsense"))
-    with pytest.raises(ValueError, match="not one of recipes.common_errors"):
+    with pytest.raises(ValueError, match="not one of recipes.common_error_runs"):
         error_runs([foreign])
     with pytest.raises(ValueError, match="no runs of group"):   # a run of another recipe is not counted
         error_runs([SimpleNamespace(spec=ddplab.Experiment(name="ready-plain"))])

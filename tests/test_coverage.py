@@ -77,7 +77,7 @@ CLEAN = fake_run([[[[3, 0]], [[1, 2]]], [[[1, 2]], [[0, 3]]]], dataset_size=4, n
 
 
 def test_coverage_table_counts_the_duplicated_padding_and_the_repeated_order():
-    t = views.coverage(PADDED)
+    t = views.coverage_table(PADDED)
     assert t.loc[0, "seen_once"] == 4 and t.loc[0, "duplicated"] == [0] and t.loc[0, "dropped"] == []
     assert t.loc[0, "consumed"] == 6 and t.loc[0, "examples_per_rank"] == [3, 3]
     assert t.loc[0, "batches_per_rank"] == [2, 2] and t.loc[0, "equal_batches"]
@@ -87,7 +87,7 @@ def test_coverage_table_counts_the_duplicated_padding_and_the_repeated_order():
 
 def test_coverage_table_names_dropped_examples_and_unequal_batches():
     run = fake_run([[[[0, 1], [2]]], [[[3, 4]]]], dataset_size=7)
-    t = views.coverage(run)
+    t = views.coverage_table(run)
     assert t.loc[0, "dropped"] == [5, 6] and t.loc[0, "duplicated"] == [] and t.loc[0, "seen_once"] == 5
     assert t.loc[0, "batches_per_rank"] == [2, 1] and not t.loc[0, "equal_batches"]
 
@@ -186,7 +186,7 @@ def test_every_rank_gets_torchs_shard_in_batches_of_local_batch(coverage_runs, n
             assert [len(x) for x in e.batches] == [min(b, num_samples - i) for i in range(0, num_samples, b)]
             assert e.num_batches == r.result.loader_len
         assert r.result.gathered == [o.result.epochs for o in run.ranks]   # the all_gather delivered every rank's
-    assert views.coverage(run)["equal_batches"].all()
+    assert views.coverage_table(run)["equal_batches"].all()
 
 
 @pytest.mark.slow
@@ -194,7 +194,7 @@ def test_the_loaders_drop_last_drops_each_ranks_last_short_batch_on_top_of_the_s
     run = coverage_runs["coverage-loader-drop-last"]
     n, b = run.spec.task.dataset_size, run.spec.local_batch
     full = math.ceil(n / W) // b * b              # the sampler pads to ceil(N/W) a rank; the loader keeps whole batches
-    table = views.coverage(run)
+    table = views.coverage_table(run)
     for e in range(run.spec.task.epochs):
         kept = [shard[:full] for shard in expected_shards(n, e, drop_last=False)]
         assert [r.result.epochs[e].ids for r in run.ranks] == kept
@@ -209,7 +209,7 @@ def test_padding_covers_every_example_and_duplicates_the_first_ids_of_the_permut
     n = run.spec.task.dataset_size
     padding = math.ceil(n / W) * W - n
     assert n % W and padding > 0
-    table = views.coverage(run)
+    table = views.coverage_table(run)
     for e in range(run.spec.task.epochs):
         assert table.loc[e, "dropped"] == []
         assert table.loc[e, "duplicated"] == sorted(torch_permutation(n, e)[:padding])
@@ -224,7 +224,7 @@ def test_padding_covers_every_example_and_duplicates_the_first_ids_of_the_permut
 def test_drop_last_drops_exactly_n_mod_w_examples_and_duplicates_none(coverage_runs):
     run = coverage_runs["coverage-drop-last"]
     n = run.spec.task.dataset_size
-    table = views.coverage(run)
+    table = views.coverage_table(run)
     for e in range(run.spec.task.epochs):
         assert table.loc[e, "dropped"] == sorted(torch_permutation(n, e)[n - n % W:])
         assert len(table.loc[e, "dropped"]) == n % W and table.loc[e, "duplicated"] == []
@@ -241,7 +241,7 @@ def test_a_divisible_data_set_gives_every_example_exactly_once(coverage_runs, ca
     views.verify_each_example_once(run)
     assert f"verified: coverage-divisible: every one of the {n} examples seen exactly once" in capsys.readouterr().out
     assert (views.sample_grid(run, value="count") == 1).all().all()
-    assert views.coverage(run)["examples_per_rank"].tolist() == [[n // W] * W] * run.spec.task.epochs
+    assert views.coverage_table(run)["examples_per_rank"].tolist() == [[n // W] * W] * run.spec.task.epochs
 
 
 @pytest.mark.slow
@@ -250,8 +250,8 @@ def test_a_forgotten_set_epoch_repeats_epoch_0s_order_while_set_epoch_changes_it
     n = forgotten.spec.task.dataset_size
     for r in forgotten.ranks:
         assert all(e.ids == expected_shards(n, 0, False)[r.rank] for e in r.result.epochs)
-    assert views.coverage(forgotten)["order_changed"].iloc[1:].tolist() == [[False] * W] * 2
-    assert views.coverage(reseeded)["order_changed"].iloc[1:].tolist() == [[True] * W] * 2
+    assert views.coverage_table(forgotten)["order_changed"].iloc[1:].tolist() == [[False] * W] * 2
+    assert views.coverage_table(reseeded)["order_changed"].iloc[1:].tolist() == [[True] * W] * 2
     with pytest.raises(verify.CheckFailed, match="0 of 8 epoch-to-epoch orders changed"):
         views.verify_order_changes(forgotten)
     views.verify_order_changes(reseeded)

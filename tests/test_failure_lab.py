@@ -1,5 +1,5 @@
 """The failure lab (notebook 08, issue 16): each way a data-parallel job breaks is diagnosed by rank,
-within timeout_s + 15 s, with no process left behind (notebook 08 provokes every fault of `failure_lab()`
+within timeout_s + 15 s, with no process left behind (notebook 08 provokes every fault of `fault_runs()`
 for real and checks it with `verify_failures_diagnosed`, whose every clause is fed wrong input here)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import ddplab
 from ddplab import Experiment, failures, tables
 from ddplab.failures import Diagnosis, Provoked
 from ddplab.launch.failure_lab import provoke
-from ddplab.recipes.failure_lab import failure_lab, find_unused_cost, unused_parameter_fixes
+from ddplab.recipes.failure_lab import fault_runs, find_unused_cost, unused_parameter_fixes
 from ddplab.spec import Fault
 from ddplab.verify import CheckFailed
 
@@ -125,7 +125,7 @@ def test_start_up_stretched_by_a_busy_machine_is_not_held_against_the_diagnosis(
 
 def test_every_fault_of_the_failure_lab_has_its_signs():
     # notebook 08 provokes every one of them for real and runs verify_failures_diagnosed on them
-    assert set(failure_lab()) == set(tables.failures.SIGNS)
+    assert set(fault_runs()) == set(tables.failures.SIGNS)
 
 
 @pytest.mark.slow

@@ -11,14 +11,14 @@ from types import SimpleNamespace
 import pytest
 
 from ddplab import verify
-from ddplab.predict import fsdp as model
+from ddplab.predict import fsdp_memory as model
 from ddplab.predict import zero
 from ddplab.predict.memory import activation_bytes, parameter_numels
-from ddplab.recipes.fsdp_memory import fsdp_memory, zero_stages_measured
+from ddplab.recipes.fsdp_memory import fsdp_configs, zero_stages_measured
 from ddplab.spec import Experiment, FsdpMemory
 from ddplab.record.fsdp_memory import FsdpConfigRecord, FsdpMemoryRecord, FsdpUnit, MemorySample
 from ddplab.spec.fsdp_memory import SAMPLE_CATEGORIES
-from ddplab.tables import fsdp as views
+from ddplab.tables import fsdp_memory as views
 from ddplab.units import MIB
 
 
@@ -66,7 +66,7 @@ def test_zero1_exact_refuses_bad_tensor_sizes_naming_them(numels, field):
 
 
 # ---- the pure FSDP2 model ------------------------------------------------------------------------------
-EXP = fsdp_memory()
+EXP = fsdp_configs()
 
 
 @pytest.mark.parametrize("exp", [EXP, EXP.replace(model="mlp", n_layers=2)])
@@ -195,7 +195,7 @@ def test_timeline_refuses_samples_that_do_not_line_up_with_the_model():
 
 
 def test_zero_measured_refuses_a_run_it_cannot_read_naming_it():
-    with pytest.raises(ValueError, match="tables.fsdp.zero_measured: `runs` got 'fsdp-memory-w4', a fsdp-memory run, and it reads train runs"):
+    with pytest.raises(ValueError, match="tables.fsdp_memory.zero_measured: `runs` got 'fsdp-memory-w4', a fsdp-memory run, and it reads train runs"):
         views.zero_measured([fake_run()])
 
 
@@ -224,7 +224,7 @@ def test_timeline_table_lines_up_the_prediction_with_every_sample():
 # ---- real runs: 4 ranks, one launch each ------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def fsdp_run(chapter09_runs):
-    return chapter09_runs[fsdp_memory().name]   # launched with the rest of chapter 09 (conftest)
+    return chapter09_runs[fsdp_configs().name]   # launched with the rest of chapter 09 (conftest)
 
 
 @pytest.mark.slow
@@ -302,7 +302,7 @@ def test_memory_over_step_figure_has_a_panel_per_configuration(fsdp_run):
     import matplotlib
 
     matplotlib.use("Agg")
-    from ddplab.plots.fsdp import memory_over_step
+    from ddplab.plots.fsdp_memory import memory_over_step
 
     fig = memory_over_step(fsdp_run, detached=True)
     titles = [ax.get_title("left") for ax in fig.axes if ax.get_title("left")]

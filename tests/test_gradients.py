@@ -16,9 +16,9 @@ pytestmark = pytest.mark.slow
 def exps_for(world_size: int) -> list[Experiment]:
     batches = (2, 6) if world_size == 2 else (2, 4, 6, 12)
     seqs = (8, 16) if world_size == 2 else (8, 16, 16, 32)
-    return [recipes.synchronized_gradient(world_size, local_batch=4),
+    return [recipes.gradient_run(world_size, local_batch=4),
             *recipes.unequal_work(local_batch=batches, seq_len=seqs),
-            recipes.synchronized_gradient(world_size, name=f"f64-w{world_size}", local_batch=batches, seq_len=seqs,
+            recipes.gradient_run(world_size, name=f"f64-w{world_size}", local_batch=batches, seq_len=seqs,
                                           loss_norm="global-token", dtype="float64")]
 
 

@@ -28,14 +28,14 @@ ROOT = Path(__file__).resolve().parent.parent
 # small models: the checks do not depend on the size
 SMALL = dict(d_model=32, n_layers=1, n_heads=2, vocab_size=32, seq_len=8)
 
-GRADIENT = recipes.synchronized_gradient(world_size=2, local_batch=4, name="key-gradient", **SMALL)
+GRADIENT = recipes.gradient_run(world_size=2, local_batch=4, name="key-gradient", **SMALL)
 # notebook 01's naive normalization: each rank averages its own loss over unequal local batches
 UNSIZED = {k: v for k, v in SMALL.items() if k != "seq_len"}
 RANK_MEAN_UNEQUAL = recipes.unequal_work(local_batch=(2, 6), seq_len=(8, 8), **UNSIZED)[0].replace(
     name="key-gradient-rank-mean-unequal")
 # notebook 01's alone_run: every rank steps on its own gradient, nothing is all-reduced
 NO_SYNC = GRADIENT.replace(name="key-gradient-no-sync", sync="none")
-MEMORY = recipes.replicated_memory(world_size=2, local_batch=4, optimizer="adam", name="key-memory", **SMALL)
+MEMORY = recipes.memory_ledger(world_size=2, local_batch=4, optimizer="adam", name="key-memory", **SMALL)
 # notebook 06: global batch 32 on 2 ranks, and its dropping run (half the local batch, same 32 asked)
 EXAMPLES = recipes.strong_scaling(global_batch=32, world_sizes=(2,), steps=2, **SMALL)[0].replace(name="key-examples")
 DROPS = EXAMPLES.replace(name="key-examples-drops-half", local_batch=EXAMPLES.local_batch // 2)
@@ -79,7 +79,7 @@ def _predicted_for(run, **wrong):
 
 @pytest.mark.slow
 def test_memory_check_passes_when_the_prediction_is_for_the_run_itself(key_runs, capsys):
-    tables.verify_model_state(tables.memory(key_runs[MEMORY.name]))
+    tables.verify_model_state(tables.memory_table(key_runs[MEMORY.name]))
     out = capsys.readouterr().out
     assert all(f"verified: {c} at their largest, on every rank, as predicted" in out
                for c in ("parameters", "gradients", "ddp_buckets", "optimizer_state")), out
@@ -92,7 +92,7 @@ def test_memory_check_passes_when_the_prediction_is_for_the_run_itself(key_runs,
     (dict(dtype="float64"), "parameters"),        # 8 bytes per element; the run held 4
 ], ids=["wrong-optimizer", "no-ddp-buckets", "wrong-dtype"])
 def test_memory_check_fails_when_the_prediction_assumes_the_wrong_spec(key_runs, wrong, fails):
-    table = tables.memory(_predicted_for(key_runs[MEMORY.name], **wrong))
+    table = tables.memory_table(_predicted_for(key_runs[MEMORY.name], **wrong))
     with pytest.raises(verify.CheckFailed, match=f"NOT verified: {fails} at their largest, on every rank, as predicted"):
         tables.verify_model_state(table)
 

@@ -4,7 +4,7 @@ import pytest
 
 from ddplab import Experiment
 from ddplab.launch import cold, torchrun
-from ddplab.launch.preflight import preflight
+from ddplab.launch.preflight import check_launch
 
 
 def test_torchrun_argv_is_one_node_one_process_per_rank_on_loopback_without_a_fixed_port():
@@ -40,9 +40,9 @@ def test_one_launch_needs_one_backend_and_device(monkeypatch):
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    assert preflight([Experiment(world_size=2)]) == ("nccl", "cuda")
+    assert check_launch([Experiment(world_size=2)]) == ("nccl", "cuda")
     with pytest.raises(ValueError, match="one backend and device"):
-        preflight([Experiment(world_size=2), Experiment(world_size=2, backend="gloo")])
+        check_launch([Experiment(world_size=2), Experiment(world_size=2, backend="gloo")])
 
 
 def test_more_ranks_than_this_machine_can_run_are_refused_before_launch(monkeypatch):
@@ -55,26 +55,26 @@ def test_more_ranks_than_this_machine_can_run_are_refused_before_launch(monkeypa
     if too_many.world_size <= MAX_RANKS_PER_CORE * cores:
         pytest.skip("this machine has more cores than the spec allows ranks")
     with pytest.raises(ValueError, match=r"^Experiment\.world_size: .* CPU ranks on .* core"):
-        preflight([too_many])
+        check_launch([too_many])
     monkeypatch.setenv("DDPLAB_SKIP_SIZE_CHECKS", "1")
-    assert preflight([too_many]) == ("gloo", "cpu")
+    assert check_launch([too_many]) == ("gloo", "cpu")
 
 
 def test_a_model_too_big_for_this_machine_s_memory_is_refused_before_launch():
     huge = Experiment(vocab_size=10 ** 6, d_model=2 ** 14, n_layers=1, n_heads=4, world_size=2)   # ~34 G params
     with pytest.raises(ValueError, match=r"^Experiment\.world_size: 2 ranks .* would need about \d+\.\d GiB"):
-        preflight([huge])
+        check_launch([huge])
 
 
 def test_every_lab_recipe_fits_this_machine():
     from ddplab import recipes
 
-    for make in (recipes.launch_and_ranks, recipes.bucket_sweep, recipes.memory_sweeps, recipes.strong_scaling,
+    for make in (recipes.first_launch, recipes.bucket_sweep, recipes.memory_sweeps, recipes.strong_scaling,
                  recipes.readiness_cases, recipes.accumulation, recipes.bytes_on_wire):
         made = make()
         exps = [e for v in made.values() for e in v] if isinstance(made, dict) else made
         for e in exps if isinstance(exps, list) else [exps]:
-            preflight([e])
+            check_launch([e])
 
 
 @pytest.mark.parametrize("model", ["branchy", "tests.user_models:with_frozen"])
@@ -87,9 +87,9 @@ def test_activations_of_a_model_the_lab_cannot_count_are_measured_and_refused_wh
     small = Experiment(model=model, world_size=2, local_batch=4, seq_len=16)
     per_example = measured_activations(small)
     assert per_example > 0
-    assert preflight([small]) == ("gloo", "cpu")
+    assert check_launch([small]) == ("gloo", "cpu")
     with pytest.raises(ValueError, match=r"^Experiment\.world_size: 2 ranks .* would need about \d+\.\d GiB"):
-        preflight([small.replace(local_batch=100_000, seq_len=1024)])
+        check_launch([small.replace(local_batch=100_000, seq_len=1024)])
 
 
 def test_a_cgroup_memory_limit_is_what_is_available(tmp_path):

@@ -16,7 +16,7 @@ MODEL_STATE = ("parameters", "gradients", "ddp_buckets", "optimizer_state")
 
 def _memory_exps():
     sweeps = recipes.memory_sweeps()
-    return [recipes.replicated_memory(2), recipes.replicated_memory(4, 4), *sweeps["optimizer"][:2],
+    return [recipes.memory_ledger(2), recipes.memory_ledger(4, 4), *sweeps["optimizer"][:2],
             *sweeps["bucket_view"], *recipes.sharding_preview()]
 
 
@@ -155,7 +155,7 @@ def test_the_memory_figures_draw_each_moment_as_measured(memory_runs):
     from ddplab.tables.memory import moments_sweep
 
     run = memory_runs["memory-w2-adam"]
-    ax = plots.memory(run).axes[0]
+    ax = plots.memory_figure(run).axes[0]
     assert ax.get_ylim()[1] > run.ranks[0].memory.steps[1].peak / 2 ** 20   # the peak line is in view
     runs = [memory_runs["memory-w2-adam"], memory_runs["memory-w2-bucket-view"]]
     ax = plots.memory_sweep(runs, "bucket views").axes[0]
@@ -187,4 +187,4 @@ def test_the_memory_tables_work_for_a_users_model_with_frozen_parameters(tmp_pat
     everything = memory_model.state_bytes(exp, m.parameter_numels, [True] * len(m.trainable))
     after_step = table.loc[(0, "after optimizer step")]
     assert not math.isclose(everything["gradients"] / MIB, after_step[("gradients", "measured")], rel_tol=1e-3)
-    assert not tables.memory(run).empty
+    assert not tables.memory_table(run).empty

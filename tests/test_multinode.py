@@ -369,17 +369,17 @@ def test_doctor_says_what_to_check_when_the_nodes_cannot_meet(tmp_path, monkeypa
     monkeypatch.setenv("SLURM_JOB_ID", "4242")   # inside an allocation (of stand-ins)
     monkeypatch.setattr(doctor, "RDZV_TIMEOUT_S", 3)   # the agents give up on the rendezvous after 3 s, not 10
     said: list[str] = []
-    assert doctor.doctor(said.append, Nodes(2, "srun", "nohost.invalid:29400")) is False
+    assert doctor.check(said.append, Nodes(2, "srun", "nohost.invalid:29400")) is False
     text = "\n".join(said)
     assert "NOT OK" in text and "must reach the rendezvous at nohost.invalid:29400" in text, text
 
 
 def test_more_nodes_than_ranks_is_refused_naming_the_node_count():
     from ddplab.launch.nodes import Nodes
-    from ddplab.launch.preflight import preflight
+    from ddplab.launch.preflight import check_launch
 
     with pytest.raises(ValueError, match=r"^DDPLAB_NODES: 9 nodes for a launch of 4 rank\(s\)"):
-        preflight([ddplab.Experiment(world_size=4)], Nodes.from_env({"DDPLAB_NODES": "9"}))
+        check_launch([ddplab.Experiment(world_size=4)], Nodes.from_env({"DDPLAB_NODES": "9"}))
 
 
 def test_a_lost_node_is_diagnosed_as_a_node_with_its_ranks():

@@ -363,14 +363,14 @@ def test_the_launchers_checks_build_a_users_model_once_and_leave_its_random_stre
     """Issue 30's review: preflight built a user's model twice (checked, then its activations measured)."""
     import torch
 
-    from ddplab.launch.preflight import preflight
+    from ddplab.launch.preflight import check_launch
     from tests import user_models
 
     user_models.BUILT.clear()
     torch.manual_seed(7)
     expected = torch.rand(3)
     torch.manual_seed(7)
-    preflight([Experiment(model="tests.user_models:counted", world_size=2)])
+    check_launch([Experiment(model="tests.user_models:counted", world_size=2)])
     assert len(user_models.BUILT) == 1
     assert torch.equal(torch.rand(3), expected)
 

@@ -17,14 +17,14 @@ pytestmark = pytest.mark.slow
     (lambda run: tables.gradient_check(run), r"has no gradients: run it with probes=\('gradients',\)"),
     (lambda run: tables.gradient_values(run), r"has no gradients"),
     (lambda run: tables.normalization([run]), r"has no gradients"),
-    (lambda run: tables.memory(run), r"has no memory ledger: run it with probes=\('memory',\)"),
+    (lambda run: tables.memory_table(run), r"has no memory ledger: run it with probes=\('memory',\)"),
     (lambda run: tables.accumulation([run]), r"tables\.accumulation: run 't2' was run without the probe\(s\) buckets, "
                                              r"activations, gradients it shows: run it with probes="),
     (lambda run: tables.scaling([run], "strong"), r"has 2 step\(s\), all of them warm-up"),
     (lambda run: tables.ready_order(run), r"run 't2' recorded no gradient readiness: run it with probes=\('readiness',\)"),
     (lambda run: tables.allreduce_sweep(run), r"tables\.allreduce_sweep: `run` got 't2', a train run, and it reads "
                                               r"allreduce-sweep runs \(made by recipes\.allreduce_sweep\(\)\)"),
-    (lambda run: tables.coverage.coverage(run),
+    (lambda run: tables.coverage.coverage_table(run),
      r"tables\.coverage\.coverage: `run` got 't2', a train run, and it reads data-coverage runs"),
     (lambda run: tables.pipeline.bubble({"a": run}), r"tables\.pipeline\.bubble: `runs` is a dict; pass a list of runs"),
     (lambda run: tables.memory_sweep([]), r"tables\.memory_sweep: `runs` is empty"),
@@ -35,11 +35,11 @@ def test_a_table_of_something_the_run_did_not_record_says_how_to_record_it(run2,
 
 
 def test_a_memory_table_of_a_one_step_run_says_which_step_to_ask_for(runs_dir):
-    run = ddplab.run(recipes.replicated_memory(2, steps=1, name="memory-one-step"), runs_dir / "one-step",
+    run = ddplab.run(recipes.memory_ledger(2, steps=1, name="memory-one-step"), runs_dir / "one-step",
                      progress=False)
     with pytest.raises(ValueError, match=r"has 1 step\(s\), so no step 1.*pass step=0"):
-        tables.memory(run)
-    assert len(tables.memory(run, step=0)) == 2
+        tables.memory_table(run)
+    assert len(tables.memory_table(run, step=0)) == 2
 
 
 def test_a_truncated_spec_is_a_damaged_run_not_a_json_traceback(run2, tmp_path):

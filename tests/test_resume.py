@@ -36,7 +36,7 @@ def saving_run_dir(tmp_path, checkpoint=True, **fields):
         (checkpoint_dir(d) / ".metadata").write_text("")
         for r in range(exp.world_size):
             rank_state_file(d, r).write_text("")
-        seal.seal(d, checkpoint_dir(d))
+        seal.sign(d, checkpoint_dir(d))
     return d
 
 

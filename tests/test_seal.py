@@ -50,7 +50,7 @@ def test_the_key_is_made_once_and_only_this_account_can_read_it(tmp_path, monkey
     d = saving_run_dir(tmp_path)
     assert stat.S_IMODE(key.stat().st_mode) == 0o600
     first = key.read_text()
-    seal.seal(d, checkpoint_dir(d))
+    seal.sign(d, checkpoint_dir(d))
     assert key.read_text() == first
 
 
@@ -83,7 +83,7 @@ def test_a_checkpoint_sealed_by_another_account_is_refused_even_with_a_valid_sea
     d = saving_run_dir(tmp_path)
     monkeypatch.setenv("DDPLAB_KEY_FILE", str(tmp_path / "classmate.key"))
     (checkpoint_dir(d) / ".metadata").write_bytes(b"anything")
-    seal.seal(d, checkpoint_dir(d))    # a classmate's lab seals what it wrote, under its own key
+    seal.sign(d, checkpoint_dir(d))    # a classmate's lab seals what it wrote, under its own key
     monkeypatch.undo()
     with pytest.raises(ValueError, match=r"checkpoint\.seal\.json was not made with this account's checkpoint key"):
         resume_of(d)

@@ -73,7 +73,7 @@ def test_the_chapter_is_one_four_rank_launch():
 # ---- the formulas ------------------------------------------------------------------------------------
 @pytest.mark.parametrize("layer", ["mlp", "attention", "block"])
 def test_parameter_counts_are_the_lab_layers_own(layer):
-    from ddplab.rank.parallel.tensor import build_layer
+    from ddplab.rank.parallel.tensor_parallel import build_layer
 
     module = build_layer(layer, 64, 4, 0)
     assert formula.params(layer, 64) == sum(p.numel() for p in module.parameters())

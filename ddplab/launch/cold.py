@@ -28,7 +28,7 @@ from ..results import Run, load_run
 from ..spec import Experiment
 from . import session
 from .nodes import Nodes
-from .preflight import preflight
+from .preflight import check_launch
 from .progress import Reporter
 from .torchrun import interrupts_caught, kill_tree, start, sweep_dead, worker_argv, worker_env
 from .watch import Watch, collect
@@ -83,7 +83,7 @@ def run_many(exps: list[Experiment], out=None, *, name: str = "sweep", progress=
 def _launch(exps, final_dirs, final_launch_dir: Path, name: str, progress,
             startup_timeout_s: float, warm: bool | None = None) -> list[Run]:
     nodes = Nodes.from_env()
-    backend, device = preflight(exps, nodes)
+    backend, device = check_launch(exps, nodes)
     _keeps_its_sources(exps, final_launch_dir)
     rundir.check_destination(final_launch_dir)
     sweep_dead(final_launch_dir.parent, ".*.partial")   # staging directories of launchers killed earlier

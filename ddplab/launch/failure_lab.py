@@ -1,7 +1,7 @@
 """Failures provoked on purpose (notebook 08): launch an experiment whose fault must fail it, time
 how long the launcher takes to say which rank failed and why, and look for processes it left.
 
-    outcome = provoke(recipes.failure_lab()["extra-all-reduce"])
+    outcome = provoke(recipes.fault_runs()["extra-all-reduce"])
     outcome.diagnosis.ranks, outcome.seconds, outcome.orphans
 Runs in the notebook's process; `tables.failures` turns the outcomes into the chapter's table.
 """

@@ -18,7 +18,7 @@ from ..spec.experiment import BUILTIN_MODELS
 from .nodes import Nodes
 
 
-def preflight(exps: list[Experiment], nodes: Nodes | None = None) -> tuple[str, str]:
+def check_launch(exps: list[Experiment], nodes: Nodes | None = None) -> tuple[str, str]:
     """Check every experiment of a launch on `nodes` (default `Nodes.from_env()`); return the launch's
     (backend, device type). The GPUs, cores and memory checked are this host's, for the ranks that
     run on it: all of them on one node or simulated nodes, one node's share under srun."""

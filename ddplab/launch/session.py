@@ -44,7 +44,7 @@ from .. import failures, rundir
 from ..spec import Experiment
 from ..spec.train import Train
 from .nodes import Nodes
-from .preflight import preflight
+from .preflight import check_launch
 from .torchrun import interrupts_caught, kill_tree, start, sweep_dead, torchrun_argv, worker_env
 from .watch import collect
 
@@ -137,7 +137,7 @@ class Session:
         # the spec's own validation: the same ValueError naming the field, before anything starts
         Experiment(world_size=world_size, backend=backend, device=device, pin_cpus=pin_cpus, timeout_s=timeout_s)
         self.nodes = Nodes.from_env()   # on several nodes, as many ranks as fill each node alike
-        self.backend, self.device = preflight([Experiment(world_size=world_size, backend=backend, device=device)],
+        self.backend, self.device = check_launch([Experiment(world_size=world_size, backend=backend, device=device)],
                                               self.nodes)
         self.world_size, self.pin_cpus, self.timeout_s = self.nodes.total(world_size), pin_cpus, timeout_s
         sessions = Path(runs_dir or rundir.default_runs_dir()) / ".sessions"

@@ -6,8 +6,8 @@ from __future__ import annotations
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch, Rectangle
 
-from ..tables.coverage import coverage
-from ..tables.coverage import sample_grid as who_saw
+from ..tables.coverage import coverage_table
+from .. import tables
 from .canvas import subplots
 from .stragglers import RANK_COLORS
 
@@ -29,7 +29,7 @@ def _per_epoch(counts: list[int], what: str) -> str:
 
 def _title(run) -> str:
     """What the panel shows, counted from the run: '...: 2 duplicated per epoch, same order every epoch'."""
-    t, table = run.spec.task, coverage(run)
+    t, table = run.spec.task, coverage_table(run)
     dropped, duplicated = [len(x) for x in table["dropped"]], [len(x) for x in table["duplicated"]]
     found = [_per_epoch(c, what) for c, what in ((dropped, "dropped"), (duplicated, "duplicated")) if any(c)]
     found = found or ["every example exactly once"]
@@ -50,7 +50,7 @@ def sample_grid(runs, detached: bool = False):
                          detached=detached, gridspec_kw={"height_ratios": heights})
     fig.set_layout_engine("constrained")   # room for the legend outside the panels
     for ax, run in zip(axes[:, 0], runs):
-        grid = who_saw(run)
+        grid = tables.coverage.sample_grid(run)
         n, n_epochs = grid.shape
         for e in range(n_epochs):
             batch = _batch_of(run, e)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 
-from ..predict.loss_weights import rank_weights as weights
+from .. import predict
 from . import canvas
 from ..tables.gradients import check
 
@@ -65,7 +65,7 @@ def rank_weights(local_batches, seq_lens, detached: bool = False):
     fig, ax = canvas.subplots((7, 3.2), detached=detached)
     w = 0.27
     for k, norm in enumerate(norms):
-        ax.bar([r + (k - 1) * w for r in range(n)], weights(local_batches, seq_lens, norm), w, label=norm)
+        ax.bar([r + (k - 1) * w for r in range(n)], predict.loss_weights.rank_weights(local_batches, seq_lens, norm), w, label=norm)
     ax.set_xticks(range(n), [f"rank {r}\n{b} ex x {s} tok" for r, b, s in zip(range(n), local_batches, seq_lens)],
                   fontsize=8)
     ax.set_ylabel("weight of its mean gradient")

@@ -51,7 +51,7 @@ def _legend(ax, extra=()):
               frameon=False)
 
 
-def memory(run, step: int = 1, detached: bool = False):
+def memory_figure(run, step: int = 1, detached: bool = False):
     """Per sampled moment of step `step`: what each rank held (solid) and the prediction (hatched),
     stacked by category, and the step's measured peak (plain DDP; `tables.memory_moments`)."""
     table = memory_moments(run, step)

@@ -8,9 +8,8 @@ from __future__ import annotations
 from matplotlib.patches import Patch
 
 from ..predict.pipeline import bubble_fraction
-from ..tables.pipeline import activation_memory as memory_table
+from .. import tables
 from ..tables.pipeline import bubble, step_bubble, steps
-from ..tables.pipeline import timeline as ops_table
 from .canvas import name_link, subplots
 
 COLORS = {"forward": "#1f77b4", "loss": "#7f7f7f", "backward": "#ff7f0e"}
@@ -30,7 +29,7 @@ def timeline(run, microbatches: int, round_: int = 0, schedules=None, detached: 
     fig, axes = subplots((11, 0.55 * p * len(chosen) + 1.2 * len(chosen)), nrows=len(chosen), squeeze=False,
                          detached=detached, sharex=True)
     for ax, schedule in zip(axes[:, 0], chosen):
-        ops = ops_table(run, schedule, microbatches, round_)
+        ops = tables.pipeline.timeline(run, schedule, microbatches, round_)
         for op in ops.itertuples():
             width = op.end_ms - op.start_ms
             ax.barh(op.stage, width, left=op.start_ms, height=0.7, color=COLORS[op.kind], edgecolor="white",
@@ -86,7 +85,7 @@ def activation_memory(runs, detached: bool = False):
     """One panel per stage count: each stage's peak of activations saved for backward (MiB) against m,
     GPipe solid and 1F1B dashed, one colour per stage; the global batch is the same at every m, so
     GPipe's peak stays flat while 1F1B's falls as min(m, p - stage) / m of it."""
-    table = memory_table(runs).reset_index()
+    table = tables.pipeline.activation_memory(runs).reset_index()
     counts = sorted(table["stages"].unique())
     fig, axes = subplots((5.2 * len(counts), 3.8), ncols=len(counts), squeeze=False, detached=detached)
     for ax, p in zip(axes[0], counts):

@@ -9,7 +9,7 @@ Megatron-LM's split of a transformer sublayer (an MLP, or attention) over p rank
 Every all-reduce of N bytes on a ring sends 2(p-1)/p x N bytes per rank (`predict.comm`). DDP of the
 same layer instead all-reduces its gradients, parameters x element bytes, once per step, and can
 overlap that with backward; tensor parallelism's all-reduces stand between two ops and cannot.
-Parameter counts are the lab's own layers (`rank/parallel/tensor.py`): Linear(d, 4d) and Linear(4d, d)
+Parameter counts are the lab's own layers (`rank/parallel/tensor_parallel.py`): Linear(d, 4d) and Linear(4d, d)
 for the MLP, the fused Linear(d, 3d) and Linear(d, d) for attention, two LayerNorms more in a block;
 the row-parallel Linear's bias and the LayerNorms are replicated on every rank.
 Used by notebook 09, beside `tables/tensor_parallel.py`; tests check it against real runs.

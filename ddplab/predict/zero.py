@@ -12,7 +12,7 @@ Parameter Models", 2020, section 5 and figure 1), for Psi parameters on N data-p
 
 Plain fp32 training with Adam has no master copy: 4 bytes of parameters, 4 of gradients and K = 8 of
 state (momentum, variance). Activations, temporary buffers and the parameters a ZeRO-3 / FSDP device
-gathers for one layer at a time are not model state and are not here (`predict/fsdp.py` adds them).
+gathers for one layer at a time are not model state and are not here (`predict/fsdp_memory.py` adds them).
 
 With the paper's 7.5 B parameters on 64 devices: 120, 31.4, 16.6 and 1.9 GB (GB = 10**9 bytes).
 `zero_stages(psi, n_devices)` is the call a learner makes with their own model size. For a real model

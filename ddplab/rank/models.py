@@ -49,7 +49,7 @@ class CausalSelfAttention(nn.Module):
 class HeadMajorAttention(nn.Module):
     """Causal self-attention whose fused q/k/v weight lists each head's q, k and v rows together
     (`layout="head-major"`, Megatron-LM's order), so a split of its rows into equal contiguous parts
-    hands every part whole heads: what tensor parallelism needs (`rank/parallel/tensor.py`, notebook 09).
+    hands every part whole heads: what tensor parallelism needs (`rank/parallel/tensor_parallel.py`, notebook 09).
     `layout="qkv"` lists every q row, then k, then v, as `CausalSelfAttention` does: the same layer
     whole, but a contiguous split then cuts across q, k and v (notebook 09's mis-sharded layer). The
     forward counts its heads from the projection's width, so it runs whole and split alike."""

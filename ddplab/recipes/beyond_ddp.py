@@ -5,15 +5,15 @@
 from __future__ import annotations
 
 from ..spec import Experiment
-from .fsdp_memory import fsdp_memory, zero_stages_measured
+from .fsdp_memory import fsdp_configs, zero_stages_measured
 from .pipeline import PIPELINE_ROUNDS, pipeline_parallel
 from .tensor_parallel import tensor_parallel_runs
 
 
-def beyond_ddp(world_size: int = 4, rounds: int = 3, pipeline_rounds: int = PIPELINE_ROUNDS) -> list[Experiment]:
+def beyond_ddp_runs(world_size: int = 4, rounds: int = 3, pipeline_rounds: int = PIPELINE_ROUNDS) -> list[Experiment]:
     """The chapter's experiments: tensor parallelism and the 2 x 2 mesh (`tensor_parallel_runs`), FSDP2
     memory (`fsdp_memory`), ZeRO stages 0/1/3 (`zero_stages_measured`), the pipeline (`pipeline_parallel`,
     `pipeline_rounds` timed rounds of every schedule and microbatch count, enough for its timing claims).
     Every one runs on 4 ranks but tp = 2 and the 2-stage pipeline, which run on ranks 0 and 1."""
-    return (tensor_parallel_runs(rounds=max(rounds, 3)) + [fsdp_memory(world_size)]
+    return (tensor_parallel_runs(rounds=max(rounds, 3)) + [fsdp_configs(world_size)]
             + zero_stages_measured(world_size) + pipeline_parallel(rounds=pipeline_rounds))

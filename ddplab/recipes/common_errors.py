@@ -55,7 +55,7 @@ def common_error_groups(global_batch: int = 32, world_sizes=(1, 2, 4), memory_wo
     }
 
 
-def common_errors(**kwargs) -> list[Experiment]:
+def common_error_runs(**kwargs) -> list[Experiment]:
     """Notebook 08: every experiment of `common_error_groups(**kwargs)` as one list, for one
     `ddplab.run_many` launch (the 1- and 2-rank runs use the launch's first ranks). The weak and strong
     runs alternate, smallest world size first, so a drift of this machine's speed hits both alike."""

@@ -12,7 +12,7 @@ WHERE = {"crash": (1, 1), "skip-backward": (1, 1), "stall": (1, 1), "extra-all-r
          "shape-mismatch": (1, 0), "unused-parameter": (1, 0), "sigkill": (1, 1)}
 
 
-def failure_lab(kinds=("skip-backward", "extra-all-reduce", "shape-mismatch", "unused-parameter", "sigkill"),
+def fault_runs(kinds=("skip-backward", "extra-all-reduce", "shape-mismatch", "unused-parameter", "sigkill"),
                 timeout_s: float = 3,
                 **overrides) -> dict[str, Experiment]:
     """One experiment per fault kind, each failing on its own rank, with a short collective timeout."""

@@ -13,7 +13,7 @@ FSDP_MODEL = dict(model="transformer", d_model=192, n_layers=3, n_heads=4, vocab
                   optimizer="adam", lr=1e-3)
 
 
-def fsdp_memory(world_size: int = 4, local_batch: int = 2, reshard_after_forward=(True, False),
+def fsdp_configs(world_size: int = 4, local_batch: int = 2, reshard_after_forward=(True, False),
                 prefetch=(False, True), **overrides) -> Experiment:
     """Notebook 09: every combination of `reshard_after_forward` x `prefetch` in one launch, one recorded
     step each (after one warm-up step), on `world_size` ranks. Keyword arguments override Experiment fields."""
@@ -33,7 +33,7 @@ ZERO_MODEL = dict(model="transformer", d_model=64, n_layers=2, n_heads=4, vocab_
 def zero_stages_measured(world_size: int = 4, local_batch: int = 4) -> list[Experiment]:
     """Notebook 09: one model with two dominant tensors (`ZERO_MODEL`) trained with DDP (ZeRO stage 0),
     ZeRO-1 (torch's ZeroRedundancyOptimizer) and FSDP2 (stage 3), each with the memory probe, for one
-    `ddplab.run_many` launch; `tables.fsdp.zero_measured` sets them beside the exact prediction and the
+    `ddplab.run_many` launch; `tables.fsdp_memory.zero_measured` sets them beside the exact prediction and the
     paper's even split (`predict.zero`; torch has no stage 2)."""
     return [Experiment(name=f"zero-{s}-w{world_size}", world_size=world_size, local_batch=local_batch,
                        sharding=s, **ZERO_MODEL) for s in ("none", "zero1", "fsdp2")]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from ..spec import Experiment, Fault
 
 
-def launch_and_ranks(world_size: int = 4, local_batch: int = 16, **overrides) -> Experiment:
+def first_launch(world_size: int = 4, local_batch: int = 16, **overrides) -> Experiment:
     """Notebook 00: the seed's setup, a global batch of 64 split into 4 local batches of 16, one step,
     with the single-process reference and each rank's independent update recorded."""
     fields = dict(name="launch-and-ranks", world_size=world_size, local_batch=local_batch, seq_len=16,

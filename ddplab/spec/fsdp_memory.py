@@ -18,8 +18,8 @@ The record is a timeline per configuration: a sample at every unit's pre/post fo
 backward, each splitting the rank's live bytes into categories (`SAMPLE_CATEGORIES`), and the measured
 peak of the step (on CUDA also the allocator's peak, `torch.cuda.max_memory_allocated`). The first `warmup_steps` steps are run and not recorded: in step 0 the optimizer
 creates its state and FSDP2 allocates its gather buffers.
-Pure: no torch. The rank side is `rank/tasks/fsdp_memory.py`, the pure model `predict/fsdp.py`, the
-views `tables/fsdp.py` and `plots/fsdp.py`, the experiments `recipes/fsdp_memory.py`.
+Pure: no torch. The rank side is `rank/tasks/fsdp_memory.py`, the pure model `predict/fsdp_memory.py`, the
+views `tables/fsdp_memory.py` and `plots/fsdp_memory.py`, the experiments `recipes/fsdp_memory.py`.
 Reference: https://pytorch.org/docs/stable/distributed.fsdp.fully_shard.html
 """
 
@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..predict.fsdp import CATEGORIES as SAMPLE_CATEGORIES  # noqa: F401 (the record's categories, read by tables and the rank)
+from ..predict.fsdp_memory import CATEGORIES as SAMPLE_CATEGORIES  # noqa: F401 (the record's categories, read by tables and the rank)
 from ..record.fsdp_memory import FsdpMemoryRecord
 from .checks import bad, is_int
 from .tasks import MODEL_FIELDS, RUN_FIELDS, Phase, TaskSpec, register

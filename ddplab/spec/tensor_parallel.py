@@ -12,7 +12,7 @@ their result. DDP beside it (each rank 1/world_size of the batch, the whole laye
 layer's gradients once, and can overlap that with backward. On the mesh, the tp groups split the
 layer and the dp groups average its (sharded) gradients: the result equals the layer trained whole on
 the global batch.
-Pure: no torch. The rank side is `rank/tasks/tensor_parallel.py` (with `rank/parallel/tensor.py`), the
+Pure: no torch. The rank side is `rank/tasks/tensor_parallel.py` (with `rank/parallel/tensor_parallel.py`), the
 formulas `predict/tensor_parallel.py`, the views `tables/tensor_parallel.py`, the experiments
 `recipes/tensor_parallel.py`.
 Reference: Shoeybi et al., "Megatron-LM" (2019), https://arxiv.org/abs/1909.08053, section 3.

@@ -6,7 +6,7 @@ Nothing here launches ranks or imports rank code; torch loads only to read saved
     stats (the robust spread and round summary every timing view shares),
     stragglers, traces and balance (07: who waits for whom; the profiler's traces and memory timeline;
     equal tokens against cost-balanced batching), failures, coverage, resume and common_errors (08: the failure lab, DistributedSampler's
-    coverage of the data set, resuming from a checkpoint, the four common errors; as `tables.<module>.*`), fsdp, tensor_parallel and pipeline (09: FSDP2 memory over
+    coverage of the data set, resuming from a checkpoint, the four common errors; as `tables.<module>.*`), fsdp_memory, tensor_parallel and pipeline (09: FSDP2 memory over
     one step and the ZeRO model, a layer split over ranks and the dp x tp mesh, pipeline schedules and their bubble)
 
 The chapters' tables are at hand as `tables.<name>(run)`, and the key checks of notebooks 01, 02 and 06
@@ -20,19 +20,19 @@ from .comm import allreduce_sweep, bytes_on_wire, compute_vs_comm, fit_summary, 
 from .global_batch import (accumulation, batch_size_study, examples_per_step, examples_seen, loss_by_examples, scaling,
                            verify_distinct_examples)
 from .gradients import gradient_check, gradient_values, normalization, verify_global_batch_gradient
-from .memory import (memory, memory_cuda, memory_moments, memory_sweep, moments_sweep, predicted_moments, sharding,
+from .memory import (memory_cuda, memory_table, memory_moments, memory_sweep, moments_sweep, predicted_moments, sharding,
                      verify_model_state)
-from .ranks import id_ranges, ranks, reference, steps
-from . import common_errors, coverage, failures, fsdp, pipeline, resume, tensor_parallel
+from .ranks import id_ranges, rank_table, reference, steps
+from . import common_errors, coverage, failures, fsdp_memory, pipeline, resume, tensor_parallel
 from .readiness import bucket_timeline, dependency_tail, exposed_vs_summed, off_line, ready_order
 from .traces import hta_analysis, memory_timeline, memory_timeline_peaks, trace_events, trace_folder
 
-__all__ = ["common_errors", "coverage", "failures", "fsdp", "pipeline", "resume", "tensor_parallel", "accumulation", "allreduce_sweep", "balance_assignment", "balance_calibration", "balance_fit", "imbalance", "verify_cost_explains_imbalance",
+__all__ = ["common_errors", "coverage", "failures", "fsdp_memory", "pipeline", "resume", "tensor_parallel", "accumulation", "allreduce_sweep", "balance_assignment", "balance_calibration", "balance_fit", "imbalance", "verify_cost_explains_imbalance",
            "balance_timing", "balance_verdict", "batch_size_study", "bucket_timeline", "bytes_on_wire",
            "compute_vs_comm", "dependency_tail", "examples_per_step", "examples_seen", "exposed_vs_summed", "fit_summary", "fit_sweep", "gradient_check", "gradient_values", "hta_analysis",
-           "id_ranges", "loss_by_examples", "memory", "memory_cuda", "memory_moments", "memory_sweep", "memory_timeline",
+           "id_ranges", "loss_by_examples", "memory_cuda", "memory_table", "memory_moments", "memory_sweep", "memory_timeline",
            "memory_timeline_peaks", "moments_sweep",
-           "normalization", "off_line", "predicted_moments", "ranks",
+           "normalization", "off_line", "predicted_moments", "rank_table",
            "ready_order", "reference", "scaling", "sharding", "steps", "trace_events", "trace_folder",
            "verify_distinct_examples", "verify_global_batch_gradient", "verify_model_state"]
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from ..predict import balance as cost
+from .. import predict
 from .stats import round_summary
 
 READS = "balance-study"   # the task kind of the runs its tables read (tables/reads.py)
@@ -43,11 +43,11 @@ def _samples(rec) -> list[tuple[int, int, float]]:
     return [(p.tokens, p.sum_sq, p.median_ms) for p in rec.calibration]
 
 
-def fitted_models(run) -> dict[str, cost.CostModel]:
+def fitted_models(run) -> dict[str, predict.balance.CostModel]:
     """{"cost": c + a x tokens + b x sum_sq, "tokens": c + a x tokens}, fitted to the calibration
     points (the cost model is the one the ranks fitted and assigned with)."""
     samples = _samples(balance_record(run))
-    return {"cost": cost.fit(samples), "tokens": cost.fit_tokens(samples)}
+    return {"cost": predict.balance.fit(samples), "tokens": predict.balance.fit_tokens(samples)}
 
 
 def balance_calibration(run) -> pd.DataFrame:
@@ -69,10 +69,10 @@ def balance_fit(run) -> pd.DataFrame:
     """One row per model ("cost", "tokens"): its coefficients (the quadratic term with its least-squares
     standard error: 0 where fixed at 0), the fit's residual degrees of freedom, and how well it explains the points."""
     samples = _samples(balance_record(run))
-    errors, dof = cost.standard_errors(samples)
+    errors, dof = predict.balance.standard_errors(samples)
     rows = []
     for name, m in fitted_models(run).items():
-        q = cost.quality(m, samples)
+        q = predict.balance.quality(m, samples)
         rows.append({"model": name, "formula": "c + a*tokens + b*sum_sq" if name == "cost" else "c + a*tokens",
                      "c_ms": m.c_ms, "a_ms_per_token": m.a_ms_per_token, "b_ms_per_sq": m.b_ms_per_sq,
                      "b_se_ms_per_sq": errors.b_ms_per_sq if name == "cost" else 0.0,
@@ -113,7 +113,7 @@ def balance_assignment(run) -> pd.DataFrame:
     rows = []
     for rank, rec in enumerate(_records(run)):
         for a in rec.arms:
-            rows.append({"policy": a.policy, "rank": rank, "sequences": cost.describe(a.lengths),
+            rows.append({"policy": a.policy, "rank": rank, "sequences": predict.balance.describe(a.lengths),
                          "count": len(a.lengths), "tokens": a.tokens, "sum_sq": a.sum_sq,
                          "predicted_ms": a.predicted_ms, "grad_rel_diff": a.grad_rel_diff})
     return pd.DataFrame(rows).set_index(["policy", "rank"]).sort_index()

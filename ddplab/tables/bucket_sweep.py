@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from .. import claims, record
-from ..predict import buckets as simulator
+from .. import predict
 from ..predict.buckets import Grad
 from ..predict.comm import AlphaBeta
 from ..spec.bucket_sweep import parse_plan
@@ -118,7 +118,7 @@ def inputs(run) -> Inputs:
         for n, t in x.ready_ms():
             ready.setdefault(n, []).append(t)
     names = sweep.ready_order
-    grads = simulator.grads_in_ready_order(names, [sizes[n] for n in names], [statistics.median(ready[n]) for n in names])
+    grads = predict.buckets.grads_in_ready_order(names, [sizes[n] for n in names], [statistics.median(ready[n]) for n in names])
     med = lambda k: statistics.median(getattr(x, k) for x in slowest)  # noqa: E731
     return Inputs(grads, med("backward_ms"), med("forward_ms"), med("optimizer_ms"))
 

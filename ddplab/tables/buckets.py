@@ -21,13 +21,13 @@ import itertools
 import pandas as pd
 
 from .. import claims
-from ..predict import buckets as simulator
-from ..predict.buckets import Cost
+from ..predict.buckets import Cost, Schedule, ddp_plan, simulate, split_bucket, with_knob
+from ..predict.buckets import calibrate as fit_one_knob   # this module has a calibrate of its own
 from ..predict.comm import AlphaBeta
 from ..units import MIB, rel_error
 from . import bucket_sweep
 from .bucket_sweep import Inputs, sweep_record, cap_of, inputs, measured
-from .reads import reads
+from .reads import reading
 
 READS = "bucket-sweep"   # the task kind of the runs its tables read (tables/reads.py)
 
@@ -50,12 +50,12 @@ def ddp_rule(ins: Inputs, cap_mb: float | None) -> list[list[str]]:
 def rule_for(grads, cap_mb: float | None) -> list[list[str]]:
     """DDP's buckets for `cap_mb` over `grads` in ready order (None: its default caps)."""
     if cap_mb is None:
-        return simulator.ddp_plan(grads, DDP_DEFAULT_CAP_MB * MIB, DDP_DEFAULT_FIRST_CAP_MB * MIB)
-    return simulator.ddp_plan(grads, cap_mb * MIB)
+        return ddp_plan(grads, DDP_DEFAULT_CAP_MB * MIB, DDP_DEFAULT_FIRST_CAP_MB * MIB)
+    return ddp_plan(grads, cap_mb * MIB)
 
 
-def predict(ins: Inputs, plan, cost: Cost) -> simulator.Schedule:
-    return simulator.simulate(ins.grads, plan, cost, ins.backward_ms, ins.forward_ms, ins.optimizer_ms)
+def predict(ins: Inputs, plan, cost: Cost) -> Schedule:
+    return simulate(ins.grads, plan, cost, ins.backward_ms, ins.forward_ms, ins.optimizer_ms)
 
 
 MODELS = ("textbook", "shared_core", "calibrated")
@@ -63,9 +63,8 @@ MODELS = ("textbook", "shared_core", "calibrated")
 
 def calibrate(ins: Inputs, plan, base: Cost, measured_step_ms: float, knob: str = "alpha_ms") -> Cost:
     """`base` with `knob` fitted so that `plan`'s predicted step equals `measured_step_ms`."""
-    value = simulator.calibrate(lambda v: predict(ins, plan, simulator.with_knob(base, knob, v)).step_ms,
-                               measured_step_ms)
-    return simulator.with_knob(base, knob, value)
+    value = fit_one_knob(lambda v: predict(ins, plan, with_knob(base, knob, v)).step_ms, measured_step_ms)
+    return with_knob(base, knob, value)
 
 
 def calibration_plan(layouts: dict) -> str:
@@ -198,7 +197,7 @@ def _repeat_ms(allreduce_run) -> dict[int, list[float]]:
             for per_rank in zip(*[r.result.sizes for r in allreduce_run.ranks])}
 
 
-@reads(allreduce_run="allreduce-sweep")
+@reading(allreduce_run="allreduce-sweep")
 def judge_bandwidth_term(allreduce_run, n_bytes: int, times: float = 5.0) -> claims.Verdict:
     """"At `n_bytes` the bandwidth term n*beta is more than `times` x alpha": on the line t = alpha + n*beta,
     the same as t(n) / t(smallest) > times + 1 (up to the smallest message's own bytes), judged on the
@@ -210,7 +209,7 @@ def judge_bandwidth_term(allreduce_run, n_bytes: int, times: float = 5.0) -> cla
                          ratio=True, above=times + 1)
 
 
-@reads(allreduce_run="allreduce-sweep")
+@reading(allreduce_run="allreduce-sweep")
 def judge_startup_term(allreduce_run, k: int = 16) -> claims.Verdict:
     """"For the smallest message n, n*beta is below alpha": on the line, t(k n) / t(n) = (alpha + k x) /
     (alpha + x) with x = n*beta, which is below (1 + k) / 2 exactly when x < alpha; judged on the
@@ -232,14 +231,14 @@ def is_last_split(split: list[list[str]], plan: list[list[str]]) -> bool:
             and split[:-2] + [split[-2] + split[-1]] == plan)
 
 
-def summary(s: simulator.Schedule) -> dict:
+def summary(s: Schedule) -> dict:
     """What the bucket slider shows for one schedule."""
     last = s.last_bucket
     return {"buckets": len(s.buckets), "first_launch_ms": s.first_launch_ms, "last_ready_ms": last.ready_ms,
             "last_bucket_mib": last.bytes / MIB, "exposed_tail_ms": s.exposed_tail_ms, "step_ms": s.step_ms}
 
 
-def bucket_table(s: simulator.Schedule) -> pd.DataFrame:
+def bucket_table(s: Schedule) -> pd.DataFrame:
     """Per bucket: when it is ready, its cost alone, how much backward is still to run then (the
     time it can hide behind), when the channel takes it and when it finishes."""
     rows = [{"bucket": b.index, "tensors": len(b.params), "mib": b.bytes / MIB, "ready_ms": b.ready_ms,
@@ -254,7 +253,7 @@ def candidates(ins: Inputs, cost: Cost, caps_mb, split_cap_mb: float | None = No
     cost and the backward left to hide it, the exposed tail and the predicted step."""
     plans = {f"ddp:{c:g}": ddp_rule(ins, c) for c in caps_mb}
     if split_cap_mb is not None:
-        plans[f"split:{split_cap_mb:g}"] = simulator.split_bucket(ddp_rule(ins, split_cap_mb), ins.grads)
+        plans[f"split:{split_cap_mb:g}"] = split_bucket(ddp_rule(ins, split_cap_mb), ins.grads)
     rows = []
     for name, plan in plans.items():
         s = predict(ins, plan, cost)

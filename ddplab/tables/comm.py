@@ -12,7 +12,7 @@ import pandas as pd
 from .. import claims
 from ..predict import comm
 from ..units import MIB, rel_error, size_label
-from .reads import reads
+from .reads import reading
 
 READS = "allreduce-sweep"   # the task kind of the runs its tables read (tables/reads.py)
 
@@ -91,7 +91,7 @@ def fit_summary(model: comm.AlphaBeta, q: comm.FitQuality) -> pd.Series:
                       "max_rel_error": q.max_rel_error, "r2_log": q.r2_log}).round(4)
 
 
-@reads(runs="train", probes=("bytes",))
+@reading(runs="train", probes=("bytes",))
 def bytes_on_wire(runs) -> pd.DataFrame:
     """Per run: the gradient payload, the bytes each rank wrote during the synchronized backward (the
     bytes probe), and the ring formula 2(D-1)/D x payload."""
@@ -106,7 +106,7 @@ def bytes_on_wire(runs) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index("world_size")
 
 
-@reads(run="train")
+@reading(run="train")
 def compute_ms(run, warmup: int = 1) -> list[float]:
     """Forward + backward of each step after `warmup`, timed by its slowest rank (ms)."""
     return [max(r.steps[i].phase_ms["forward"] + r.steps[i].phase_ms["backward"] for r in run.ranks)
@@ -145,7 +145,7 @@ def judge_compute_growth(small_run, large_run, above: float = 1.0, warmup: int =
                          "(per-step ratio, forward + backward)", a[:n], b[:n], ratio=True, above=above)
 
 
-@reads(runs="train")
+@reading(runs="train")
 def compute_growth(runs, warmup: int = 1) -> pd.DataFrame:
     """From each local batch to the next: the per-step compute ratio (median and interval, `claims`)
     and what it says: "grew" where it is resolved above 1, "shrank" where resolved below, else "not

@@ -1,6 +1,6 @@
 """Tables of the four common errors of data parallelism (notebook 08, seed claim C18), each as the
 wrong claim's number beside what the runs measured and what the right model says, on the same runs
-(`recipes.common_errors`, one launch):
+(`recipes.common_error_runs`, one launch):
 
 - `weak_as_strong`: weak-scaling throughput read as a strong-scaling speed-up, beside the step time
   at a fixed global batch (`verify_fixed_global_batch`);
@@ -10,7 +10,7 @@ wrong claim's number beside what the runs measured and what the right model says
   steps (`record.exposed_tail_ms`; `judge_summed_overstates`, `verify_summed_overstates`);
 - `source_as_ready_order`: parameter source order taken for gradient-ready order, beside the order
   the readiness probe measured (`verify_ready_not_source_order`);
-- `common_errors(runs)`: one row per error, with a verdict computed from the numbers.
+- `error_table(runs)`: one row per error, with a verdict computed from the numbers.
 
 The `verify_*` checks raise `verify.CheckFailed` when the right claim does not hold on the runs given;
 the one timing claim (the sum against the tail) is judged by `claims` on per-step pairs, and fails
@@ -32,16 +32,16 @@ from .stats import robust_spread
 from .global_batch import examples_per_step, scaling
 from .memory import MODEL_STATE
 from .readiness import ready_order, traced_step
-from .reads import reads
+from .reads import reading
 
 READS = "train"   # the task kind of the runs its tables read (tables/reads.py)
 
 GROUPS = ("weak", "strong", "memory", "overlap", "ready")
 
 
-@reads(runs=None, mapping=("runs",))   # the chapter's dict of every run: it picks the train runs by name
+@reading(runs=None, mapping=("runs",))   # the chapter's dict of every run: it picks the train runs by name
 def error_runs(runs) -> dict[str, list]:
-    """The runs of a `recipes.common_errors()` launch (a list, or a dict by name), by group: "weak",
+    """The runs of a `recipes.common_error_runs()` launch (a list, or a dict by name), by group: "weak",
     "strong", "memory", "overlap" ([DDP, compute-only]) and "ready", in launch order. Runs of other
     recipes launched beside them (names without the "errors-" prefix) are left out."""
     runs = list(runs.values()) if isinstance(runs, dict) else list(runs)
@@ -52,19 +52,19 @@ def error_runs(runs) -> dict[str, list]:
             continue
         group = name[len(PREFIX):].split("-")[0]
         if group not in groups:
-            raise ValueError(f"run {name!r} is not one of recipes.common_errors(): its names start with "
+            raise ValueError(f"run {name!r} is not one of recipes.common_error_runs(): its names start with "
                              f"{PREFIX!r} and a group ({', '.join(GROUPS)})")
         groups[group].append(run)
     missing = [g for g, rs in groups.items() if not rs]
     if missing:
-        raise ValueError(f"no runs of group(s) {', '.join(missing)}: pass every run of recipes.common_errors()")
+        raise ValueError(f"no runs of group(s) {', '.join(missing)}: pass every run of recipes.common_error_runs()")
     groups["overlap"].sort(key=lambda r: r.spec.sync != "ddp")   # DDP first, then compute-only
     return groups
 
 
 # ---- 1. strong scaling claimed after growing the global batch -------------------------------------
 
-@reads(weak_runs="train", strong_runs="train")
+@reading(weak_runs="train", strong_runs="train")
 def weak_as_strong(weak_runs, strong_runs, warmup: int = 2) -> pd.DataFrame:
     """Per world size: the weak runs' global batch, step time (median, min-max over steps) and the
     throughput ratio over the fewest ranks that the wrong claim reads as a speed-up (`claimed_speedup`, and
@@ -94,7 +94,7 @@ def weak_as_strong(weak_runs, strong_runs, warmup: int = 2) -> pd.DataFrame:
     return df.round(3)
 
 
-@reads(strong_runs="train", weak_runs="train")
+@reading(strong_runs="train", weak_runs="train")
 def verify_fixed_global_batch(strong_runs, weak_runs) -> None:
     """The right claim's premise: the strong runs keep one global batch at every world size (from the
     spec, and counted from the distinct examples each step consumed), and the weak runs do not (so
@@ -128,7 +128,7 @@ def _memory_step(run, step: int):
     return [r.memory.steps[step] for r in run.ranks]
 
 
-@reads(memory_runs="train", probes=("memory",))
+@reading(memory_runs="train", probes=("memory",))
 def divided_state(memory_runs, predicted=replicated_state_bytes, step: int = 1) -> pd.DataFrame:
     """Per world size and rank: the model state the memory probe measured after the optimizer step of
     step `step` (parameters + gradients + buckets + optimizer state, bytes), the wrong claim's number
@@ -181,7 +181,7 @@ def _per_step(run, warmup: int) -> list[dict]:
     return out
 
 
-@reads(ddp_run="train", compute_only_run="train")
+@reading(ddp_run="train", compute_only_run="train")
 def summed_as_exposed(ddp_run, compute_only_run, warmup: int = 4) -> pd.DataFrame:
     """One row per quantity, ms (median over the steps after `warmup`) and its per-step spread
     (1.4826 x MAD): the buckets' all-reduce durations summed (the wrong claim's number), the span they
@@ -350,9 +350,9 @@ MISCLAIMS = {
 }
 
 
-@reads(runs=None, mapping=("runs",))   # the chapter's dict of every run: it picks the train runs by name
-def common_errors(runs) -> pd.DataFrame:
-    """One row per error of a `recipes.common_errors()` launch (the list `run_many` returned, or a dict
+@reading(runs=None, mapping=("runs",))   # the chapter's dict of every run: it picks the train runs by name
+def error_table(runs) -> pd.DataFrame:
+    """One row per error of a `recipes.common_error_runs()` launch (the list `run_many` returned, or a dict
     by name): the misclaim, what these runs say (numbers from them), and a verdict computed from those
     numbers ("wrong: ...", "not shown: ..." or "cannot resolve ..." where the noise is larger)."""
     g = error_runs(runs)

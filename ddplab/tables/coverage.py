@@ -45,7 +45,7 @@ def tally(run, epoch: int) -> dict:
             "duplicated": sorted(i for i, c in counts.items() if c > 1)}
 
 
-def coverage(run) -> pd.DataFrame:
+def coverage_table(run) -> pd.DataFrame:
     """Per epoch: of the `dataset_size` examples, how many were seen exactly once, which were dropped
     and which duplicated (DistributedSampler's padding), the ids consumed over all ranks, the examples
     and batches per rank (unequal batch counts would hang DDP: one rank waits in an all-reduce the

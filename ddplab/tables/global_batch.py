@@ -12,12 +12,12 @@ import pandas as pd
 from .. import claims, verify
 from ..units import MIB
 from .gradients import check
-from .reads import reads
+from .reads import reading
 
 READS = "train"   # the task kind of the runs its tables read (tables/reads.py)
 
 
-@reads(runs="train", probes=("buckets", "activations", "gradients"))
+@reading(runs="train", probes=("buckets", "activations", "gradients"))
 def accumulation(runs, warmup: int = 1) -> pd.DataFrame:
     """Per run: the batch arithmetic, gradient all-reduces per optimizer step (counted by the bucket
     probe, after DDP's first-iteration single bucket), and saved activations per micro-step."""

@@ -46,7 +46,7 @@ def _memory_steps(run, step):
     return [r.memory.steps[step] for r in run.ranks]
 
 
-def memory(run, step: int = 1) -> pd.DataFrame:
+def memory_table(run, step: int = 1) -> pd.DataFrame:
     """One row per rank: each category at its largest in step `step` (activations after forward,
     gradients after backward, optimizer state after the step), measured beside predicted, in MiB,
     and the step's measured peak (everything alive at once, temporaries included). The categories
@@ -71,7 +71,7 @@ def memory(run, step: int = 1) -> pd.DataFrame:
 
 
 def verify_model_state(table: pd.DataFrame) -> None:
-    """Notebook 02's check, on a `memory(run)` table: parameters, gradients, DDP's buckets and the
+    """Notebook 02's check, on a `memory_table(run)` table: parameters, gradients, DDP's buckets and the
     optimizer state, each at its largest in the step, are what the model predicts on every rank (MiB
     to 3 decimals). Raises `verify.CheckFailed` where they differ, e.g. for a prediction made for
     another optimizer, dtype, or without DDP's buckets (tests/test_key_checks.py). Bucket views do not

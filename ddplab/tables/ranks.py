@@ -8,7 +8,7 @@ import statistics
 import pandas as pd
 
 from ..spec.sharding import contiguous_spans
-from .reads import reads
+from .reads import reading
 
 READS = "train"   # the task kind of the runs its tables read (tables/reads.py)
 
@@ -18,7 +18,7 @@ def id_ranges(ids: list[int]) -> str:
     return ", ".join(f"{a}-{b}" if a != b else f"{a}" for a, b in contiguous_spans(ids))
 
 
-def ranks(run) -> pd.DataFrame:
+def rank_table(run) -> pd.DataFrame:
     """Who did what: process, device, shard of the data, parameter checksums, median step time."""
     rows = []
     for r in run.ranks:
@@ -43,7 +43,7 @@ def steps(run) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index(["rank", "step"])
 
 
-@reads(run="train", probes=("reference",))
+@reading(run="train", probes=("reference",))
 def reference(run) -> pd.DataFrame:
     """Per rank, after step 0: distance to the single-process global-batch update, for the DDP
     update and for the update the rank would have taken alone (needs the 'reference' probe)."""

@@ -11,7 +11,7 @@ import pandas as pd
 
 from .. import claims, record
 from ..units import ms_after
-from .reads import reads
+from .reads import reading
 
 READS = "train"   # the task kind of the runs its tables read (tables/reads.py)
 
@@ -34,7 +34,7 @@ def ready_order(run, step: int = -1, rank: int = 0) -> pd.DataFrame:
     return df
 
 
-@reads(run="train", probes=("readiness",))
+@reading(run="train", probes=("readiness",))
 def bucket_timeline(run, step: int = -1) -> pd.DataFrame:
     """Per rank and bucket: launch and completion, ms after the earliest backward start of the step."""
     t0 = min(r.steps[step].backward.start_ns for r in run.ranks)

@@ -4,7 +4,7 @@ task, a path, or an empty list passed to a table used to fail deep inside with a
 A table module says which task kind its runs are (`READS = "pipeline"`: every public function's `run`
 or `runs` argument); a function that reads something else says so itself:
 
-    @reads(runs="train", probes=("memory",))       # a non-empty list of train runs with the memory probe
+    @reading(runs="train", probes=("memory",))       # a non-empty list of train runs with the memory probe
     def zero_measured(runs, step=1): ...
 
 `checked(label, f)` wraps a table so that, before it runs, every declared argument is a run (or, for
@@ -27,14 +27,14 @@ MAKES = {
     "balance-study": "recipes.slowest_rank's balance study (notebook 07)",
     "data-coverage": "recipes.coverage (notebook 08)",
     "resume": "recipes.resume (notebook 08)",
-    "fsdp-memory": "recipes.fsdp_memory (notebook 09)",
+    "fsdp-memory": "recipes.fsdp_configs (notebook 09)",
     "pipeline": "recipes.pipeline (notebook 09)",
     "tensor-parallel": "recipes.tensor_parallel (notebook 09)",
 }
 DEFAULT_ARGS = ("run", "runs")   # what a module's READS applies to
 
 
-def reads(probes: tuple[str, ...] = (), either: tuple[str, ...] = (), mapping: tuple[str, ...] = (), **args):
+def reading(probes: tuple[str, ...] = (), either: tuple[str, ...] = (), mapping: tuple[str, ...] = (), **args):
     """Declare a table's run arguments: name -> a task kind, a tuple of kinds, or None (any kind). A
     name ending in `runs` takes a non-empty list of runs; one in `either`, a run or such a list; one
     in `mapping` also a dict of runs by name (checked by its values)."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pandas as pd
 
 from .. import verify
-from .reads import reads
+from .reads import reading
 
 READS = "resume"   # the task kind of the runs its tables read (tables/reads.py)
 
@@ -40,7 +40,7 @@ def _parameters(run) -> dict:
     return dict(zip(saved["steps"].tolist(), saved["params"]))
 
 
-@reads(reference="resume", resumed="resume")
+@reading(reference="resume", resumed="resume")
 def departure(reference, resumed) -> pd.DataFrame:
     """Per step of `resumed`: whether it trains on the same global batch as `reference` in that step,
     whether its parameters are bit-identical (checksums), |loss difference| and the relative parameter
@@ -67,7 +67,7 @@ def departure(reference, resumed) -> pd.DataFrame:
     return df
 
 
-@reads(saved="resume", resumed="resume", either=("resumed",))
+@reading(saved="resume", resumed="resume", either=("resumed",))
 def coverage_across_resume(saved, resumed) -> pd.DataFrame:
     """Per resumed run (one Run or a list): how many of the dataset's examples the interrupted epoch
     (the one `saved` stopped in) gave the optimizer never, once, twice or more often, counting the
@@ -107,7 +107,7 @@ def checkpoints(runs) -> pd.DataFrame:
     return df
 
 
-@reads(reference="resume", resumed="resume")
+@reading(reference="resume", resumed="resume")
 def verify_resume_identical(reference, resumed) -> None:
     """Notebook 08's check: every step `resumed` trained has bit-identical parameters (checksums) to the
     same step of the uninterrupted `reference`. Raises `verify.CheckFailed` naming the first step that
@@ -122,7 +122,7 @@ def verify_resume_identical(reference, resumed) -> None:
                 f"(parameter checksums)", first is None, seen=seen, expected=f"{n} of {n} steps bit-identical")
 
 
-@reads(reference="resume", resumed="resume")
+@reading(reference="resume", resumed="resume")
 def verify_resume_tracks(reference, resumed, rel: float = 1e-4) -> None:
     """A resume on another world size with the same global batch: every step takes the same examples
     as `reference`, and the parameters stay within `rel` (relative distance): float rounding, since the
@@ -136,7 +136,7 @@ def verify_resume_tracks(reference, resumed, rel: float = 1e-4) -> None:
                  d["param_distance"], rel)
 
 
-@reads(reference="resume", resumed="resume", saved="resume", either=("resumed",))
+@reading(reference="resume", resumed="resume", saved="resume", either=("resumed",))
 def resume_summary(reference, resumed: list, saved=None) -> pd.DataFrame:
     """One row per resumed run against `reference`: the first step that departs (None: bit-identical
     throughout), |loss difference| and relative parameter distance at the first resumed step and at

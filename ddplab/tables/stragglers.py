@@ -26,7 +26,7 @@ import statistics
 import pandas as pd
 
 from .stats import robust_spread
-from .reads import reads
+from .reads import reading
 
 READS = "train"   # the task kind of the runs its tables read (tables/reads.py)
 
@@ -126,7 +126,7 @@ def _slowest_step_ms(run, skip: int) -> list[float]:
     return [max(r.steps[i].step_ms for r in run.ranks) for i in range(skip, run.spec.steps)]
 
 
-@reads(runs="train", baseline="train")
+@reading(runs="train", baseline="train")
 def delay_response(runs, baseline, skip: int = SKIP) -> pd.DataFrame:
     """Per run with a straggler: where and how much it was delayed (`delay_ms` as specified,
     `measured_delay_ms` as the slow rank's clock saw it: its "straggler" phase, median over steps),
@@ -152,7 +152,7 @@ def delay_response(runs, baseline, skip: int = SKIP) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index("run")
 
 
-@reads(run="train", baseline="train")
+@reading(run="train", baseline="train")
 def judge_step_added(run, baseline, skip: int = SKIP):
     """The claim "the straggler lengthens the step": this run's steps (each at its slowest rank)
     against the baseline run's, step by step. The two runs ran one after the other, not interleaved,

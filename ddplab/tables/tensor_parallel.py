@@ -10,7 +10,7 @@ from __future__ import annotations
 import pandas as pd
 
 from .. import claims, verify
-from ..predict import tensor_parallel as model
+from .. import predict
 from .stats import round_summary
 
 READS = "tensor-parallel"   # the task kind of the runs its tables read (tables/reads.py)
@@ -108,7 +108,7 @@ def collectives(runs) -> pd.DataFrame:
             logged = {c.bytes for x in per_rank for c in x.collectives}
             other_ops = sorted({op for x in per_rank for ph in x.module_counts["Global"].values() for op in ph}
                                - {"all_reduce"})
-            formula = model.step_comm(name, e.local_batch, e.seq_len, e.d_model, run.ranks[0].result.tp)
+            formula = predict.tensor_parallel.step_comm(name, e.local_batch, e.seq_len, e.d_model, run.ranks[0].result.tp)
             ddp = {sum(x.ddp_bucket_bytes) for x in per_rank}
             rows.append({"run": e.name, "layer": name, "tp": run.ranks[0].result.tp,
                          "forward_all_reduces": counted["forward"].pop() if len(counted["forward"]) == 1 else None,
@@ -258,12 +258,12 @@ def gpu_prediction(runs, busbw_gb_s: float = 370.0, latency_us: float = 20.0) ->
     for run in _layer_runs(runs):
         e, tp = run.spec, run.ranks[0].result.tp
         for name in e.task.layers:
-            c = model.step_comm(name, e.local_batch, e.seq_len, e.d_model, tp)
+            c = predict.tensor_parallel.step_comm(name, e.local_batch, e.seq_len, e.d_model, tp)
             calls = c["tp_forward_all_reduces"] + c["tp_backward_all_reduces"]
-            one = model.predicted_all_reduce_ms(c["tp_all_reduce_bytes"], tp, busbw_gb_s * 1e9, latency_us / 1e3)
+            one = predict.tensor_parallel.predicted_all_reduce_ms(c["tp_all_reduce_bytes"], tp, busbw_gb_s * 1e9, latency_us / 1e3)
             rows.append({"run": e.name, "layer": name, "tp": tp, "what": f"model at {busbw_gb_s:g} GB/s busbw, "
                          f"{latency_us:g} us latency", "predicted_tp_critical_path_us": calls * one * 1e3,
-                         "predicted_ddp_all_reduce_us": 1e3 * model.predicted_all_reduce_ms(
+                         "predicted_ddp_all_reduce_us": 1e3 * predict.tensor_parallel.predicted_all_reduce_ms(
                              c["ddp_all_reduce_bytes"], tp, busbw_gb_s * 1e9, latency_us / 1e3)})
     return pd.DataFrame(rows).set_index(["run", "layer"])
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from .. import claims, tables
-from ..predict import buckets as simulator
+from .. import predict
 from ..recipes.buckets_and_overlap import ONE_PER_PARAMETER_MB
 from ..recipes.communication import allreduce_sweep
 from ..spec import BucketSweep
@@ -63,12 +63,12 @@ def tune_buckets(model, world_size: int = 4, local_batch: int = 8, *, caps_mb=CA
                            name=f"{base.name}-allreduce")
     capture = base.replace(name=f"{base.name}-capture", task=BucketSweep(plans=(DEFAULT,), rounds=1, steps_per_round=3))
     from ..launch.cold import run_many
-    from ..launch import session as sessions
+    from .. import launch
 
     def where(part):
         return None if out is None else f"{out}/{part}"
 
-    before = sessions.current()   # warm ranks that fit are used; ranks started here stop at the end
+    before = launch.session.current()   # warm ranks that fit are used; ranks started here stop at the end
     try:
         ar_run, cap_run = run_many([line, capture], out=where("capture"), name=capture.name, progress=progress,
                                    warm=True)
@@ -81,7 +81,7 @@ def tune_buckets(model, world_size: int = 4, local_batch: int = 8, *, caps_mb=CA
                                                                                  steps_per_round=steps))
         (meas_run,) = run_many([sweep], out=where("measure"), name=sweep.name, progress=progress, warm=True)
     finally:
-        started = sessions.current()
+        started = launch.session.current()
         if started is not None and started is not before:
             started.close()
     return BucketTuning.of(base, link, quality, ins, predicted, meas_run, cost,
@@ -229,6 +229,6 @@ def _setting(run, plan: str, ins) -> str:
     if plan == DEFAULT:
         return KEEP
     if kind == "ddp-split":
-        caps = simulator.caps_for(buckets.plan_for(run, plan, ins), {g.name: g.bytes for g in ins.grads})
+        caps = predict.buckets.caps_for(buckets.plan_for(run, plan, ins), {g.name: g.bytes for g in ins.grads})
         return "bucket_cap_mb_list=[" + ", ".join(f"{c:.6g}" for c in caps) + "]"
     return f"bucket_cap_mb={cap:g}"

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from .. import tables
-from ..predict import buckets as simulator
+from .. import predict
 from ..predict.comm import ring_bytes_per_rank
 from ..recipes.communication import allreduce_sweep
 from ..tables.buckets import rule_for
@@ -102,7 +102,7 @@ class ModelAudit:
             spec={"world_size": exp.world_size, "local_batch": exp.local_batch, "seq_len": exp.seq_len,
                   "optimizer": exp.optimizer, "dtype": exp.dtype, "bucket_cap_mb": exp.bucket_cap_mb,
                   "backend": ddp.ranks[0].backend, "device": ddp.ranks[0].device},
-            model=model, memory=tables.memory(ddp, step=MEMORY_STEP), buckets=pd.DataFrame(rows).set_index("bucket"),
+            model=model, memory=tables.memory_table(ddp, step=MEMORY_STEP), buckets=pd.DataFrame(rows).set_index("bucket"),
             layout=layout, last_bucket=layout[-1], bucket_rule=_rule(exp, counted, rank0, layout), ready_order=differ,
             comm={"payload_bytes": int(wire["payload_mib"] * MIB), "written_bytes_per_rank": float(wire["written_mib_per_rank"] * MIB),
                   "ring_formula_bytes": ring_bytes_per_rank(counted.gradient_bytes, exp.world_size),
@@ -174,7 +174,7 @@ def _rule(exp, counted: Counted, rank0, observed) -> dict:
     """DDP's bucketing rule (predict.buckets.ddp_plan) on rank 0's step-0 ready order, which DDP's
     rebuild follows, with this run's caps and the sizes counted here: does it give the observed buckets?"""
     ready = rank0.steps[0].ready_ms()
-    grads = simulator.grads_in_ready_order([n for n, _ in ready], [counted.sizes[n] for n, _ in ready],
+    grads = predict.buckets.grads_in_ready_order([n for n, _ in ready], [counted.sizes[n] for n, _ in ready],
                                            [t for _, t in ready])
     plan = rule_for(grads, exp.bucket_cap_mb)
     return {"matches": plan == observed, "rule_counts": [len(b) for b in plan],

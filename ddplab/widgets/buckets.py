@@ -16,8 +16,8 @@ def bucket_slider(sweep_run, link, measure, model: str = "calibrated", cap_mb: f
     import pandas as pd
     from IPython.display import display
 
-    from ..plots import buckets as bucket_plots
-    from ..predict import buckets as simulator
+    from .. import plots
+    from .. import predict
     from ..tables import bucket_sweep, buckets
     from .measuring import OneAtATime, measure_with_progress
 
@@ -36,7 +36,7 @@ def bucket_slider(sweep_run, link, measure, model: str = "calibrated", cap_mb: f
         plan = buckets.ddp_rule(ins, cap.value)
         splits = split.value and len(plan[-1]) > 1   # a one-tensor bucket cannot be split
         if splits:
-            plan = simulator.split_bucket(plan, ins.grads)
+            plan = predict.buckets.split_bucket(plan, ins.grads)
         split.description = "split the last bucket in two" + ("" if splits or not split.value else " (one tensor: no split)")
         return f"{'split' if splits else 'ddp'}:{cap.value:.3g}", plan
 
@@ -56,7 +56,7 @@ def bucket_slider(sweep_run, link, measure, model: str = "calibrated", cap_mb: f
             with out:
                 out.clear_output(wait=True)
                 display(pd.DataFrame([row]).set_index("plan").round(2))
-                display(bucket_plots.timeline(s, measured.get(name, {}).get("timeline"),
+                display(plots.buckets.timeline(s, measured.get(name, {}).get("timeline"),
                                               f"{name}: {len(plan)} bucket(s), {which.value} model", detached=True))
 
     def on_measure():

@@ -15,7 +15,7 @@ def memory_explorer(exp, measure):
     import ipywidgets as w
     from IPython.display import Image, display
 
-    from ..plots.memory import memory as measured_figure
+    from ..plots.memory import memory_figure
     from ..plots.memory import memory_prediction
     from ..tables.memory import memory_moments, predicted_moments
     from .measuring import OneAtATime, measure_with_progress
@@ -59,7 +59,7 @@ def memory_explorer(exp, measure):
                   f"gradient_as_bucket_view={e.gradient_as_bucket_view} (measurement {guard.runs}):")
             run = measure_with_progress(measure, e, progress)
             display(memory_moments(run))
-            display(png(measured_figure(run, detached=True)))
+            display(png(memory_figure(run, detached=True)))
 
     for control in (world, opt, views):
         control.observe(redraw, names="value")

@@ -12,7 +12,7 @@ from __future__ import annotations
 from torch.nn.parallel import DistributedDataParallel
 
 
-def wrap(module, device, group=None, bucket_cap_mb: float | None = None, gradient_as_bucket_view: bool = False,
+def wrap_in_ddp(module, device, group=None, bucket_cap_mb: float | None = None, gradient_as_bucket_view: bool = False,
          find_unused_parameters: bool = False, bucket_cap_mb_list: list[float] | None = None) -> DistributedDataParallel:
     """DDP over the ranks of `group` (None: all ranks); a collective: every rank must call it."""
     extra = {"bucket_cap_mb_list": list(bucket_cap_mb_list)} if bucket_cap_mb_list else {}

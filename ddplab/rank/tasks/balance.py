@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ...predict import balance as cost
+from ... import predict
 from ...record.balance import BalanceArm, BalanceRecord, BalanceStep, CalibrationPoint, CostFit
 from ...record.train import ModelInfo
 from ...tensors import flat_float64, rel_max_diff
@@ -81,18 +81,18 @@ def run(ctx):
     log.enter("build")
     model = models.build(exp).to(device=device, dtype=torch_dtype(exp.dtype))
     pool = list(task.pool)
-    step = _Step(model, device, group, cost.tokens(pool))
+    step = _Step(model, device, group, predict.balance.tokens(pool))
 
     points = _calibrate(ctx, step, task.shapes()[rank::world_size])
     log.enter("share-calibration")
     gathered = [None] * world_size
     dist.all_gather_object(gathered, points, group=group)
     calibration = sorted((p for ps in gathered for p in ps), key=lambda p: (-p.length, -p.count))
-    fitted = cost.fit([(p.tokens, p.sum_sq, p.median_ms) for p in calibration])   # the same on every rank
+    fitted = predict.balance.fit([(p.tokens, p.sum_sq, p.median_ms) for p in calibration])   # the same on every rank
 
     arms, checks, first = {}, {}, None
     for policy in task.policies:
-        mine = cost.assign(policy, pool, world_size, fitted)[rank]
+        mine = predict.balance.assign(policy, pool, world_size, fitted)[rank]
         arms[policy] = (mine, _batches(exp, pool, mine, device))
         log.enter("warm-up", detail=policy)
         for _ in range(WARMUP_STEPS):
@@ -116,7 +116,7 @@ def run(ctx):
     dist.all_gather_object(arrivals, {p: [s["arrival_ns"] for s in timed[p]] for p in task.policies}, group=group)
     record = BalanceRecord(
         model=ModelInfo(models.parameter_count(model), sum(p.numel() * p.element_size() for p in model.parameters())),
-        pool=pool, global_tokens=cost.tokens(pool), warmup_steps=WARMUP_STEPS, calibration=calibration,
+        pool=pool, global_tokens=predict.balance.tokens(pool), warmup_steps=WARMUP_STEPS, calibration=calibration,
         fit=CostFit(fitted.c_ms, fitted.a_ms_per_token, fitted.b_ms_per_sq),
         arms=[_arm(policy, pool, arms[policy][0], fitted, checks[policy], timed[policy],
                    [a[policy] for a in arrivals]) for policy in task.policies])
@@ -162,7 +162,7 @@ def _batches(exp, pool: list[int], mine: list[int], device) -> list[tuple[torch.
 def _arm(policy, pool, mine, fitted, grad_rel_diff, steps, arrivals) -> BalanceArm:
     lengths = [pool[i] for i in mine]
     last = [max(a) for a in zip(*arrivals)]
-    return BalanceArm(policy=policy, sequences=list(mine), lengths=lengths, tokens=cost.tokens(lengths),
-                      sum_sq=cost.sum_sq(lengths), predicted_ms=fitted.lengths_ms(lengths), grad_rel_diff=grad_rel_diff,
+    return BalanceArm(policy=policy, sequences=list(mine), lengths=lengths, tokens=predict.balance.tokens(lengths),
+                      sum_sq=predict.balance.sum_sq(lengths), predicted_ms=fitted.lengths_ms(lengths), grad_rel_diff=grad_rel_diff,
                       steps=[BalanceStep(**s, wait_ms=ms_after(t, s["arrival_ns"])) for s, t in zip(steps, last)])
 

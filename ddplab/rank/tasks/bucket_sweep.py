@@ -29,7 +29,7 @@ import dataclasses
 import torch
 import torch.distributed as dist
 
-from ...predict import buckets as simulator
+from ... import predict
 from ...record.bucket_sweep import BucketSweepRecord, PlanCheck, SweepArm, SweepStep
 from ...record.timeline import Backward
 from ...record.train import ModelInfo
@@ -38,7 +38,7 @@ from ...spec.bucket_sweep import parse_plan
 from ...tensors import flat_float64, rel_max_diff
 from ...units import MIB, ms_after
 from .. import models
-from ..parallel import ddp as ddp_wrapper
+from ..parallel.ddp import wrap_in_ddp
 from ..parallel.bucketed import BucketedSync
 from ..probes.buckets import BucketLog
 from ..probes.readiness import ReadyLog
@@ -101,7 +101,7 @@ def run(ctx):
     warm = [arms[0].step(x, y, device, group) for _ in range(WARMUP_STEPS)]
     shared = [warm[-1].ready_ms()]
     dist.broadcast_object_list(shared, src=dist.get_global_rank(group, 0) if group is not None else 0, group=group)
-    grads = simulator.grads_in_ready_order([n for n, _ in shared[0]], [sizes[n] for n, _ in shared[0]],
+    grads = predict.buckets.grads_in_ready_order([n for n, _ in shared[0]], [sizes[n] for n, _ in shared[0]],
                                            [t for _, t in shared[0]])
     copy_bytes_per_s = _copy_bandwidth(sum(sizes.values()), device, dtype=torch_dtype(exp.dtype))
     checks, first = {}, None
@@ -159,21 +159,21 @@ def _arm(ctx, name: str, index: int, base, grads) -> _Arm:
         return _Arm(name, module, module, ready, None)
     ctx.log.enter("construct", micro=index, detail=name)
     if kind in ("ddp", "bare"):
-        wrapper = ddp_wrapper.wrap(module, ctx.device, ctx.group, bucket_cap_mb=cap)
+        wrapper = wrap_in_ddp(module, ctx.device, ctx.group, bucket_cap_mb=cap)
         buckets = None
         if kind == "ddp":
             buckets = BucketLog(ctx.group, {id(p): n for n, p in module.named_parameters()}, cuda)
             wrapper.register_comm_hook(None, buckets.hook)
         return _Arm(name, module, wrapper, ready, buckets)
-    plan = simulator.ddp_plan(grads, cap * MIB)
+    plan = predict.buckets.ddp_plan(grads, cap * MIB)
     if kind in ("split", "ddp-split"):
         if len(plan[-1]) < 2:
             raise ValueError(f"Experiment.task.plans: {name!r}: at this cap the last bucket is one tensor "
                              f"({plan[-1][0]}), so there is nothing to split; use a larger cap")
-        plan = simulator.split_bucket(plan, grads)
+        plan = predict.buckets.split_bucket(plan, grads)
     if kind == "ddp-split":
-        caps = simulator.caps_for(plan, {g.name: g.bytes for g in grads})
-        wrapper = ddp_wrapper.wrap(module, ctx.device, ctx.group, bucket_cap_mb_list=caps)
+        caps = predict.buckets.caps_for(plan, {g.name: g.bytes for g in grads})
+        wrapper = wrap_in_ddp(module, ctx.device, ctx.group, bucket_cap_mb_list=caps)
         buckets = BucketLog(ctx.group, {id(p): n for n, p in module.named_parameters()}, cuda)
         wrapper.register_comm_hook(None, buckets.hook)
         return _Arm(name, module, wrapper, ready, buckets)

@@ -21,7 +21,7 @@ storage the step's ops allocated and have not freed (`probes.memory.PeakTracker`
 parameters; the tracker checks it after every op, so the step's peak falls between samples too.
 On CUDA the record also keeps `torch.cuda.max_memory_allocated` over the step: the tally counts
 storages, not the caching allocator's blocks (rounded up, with NCCL's and the streams' own), so the two
-differ; the memory model (`predict/fsdp.py`) is validated against the tally, on the CPU.
+differ; the memory model (`predict/fsdp_memory.py`) is validated against the tally, on the CPU.
 FSDP2's internals read here (`_get_fsdp_state`, `_fsdp_param_group`, `all_gather_outputs`) are
 private to torch 2.13 and are read only, never changed. Runs inside a rank.
 """

@@ -31,7 +31,7 @@ from ...rundir import save_tensors_atomic
 from ...record.resume import CheckpointInfo, ResumeRecord, ResumeStep
 from ...spec.resume import CHECKPOINT, checkpoint_dir, rank_state_file
 from .. import data, models
-from ..parallel import ddp as ddp_wrapper
+from ..parallel.ddp import wrap_in_ddp
 from ..runtime import Clock, rank_env
 from ..training import flat_parameters, make_optimizer, parameter_checksum, token_losses, torch_dtype
 
@@ -45,7 +45,7 @@ def run(ctx):
     log.enter("build")
     model = models.build(exp).to(device=ctx.device, dtype=torch_dtype(exp.dtype))
     log.enter("ddp-construct")
-    ddp = ddp_wrapper.wrap(model, ctx.device, ctx.group)
+    ddp = wrap_in_ddp(model, ctx.device, ctx.group)
     optimizer = make_optimizer(exp, ddp.parameters())
     torch.manual_seed(exp.seed + AUGMENT_STREAM * (rank + 1))   # after build, which seeds the RNG itself
     sampler = DistributedSampler(range(task.dataset_size), num_replicas=exp.world_size, rank=rank, shuffle=True,
@@ -120,7 +120,7 @@ def save(ctx, ddp, optimizer, step: int, epoch: int, offset: int) -> CheckpointI
     save_tensors_atomic(rank_state_file(ctx.run_dir, ctx.rank), own)
     torch.distributed.barrier(group=ctx.group)   # every rank's files are written: rank 0 seals them all
     if ctx.rank == 0:
-        seal.seal(ctx.run_dir, checkpoint_dir(ctx.run_dir))
+        seal.sign(ctx.run_dir, checkpoint_dir(ctx.run_dir))
     return _info(ctx.run_dir, own, clock.durations_ms()["save"])
 
 

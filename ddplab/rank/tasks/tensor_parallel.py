@@ -1,7 +1,7 @@
 """The tensor-parallel task (`TensorParallel`, notebook 09), inside each rank.
 
 dp = 1, per layer: build the dense layer from the seed, split a copy over every rank
-(`rank/parallel/tensor.py`), run both on the same input and output gradient, and record how far the
+(`rank/parallel/tensor_parallel.py`), run both on the same input and output gradient, and record how far the
 split output, input gradient and (gathered) parameter gradients are from the dense ones, beside the
 dense values' largest magnitudes (the errors' scale). Torch's `CommDebugMode` counts that step's
 collectives per module (which Linear issued which all-reduce); a second step under ddplab's
@@ -32,8 +32,8 @@ from torch.distributed.tensor.debug import CommDebugMode
 
 from ...record.tensor_parallel import Collective, LayerRecord, MeshLayerRecord, StepTimes, TensorParallelRecord
 from .. import runtime
-from ..parallel import ddp as ddp_wrap
-from ..parallel.tensor import build_layer, tensor_parallel
+from ..parallel.ddp import wrap_in_ddp
+from ..parallel.tensor_parallel import build_layer, split_over_mesh
 from ..probes.buckets import BucketLog
 from ..probes.collectives import CollectiveLog
 from ..probes.memory import local
@@ -114,7 +114,7 @@ def check_layer(exp, layer: str, mesh, device) -> tuple[dict, object, object, to
     """The split layer against the dense one: errors, per-module counts, one step's collectives; and
     the dense layer, the split one and the input and output gradient they ran on (for `Timed`)."""
     dense = build_layer(layer, exp.d_model, exp.n_heads, exp.seed).to(device)
-    split = tensor_parallel(copy.deepcopy(dense), layer, mesh)
+    split = split_over_mesh(copy.deepcopy(dense), layer, mesh)
     x, g = batch(exp, exp.local_batch, 1, device)
     xd, xt = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
     yd = dense(xd)
@@ -154,7 +154,7 @@ class Timed:
         self.xs = x[r * share:(r + 1) * share].clone().requires_grad_(True)
         self.gs = self.g[r * share:(r + 1) * share]
         self.dense, self.split = dense, split
-        self.ddp = ddp_wrap.wrap(copy.deepcopy(dense), ctx.device, ctx.group, bucket_cap_mb=exp.bucket_cap_mb)
+        self.ddp = wrap_in_ddp(copy.deepcopy(dense), ctx.device, ctx.group, bucket_cap_mb=exp.bucket_cap_mb)
         self.buckets = BucketLog(ctx.group)
         self.ddp.register_comm_hook(None, self.buckets.hook)
         self.log = CollectiveLog()
@@ -213,7 +213,7 @@ def train_mesh(ctx, exp, task, layer: str, mesh) -> MeshLayerRecord:
     beside the dense layer trained on the global batch."""
     tp_mesh, dp_group = mesh["tp"], mesh["dp"].get_group()
     dense = build_layer(layer, exp.d_model, exp.n_heads, exp.seed).to(ctx.device)
-    split = tensor_parallel(copy.deepcopy(dense), layer, tp_mesh)
+    split = split_over_mesh(copy.deepcopy(dense), layer, tp_mesh)
     b, dp = exp.local_batch, task.dp
     coordinate = mesh.get_coordinate()[0]   # which dp group's share of the global batch this rank computes
     start = [p.detach().clone() for p in dense.parameters()]

@@ -23,7 +23,7 @@ from ...record.train import Checksums, ModelInfo, TrainRecord, TrainStep
 from ...spec.sharding import shard_ids
 from ...spec.tasks import GRADIENT_ALL_REDUCE
 from .. import models
-from ..parallel import ddp as ddp_wrapper
+from ..parallel.ddp import wrap_in_ddp
 from ..parallel.fsdp import fully_shard_layers
 from ..probes import Attachment, attach
 from ..runtime import Clock
@@ -116,7 +116,7 @@ def wrap(ctx, model):
         ctx.log.enter("ddp-construct")
         if exp.distributed_debug == "info":   # read by DDP's reducer when it is built
             dist.set_debug_level(dist.DebugLevel.INFO)
-        ddp = ddp_wrapper.wrap(model, ctx.device, ctx.group, exp.bucket_cap_mb, exp.gradient_as_bucket_view,
+        ddp = wrap_in_ddp(model, ctx.device, ctx.group, exp.bucket_cap_mb, exp.gradient_as_bucket_view,
                                exp.find_unused_parameters)
         if exp.distributed_debug == "info":   # this DDP keeps its level; the launch's next experiments do not
             dist.set_debug_level_from_env()

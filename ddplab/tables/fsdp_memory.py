@@ -1,6 +1,6 @@
 """Tables of FSDP2's memory over one step (notebook 09): the units and their padded shards, the measured
 peak of every configuration and rank beside the naive estimate "checkpoint / world size" and beside
-the predicted peak (`predict/fsdp.py`), one configuration's timeline sample by sample, and ZeRO's
+the predicted peak (`predict/fsdp_memory.py`), one configuration's timeline sample by sample, and ZeRO's
 stages for any model size (`predict/zero.py`) and measured on one model (`zero_measured`). The chapter's
 checks: `verify_fsdp_peak_predicted`, `verify_peak_exceeds_shard_estimate`,
 `verify_reshard_frees_gathered_units` and `verify_zero_exact`. Measured numbers come
@@ -11,12 +11,12 @@ from __future__ import annotations
 import pandas as pd
 
 from .. import verify
-from ..predict import fsdp as model
+from .. import predict
 from ..predict import zero
 from ..predict.memory import state_bytes
 from ..spec.fsdp_memory import SAMPLE_CATEGORIES
 from ..units import DTYPE_BYTES, MIB, ms_after
-from .reads import reads
+from .reads import reading
 
 READS = "fsdp-memory"   # the task kind of the runs its tables read (tables/reads.py)
 
@@ -44,9 +44,9 @@ def units(run, rank: int = 0) -> pd.DataFrame:
     exp, rec = run.spec, run.ranks[rank].result
     w, e = exp.world_size, DTYPE_BYTES[exp.dtype]
     rows = []
-    for u, p in zip(rec.units, model.units(exp)):
+    for u, p in zip(rec.units, predict.fsdp_memory.units(exp)):
         rows.append({"unit": u.name, "dim0": u.dim0, "numel": sum(u.numels), "shard_bytes": u.shard_bytes,
-                     "predicted_shard_bytes": model.shard_bytes(p, w, e),
+                     "predicted_shard_bytes": predict.fsdp_memory.shard_bytes(p, w, e),
                      "padding_bytes": u.shard_bytes * w - sum(u.numels) * e, "gathered_bytes": u.gathered_bytes})
     return pd.DataFrame(rows).set_index("unit")
 
@@ -86,7 +86,7 @@ def peaks(run, predictor=None) -> pd.DataFrame:
     """Per configuration and rank: the measured peak and where it fell (`at`), the persistent sharded
     state (parameters, gradients and optimizer state after the step), the naive estimate checkpoint /
     world size, the predicted peak (`predictor(exp, reshard_after_forward, prefetch, rank)`, by default
-    `predict.fsdp.peak`) and where the model puts it (`predicted_at`), all in MiB, and the ratios: peak
+    `predict.fsdp_memory.peak`) and where the model puts it (`predicted_at`), all in MiB, and the ratios: peak
     over estimate, predicted over measured. The step's peak falls in backward, where FSDP2 prefetches
     the previous unit with or without explicit prefetch, so prefetch does not move it. It shows in the
     forward: `forward_comm_mib` (the most in all-gather buffers at a forward sample, measured; and
@@ -101,14 +101,14 @@ def peaks(run, predictor=None) -> pd.DataFrame:
     for r in run.ranks:
         for c in r.result.configs:
             end = c.samples[-1].bytes
-            walk = model.timeline(exp, c.reshard_after_forward, c.prefetch, r.rank)
-            top = max(walk, key=lambda m: m["total"])   # predict.fsdp.peak_moment, from the walk at hand
+            walk = predict.fsdp_memory.timeline(exp, c.reshard_after_forward, c.prefetch, r.rank)
+            top = max(walk, key=lambda m: m["total"])   # predict.fsdp_memory.peak_moment, from the walk at hand
             predicted = (top["total"] if predictor is None
                          else predictor(exp, c.reshard_after_forward, c.prefetch, r.rank))
             row = {"configuration": config_label(c.reshard_after_forward, c.prefetch), "rank": r.rank,
                    "reshard_after_forward": c.reshard_after_forward, "prefetch": c.prefetch,
                    "measured_peak_mib": c.peak_bytes / MIB, "at": measured_peak_at(c, names),
-                   "sharded_state_mib": sum(end[k] for k in model.STATE) / MIB,
+                   "sharded_state_mib": sum(end[k] for k in predict.fsdp_memory.STATE) / MIB,
                    "shard_estimate_mib": estimate / MIB, "predicted_peak_mib": predicted / MIB,
                    "predicted_at": _where(top["event"], top["unit"], names),
                    "forward_peak_mib": max(s.peak_since_last for s in _forward(c.samples)) / MIB,
@@ -124,12 +124,12 @@ def peaks(run, predictor=None) -> pd.DataFrame:
 
 
 def peak_breakdown(run, rank: int = 0) -> pd.DataFrame:
-    """Per configuration: what is alive at the predicted peak (MiB by category, `predict.fsdp.peak_moment`),
+    """Per configuration: what is alive at the predicted peak (MiB by category, `predict.fsdp_memory.peak_moment`),
     where in the step it falls, and the measured peak beside it."""
-    names = [u.name for u in model.units(run.spec)]
+    names = [u.name for u in predict.fsdp_memory.units(run.spec)]
     rows = []
     for reshard, prefetch in _configs(run):
-        m = model.peak_moment(run.spec, reshard, prefetch, rank)
+        m = predict.fsdp_memory.peak_moment(run.spec, reshard, prefetch, rank)
         rows.append({"configuration": config_label(reshard, prefetch), "at": _where(m["event"], m["unit"], names),
                      **{k: v / MIB for k, v in m["bytes"].items() if k != "other"},
                      "predicted_peak_mib": m["total"] / MIB,
@@ -150,18 +150,18 @@ def _aligned(run, config, predicted: list[dict], names: list[str], rank: int) ->
     def at(seq):
         return _where(*seq[i], names) if i < len(seq) else "(nothing: the sequence ends)"
     raise ValueError(f"run {run.spec.name!r}, {config_label(config.reshard_after_forward, config.prefetch)}, rank "
-                     f"{rank}: the recorded samples ({len(seen)}) and predict.fsdp.timeline's sampled moments "
+                     f"{rank}: the recorded samples ({len(seen)}) and predict.fsdp_memory.timeline's sampled moments "
                      f"({len(due)}) differ first at sample {i}: recorded {at(seen)}, predicted {at(due)}")
 
 
 def timeline(run, reshard_after_forward: bool = True, prefetch: bool = False, rank: int = 0) -> pd.DataFrame:
     """One configuration's samples on `rank`, in order: the event and unit, ms since the step's start,
     MiB per category, the total, the most live since the previous sample, the gathered units, and the
-    predicted total at the same moment (`predict.fsdp.timeline`); a ValueError if the recorded and the
+    predicted total at the same moment (`predict.fsdp_memory.timeline`); a ValueError if the recorded and the
     predicted moments are not the same sequence."""
     c = _config(run, rank, reshard_after_forward, prefetch)
     names = [u.name for u in run.ranks[rank].result.units]
-    predicted = [m for m in model.timeline(run.spec, reshard_after_forward, prefetch, rank) if m["sampled"]]
+    predicted = [m for m in predict.fsdp_memory.timeline(run.spec, reshard_after_forward, prefetch, rank) if m["sampled"]]
     _aligned(run, c, predicted, names, rank)
     t0 = c.samples[0].t_ns
     rows = []
@@ -250,13 +250,13 @@ def zero_stages(psi: float, n_devices: int, precision: str = "mixed") -> pd.Data
 _STAGE = {"none": 0, "zero1": 1, "fsdp2": 3}
 
 
-@reads(runs="train", probes=("memory",))
+@reading(runs="train", probes=("memory",))
 def zero_measured(runs, step: int = 1) -> pd.DataFrame:
     """ZeRO stages on one model (`recipes.fsdp_memory.zero_stages_measured`: DDP = stage 0, ZeRO-1,
     FSDP2 = stage 3; fp32 Adam), per stage and rank: the model state each rank measured after optimizer
     step `step` (parameters + gradients + optimizer state; DDP's buckets left out), the exact prediction
     for this model (DDP and ZeRO-1: `predict.memory.state_bytes`, under ZeRO-1 with torch's whole-tensor
-    partition, as `predict.zero.zero1_exact`; FSDP2: padded dim-0 shards, `predict.fsdp.sharded_state`),
+    partition, as `predict.zero.zero1_exact`; FSDP2: padded dim-0 shards, `predict.fsdp_memory.sharded_state`),
     and the paper's even split K Psi / N
     (`predict.zero.zero_state_bytes`, precision "fp32"), in bytes (exact integers, to compare with ==)
     and in MiB; `exact_minus_even_mib` is what the even split misses on each rank."""
@@ -280,7 +280,7 @@ def zero_measured(runs, step: int = 1) -> pd.DataFrame:
             p = r.result.memory.steps[step].phases["step"]
             measured = p["parameters"] + p["gradients"] + p["optimizer_state"]
             if stage == 3:
-                exact = sum(model.sharded_state(exp, r.rank).values())
+                exact = sum(predict.fsdp_memory.sharded_state(exp, r.rank).values())
             else:
                 s = state_bytes(exp, numels or None, trainable or None, r.rank)
                 exact = s["parameters"] + s["gradients"] + s["optimizer_state"]
@@ -292,7 +292,7 @@ def zero_measured(runs, step: int = 1) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index(["stage", "rank"]).sort_index()
 
 
-@reads(runs="train", probes=("memory",))
+@reading(runs="train", probes=("memory",))
 def verify_zero_exact(runs, predicted: str = "exact_bytes", step: int = 1) -> None:
     """Notebook 09's check: every rank's measured model state equals the prediction to the byte, at
     every stage; `predicted="even_bytes"` holds the paper's even split to the same standard (it fails

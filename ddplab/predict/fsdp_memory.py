@@ -24,7 +24,7 @@ the root, which holds nothing of its own. What a rank holds:
 among them the ones the rank samples (`spec.fsdp_memory.SAMPLE_EVENTS`); `peak` is their largest total.
 Temporaries of the computation itself (gradients of activations, logits) are left out: the model is
 for models whose parameters dominate, and the tests hold it to 10% of real runs.
-Used by notebook 09 and `tables/fsdp.py`.
+Used by notebook 09 and `tables/fsdp_memory.py`.
 Reference: https://pytorch.org/docs/stable/distributed.fsdp.fully_shard.html
 """
 

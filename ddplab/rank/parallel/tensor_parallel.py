@@ -46,6 +46,6 @@ def build_layer(layer: str, d_model: int, n_heads: int, seed: int) -> nn.Module:
     raise ValueError(f"unknown layer {layer!r}")
 
 
-def tensor_parallel(module: nn.Module, layer: str, mesh) -> nn.Module:
+def split_over_mesh(module: nn.Module, layer: str, mesh) -> nn.Module:
     """Split `module` (in place) over the 1-D device mesh `mesh`: column- then row-parallel Linears."""
     return parallelize_module(module, mesh, {name: style() for name, style in PLANS[layer].items()})
