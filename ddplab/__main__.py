@@ -1,4 +1,4 @@
-"""`python -m ddplab ...`: the `ddplab` command (cli.py), for where the console script is not on PATH."""
+"""`python -m ddplab ...`: the `ddplab` command (cli/), for where the console script is not on PATH."""
 
 import sys
 

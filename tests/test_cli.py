@@ -26,6 +26,23 @@ def test_every_field_the_command_line_can_set_has_a_flag():
     assert {field for field, _, _ in cli.STRAGGLER_FLAGS.values()} == {f.name for f in dataclasses.fields(cli.Straggler)}
 
 
+def test_every_field_is_documented_once_in_the_spec_and_the_help_is_that_text():
+    from ddplab.spec.experiment import field_docs
+
+    docs = field_docs()
+    assert set(docs) == {f.name for f in dataclasses.fields(Experiment)}
+    assert all(docs.values()) and not any("{" in d for d in docs.values())   # every {CHOICES} filled in
+    assert all(help_text == docs[field] for field, _, help_text in cli.RUN_FLAGS.values())
+
+    @dataclasses.dataclass
+    class Half:
+        documented: int = 1
+        """said once"""
+        silent: int = 2
+
+    assert field_docs(Half) == {"documented": "said once"}
+
+
 def test_help_lists_what_the_spec_accepts():
     flags = {**cli.RUN_FLAGS, **cli.FAULT_FLAGS}
     assert all(m in flags["--model"][2] for m in BUILTIN_MODELS)
