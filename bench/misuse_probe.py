@@ -335,12 +335,12 @@ def malicious(t: Tally, runs: dict, tmp: Path) -> None:
         (copy / name).write_bytes(payload)
         t.call("malicious files", f"{name} replaced by a pickle", lambda: _read_all(copy), marker=marker)
     # a flight recorder dump in a launch directory
-    from ddplab import failures
+    from ddplab import deaths
 
     fr = tmp / "fr"
     fr.mkdir()
-    (fr / f"{failures.FLIGHT_PREFIX}0").write_bytes(payload)
-    t.call("malicious files", "a flight-recorder dump that is a pickle", lambda: failures.flight_records(fr, 2),
+    (fr / f"{deaths.FLIGHT_PREFIX}0").write_bytes(payload)
+    t.call("malicious files", "a flight-recorder dump that is a pickle", lambda: deaths.flight_records(fr, 2),
            marker=marker)
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 import ddplab
-from ddplab import Experiment, failures, tables
+from ddplab import Experiment, deaths, failures, tables
 from ddplab.failures import Diagnosis, Provoked
 from ddplab.launch.failure_lab import provoke
 from ddplab.recipes.failure_lab import fault_runs, find_unused_cost, unused_parameter_fixes
@@ -33,18 +33,18 @@ Root Cause (first observed failure):
 
 
 def test_torchruns_report_gives_each_dead_ranks_signal_and_the_native_error():
-    d = failures.deaths_from(REPORT)
+    d = deaths.deaths_from(REPORT)
     assert d.signals == {0: "SIGABRT", 1: "SIGKILL"}      # rank 2 exited with 1: a Python error, no signal
     assert len(d.native) == 1 and "collective mismatch" in d.native[0]
-    assert failures.deaths_from("nothing useful").signals == {}
+    assert deaths.deaths_from("nothing useful").signals == {}
 
 
 def test_a_rank_that_died_of_a_signal_is_named_with_it_and_its_last_phase():
     progress = {0: [{"phase": "extra-all-reduce", "step": 1}], 1: [{"phase": "backward", "step": 1}]}
     lost = {1: {"rank": 1, "phase": "backward", "step": 1, "t_ns": 1, "type": "RuntimeError",
                 "message": "Connection closed by peer", "traceback": "tb"}}
-    deaths = failures.deaths_from(REPORT, {0: "Fatal Python error: Aborted\n\nThread ..."})
-    d = failures.diagnose(progress, lost, set(), 2, 5, False, Experiment().task.all_phases(), deaths=deaths)
+    dead = deaths.deaths_from(REPORT, {0: "Fatal Python error: Aborted\n\nThread ..."})
+    d = failures.diagnose(progress, lost, set(), 2, 5, False, Experiment().task.all_phases(), deaths=dead)
     assert d.kind == "missing-result" and d.ranks == [0]
     assert "Rank 0 was killed by SIGABRT in 'extra-all-reduce' of step 1" in d.summary
     assert "collective mismatch" in d.summary and d.tracebacks == {0: "Fatal Python error: Aborted\n\nThread ..."}
@@ -162,5 +162,5 @@ def test_a_rank_torchrun_stopped_with_sigterm_is_not_blamed_for_the_one_killed_f
     report = REPORT.replace("exitcode  : -6 (pid: 11447)  (SIGABRT)", "exitcode  : -15 (pid: 11447)  (SIGTERM)")
     progress = {0: [{"phase": "backward", "step": 1}], 1: [{"phase": "sigkill", "step": 1}]}
     d = failures.diagnose(progress, {}, set(), 2, 5, False, Experiment().task.all_phases(),
-                          deaths=failures.deaths_from(report))
+                          deaths=deaths.deaths_from(report))
     assert d.ranks == [1] and "Rank 1 was killed by SIGKILL in 'sigkill' of step 1" in d.summary

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import ddplab
-from ddplab import failures
+from ddplab import deaths, failures
 from ddplab.launch import nodes as nodes_mod
 from ddplab.launch import torchrun
 from ddplab.launch.nodes import Nodes
@@ -387,9 +387,9 @@ def test_a_lost_node_is_diagnosed_as_a_node_with_its_ranks():
     node, not a rank of the other node (issue 30, item 6)."""
     log = ("ddplab-nodes: node agent 1 was ended by SIGKILL; its ranks: 2, 3\n"
            "[E] rank 0 lost connection: Connection closed by peer\n")
-    deaths = failures.deaths_from(log)
-    assert deaths.lost_nodes == {1: ("SIGKILL", [2, 3])}
-    d = failures.diagnose({}, {}, set(), 4, 60.0, False, {}, deaths=deaths)
+    dead = deaths.deaths_from(log)
+    assert dead.lost_nodes == {1: ("SIGKILL", [2, 3])}
+    d = failures.diagnose({}, {}, set(), 4, 60.0, False, {}, deaths=dead)
     assert d.kind == "node-lost" and d.ranks == [2, 3]
     assert str(d).startswith("Node 1 was lost: its torchrun agent was ended by SIGKILL, and its ranks 2, 3 with it")
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pickle
 
-from ddplab import failures
+from ddplab import deaths, failures
 from ddplab.spec.train import Train
 
 PHASES = Train().all_phases()
@@ -27,19 +27,19 @@ def _entry(seq, name="nccl:all_reduce", state="scheduled", pg=("0", "default_pg"
 
 
 def test_the_watchdog_line_names_the_rank_its_collective_and_sequence_number():
-    d = failures.deaths_from("\n".join([_line(0, 7), "noise", _line(1, 7), _line(1, 8)]))
+    d = deaths.deaths_from("\n".join([_line(0, 7), "noise", _line(1, 7), _line(1, 8)]))
     assert d.nccl_timeouts == {0: (7, "ALLREDUCE"), 1: (7, "ALLREDUCE")}   # each rank's first timeout
-    assert failures.deaths_from("gloo says nothing of the kind").nccl_timeouts == {}
+    assert deaths.deaths_from("gloo says nothing of the kind").nccl_timeouts == {}
 
 
 def test_the_flight_recorder_says_how_far_each_rank_got_in_the_shared_group(tmp_path):
     for r in (0, 1):
-        _dump(tmp_path / f"{failures.FLIGHT_PREFIX}{r}", [_entry(s, state="completed") for s in range(1, 6)]
+        _dump(tmp_path / f"{deaths.FLIGHT_PREFIX}{r}", [_entry(s, state="completed") for s in range(1, 6)]
               + [_entry(6, state="started")])
     # rank 2 skipped its backward: five collectives in the training group, and a barrier on a group of its own
-    _dump(tmp_path / f"{failures.FLIGHT_PREFIX}2", [_entry(s, state="completed") for s in range(1, 6)]
+    _dump(tmp_path / f"{deaths.FLIGHT_PREFIX}2", [_entry(s, state="completed") for s in range(1, 6)]
           + [_entry(1, "nccl:barrier", pg=("1", "side"))])
-    flight = failures.flight_records(tmp_path, 3)
+    flight = deaths.flight_records(tmp_path, 3)
     assert flight == {0: {"seq": 6, "name": "nccl:all_reduce", "state": "started"},
                       1: {"seq": 6, "name": "nccl:all_reduce", "state": "started"},
                       2: {"seq": 5, "name": "nccl:all_reduce", "state": "completed"}}
@@ -49,9 +49,9 @@ def test_a_dump_that_is_not_plain_data_is_not_unpickled(tmp_path):
     class Evil:
         def __reduce__(self):
             return (print, ("unpickled!",))
-    (tmp_path / f"{failures.FLIGHT_PREFIX}0").write_bytes(pickle.dumps({"entries": [Evil()]}))
-    (tmp_path / f"{failures.FLIGHT_PREFIX}1").write_bytes(b"not a pickle")
-    assert failures.flight_records(tmp_path, 2) == {}
+    (tmp_path / f"{deaths.FLIGHT_PREFIX}0").write_bytes(pickle.dumps({"entries": [Evil()]}))
+    (tmp_path / f"{deaths.FLIGHT_PREFIX}1").write_bytes(b"not a pickle")
+    assert deaths.flight_records(tmp_path, 2) == {}
 
 
 def _progress(rank, phase, step=0, collective=None):
@@ -66,21 +66,21 @@ def test_an_nccl_hang_names_the_rank_that_never_arrived_not_a_missing_result():
                 1: _progress(1, "backward", collective="gradient all-reduce"),
                 2: _progress(2, "skip-backward", collective="barrier")}
     log = "\n".join([_line(0, 6), _line(1, 6)])
-    deaths = failures.deaths_from(log)
-    d = failures.diagnose(progress, {}, set(), 3, 5.0, False, PHASES, None, deaths)
+    dead = deaths.deaths_from(log)
+    d = failures.diagnose(progress, {}, set(), 3, 5.0, False, PHASES, None, dead)
     assert d.kind == "hang" and d.ranks == [2], (d.kind, d.ranks, d.summary)
     assert "NCCL's watchdog timed out ranks 0, 1" in d.summary and "collective #6 (allreduce)" in d.summary
     # without the watchdog's lines the same silent exit reads as results that went missing
     assert failures.diagnose(progress, {}, set(), 3, 5.0, False, PHASES, None,
-                             failures.deaths_from("")).kind == "missing-result"
+                             deaths.deaths_from("")).kind == "missing-result"
 
 
 def test_the_flight_recorder_names_the_rank_behind_when_progress_cannot():
     progress = {r: _progress(r, "backward", collective="gradient all-reduce") for r in range(3)}
-    deaths = failures.deaths_from("\n".join(_line(r, 6) for r in range(3)))
-    deaths.flight = {0: {"seq": 6, "name": "nccl:all_reduce", "state": "started"},
+    dead = deaths.deaths_from("\n".join(_line(r, 6) for r in range(3)))
+    dead.flight = {0: {"seq": 6, "name": "nccl:all_reduce", "state": "started"},
                      1: {"seq": 6, "name": "nccl:all_reduce", "state": "started"},
                      2: {"seq": 5, "name": "nccl:all_reduce", "state": "completed"}}
-    d = failures.diagnose(progress, {}, set(), 3, 5.0, False, PHASES, None, deaths)
+    d = failures.diagnose(progress, {}, set(), 3, 5.0, False, PHASES, None, dead)
     assert d.kind == "hang" and d.ranks == [2], (d.ranks, d.summary)
     assert "rank 2 last issued collective #5" in d.summary

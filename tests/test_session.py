@@ -202,13 +202,13 @@ def test_a_jobs_user_modules_are_imported_afresh_but_torch_never(tmp_path, monke
 
     import torch.nn  # noqa: F401 - loaded, as in every rank
 
-    from ddplab.rank import worker
+    from ddplab.rank import session as rank_session
 
     (tmp_path / "lab_fresh_mod.py").write_text("VERSION = 1\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     importlib.import_module("lab_fresh_mod")
     spec = json.dumps({"model": "lab_fresh_mod:net"})
-    worker._fresh_user_modules([spec, json.dumps({"model": "torch.nn:Linear"})])
+    rank_session.fresh_user_modules([spec, json.dumps({"model": "torch.nn:Linear"})])
     assert "lab_fresh_mod" not in _sys.modules and "torch.nn" in _sys.modules
     (tmp_path / "lab_fresh_mod.py").write_text("VERSION = 2\n")
     assert importlib.import_module("lab_fresh_mod").VERSION == 2

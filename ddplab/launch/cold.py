@@ -22,7 +22,7 @@ import time
 import uuid
 from pathlib import Path
 
-from .. import failures, rundir
+from .. import deaths, failures, rundir
 from ..rundir import default_runs_dir
 from ..results import Run, load_run
 from ..spec import Experiment
@@ -289,13 +289,13 @@ def _first_failure(exps, run_dirs, launch_dir: Path, proc, timeout_s: float, wat
 
 
 def _deaths(run_dir: Path, launch_dir: Path, world_size: int, accounted: set[int],
-            flight_dir: Path | None = None) -> failures.Deaths | None:
+            flight_dir: Path | None = None) -> deaths.Deaths | None:
     """What torchrun's report and the ranks' faulthandler dumps say of ranks that left no file."""
     silent = set(range(world_size)) - accounted
     if not silent:
         return None
     log = launch_dir / rundir.LOG
     stacks = {r: f.read_text() for r in silent if (f := rundir.fatal_file(run_dir, r)).exists() and f.stat().st_size}
-    deaths = failures.deaths_from(log.read_text(errors="replace") if log.exists() else "", stacks)
-    deaths.flight = failures.flight_records(flight_dir or launch_dir, world_size)
-    return deaths
+    dead = deaths.deaths_from(log.read_text(errors="replace") if log.exists() else "", stacks)
+    dead.flight = deaths.flight_records(flight_dir or launch_dir, world_size)
+    return dead

@@ -40,7 +40,7 @@ import time
 import uuid
 from pathlib import Path
 
-from .. import failures, rundir
+from .. import deaths, failures, rundir
 from ..spec import Experiment
 from ..spec.train import Train
 from .nodes import Nodes
@@ -244,13 +244,13 @@ class Session:
         if code is None:
             return ""
         if code < 0:
-            return (f"torchrun, the session's launcher (pid {self.proc.pid}), {failures.exit_said(code)}, "
+            return (f"torchrun, the session's launcher (pid {self.proc.pid}), {deaths.exit_said(code)}, "
                     f"and its ranks went with it")
-        exits = failures.exit_codes(self.log_since_submit())
+        exits = deaths.exit_codes(self.log_since_submit())
         # torchrun SIGTERMs the ranks still running once one fails: those are the consequence, not the cause
         first = {r: c for r, c in exits.items() if c != -signal.SIGTERM} or exits
         if first:
-            said = "; ".join(f"rank {r} {failures.exit_said(c)}" for r, c in sorted(first.items()))
+            said = "; ".join(f"rank {r} {deaths.exit_said(c)}" for r, c in sorted(first.items()))
             rest = sorted(set(exits) - set(first))
             return (f"{said}, so torchrun stopped " + (f"{failures.rank_list(rest)} and " if rest else "")
                     + f"the session (exit code {code})")

@@ -28,7 +28,7 @@ import uuid
 from pathlib import Path
 
 from .. import host, rundir
-from ..failures import FLIGHT_PREFIX
+from ..deaths import FLIGHT_PREFIX
 from .nodes import DEFAULT_JOIN_TIMEOUT_S, Nodes, first_node
 
 WORKER = "ddplab.rank.worker"
@@ -85,7 +85,7 @@ def worker_env(base: dict | None = None, nodes: Nodes | None = None, flight_dir:
     sockets on the loopback interface when every node is on this host, unless the caller chose (on
     several machines, gloo and NCCL pick the interface that reaches the other nodes). NCCL's flight
     recorder keeps each rank's last collectives and its watchdog dumps them into `flight_dir` on a
-    timeout (`failures.flight_records` reads them), then aborts the communicators and the process."""
+    timeout (`deaths.flight_records` reads them), then aborts the communicators and the process."""
     env = dict(os.environ if base is None else base)
     paths = [os.getcwd(), str(Path(__file__).resolve().parent.parent.parent)]
     if env.get("PYTHONPATH"):

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
-import gc
 import importlib
 import json
 import os
@@ -40,12 +39,8 @@ from .. import host, record
 from ..rundir import (ProgressLog, error_file, fatal_file, rank_file, save_tensors_atomic, tensor_file,
                       write_json_atomic)
 from ..spec import Experiment
-from ..spec.tasks import COMMON_PHASES
-from . import cells, clock, link, runtime
+from . import clock, link, runtime
 from .tasks import TaskContext, runner
-
-SESSION_PHASES = {p.name: p for p in COMMON_PHASES}
-
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -62,6 +57,8 @@ def main(argv=None) -> None:
 
     env = runtime.rank_env()
     if args.serve:
+        from .session import serve
+
         code = serve(Path(args.serve), env)
     else:
         code = run_experiments([Path(p) for p in args.spec], env, os.environ.get("DDPLAB_LAUNCH_ID", ""))
@@ -81,10 +78,12 @@ def run_experiments(spec_paths: list[Path], env, launch_id: str, warm: tuple | N
     try:
         texts = [p.read_text() for p in spec_paths]
         if warm is not None:   # before parsing: a changed task class must be the one the spec is read with
-            _fresh_user_modules(texts)
-            _baseline()
+            from . import session
+
+            session.fresh_user_modules(texts)
+            session.baseline()
         else:
-            _import_task_modules(texts)
+            import_task_modules(texts)
         exps = [Experiment.from_json(t) for t in texts]
         mine = [(p.parent, e) for p, e in zip(spec_paths, exps) if env.rank < e.world_size]
         timeout_s = max(e.timeout_s for e in exps)
@@ -142,13 +141,13 @@ def run_experiments(spec_paths: list[Path], env, launch_id: str, warm: tuple | N
             runtime.teardown()
         else:
             runtime.destroy_groups(groups)
-            _clean(device)
+            session.clean(device)
         if log:
             log.enter("done")
         code = 0
     except BaseException as e:  # noqa: BLE001 - every failure must reach the launcher as a file
         last = log.last if log else {"phase": "start", "step": -1}
-        _write_error(log.run_dir if log else spec_paths[0].parent, env.rank, last["phase"], last["step"], e)
+        write_error(log.run_dir if log else spec_paths[0].parent, env.rank, last["phase"], last["step"], e)
         code = 1
     if log:
         log.close()
@@ -216,7 +215,7 @@ class _FatalSignals:
 _FATAL = _FatalSignals()
 
 
-def _write_error(run_dir: Path, rank: int, phase: str, step: int, e: BaseException) -> None:
+def write_error(run_dir: Path, rank: int, phase: str, step: int, e: BaseException) -> None:
     """This rank's error file (the launcher's diagnosis reads it), and the traceback on stderr."""
     write_json_atomic(error_file(run_dir, rank), {
         "rank": rank, "phase": phase, "step": step, "t_ns": time.time_ns(),
@@ -224,126 +223,19 @@ def _write_error(run_dir: Path, rank: int, phase: str, step: int, e: BaseExcepti
     traceback.print_exc()
 
 
-def serve(session_dir: Path, env) -> int:
-    """A session's rank: join the process group once, then run each job the launcher writes
-    (`job{n}.json`: {"specs": [...], "launch_id": ...}, a `%%ddp` cell {"cell": code, "ranks": [...]},
-    or {"stop": true}), and mark it done (`job{n}.rank{r}.done`, or the cell's `job{n}.rank{r}.cell.json`). A job that fails ends the rank (its error file says why): the launcher
-    tears the session down and the next run starts a fresh one."""
-    cfg = json.loads((session_dir / "session.json").read_text())
-    log = ProgressLog(session_dir, env.rank, SESSION_PHASES)
-    try:
-        log.enter("init-process-group")
-        if cfg["device"] == "cpu" and cfg["pin_cpus"]:
-            runtime.pin_to_core(env.slot)
-        device = runtime.setup(cfg["backend"], cfg["device"], env, cfg["timeout_s"])
-        import torch
-
-        _THREADS[0] = torch.get_num_threads()
-        log.enter("done")   # ready for jobs
-    except BaseException as e:  # noqa: BLE001
-        _write_error(session_dir, env.rank, "init-process-group", -1, e)
-        return 1
-    finally:
-        log.close()
-    n, ns = 0, None
-    while True:
-        job = _wait_for(session_dir / f"job{n}.json", cfg.get("idle_s"))
-        if job.get("stop"):
-            break
-        if "cell" in job:   # a %%ddp cell: this rank's namespace lives from cell to cell (runs go cold after one)
-            if env.rank in job["ranks"]:
-                ns = ns if ns is not None else cells.namespace(env, device)
-                status = session_dir / f"job{n}.rank{env.rank}.cell.status"
-                write_json_atomic(session_dir / f"job{n}.rank{env.rank}.cell.json", cells.run_cell(job["cell"], ns, status))
-            n += 1
-            continue
-        if run_experiments([Path(p) for p in job["specs"]], env, job["launch_id"], (cfg["backend"], device)):
-            return 1
-        (session_dir / f"job{n}.rank{env.rank}.done").write_text("")
-        n += 1
-    runtime.teardown()
-    return 0
-
-
-def _wait_for(path: Path, idle_s: float | None = None) -> dict:
-    """The job at `path`, once the launcher has written it (atomically): polled every millisecond
-    for a second after the last job, then more slowly, so an idle session costs no CPU to speak of.
-    After `idle_s` without one (a forgotten kernel), or once the session's directory is gone, a stop."""
-    t0 = time.monotonic()
-    while not path.exists():
-        idle = time.monotonic() - t0
-        if (idle_s is not None and idle > idle_s) or (idle > 1 and not path.parent.exists()):
-            return {"stop": True}
-        time.sleep(0.001 if idle < 1 else 0.005 if idle < 10 else 0.02)
-    return json.loads(path.read_text())
-
-
-def _fresh_user_modules(spec_texts: list[str]) -> None:
-    """A user's model or task module, imported by an earlier job, is imported afresh: the file may
-    have changed since, and module-level state must not leak from one experiment into the next.
-    A task module is imported again at once (it registers its task class, which the spec is then
-    read with); a model module when the model is built (a broken file fails in 'build', as cold)."""
-    importlib.invalidate_caches()
-    for text in spec_texts:
-        d = json.loads(text)
-        names = [d["model"].split(":")[0]] if ":" in str(d.get("model", "")) else []
-        names += [m for m in [_task_module(d)] if m]
-        for name in names:
-            if name.split(".")[0] in _NEVER_PURGED:
-                continue
-            for loaded in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
-                del sys.modules[loaded]
-    _import_task_modules(spec_texts)
-
-
-def _task_module(spec: dict) -> str | None:
+def task_module(spec: dict) -> str | None:
     """The module where a spec's own task is declared (`task.module`), if it names one."""
     task = spec.get("task")
     module = task.get("module") if isinstance(task, dict) else None
     return module if isinstance(module, str) and module else None
 
 
-def _import_task_modules(spec_texts: list[str]) -> None:
+def import_task_modules(spec_texts: list[str]) -> None:
     """Import the modules of the specs' own tasks, in order, once each: the rank runs what the launcher
     wrote for this launch (which had those modules imported), so the specs can be read; reading a spec
     never imports them."""
-    for name in dict.fromkeys(filter(None, (_task_module(json.loads(t)) for t in spec_texts))):
+    for name in dict.fromkeys(filter(None, (task_module(json.loads(t)) for t in spec_texts))):
         importlib.import_module(name)
-
-
-def _baseline() -> None:
-    """Put back what a cold rank starts with, in case an earlier job or `%%ddp` cell changed it:
-    torch.distributed's debug level from the environment, autograd on, float32 as the default dtype, no deterministic-algorithms mode, the same threads."""
-    import torch
-
-    torch.set_grad_enabled(True)
-    torch.distributed.set_debug_level_from_env()   # an experiment's distributed_debug lasts one job
-    torch.set_default_dtype(torch.float32)
-    torch.use_deterministic_algorithms(False)
-    torch.set_num_threads(_THREADS[0])
-
-
-_NEVER_PURGED = {"torch", "ddplab", "numpy", "builtins"}   # a factory may live there; it never changes mid-session
-_THREADS = [1]   # torch's thread count when the session's rank started (serve sets it)
-
-
-def _clean(device) -> None:
-    """After a job (whose objects `runtime.destroy_groups` just collected): after the first job, what
-    survived is the session's own (modules, torch's and DDP's lazily imported machinery), so it is
-    frozen out of every later collection, which then costs milliseconds instead of a tenth of a
-    second; later jobs' and cells' garbage stays collectable. CUDA's caches and peaks start from zero."""
-    if not _FROZEN:
-        gc.freeze()
-        _FROZEN.append(True)
-    if device.type == "cuda":
-        import torch
-
-        torch.cuda.synchronize(device)
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats(device)
-
-
-_FROZEN: list = []
 
 
 if __name__ == "__main__":

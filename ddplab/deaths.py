@@ -1,0 +1,109 @@
+"""What is known of ranks that died without a word (pure, except reading the flight recorder's dumps):
+torchrun's report of its workers' exit codes and signals, Python's faulthandler dumps, native (C++)
+error lines, NCCL's watchdog timeouts and flight recorder, and simulated nodes that were lost.
+`failures.diagnose` reads it beside the ranks' own records."""
+
+from __future__ import annotations
+
+import re
+import signal
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Deaths:
+    """What is known of ranks that died without a word: the signal that ended each (from torchrun's
+    report of its workers' exit codes), Python's faulthandler dump of a rank a fatal signal killed
+    (rank{r}.fatal.txt), and the native (C++) error messages printed just before (gloo's checks
+    abort the process: no Python exception, no error file)."""
+
+    signals: dict[int, str] = field(default_factory=dict)    # rank -> "SIGABRT"
+    stacks: dict[int, str] = field(default_factory=dict)     # rank -> faulthandler's dump
+    native: list[str] = field(default_factory=list)          # "what():" lines of C++ exceptions
+    # NCCL: ranks whose watchdog timed a collective out (and aborted the process): rank -> (seq, op)
+    nccl_timeouts: dict[int, tuple[int, str]] = field(default_factory=dict)
+    # NCCL's flight recorder, dumped on timeout: rank -> its last collective {seq, name, state}
+    flight: dict[int, dict] = field(default_factory=dict)
+    # simulated nodes (launch/nodes.py): agent -> (the signal that ended its torchrun agent, its ranks)
+    lost_nodes: dict[int, tuple[str, list[int]]] = field(default_factory=dict)
+
+
+_EXIT = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank[^\n]*\n\s*exitcode\s*:\s*(-?\d+)")
+_NATIVE = re.compile(r"what\(\):\s*(.+)")
+_NODE_LOST = re.compile(r"ddplab-nodes: node agent (\d+) was ended by (\S+); its ranks: ([\d, ]+|unknown)")
+# ProcessGroupNCCL's watchdog: "[PG ID 0 PG GUID 0(default_pg) Rank 1] Watchdog caught collective operation
+# timeout: WorkNCCL(SeqNum=6, OpType=ALLREDUCE, NumelIn=1, ...) ran for 5002 milliseconds before timing out."
+_NCCL_TIMEOUT = re.compile(r"Rank (\d+)\][^\n]*?Watchdog caught collective operation timeout: "
+                           r"WorkNCCL\(SeqNum=(\d+), OpType=(\w+)")
+FLIGHT_PREFIX = "nccl_trace_rank_"   # TORCH_FR_DUMP_TEMP_FILE's prefix in a launch directory (launch.torchrun)
+
+
+def exit_codes(log_text: str) -> dict[int, int]:
+    """rank -> its exit code, from torchrun's failure report in a log (pure; negative: a signal)."""
+    return {int(rank): int(code) for rank, code in _EXIT.findall(log_text)}
+
+
+def exit_said(code: int) -> str:
+    """'was killed by SIGKILL' or 'exited with code 3' (pure)."""
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def deaths_from(log_text: str, stacks: dict[int, str] | None = None) -> Deaths:
+    """`Deaths` from the text of launch.log (torchrun's failure report and what the ranks printed)
+    and the faulthandler dumps the ranks left (pure). A negative exit code is a signal."""
+    signals = {}
+    for rank, code in _EXIT.findall(log_text):
+        if int(code) < 0:
+            try:
+                signals[int(rank)] = signal.Signals(-int(code)).name
+            except ValueError:
+                signals[int(rank)] = f"signal {-int(code)}"
+    native = list(dict.fromkeys(m.strip() for m in _NATIVE.findall(log_text)))
+    timeouts = {}
+    for rank, seq, op in _NCCL_TIMEOUT.findall(log_text):
+        timeouts.setdefault(int(rank), (int(seq), op))
+    lost = {int(agent): (how, [int(r) for r in ranks.split(",") if r.strip().isdigit()])
+            for agent, how, ranks in _NODE_LOST.findall(log_text)}
+    return Deaths(signals, dict(stacks or {}), native, timeouts, lost_nodes=lost)
+
+
+def flight_records(launch_dir, world_size: int) -> dict[int, dict]:
+    """Each rank's last collective in NCCL's flight recorder dump (`<launch_dir>/nccl_trace_rank_<r>`,
+    written by the watchdog on a timeout): {"seq", "name", "state"}, in the process group all the
+    dumps share (the training group; a sequence number counts within one group). The dump is a
+    pickle of plain data; it is read with no class allowed, so a file that holds anything else is skipped."""
+    import pickle
+    from pathlib import Path
+
+    class _Plain(pickle.Unpickler):
+        def find_class(self, module, name):
+            raise pickle.UnpicklingError(f"{module}.{name} is not plain data")
+
+    by_group: dict[int, dict] = {}   # rank -> process group -> its last collective there
+    for r in range(world_size):
+        path = Path(launch_dir) / f"{FLIGHT_PREFIX}{r}"
+        try:
+            with open(path, "rb") as f:
+                entries = _Plain(f).load().get("entries", [])
+        except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ValueError):
+            continue
+        for e in entries:
+            if isinstance(e, dict) and e.get("collective_seq_id"):
+                pg = str(e.get("process_group", ""))
+                last = by_group.setdefault(r, {}).get(pg)
+                if last is None or e["collective_seq_id"] > last["collective_seq_id"]:
+                    by_group[r][pg] = e
+    if not by_group:
+        return {}
+    # sequence numbers count per process group: compare the ranks in a group every one of them used
+    common = set.intersection(*(set(g) for g in by_group.values()))
+    if not common:
+        return {}
+    pg = max(common, key=lambda g: sum(d[g]["collective_seq_id"] for d in by_group.values()))
+    return {r: {"seq": d[pg]["collective_seq_id"], "name": str(d[pg].get("profiling_name", "?")),
+                "state": str(d[pg].get("state", "?"))} for r, d in by_group.items()}
