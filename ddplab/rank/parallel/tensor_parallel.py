@@ -5,7 +5,7 @@ the ranks of a tensor-parallel group, every rank computing on the whole batch (n
                 part, Linear(4d, d) row-parallel (each rank 4d/tp input features): its partial sums
                 are all-reduced in forward; the input's gradient is all-reduced in backward.
     attention:  the fused q/k/v Linear column-parallel (each rank n_heads/tp whole heads, which the
-                head-major layout of `models.HeadMajorAttention` guarantees), attention per head on
+                head-major layout of `layers.HeadMajorAttention` guarantees), attention per head on
                 the local heads, the output projection row-parallel: the same two all-reduces.
 
 `parallelize_module` with `ColwiseParallel` / `RowwiseParallel` turns the parameters into DTensors
@@ -22,7 +22,7 @@ import torch
 import torch.nn as nn
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-from ..models import HeadMajorAttention, HeadMajorBlock
+from ..layers import HeadMajorAttention, HeadMajorBlock
 
 _ATTENTION_PLAN = {"qkv": ColwiseParallel, "proj": RowwiseParallel}
 _MLP_PLAN = {"0": ColwiseParallel, "2": RowwiseParallel}
