@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from ddplab.launch import session as sessions
+from ddplab.launch import reuse
 
 
 @pytest.mark.parametrize("warm, env, expected", [(True, "", True), (False, "1", False), (None, "1", True),
                                                  (None, "0", False), (None, "off", False), (None, "", False)])
 def test_whether_a_run_starts_a_session(monkeypatch, warm, env, expected):
     monkeypatch.setenv("DDPLAB_WARM", env)
-    assert sessions.wanted(warm) is expected   # outside a kernel the default is cold
+    assert reuse.wanted(warm) is expected   # outside a kernel the default is cold
 
 
 def test_the_default_is_warm_in_a_jupyter_kernel(monkeypatch):
@@ -19,6 +19,6 @@ def test_the_default_is_warm_in_a_jupyter_kernel(monkeypatch):
 
     monkeypatch.delenv("DDPLAB_WARM", raising=False)
     monkeypatch.setattr(progress, "in_notebook", lambda: True)
-    assert sessions.wanted(None) is True
+    assert reuse.wanted(None) is True
     monkeypatch.setattr(progress, "in_notebook", lambda: False)
-    assert sessions.wanted(None) is False
+    assert reuse.wanted(None) is False

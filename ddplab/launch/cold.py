@@ -26,7 +26,7 @@ from .. import deaths, failures, rundir
 from ..rundir import default_runs_dir
 from ..results import Run, load_run
 from ..spec import Experiment
-from . import session
+from . import reuse, session
 from .nodes import Nodes
 from .preflight import check_launch
 from .progress import Reporter
@@ -207,9 +207,9 @@ def _launch_in(exps, final_dirs, final_launch_dir, name, reporter: Reporter, sta
 
 
 def _session_for(exps, backend, device, warm, startup_timeout_s, reporter: Reporter, name: str):
-    """`session.for_launch`, with a failed or interrupted start said on the progress line."""
+    """`reuse.for_launch`, with a failed or interrupted start said on the progress line."""
     try:
-        return session.for_launch(exps, backend, device, warm, startup_timeout_s, reporter.update)
+        return reuse.for_launch(exps, backend, device, warm, startup_timeout_s, reporter.update)
     except failures.Interrupted as e:
         reporter.finish(f"ddplab {name}: {e}")
         raise

@@ -17,7 +17,7 @@ launcher's death stop the whole process tree as for a cold launch (torchrun dies
 each rank with torchrun). Only one session is current at a time; `run` uses it when it fits the
 experiments (enough ranks, the same backend, device and CPU pinning).
 
-When none fits, `run(exp, warm=...)` decides (`for_launch`): True starts a session sized to the
+When none fits, `run(exp, warm=...)` decides (`reuse.for_launch`): True starts a session sized to the
 launch and keeps it for the next runs, False launches cold, None (the default) starts one in a
 Jupyter kernel (a notebook runs many experiments) and launches cold elsewhere (a script or `ddplab
 run` usually runs one); $DDPLAB_WARM=1 or 0 sets that default. A session `run` started itself is
@@ -30,8 +30,6 @@ from __future__ import annotations
 
 import atexit
 import errno
-import json
-import os
 import shutil
 import signal
 import subprocess
@@ -75,39 +73,6 @@ def current() -> "Session | None":
     return _current if _current is not None and _current.alive() else None
 
 
-def wanted(warm: bool | None) -> bool:
-    """Should a launch that no session fits start one? `warm` as `run` got it (None: the default)."""
-    if warm is not None:
-        return bool(warm)
-    env = os.environ.get("DDPLAB_WARM", "").strip().lower()
-    if env in ("1", "true", "yes", "on"):
-        return True
-    if env in ("0", "false", "no", "off"):
-        return False
-    from .progress import in_notebook
-
-    return in_notebook()
-
-
-def for_launch(exps: list[Experiment], backend: str, device: str, warm: bool | None, startup_timeout_s: float,
-               say=None) -> "Session | None":
-    """The session these experiments run on (the current one if it fits, else a new one when
-    `wanted(warm)`), or None: launch cold. `say` gets a line before a new session starts."""
-    if warm is False:
-        return None
-    s = current()
-    if s is not None and s.fits(exps, backend, device):
-        return s
-    pins = {e.pin_cpus for e in exps}
-    if not wanted(warm) or len(pins) > 1 or (s is not None and not s.implicit):
-        return None   # the user's own session stays as it is
-    world_size = max(e.world_size for e in exps)   # the old one, if `run` started it, leaves in Session()
-    if say is not None:
-        say(f"ddplab: starting a session of {world_size} warm ranks on {backend}/{device} "
-            f"(later runs that fit reuse them)")
-    return Session(world_size, backend, device, pins.pop(), startup_timeout_s=startup_timeout_s, implicit=True)
-
-
 def close_current() -> None:
     """Close the current session, if any (at exit, its ranks would die with this process anyway)."""
     s = _current
@@ -129,7 +94,7 @@ def forget(s: "Session", why: str = "it was stopped after a failed, hung or inte
 class Session:
     """`world_size` warm ranks on `backend`/`device` ("auto": as a cold launch of that many ranks
     would choose). Opening one makes it current; `close()` (or leaving its `with` block) stops it.
-    `implicit`: `run` started it (`for_launch`), so `run` may replace it."""
+    `implicit`: `run` started it (`reuse.for_launch`), so `run` may replace it."""
 
     def __init__(self, world_size: int = 4, backend: str = "auto", device: str = "auto", pin_cpus: bool = False,
                  runs_dir=None, startup_timeout_s: float = STARTUP_TIMEOUT_S, timeout_s: float = SESSION_TIMEOUT_S,
@@ -343,51 +308,10 @@ class Session:
         """Run `code` on `ranks` (default: all) as a `%%ddp` cell (`rank/cells.py`): rank -> its stdout,
         stderr, last value and error, or None for a rank that never finished (it hung: the session is
         then torn down, as after any hang). Ctrl-C stops the cell and the session."""
-        with LOCK:
-            return self._execute(code, ranks)
+        from .cells import run_cell
 
-    def _execute(self, code: str, ranks: list[int] | None) -> dict[int, dict | None]:
-        ranks = list(range(self.world_size)) if ranks is None else sorted(set(ranks))
-        if self.alive() and not self.dir.exists():
-            self._stop_for_lost_dir("")
-        if not self.alive():
-            raise RuntimeError("this session is closed: start a new one (%ddp_start)")
-        bad = [r for r in ranks if not 0 <= r < self.world_size]
-        if bad:
-            raise ValueError(f"ranks: {bad} not in this session's 0..{self.world_size - 1}")
-        n = self.jobs
-        self.log_offset = (self.dir / rundir.LOG).stat().st_size
-        rundir.write_json_atomic(self.dir / f"job{n}.json", {"cell": code, "ranks": ranks})
-        self.jobs += 1
-        self.cells += 1
-        files = {r: self.dir / f"job{n}.rank{r}.cell.json" for r in ranks}
-        deadline = time.monotonic() + self.timeout_s + CELL_GRACE_S
-        with interrupts_caught() as interrupted:
-            while not interrupted and self.alive() and time.monotonic() < deadline and self.dir.exists():
-                if all(f.exists() for f in files.values()):
-                    break
-                time.sleep(POLL_S)
-            if not self.dir.exists():
-                self._stop_for_lost_dir(" during the cell")
-            self.died = "" if self.alive() else self.death()
-            results = {r: (json.loads(f.read_text()) if f.exists() else None) for r, f in files.items()}
-            self.cell_status = {}   # rank -> the last collective its `dist` was called for (rank/cells.py)
-            for r in ranks:
-                try:
-                    self.cell_status[r] = json.loads((self.dir / f"job{n}.rank{r}.cell.status").read_text())
-                except (OSError, ValueError):
-                    pass
-            lost = interrupted or any(v is None for v in results.values()) or any(
-                v and v["error"] and failures.is_timeout(v["error"]) for v in results.values())
-            if lost:   # a hang, a dead rank or a timed-out collective leaves the process group unusable
-                self.kill()
-                forget(self, f"{self.died} during a %%ddp cell" if self.died else
-                             "it was stopped after a %%ddp cell hung, timed out or was interrupted")
-            else:
-                self._arm_idle()
-        if interrupted:
-            raise failures.Interrupted(f"interrupted: the cell and the session's {self.world_size} ranks stopped")
-        return results
+        with LOCK:
+            return run_cell(self, code, ranks)
 
     def _stop_for_lost_dir(self, when: str) -> None:
         """Its directory is gone (the ranks read their jobs there): stop them and say so."""

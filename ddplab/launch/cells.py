@@ -1,0 +1,59 @@
+"""The launcher's side of a `%%ddp` cell (`Session.execute`; the rank side is `rank/cells.py`): the
+cell goes to the session's ranks as a job, and every rank's stdout, stderr, value and error come back.
+A hang, a dead rank, a timed-out collective or Ctrl-C tears the session down."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from .. import failures, rundir
+from .session import CELL_GRACE_S, POLL_S, forget
+from .torchrun import interrupts_caught
+
+
+def run_cell(s, code: str, ranks: list[int] | None) -> dict[int, dict | None]:
+    """`Session.execute`'s work, under its lock: write the cell as the session's next job, wait for every
+    rank's answer (or the deadline, a dead rank, Ctrl-C), and tear the session down if the cell left the
+    process group unusable."""
+    ranks = list(range(s.world_size)) if ranks is None else sorted(set(ranks))
+    if s.alive() and not s.dir.exists():
+        s._stop_for_lost_dir("")
+    if not s.alive():
+        raise RuntimeError("this session is closed: start a new one (%ddp_start)")
+    bad = [r for r in ranks if not 0 <= r < s.world_size]
+    if bad:
+        raise ValueError(f"ranks: {bad} not in this session's 0..{s.world_size - 1}")
+    n = s.jobs
+    s.log_offset = (s.dir / rundir.LOG).stat().st_size
+    rundir.write_json_atomic(s.dir / f"job{n}.json", {"cell": code, "ranks": ranks})
+    s.jobs += 1
+    s.cells += 1
+    files = {r: s.dir / f"job{n}.rank{r}.cell.json" for r in ranks}
+    deadline = time.monotonic() + s.timeout_s + CELL_GRACE_S
+    with interrupts_caught() as interrupted:
+        while not interrupted and s.alive() and time.monotonic() < deadline and s.dir.exists():
+            if all(f.exists() for f in files.values()):
+                break
+            time.sleep(POLL_S)
+        if not s.dir.exists():
+            s._stop_for_lost_dir(" during the cell")
+        s.died = "" if s.alive() else s.death()
+        results = {r: (json.loads(f.read_text()) if f.exists() else None) for r, f in files.items()}
+        s.cell_status = {}   # rank -> the last collective its `dist` was called for (rank/cells.py)
+        for r in ranks:
+            try:
+                s.cell_status[r] = json.loads((s.dir / f"job{n}.rank{r}.cell.status").read_text())
+            except (OSError, ValueError):
+                pass
+        lost = interrupted or any(v is None for v in results.values()) or any(
+            v and v["error"] and failures.is_timeout(v["error"]) for v in results.values())
+        if lost:   # a hang, a dead rank or a timed-out collective leaves the process group unusable
+            s.kill()
+            forget(s, f"{s.died} during a %%ddp cell" if s.died else
+                         "it was stopped after a %%ddp cell hung, timed out or was interrupted")
+        else:
+            s._arm_idle()
+    if interrupted:
+        raise failures.Interrupted(f"interrupted: the cell and the session's {s.world_size} ranks stopped")
+    return results
