@@ -140,3 +140,11 @@ def test_every_task_goes_by_one_module_name_through_every_stage():
         assert cls.__module__ == f"ddplab.spec.{name}", kind
         assert cls.record.__module__ == f"ddplab.record.{name}", kind
         assert cls.runner == f"ddplab.rank.tasks.{name}:run", kind
+
+
+MAX_MODULE_LINES = 330   # issue 31: a module a newcomer can read in one sitting
+
+
+def test_no_module_is_longer_than_a_sitting():
+    long = {dotted: n for path, dotted in _modules() if (n := len(path.read_text().splitlines())) > MAX_MODULE_LINES}
+    assert long == {}

@@ -21,7 +21,8 @@ from ddplab import verify
 from ddplab.recipes.common_errors import PREFIX, common_error_groups, common_error_runs
 # by name from the modules: once the packages export `common_errors` (the function), the name
 # `ddplab.tables.common_errors` is the function, not this module
-from ddplab.tables.common_errors import (error_table, divided_state, error_runs, judge_summed_overstates,
+from ddplab.tables.common_errors_summary import error_table
+from ddplab.tables.common_errors import (divided_state, error_runs, judge_summed_overstates,
                                          replicated_state_bytes, source_as_ready_order, summed_as_exposed,
                                          verify_fixed_global_batch, verify_ready_not_source_order,
                                          verify_replicated_state, verify_summed_overstates, weak_as_strong)

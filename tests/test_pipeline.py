@@ -16,6 +16,7 @@ from ddplab.recipes.pipeline import pipeline_parallel
 from ddplab.spec import Experiment, Pipeline
 from ddplab.record.pipeline import PipelineRecord, PipelineStep, StageOp, UnsplitCheck
 from ddplab.tables import pipeline as views
+from ddplab.tables import pipeline_steps
 
 SIZES = dict(d_model=32, n_layers=4, n_heads=2, seq_len=8)
 
@@ -410,7 +411,7 @@ def test_pipeline_loss_and_gradients_equal_the_unsplit_model(pipeline_runs, caps
 @pytest.mark.slow
 def test_every_stage_runs_torchs_order_of_work(pipeline_runs):
     for run in pipeline_runs:
-        for (schedule, m, _), stage_steps in views.steps(run).items():
+        for (schedule, m, _), stage_steps in pipeline_steps.steps(run).items():
             for stage, step in enumerate(stage_steps):
                 ran = [(op.kind[0].upper(), op.microbatch) for op in step.ops if op.kind != "loss"]
                 assert ran == model.order(schedule, run.world_size, m, stage), (schedule, m, stage)

@@ -9,7 +9,8 @@ from matplotlib.patches import Patch
 
 from ..predict.pipeline import bubble_fraction
 from .. import tables
-from ..tables.pipeline import bubble, step_bubble, steps
+from ..tables.pipeline import bubble
+from ..tables.pipeline_steps import step_bubble, steps
 from .canvas import name_link, subplots
 
 COLORS = {"forward": "#1f77b4", "loss": "#7f7f7f", "backward": "#ff7f0e"}

@@ -10,7 +10,7 @@ wrong claim's number beside what the runs measured and what the right model says
   steps (`record.exposed_tail_ms`; `judge_summed_overstates`, `verify_summed_overstates`);
 - `source_as_ready_order`: parameter source order taken for gradient-ready order, beside the order
   the readiness probe measured (`verify_ready_not_source_order`);
-- `error_table(runs)`: one row per error, with a verdict computed from the numbers.
+- `common_errors_summary.error_table(runs)`: one row per error, with a verdict computed from the numbers.
 
 The `verify_*` checks raise `verify.CheckFailed` when the right claim does not hold on the runs given;
 the one timing claim (the sum against the tail) is judged by `claims` on per-step pairs, and fails
@@ -27,7 +27,7 @@ import pandas as pd
 from .. import record, verify
 from ..predict.memory import state_bytes
 from ..recipes.common_errors import PREFIX
-from ..units import MIB, ms_after
+from ..units import ms_after
 from .stats import robust_spread
 from .global_batch import examples_per_step, scaling
 from .memory import MODEL_STATE
@@ -263,99 +263,3 @@ def verify_ready_not_source_order(table: pd.DataFrame) -> None:
     verify.that("nor the reverse source order", ready != source[::-1],
                 seen=f"{int(table['at_reverse_source_position'].sum())} of {len(table)} at their reverse source "
                      f"position", expected="not all")
-
-
-# ---- the four, side by side --------------------------------------------------------------------
-
-def _scaling_row(weak_runs, strong_runs) -> dict:
-    t = weak_as_strong(weak_runs, strong_runs)
-    weak_gb, strong_gb = sorted(set(t["weak_global_batch"])), sorted(set(t["strong_global_batch"]))
-    base = t.iloc[0]
-    claimed = ", ".join(f"{r['claimed_speedup']:.2f}x ({r['claimed_speedup_low']:.2f}-{r['claimed_speedup_high']:.2f}) "
-                        f"on {w}" for w, r in t.iloc[1:].iterrows())
-    fixed = ", ".join(f"{r['speedup']:.2f}x ({r['speedup_low']:.2f}-{r['speedup_high']:.2f}, {r['verdict']}) on {w}"
-                      for w, r in t.iloc[1:].iterrows())
-    says = (f"weak runs (global batch {', '.join(map(str, weak_gb))}): examples/s over {t.index[0]} rank {claimed}; "
-            f"at a fixed global batch of {', '.join(map(str, strong_gb))} ({base['strong_step_ms']:.1f} ms a step on "
-            f"{t.index[0]}, {base['strong_step_ms_min']:.1f}-{base['strong_step_ms_max']:.1f}): speed-up {fixed}")
-    if len(strong_gb) != 1 or len(weak_gb) == 1:
-        verdict = "not shown: the strong runs must share one global batch and the weak runs must not"
-    else:
-        later = list(t.iloc[1:].iterrows())
-        resolved = [f"{w} ranks are {r['verdict']}" for w, r in later if r["verdict"] != "cannot resolve"]
-        unresolved = [str(w) for w, r in later if r["verdict"] == "cannot resolve"]
-        timing = "; ".join(([f"at the fixed global batch, {', '.join(resolved)} than 1"] if resolved else []) +
-                           ([f"cannot resolve {' and '.join(unresolved)} ranks against 1 (step ranges overlap)"]
-                            if unresolved else []))
-        verdict = (f"wrong: the weak runs changed the global batch ({weak_gb[0]} to {weak_gb[-1]}), so their "
-                   f"throughput ratio is not a speed-up; {timing}")
-    return {"says": says, "verdict": verdict}
-
-
-def _memory_row(memory_runs) -> dict:
-    t = divided_state(memory_runs)
-    by_w = t.groupby(level="world_size")
-    sizes = by_w["model_state_bytes"].agg(["min", "max"])
-    says = "; ".join(f"{w} ranks: {lo / MIB:.3f}-{hi / MIB:.3f} MiB per rank" if lo != hi else
-                     f"{w} ranks: {lo / MIB:.3f} MiB on every rank" for w, (lo, hi) in sizes.iterrows())
-    divided = by_w["divided_bytes"].first()
-    says += "; divided by W: " + ", ".join(f"{d / MIB:.3f} MiB" for d in divided)
-    acts = by_w[["local_batch", "activation_bytes"]].max()
-    says += "; activations: " + ", ".join(f"{a / MIB:.3f} MiB on {w} (local batch {lb})"
-                                          for w, (lb, a) in acts.iterrows())
-    replicated = t["model_state_bytes"].nunique() == 1 and (t["model_state_bytes"] == t["predicted_bytes"]).all()
-    if replicated:
-        ratios = ", ".join(f"{r:g}x" for r in by_w["measured_over_divided"].first())
-        verdict = (f"wrong: every rank holds the whole model state at every world size; dividing by W is off by "
-                   f"{ratios}, the replicated model is exact")
-    else:
-        verdict = "not shown: the ranks' model state differs across ranks or world sizes, or from the replicated model"
-    return {"says": says, "verdict": verdict}
-
-
-def _overlap_row(ddp_run, compute_only_run) -> dict:
-    t = summed_as_exposed(ddp_run, compute_only_run)
-    v, ms = judge_summed_overstates(t), t["ms"]
-    says = (f"{t.attrs['launched_during_backward']:g} of {t.attrs['buckets']:g} buckets launched during backward; "
-            f"summed durations {ms['summed all-reduce durations']:.1f} ms, exposed tail {ms['exposed tail']:.1f} ms "
-            f"(medians over {v.n} steps)")
-    excess = (f"summed minus tail per step: median {v.center:.1f} ms, {100 * (1 - 2 * v.alpha):.3g}% interval "
-              f"[{v.low:.1f}, {v.high:.1f}] ms")
-    verdict = {"holds": "wrong: the sum overstates the exposed tail", "contradicted": "not shown: the sum falls short "
-               "of the exposed tail", "cannot resolve": "cannot resolve the sum against the exposed tail"}[v.outcome]
-    return {"says": says, "verdict": f"{verdict} ({excess})"}
-
-
-def _order_row(run) -> dict:
-    t = source_as_ready_order(run)
-    n = len(t)
-    first = t["ready_position"].idxmin()
-    says = (f"{run.spec.model}: {int(t['at_source_position'].sum())} of {n} gradients ready at their source position, "
-            f"{int(t['at_reverse_source_position'].sum())} at their reverse source position; ready first: {first} "
-            f"(source position {t.loc[first, 'source_position']})")
-    ready = t["ready_position"].sort_values().index.tolist()
-    if ready in (t.index.tolist(), t.index.tolist()[::-1]):
-        which = "the source order" if ready == t.index.tolist() else "the reverse source order"
-        verdict = f"not shown: on this model the ready order is {which}"
-    else:
-        verdict = "wrong: the ready order is neither the source order nor its reverse; the executed graph decides"
-    return {"says": says, "verdict": verdict}
-
-
-MISCLAIMS = {
-    "global batch": "weak-scaling runs (global batch grows with the ranks) show a strong-scaling speed-up",
-    "replicated memory": "model-state memory per rank is the one-process state divided by the world size",
-    "summed all-reduce": "the bucket all-reduce durations, summed, are the communication overhead of a step",
-    "ready order": "gradients become ready in parameter source order (or its reverse)",
-}
-
-
-@reading(runs=None, mapping=("runs",))   # the chapter's dict of every run: it picks the train runs by name
-def error_table(runs) -> pd.DataFrame:
-    """One row per error of a `recipes.common_error_runs()` launch (the list `run_many` returned, or a dict
-    by name): the misclaim, what these runs say (numbers from them), and a verdict computed from those
-    numbers ("wrong: ...", "not shown: ..." or "cannot resolve ..." where the noise is larger)."""
-    g = error_runs(runs)
-    rows = {"global batch": _scaling_row(g["weak"], g["strong"]), "replicated memory": _memory_row(g["memory"]),
-            "summed all-reduce": _overlap_row(*g["overlap"]), "ready order": _order_row(g["ready"][0])}
-    return pd.DataFrame([{"error": e, "misclaim": MISCLAIMS[e], **row} for e, row in rows.items()]).set_index("error")

@@ -26,7 +26,8 @@ import statistics
 import pandas as pd
 
 from .. import claims, verify
-from ..predict.pipeline import bubble_fraction, in_flight, simulate
+from ..predict.pipeline import bubble_fraction, in_flight
+from .pipeline_steps import rounds, steps
 from ..units import MIB
 
 READS = "pipeline"   # the task kind of the runs its tables read (tables/reads.py)
@@ -39,57 +40,6 @@ UNSPLIT_TOLERANCE = 1e-5     # relative to the largest reference gradient (float
 
 def _runs(runs) -> list:
     return list(runs) if isinstance(runs, (list, tuple)) else [runs]
-
-
-def steps(run) -> dict[tuple[str, int, int], list]:
-    """(schedule, m, round) -> every stage's PipelineStep of that step, in stage order (round -1 is the
-    checked step)."""
-    out: dict[tuple[str, int, int], list] = {}
-    for r in run.ranks:
-        for s in r.result.steps:
-            out.setdefault((s.schedule, s.microbatches, s.round), [None] * run.world_size)[r.rank] = s
-    missing = [k for k, v in out.items() if any(s is None for s in v)]
-    if missing:
-        raise ValueError(f"run {run.spec.name!r}: not every stage recorded the step {missing[0]}")
-    return out
-
-
-def _durations_ms(step, m: int, cpu: bool = False) -> tuple[list[float], list[float]]:
-    """One stage's forward (its loss included) and backward time per microbatch, in ms: wall-clock, or
-    (`cpu`) the CPU time the stage's process spent in each op, its own compute alone."""
-    fwd, bwd = [0.0] * m, [0.0] * m
-    for op in step.ops:
-        ms = (op.cpu_ns if cpu else op.end_ns - op.start_ns) / 1e6
-        if op.kind == "backward":
-            bwd[op.microbatch] += ms
-        else:
-            fwd[op.microbatch] += ms
-    return fwd, bwd
-
-
-def step_bubble(stage_steps: list) -> dict:
-    """One step over all stages: its span (ms), each stage's idle fraction, their mean (`bubble`); the
-    share of the span the stages' processes were not computing (`not_computing`: the span less their
-    ops' CPU time, over the stages; a stage preempted inside an op counts as busy in `bubble`, not
-    here); the schedule replayed with free communication and each stage's typical compute
-    (`simulated`: every forward, every backward, the median of that stage's, in CPU time, its
-    process's own work); and the share of the span lost beyond the replay with every op's own compute
-    (`waits`: waiting for messages and, where stages share a core, for it)."""
-    first = stage_steps[0]
-    m = first.microbatches
-    t0 = min(op.start_ns for s in stage_steps for op in s.ops)
-    span_ns = max(op.end_ns for s in stage_steps for op in s.ops) - t0
-    span_ms = span_ns / 1e6
-    stage_bubble = [1 - sum(op.end_ns - op.start_ns for op in s.ops) / span_ns for s in stage_steps]
-    cpu = all(op.cpu_ns is not None for s in stage_steps for op in s.ops)   # older records lack it
-    computing = [sum(op.cpu_ns for op in s.ops) / span_ns for s in stage_steps] if cpu else \
-        [1 - b for b in stage_bubble]
-    fwd, bwd = (list(d) for d in zip(*(_durations_ms(s, m, cpu) for s in stage_steps)))
-    per_op = simulate(first.schedule, fwd, bwd, m)
-    typical = simulate(first.schedule, [statistics.median(f) for f in fwd], [statistics.median(b) for b in bwd], m)
-    return {"span_ms": span_ms, "stage_bubble": stage_bubble, "bubble": sum(stage_bubble) / len(stage_bubble),
-            "not_computing": 1 - sum(computing) / len(computing), "simulated": typical.bubble,
-            "waits": max(0.0, (span_ms - per_op.span_ms) / span_ms), "compute": "cpu" if cpu else "wall"}
 
 
 def timeline(run, schedule: str, microbatches: int, round_: int = 0) -> pd.DataFrame:
@@ -111,15 +61,6 @@ def _cores(run) -> int | None:
     """How many CPU cores the run's stages ran on, all together (None where the record lacks it)."""
     cores = [getattr(r.result, "cores", None) for r in run.ranks]
     return None if any(c is None for c in cores) else len({c for mine in cores for c in mine})
-
-
-def rounds(run) -> dict[tuple[str, int], dict[int, dict]]:
-    """(schedule, m) -> round -> `step_bubble` of that timed step: the rounds that pair the arms."""
-    out: dict[tuple[str, int], dict[int, dict]] = {}
-    for (schedule, m, r), stage_steps in sorted(steps(run).items()):
-        if r >= 0:
-            out.setdefault((schedule, m), {})[r] = step_bubble(stage_steps)
-    return out
 
 
 def _label(schedule: str, p: int, m: int | None = None) -> str:
@@ -256,7 +197,7 @@ def change_sentences(runs) -> list[str]:
 def bubble(runs, tolerance: float = FLOOR_TOLERANCE) -> pd.DataFrame:
     """Per (schedule, stages, microbatches): the measured bubble over the timed rounds (median, min,
     max), the share the stages were not computing (median), the formula, the replay with the stages'
-    typical compute and free sends (`simulated`: median, min, max; a model, see `step_bubble`), the
+    typical compute and free sends (`simulated`: median, min, max; a model, see `pipeline_steps.step_bubble`), the
     waits (median share of the span), the cores the stages ran on, and the outcome of
     `judge_formula_floor` (`floor`). Pairs torch refuses are listed with `rounds` 0 and the floor
     "not run"."""
