@@ -109,7 +109,7 @@ def test_the_launch_is_blamed_on_the_earliest_error_not_on_the_narrower_run_torc
     import types
 
     from ddplab import Experiment, rundir
-    from ddplab.launch import cold
+    from ddplab.launch import diagnosis
 
     narrow, wide = Experiment(name="narrow", world_size=2), Experiment(name="wide", world_size=4)
     dirs = [tmp_path / "narrow", tmp_path / "wide"]
@@ -124,7 +124,7 @@ def test_the_launch_is_blamed_on_the_earliest_error_not_on_the_narrower_run_torc
         rundir.error_file(dirs[1], 2).write_text(json.dumps({
             "rank": 2, "phase": "forward", "step": 0, "t_ns": 5, "type": "RuntimeError", "message": message,
             "traceback": f"Traceback ...\nRuntimeError: {message}"}))
-        return cold._first_failure([narrow, wide], dirs, tmp_path, proc, 60.0, False, tmp_path / "spec.json", {},
+        return diagnosis.first_failure([narrow, wide], dirs, tmp_path, proc, 60.0, False, tmp_path / "spec.json", {},
                                    tmp_path)
 
     own = blamed("mat1 and mat2 shapes cannot be multiplied")
@@ -132,7 +132,7 @@ def test_the_launch_is_blamed_on_the_earliest_error_not_on_the_narrower_run_torc
     # a timeout in the later run is a consequence (a rank still busy in the earlier one): the earlier is blamed
     assert blamed("Timed out waiting 60000ms for recv operation to complete").run_dir == dirs[0]
     rundir.error_file(dirs[1], 2).unlink()   # no error at all: the first run that left no result
-    assert cold._first_failure([narrow, wide], dirs, tmp_path, proc, 60.0, False, tmp_path / "spec.json", {},
+    assert diagnosis.first_failure([narrow, wide], dirs, tmp_path, proc, 60.0, False, tmp_path / "spec.json", {},
                                tmp_path).run_dir == dirs[0]
 
 

@@ -22,7 +22,7 @@ import time
 import uuid
 from pathlib import Path
 
-from .. import deaths, failures, rundir
+from .. import failures, rundir
 from ..rundir import default_runs_dir
 from ..results import Run, load_run
 from ..spec import Experiment
@@ -31,11 +31,11 @@ from .nodes import Nodes
 from .preflight import check_launch
 from .progress import Reporter
 from .torchrun import interrupts_caught, kill_tree, start, sweep_dead, worker_argv, worker_env
-from .watch import Watch, collect
+from .diagnosis import first_failure
+from .watch import Watch
 
 STARTUP_TIMEOUT_S = 120.0
 POLL_S = 0.1
-LOG_TAIL_LINES = 25
 
 
 def run_dir_for(exp: Experiment, runs_dir: Path | None = None) -> Path:
@@ -80,6 +80,47 @@ def run_many(exps: list[Experiment], out=None, *, name: str = "sweep", progress=
                    warm)
 
 
+@dataclasses.dataclass
+class Launch:
+    """One launch as each of its steps sees it: the experiments, where their files go while it runs
+    (`launch_dir`, `run_dirs`: a staging directory of its own) and when it ends (`final_launch_dir`,
+    `final_dirs`), where it runs, how it is shown, and where an unfinished launch's files went."""
+
+    exps: list[Experiment]
+    name: str
+    final_dirs: list[Path]
+    final_launch_dir: Path
+    launch_id: str
+    launch_dir: Path
+    run_dirs: list[Path]
+    backend: str
+    device: str
+    nodes: Nodes
+    reporter: Reporter
+    startup_timeout_s: float
+    warm: bool | None
+    placed: list[Path] = dataclasses.field(default_factory=list)
+    settled: bool = False
+
+    @property
+    def world_size(self) -> int:
+        return max(e.world_size for e in self.exps)
+
+
+@dataclasses.dataclass
+class Ran:
+    """What starting a launch gave back: torchrun's process (a session's), whether the watchdog stopped
+    it or Ctrl-C did, its wall time, and the session it ran on (None: cold)."""
+
+    proc: object
+    watchdog: bool
+    interrupted: bool
+    wall_s: float
+    argv: list[str]
+    warm: session.Session | None
+    watch: Watch
+
+
 def _launch(exps, final_dirs, final_launch_dir: Path, name: str, progress,
             startup_timeout_s: float, warm: bool | None = None) -> list[Run]:
     nodes = Nodes.from_env()
@@ -90,18 +131,17 @@ def _launch(exps, final_dirs, final_launch_dir: Path, name: str, progress,
     # every launch writes into a directory of its own, and takes the final place when it ends
     launch_id = uuid.uuid4().hex[:12]
     launch_dir = rundir.staging_dir(final_launch_dir, launch_id)
-    run_dirs = [launch_dir / d.relative_to(final_launch_dir) for d in final_dirs]
-    reporter = Reporter(progress)
-    placed: list[Path] = []   # where an incomplete launch's files went
+    launch = Launch(exps, name, final_dirs, final_launch_dir, launch_id, launch_dir,
+                    [launch_dir / d.relative_to(final_launch_dir) for d in final_dirs], backend, device, nodes,
+                    Reporter(progress), startup_timeout_s, warm)
     try:
-        return _launch_in(exps, final_dirs, final_launch_dir, name, reporter, startup_timeout_s,
-                          backend, device, launch_id, launch_dir, run_dirs, placed, warm, nodes)
+        return _launch_in(launch)
     except OSError as e:   # the run's own files failed it (deleted, read-only, disk full): no bare OSError
         if not _dir_lost(launch_dir, e):
             raise
         diagnosis = failures.run_dir_lost(launch_dir, e)
-        reporter.finish(f"ddplab {name}: FAILED ({diagnosis.kind})")
-        raise failures.RunFailed(diagnosis, placed[0] if placed else None) from None
+        launch.reporter.finish(f"ddplab {name}: FAILED ({diagnosis.kind})")
+        raise failures.RunFailed(diagnosis, launch.placed[0] if launch.placed else None) from None
 
 
 def _keeps_its_sources(exps, final_launch_dir: Path) -> None:
@@ -130,80 +170,104 @@ def _dir_lost(launch_dir: Path, error: OSError) -> bool:
     return False
 
 
-def _launch_in(exps, final_dirs, final_launch_dir, name, reporter: Reporter, startup_timeout_s, backend, device,
-               launch_id, launch_dir, run_dirs, placed: list, warm: bool | None, nodes: Nodes) -> list[Run]:
-    settled = False
+def _launch_in(launch: Launch) -> list[Run]:
+    """The launch in three steps: stage its files, start its ranks (cold, or a session's job) and follow
+    them to the end, then collect what they wrote (or the diagnosis); an unfinished launch's files are
+    kept whatever happens."""
     try:
-        for run_dir, exp in zip(run_dirs, exps):
-            run_dir.mkdir(parents=True, exist_ok=True)
-            (run_dir / rundir.SPEC).write_text(exp.to_json())
-        rundir.claim(launch_dir)   # if this process is killed, a later launch may delete what it left
-        spec_paths = [(d / rundir.SPEC).resolve() for d in run_dirs]
-        world_size = max(e.world_size for e in exps)
-        argv = worker_argv(world_size, spec_paths, nodes=nodes)
-        starting = (f"ddplab {name}: starting {nodes.describe(world_size)} "
-                    f"({exps[0].name if len(exps) == 1 else f'{len(exps)} experiments'}) on {backend}/{device}")
-        t0 = time.monotonic()   # a session started for this launch counts in its wall time
-        with session.LOCK:   # the session is this launch's until its job is done (clicks may come on other threads)
-            warm = _session_for(exps, backend, device, warm, startup_timeout_s, reporter, name)
-            watch = Watch(list(zip(exps, run_dirs)))
-            if warm is not None:
-                argv = warm.argv
-                starting = starting.replace(f"starting {nodes.describe(world_size)}", f"{world_size} warm ranks")
-                proc, watchdog, interrupted = warm.run_job(spec_paths, launch_id, watch, reporter, t0,
-                                                           startup_timeout_s, starting)
-                (launch_dir / rundir.LOG).write_text(warm.log_since_submit())
-        if warm is None:
-            with open(launch_dir / rundir.LOG, "w") as log:
-                env = {**worker_env(nodes=nodes, flight_dir=launch_dir), "DDPLAB_LAUNCH_ID": launch_id}
-                proc, watchdog, interrupted = _torchrun(argv, env, log, watch, reporter, t0, startup_timeout_s,
-                                                        spec_paths[0], starting)
-        wall_s = time.monotonic() - t0
-        if not interrupted and launch_dir.exists():   # the bars' last state: what the ranks wrote since the last look
-            watch.poll()
-            reporter.watch(watch, wall_s)
-        if interrupted:
-            place, settled = rundir.settle(launch_dir, final_launch_dir, complete=False), True
-            line = f"interrupted: {world_size} ranks stopped after {wall_s:.1f} s ({name}; files in {place})"
-            reporter.finish(f"ddplab {line}")
-            raise failures.Interrupted(line)
-        record = {"argv": argv, "returncode": proc.returncode, "wall_s": wall_s, "backend": backend,
-                  "device": device, "stopped_by_watchdog": watchdog, "launch_dir": str(final_launch_dir),
-                  "experiments": len(exps), "launch_id": launch_id, "complete": False,
-                  "session": warm.dir.name if warm else None,
-                  "nodes": (nodes if warm is None else warm.nodes).record}
-        for run_dir in {launch_dir, *run_dirs}:
-            rundir.write_json_atomic(run_dir / rundir.LAUNCH, record)
-        # what the ranks waited before the launch was judged stuck: the watchdog's limit, or the
-        # collective's timeout that every process group of this launch had (runtime.setup)
-        timeout_s = watch.limit_s(startup_timeout_s) if watchdog else max(e.timeout_s for e in exps)
-        rundir.check_writable(launch_dir)   # a run directory lost mid-run explains every missing file
-        try:
-            failure = _first_failure(exps, run_dirs, launch_dir, proc, timeout_s, watchdog, spec_paths[0], watch.frozen,
-                                     warm.dir if warm is not None else launch_dir)
-            if failure:
-                raise failure
-            runs = [load_run(d) for d in run_dirs]
-        except failures.RunFailed as e:   # a failed rank, or results that disagree: the files stay
-            reporter.finish(f"ddplab {name}: FAILED after {wall_s:.1f} s "
-                            f"({e.diagnosis.kind}, {failures.rank_list(e.diagnosis.ranks)})")
-            place, settled = rundir.settle(launch_dir, final_launch_dir, complete=False), True
-            raise failures.RunFailed(e.diagnosis, place / Path(e.run_dir).relative_to(launch_dir)) from None
-        for run_dir in {launch_dir, *run_dirs}:   # every rank's result loaded and cross-checked
-            rundir.write_json_atomic(run_dir / rundir.LAUNCH, {**record, "complete": True})
-        rundir.settle(launch_dir, final_launch_dir, complete=True)
-        settled = True
+        spec_paths = _stage(launch)
+        ran = _start(launch, spec_paths)
+        runs = _collect(launch, ran, spec_paths)
     finally:
-        if not settled and launch_dir.exists():   # an error of ours, or Ctrl-C outside the watch: keep the files
+        if not launch.settled and launch.launch_dir.exists():   # an error of ours, or Ctrl-C outside the watch
             try:
-                placed.append(rundir.settle(launch_dir, final_launch_dir, complete=False))
+                launch.placed.append(rundir.settle(launch.launch_dir, launch.final_launch_dir, complete=False))
             except OSError:
                 pass
     diverged = [f"{r.spec.name}: {why}" for r in runs for why in [r.diverged()] if why]
-    reporter.finish(f"ddplab {name}: {_what(exps, world_size)} on {backend}/{device} in {wall_s:.1f} s "
-                    f"-> {final_launch_dir}" + "".join(f"\n  warning: {d}" for d in diverged))
+    launch.reporter.finish(f"ddplab {launch.name}: {_what(launch.exps, launch.world_size)} on {launch.backend}/"
+                           f"{launch.device} in {ran.wall_s:.1f} s -> {launch.final_launch_dir}"
+                           + "".join(f"\n  warning: {d}" for d in diverged))
     return [dataclasses.replace(r, path=final, launch={**r.launch, "complete": True})   # the same files, settled
-            for r, final in zip(runs, final_dirs)]
+            for r, final in zip(runs, launch.final_dirs)]
+
+
+def _stage(launch: Launch) -> list[Path]:
+    """Write every experiment's spec.json into its run directory and claim the launch directory; the
+    specs' paths, in order."""
+    for run_dir, exp in zip(launch.run_dirs, launch.exps):
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / rundir.SPEC).write_text(exp.to_json())
+    rundir.claim(launch.launch_dir)   # if this process is killed, a later launch may delete what it left
+    return [(d / rundir.SPEC).resolve() for d in launch.run_dirs]
+
+
+def _start(launch: Launch, spec_paths: list[Path]) -> Ran:
+    """Run the experiments on a session's warm ranks if one is used (`reuse.for_launch`), else on a cold
+    torchrun, and follow them until they end, stall or Ctrl-C stops them."""
+    world_size, nodes, exps = launch.world_size, launch.nodes, launch.exps
+    argv = worker_argv(world_size, spec_paths, nodes=nodes)
+    starting = (f"ddplab {launch.name}: starting {nodes.describe(world_size)} "
+                f"({exps[0].name if len(exps) == 1 else f'{len(exps)} experiments'}) on {launch.backend}/{launch.device}")
+    t0 = time.monotonic()   # a session started for this launch counts in its wall time
+    with session.LOCK:   # the session is this launch's until its job is done (clicks may come on other threads)
+        warm = _session_for(exps, launch.backend, launch.device, launch.warm, launch.startup_timeout_s,
+                            launch.reporter, launch.name)
+        watch = Watch(list(zip(exps, launch.run_dirs)))
+        if warm is not None:
+            argv = warm.argv
+            starting = starting.replace(f"starting {nodes.describe(world_size)}", f"{world_size} warm ranks")
+            proc, watchdog, interrupted = warm.run_job(spec_paths, launch.launch_id, watch, launch.reporter, t0,
+                                                       launch.startup_timeout_s, starting)
+            (launch.launch_dir / rundir.LOG).write_text(warm.log_since_submit())
+    if warm is None:
+        with open(launch.launch_dir / rundir.LOG, "w") as log:
+            env = {**worker_env(nodes=nodes, flight_dir=launch.launch_dir), "DDPLAB_LAUNCH_ID": launch.launch_id}
+            proc, watchdog, interrupted = _torchrun(argv, env, log, watch, launch.reporter, t0,
+                                                    launch.startup_timeout_s, spec_paths[0], starting)
+    return Ran(proc, watchdog, interrupted, time.monotonic() - t0, argv, warm, watch)
+
+
+def _collect(launch: Launch, ran: Ran, spec_paths: list[Path]) -> list[Run]:
+    """After the ranks: Ctrl-C said, or the launch record written, the first failure diagnosed (its
+    files kept), or every run loaded and cross-checked and the launch moved to its final place."""
+    exps, run_dirs, launch_dir, name = launch.exps, launch.run_dirs, launch.launch_dir, launch.name
+    warm, wall_s = ran.warm, ran.wall_s
+    if not ran.interrupted and launch_dir.exists():   # the bars' last state: what the ranks wrote since the last look
+        ran.watch.poll()
+        launch.reporter.watch(ran.watch, wall_s)
+    if ran.interrupted:
+        place, launch.settled = rundir.settle(launch_dir, launch.final_launch_dir, complete=False), True
+        line = f"interrupted: {launch.world_size} ranks stopped after {wall_s:.1f} s ({name}; files in {place})"
+        launch.reporter.finish(f"ddplab {line}")
+        raise failures.Interrupted(line)
+    record = {"argv": ran.argv, "returncode": ran.proc.returncode, "wall_s": wall_s, "backend": launch.backend,
+              "device": launch.device, "stopped_by_watchdog": ran.watchdog, "launch_dir": str(launch.final_launch_dir),
+              "experiments": len(exps), "launch_id": launch.launch_id, "complete": False,
+              "session": warm.dir.name if warm else None,
+              "nodes": (launch.nodes if warm is None else warm.nodes).record}
+    for run_dir in {launch_dir, *run_dirs}:
+        rundir.write_json_atomic(run_dir / rundir.LAUNCH, record)
+    # what the ranks waited before the launch was judged stuck: the watchdog's limit, or the
+    # collective's timeout that every process group of this launch had (runtime.setup)
+    timeout_s = ran.watch.limit_s(launch.startup_timeout_s) if ran.watchdog else max(e.timeout_s for e in exps)
+    rundir.check_writable(launch_dir)   # a run directory lost mid-run explains every missing file
+    try:
+        failure = first_failure(exps, run_dirs, launch_dir, ran.proc, timeout_s, ran.watchdog, spec_paths[0],
+                                 ran.watch.frozen, warm.dir if warm is not None else launch_dir)
+        if failure:
+            raise failure
+        runs = [load_run(d) for d in run_dirs]
+    except failures.RunFailed as e:   # a failed rank, or results that disagree: the files stay
+        launch.reporter.finish(f"ddplab {name}: FAILED after {wall_s:.1f} s "
+                               f"({e.diagnosis.kind}, {failures.rank_list(e.diagnosis.ranks)})")
+        place, launch.settled = rundir.settle(launch_dir, launch.final_launch_dir, complete=False), True
+        raise failures.RunFailed(e.diagnosis, place / Path(e.run_dir).relative_to(launch_dir)) from None
+    for run_dir in {launch_dir, *run_dirs}:   # every rank's result loaded and cross-checked
+        rundir.write_json_atomic(run_dir / rundir.LAUNCH, {**record, "complete": True})
+    rundir.settle(launch_dir, launch.final_launch_dir, complete=True)
+    launch.settled = True
+    return runs
 
 
 def _session_for(exps, backend, device, warm, startup_timeout_s, reporter: Reporter, name: str):
@@ -251,51 +315,3 @@ def _torchrun(argv, env, log, watch: Watch, reporter: Reporter, t0: float, start
     if not spec_path.exists() and not interrupted:
         raise FileNotFoundError(errno.ENOENT, "the run directory disappeared during the run", str(spec_path.parent))
     return proc, watchdog, bool(interrupted)
-
-
-def _first_failure(exps, run_dirs, launch_dir: Path, proc, timeout_s: float, watchdog: bool, spec_path: Path,
-                   frozen: dict, flight_dir: Path):
-    """RunFailed for the experiment where the launch went wrong first, else None: the one holding the
-    earliest error of its own (an exception that is neither a collective's timeout nor a lost peer,
-    which are consequences of another rank's trouble): a rank may fail in a later experiment while
-    torchrun then stops an earlier one's ranks, which leave no result; their silence is the
-    consequence, the error the cause. Else the first experiment some rank of which failed or left no
-    result (a rank stuck in experiment A makes the others time out in B: A is blamed).
-    `frozen`: the ranks the watch saw frozen, and their process state; `flight_dir`: where NCCL's
-    flight recorder dumped (the launch's directory, or its session's)."""
-    failed = []
-    for exp, run_dir in zip(exps, run_dirs):
-        prog, errors, finished = collect(run_dir, exp.world_size)
-        if errors or len(finished) < exp.world_size:
-            failed.append((exp, run_dir, prog, errors, finished))
-    if not failed:
-        return None
-    if proc.returncode not in (0, None):
-        kill_tree(proc, spec_path)  # torchrun stopped its ranks; sweep for any that escaped
-
-    def first_cause_ns(f) -> float:   # one host's clock: across nodes the order is approximate
-        times = [e.get("t_ns") for e in f[3].values() if not failures.is_timeout(e) and not failures.is_lost_peer(e)]
-        return min((t for t in times if isinstance(t, int)), default=float("inf"))
-
-    caused = [f for f in failed if first_cause_ns(f) < float("inf")]
-    exp, run_dir, prog, errors, finished = min(caused, key=first_cause_ns) if caused else failed[0]
-    diagnosis = failures.diagnose(prog, errors, finished, exp.world_size, timeout_s, watchdog,
-                                  exp.task.all_phases(),
-                                  {r: state for r, state in frozen.items() if r < exp.world_size},
-                                  _deaths(run_dir, launch_dir, exp.world_size, finished | set(errors), flight_dir))
-    if diagnosis.kind == "missing-result":  # no rank could explain itself: show what torchrun saw
-        diagnosis.log_tail = "\n".join((launch_dir / rundir.LOG).read_text().splitlines()[-LOG_TAIL_LINES:])
-    return failures.RunFailed(diagnosis, run_dir)
-
-
-def _deaths(run_dir: Path, launch_dir: Path, world_size: int, accounted: set[int],
-            flight_dir: Path | None = None) -> deaths.Deaths | None:
-    """What torchrun's report and the ranks' faulthandler dumps say of ranks that left no file."""
-    silent = set(range(world_size)) - accounted
-    if not silent:
-        return None
-    log = launch_dir / rundir.LOG
-    stacks = {r: f.read_text() for r in silent if (f := rundir.fatal_file(run_dir, r)).exists() and f.stat().st_size}
-    dead = deaths.deaths_from(log.read_text(errors="replace") if log.exists() else "", stacks)
-    dead.flight = deaths.flight_records(flight_dir or launch_dir, world_size)
-    return dead

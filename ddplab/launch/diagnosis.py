@@ -1,0 +1,61 @@
+"""Which experiment of a launch went wrong first, and why: the ranks' files (`watch.collect`), torchrun's
+report and the faulthandler dumps of ranks that left no file (`deaths.py`), read by
+`failures.diagnose`. Used by the cold launch and a session's job alike (`launch/cold.py`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .. import deaths, failures, rundir
+from .torchrun import kill_tree
+from .watch import collect
+
+LOG_TAIL_LINES = 25
+
+
+def first_failure(exps, run_dirs, launch_dir: Path, proc, timeout_s: float, watchdog: bool, spec_path: Path,
+                   frozen: dict, flight_dir: Path):
+    """RunFailed for the experiment where the launch went wrong first, else None: the one holding the
+    earliest error of its own (an exception that is neither a collective's timeout nor a lost peer,
+    which are consequences of another rank's trouble): a rank may fail in a later experiment while
+    torchrun then stops an earlier one's ranks, which leave no result; their silence is the
+    consequence, the error the cause. Else the first experiment some rank of which failed or left no
+    result (a rank stuck in experiment A makes the others time out in B: A is blamed).
+    `frozen`: the ranks the watch saw frozen, and their process state; `flight_dir`: where NCCL's
+    flight recorder dumped (the launch's directory, or its session's)."""
+    failed = []
+    for exp, run_dir in zip(exps, run_dirs):
+        prog, errors, finished = collect(run_dir, exp.world_size)
+        if errors or len(finished) < exp.world_size:
+            failed.append((exp, run_dir, prog, errors, finished))
+    if not failed:
+        return None
+    if proc.returncode not in (0, None):
+        kill_tree(proc, spec_path)  # torchrun stopped its ranks; sweep for any that escaped
+
+    def first_cause_ns(f) -> float:   # one host's clock: across nodes the order is approximate
+        times = [e.get("t_ns") for e in f[3].values() if not failures.is_timeout(e) and not failures.is_lost_peer(e)]
+        return min((t for t in times if isinstance(t, int)), default=float("inf"))
+
+    caused = [f for f in failed if first_cause_ns(f) < float("inf")]
+    exp, run_dir, prog, errors, finished = min(caused, key=first_cause_ns) if caused else failed[0]
+    diagnosis = failures.diagnose(prog, errors, finished, exp.world_size, timeout_s, watchdog,
+                                  exp.task.all_phases(),
+                                  {r: state for r, state in frozen.items() if r < exp.world_size},
+                                  dead_ranks(run_dir, launch_dir, exp.world_size, finished | set(errors), flight_dir))
+    if diagnosis.kind == "missing-result":  # no rank could explain itself: show what torchrun saw
+        diagnosis.log_tail = "\n".join((launch_dir / rundir.LOG).read_text().splitlines()[-LOG_TAIL_LINES:])
+    return failures.RunFailed(diagnosis, run_dir)
+
+
+def dead_ranks(run_dir: Path, launch_dir: Path, world_size: int, accounted: set[int],
+            flight_dir: Path | None = None) -> deaths.Deaths | None:
+    """What torchrun's report and the ranks' faulthandler dumps say of ranks that left no file."""
+    silent = set(range(world_size)) - accounted
+    if not silent:
+        return None
+    log = launch_dir / rundir.LOG
+    stacks = {r: f.read_text() for r in silent if (f := rundir.fatal_file(run_dir, r)).exists() and f.stat().st_size}
+    dead = deaths.deaths_from(log.read_text(errors="replace") if log.exists() else "", stacks)
+    dead.flight = deaths.flight_records(flight_dir or launch_dir, world_size)
+    return dead
