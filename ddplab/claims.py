@@ -7,7 +7,7 @@ interval is distribution-free: the order statistics that invert the sign test (n
 bootstrap; heavy tails and outliers on a shared machine cost resolution, never correctness), with
 `alpha` (default 0.001) the chance that the true median lies below the interval, and again above it.
 So a true claim is called "contradicted" at most `alpha` of the time (0.1%; 2 alpha for a band, one
-alpha at either edge; `tests/test_claims.py` measures it on thousands of heavy-tailed null draws), and
+alpha at either edge; `tests/views/test_claims.py` measures it on thousands of heavy-tailed null draws), and
 only "contradicted" fails a cell or a test.
 
     from ddplab import claims

@@ -14,7 +14,7 @@ and raises `CheckFailed` (an AssertionError) for one that did not:
 
     CheckFailed: NOT verified: the DDP step is the batch-64 step, on every rank: expected < 1e-05, seen 0.031 (the largest of 4)
 
-Used by every notebook and exercise; `tests/test_verify.py` feeds each check a wrong value.
+Used by every notebook and exercise; `tests/views/test_verify.py` feeds each check a wrong value.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ The checker's own runs are hidden from the learner: the main run and a second ch
 seed (the case also other batches), so what the seed cannot change (bytes, orders, counts) must match
 exactly, what it changes (gradient values) is checked on a re-run of the learner's own check case, and
 the learner's convention on the hidden case. Every classic mistake has its own message (`MISTAKES`,
-tests/test_audit.py). Bad evidence structure is a finding, not an exception; a missing or unsupported
+tests/tools/test_audit.py). Bad evidence structure is a finding, not an exception; a missing or unsupported
 "experiment", or an unknown piece, is a ValueError naming the field, before anything runs.
 """
 
@@ -44,7 +44,7 @@ HIDDEN_SEED_OFFSET = 7919     # the checker's runs: the learner's seed plus this
 MODEL_STATE = memory.MODEL_STATE
 JUDGES = {"batch": batch, "memory": memory, "gradients": gradients, "readiness": readiness, "buckets": buckets,
           "comm": comm}
-MISTAKES = {   # the classic wrong evidence each piece catches with its own message (tests/test_audit.py)
+MISTAKES = {   # the classic wrong evidence each piece catches with its own message (tests/tools/test_audit.py)
     "memory divided by the world size": "memory",
     "unweighted mean of rank means with unequal batches": "gradients",
     "source order reported as ready order": "readiness",

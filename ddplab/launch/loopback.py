@@ -7,7 +7,7 @@ module is torchrun itself (`torch.distributed.run.main`, every flag of it) with 
 backend registered through torchrun's own extension point, `ddplab-loopback`: the same dynamic c10d
 rendezvous, whose two stores listen on a socket this module binds to 127.0.0.1 and hands to
 `TCPStore(master_listen_fd=...)`. Together with `--local-addr=127.0.0.1` (MASTER_ADDR) and gloo's
-sockets on the loopback interface (`launch.torchrun.worker_env`), a run listens on loopback only (`tests/test_loopback.py` lists
+sockets on the loopback interface (`launch.torchrun.worker_env`), a run listens on loopback only (`tests/launch/test_loopback.py` lists
 the listening sockets of a live run).
 """
 

@@ -14,7 +14,7 @@ installed package; a function defined in a notebook is not: ranks are other proc
   integer class ids of shape (batch, ...) and `model(inputs)` logits of shape targets.shape + (classes,).
 
 The output may also be an object with a `.logits` tensor (a Hugging Face `ModelOutput`): the lab takes
-`.logits`. Three factories written this way, each tested (tests/test_own_model.py):
+`.logits`. Three factories written this way, each tested (tests/tools/test_own_model.py):
 
     # a Hugging Face model: a transformers config, random weights (ddplab/examples/hf_gpt2.py)
     def gpt2(vocab_size, seq_len, d_model, n_layers, n_heads):

@@ -10,7 +10,7 @@ Nothing here launches ranks or imports rank code; torch loads only to read saved
     one step and the ZeRO model, a layer split over ranks and the dp x tp mesh, pipeline schedules and their bubble)
 
 The chapters' tables are at hand as `tables.<name>(run)`, and the key checks of notebooks 01, 02 and 06
-as `tables.verify_*` (they raise `verify.CheckFailed`; tests/test_key_checks.py makes each fail). Used by
+as `tables.verify_*` (they raise `verify.CheckFailed`; tests/views/test_key_checks.py makes each fail). Used by
 every notebook.
 """
 

@@ -223,7 +223,7 @@ def verify_cost_explains_imbalance(table: pd.DataFrame, policy: str = "tokens", 
     step both ranks compute at once and share the machine, which stretches or shrinks the gap by a
     share that load decides (the ratio is printed; it is not a constant of the model). Judged by
     `claims` on the per-step ratios measured / predicted (above `share`); raises `verify.CheckFailed`
-    when the steps contradict it, or when the cost model predicts no gap (tests/test_balance.py feeds
+    when the steps contradict it, or when the cost model predicts no gap (tests/tasks/test_balance.py feeds
     it ranks that took the same time)."""
     from .. import claims, verify
 

@@ -4,7 +4,7 @@ purpose, how long it took, and what DDP's find_unused_parameters costs a healthy
 `failure_table(outcomes)` takes `launch.failure_lab.provoke` outcomes (`failures.Provoked`);
 `verify_failures_diagnosed` raises `verify.CheckFailed` unless every one named its faulty rank within
 `timeout_s` + 15 s, left no process behind, and was diagnosed as the kind of failure it is, in the words
-`SIGNS` lists (tests/test_failure_lab.py feeds it wrong outcomes; notebook 08 feeds it real ones).
+`SIGNS` lists (tests/launch/test_failure_lab.py feeds it wrong outcomes; notebook 08 feeds it real ones).
 """
 
 from __future__ import annotations

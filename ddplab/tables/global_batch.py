@@ -51,7 +51,7 @@ def verify_distinct_examples(run, per_step: int) -> None:
     """Notebook 06's check: every optimizer step of `run` took `per_step` distinct examples, counted
     from the sample ids its ranks recorded (`examples_per_step`), not from what the spec asked for.
     Raises `verify.CheckFailed` for a data path that drops examples or ranks that read the same
-    examples (tests/test_key_checks.py)."""
+    examples (tests/views/test_key_checks.py)."""
     distinct = examples_per_step(run)["distinct"].tolist()
     verify.equal(f"{run.spec.name}: distinct examples in each of its {len(distinct)} optimizer steps", distinct,
                  [per_step] * len(distinct))

@@ -80,7 +80,7 @@ def verify_global_batch_gradient(check: pd.DataFrame, rel_error: float = 1e-5) -
     holds the global-batch gradient (relative error against the single-process reference below
     `rel_error`, float32 rounding) and the same bits on every rank. Raises `verify.CheckFailed`
     otherwise: for a rank-mean loss over unequal local batches, or ranks that never synchronize
-    (tests/test_key_checks.py)."""
+    (tests/views/test_key_checks.py)."""
     verify.below("after the all-reduce every rank holds the global-batch gradient, up to float32 rounding",
                  check["reduced_rel_error"], rel_error)
     verify.that("the reduced gradient has the same bits on every rank", check["reduced_identical_on_all_ranks"])

@@ -74,7 +74,7 @@ def verify_model_state(table: pd.DataFrame) -> None:
     """Notebook 02's check, on a `memory_table(run)` table: parameters, gradients, DDP's buckets and the
     optimizer state, each at its largest in the step, are what the model predicts on every rank (MiB
     to 3 decimals). Raises `verify.CheckFailed` where they differ, e.g. for a prediction made for
-    another optimizer, dtype, or without DDP's buckets (tests/test_key_checks.py). Bucket views do not
+    another optimizer, dtype, or without DDP's buckets (tests/views/test_key_checks.py). Bucket views do not
     show here: the buckets are allocated from DDP's construction on, so at their largest they are the
     same either way (`memory_moments` tells the moments apart)."""
     for c in MODEL_STATE:

@@ -74,7 +74,7 @@ def judge_formula_floor(runs, tolerance: float = FLOOR_TOLERANCE) -> dict[tuple[
     of equal work (`simulate` with any equal-per-microbatch stages never idles less); waiting for
     messages or for a core only adds idle time. `tolerance` covers microbatches of uneven cost
     (one microbatch's backward 1.5x on every stage idles 0.033 below the formula, 1F1B p=2 m=2;
-    tests/test_pipeline.py). A formula that claims more idle time than the stages had is contradicted."""
+    tests/tasks/test_pipeline.py). A formula that claims more idle time than the stages had is contradicted."""
     pairs = {(schedule, run.world_size, m): per_round for run in _runs(runs)
              for (schedule, m), per_round in rounds(run).items()}
     alpha = claims.family(max(1, len(pairs)))   # checked together (`check_formula_floor`): the family at ALPHA

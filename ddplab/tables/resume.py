@@ -111,7 +111,7 @@ def checkpoints(runs) -> pd.DataFrame:
 def verify_resume_identical(reference, resumed) -> None:
     """Notebook 08's check: every step `resumed` trained has bit-identical parameters (checksums) to the
     same step of the uninterrupted `reference`. Raises `verify.CheckFailed` naming the first step that
-    departs, with its loss difference and parameter distance (tests/test_resume.py)."""
+    departs, with its loss difference and parameter distance (tests/tasks/test_resume.py)."""
     d = departure(reference, resumed)
     first, n, same = d.attrs["first_departure"], len(d), int(d["identical"].sum())
     seen = f"{same} of {n} steps bit-identical"

@@ -281,7 +281,7 @@ def judge_wait_for_delay(run, skip: int = SKIP, least: float = MIN_WAIT_PER_DELA
 
 def check_wait_for_delay(runs, skip: int = SKIP) -> list:
     """Notebook 07's check: `judge_wait_for_delay` for each straggler run, one line each; raises
-    `verify.CheckFailed` only where a run contradicts it (tests/test_stragglers.py feeds it early
+    `verify.CheckFailed` only where a run contradicts it (tests/tasks/test_stragglers.py feeds it early
     ranks that waited nothing)."""
     from .. import claims
 

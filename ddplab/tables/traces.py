@@ -11,7 +11,7 @@ which is `ts + baseTimeNanoseconds / 1000` of the same rank's trace (checked aga
 allocate, notes/ddp-internals.md, section 7).
 
 What the memory timeline's categories hold, against the chapter-02 model (`predict.memory`; checked
-in tests/test_profile.py on a DDP run with Adam): the parameters held throughout, the gradients at
+in tests/tasks/test_profile.py on a DDP run with Adam): the parameters held throughout, the gradients at
 their largest and the optimizer state equal the prediction to the byte on every rank (each rank holds
 the whole model). The profiler has no category for DDP's flat buckets: they are "unknown", held from
 the second profiled step on (the first allocates the buckets DDP rebuilt after step 0). Adam's

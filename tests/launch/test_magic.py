@@ -1,0 +1,195 @@
+"""The `%%ddp` cell magic (issue 12, item 4): every rank runs the cell, state stays from cell to
+cell, outputs come back side by side, an exception names its rank, a hang is bounded and the
+session then stops, and no rank outlives `%ddp_stop`."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+
+from ddplab.launch import session as sessions
+from ddplab.magic import CellFailed
+
+from tests.support import leftovers
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def ip():
+    from IPython.core.interactiveshell import InteractiveShell
+
+    shell = InteractiveShell.instance()
+    shell.run_line_magic("load_ext", "ddplab")
+    yield shell
+    if sessions.current() is not None:
+        shell.run_line_magic("ddp_stop", "")
+
+
+def _cell(ip, code: str, line: str = ""):
+    """Run a %%ddp cell; return (the CellResult it displayed, the exception it raised or None)."""
+    from IPython.utils.capture import capture_output
+
+    error = None
+    with capture_output() as cap:
+        try:
+            ip.run_cell_magic("ddp", line, code)
+        except CellFailed as e:
+            error = e
+    shown = [o for o in cap.outputs if "text/html" in o.data]
+    assert shown, "the cell displayed nothing"
+    return shown[-1], error
+
+
+def test_every_rank_runs_the_cell_and_keeps_its_state(ip):
+    ip.run_line_magic("ddp_start", "-n 2 --timeout 3")
+    session = sessions.current()
+    out, error = _cell(ip, "print(f'hello from rank {rank} of {world_size}')\n"
+                           "x = torch.tensor([rank + 1.0])\ndist.all_reduce(x)\nx")
+    assert error is None
+    html = out.data["text/html"]
+    assert "hello from rank 0 of 2" in html and "hello from rank 1 of 2" in html
+    assert html.count("tensor([3.])") == 2   # 1 + 2 on both ranks
+    assert ip.user_ns["_ddp"].value(1) == "tensor([3.])"   # the answers, for the notebook's own checks
+    again = session.execute("x * 2")           # the namespace survives the cell
+    assert [again[r]["value"] for r in (0, 1)] == ["tensor([6.])", "tensor([6.])"]
+    t0 = time.monotonic()
+    session.execute("print(rank)")
+    assert time.monotonic() - t0 < 1.0        # warm: no launch (bench/session_latency.py has the target)
+
+
+def test_an_exception_shows_its_rank_and_traceback_and_the_session_goes_on(ip):
+    out, error = _cell(ip, "y = 10 / (rank - 1)\ny")
+    assert error is not None and "rank 1: ZeroDivisionError: division by zero" in str(error)
+    html = out.data["text/html"]
+    assert "-10.0" in html and "ZeroDivisionError" in html and "&lt;%%ddp cell&gt;" in html
+    assert "cells.py" not in html and "eval(compile" not in html   # the traceback starts in the learner's code
+    assert sessions.current() is not None and sessions.current().execute("rank")[1]["value"] == "1"
+
+
+def test_the_labs_probes_measure_a_loop_typed_in_cells(ip):
+    session = sessions.current()
+    setup = session.execute(
+        "from torch.nn.parallel import DistributedDataParallel as DDP\n"
+        "torch.manual_seed(0)\n"
+        "model = nn.Sequential(nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 4))\n"
+        "ddp = DDP(model, bucket_cap_mb=0.5)\n"
+        "opt = torch.optim.Adam(ddp.parameters())\n"
+        "ready, buckets = lab.watch_ready(model), lab.watch_buckets(ddp)\n"
+        "ddp(torch.randn(8, 512)).sum().backward()\n"
+        "opt.step()\n"
+        "first = buckets.buckets()\n"
+        "opt.zero_grad(); buckets.start()\n"
+        "ddp(torch.randn(8, 512)).sum().backward()\n"
+        "(ready.ready_ms(), first, buckets.buckets(), lab.memory(model, opt, buckets))")
+    assert all(v["error"] is None for v in setup.values()), setup
+    import ast
+
+    ready, first, buckets, memory = ast.literal_eval(setup[0]["value"])
+    assert [name for name, _ in ready][0] == "4.bias"   # backward meets the last layer first
+    assert len(ready) == 12 and all(ms > 0 for _, ms in ready)   # 6 gradients, 2 backwards
+    assert len(first) == 1 and first[0]["params"] == 6   # DDP's first iteration: one bucket for everything
+    # rebuilt from the ready order: a first bucket of up to 1 MiB, then 0.5 MiB ones
+    assert len(buckets) >= 2 and all(b["done_ms"] >= b["launch_ms"] for b in buckets), buckets
+    params = (2 * (512 * 512 + 512) + 512 * 4 + 4) * 4 / 2**20
+    assert abs(memory["parameters"] - params) < 1e-3 and abs(memory["optimizer_state"] - 2 * params) < 1e-3
+
+
+def test_a_subset_of_ranks(ip):
+    out, error = _cell(ip, "print('only me', rank)", line="--ranks 1")
+    assert error is None
+    html = out.data["text/html"]
+    assert "rank 1" in html and "rank 0" not in html and "only me 1" in html
+
+
+def test_after_a_cell_runs_go_cold_so_a_cell_cannot_change_a_run(ip, tmp_path):
+    import ddplab
+    from ddplab import Experiment
+
+    session = sessions.current()
+    session.execute("torch.set_default_dtype(torch.float64)")   # would change every parameter a job builds
+    exp = Experiment(name="after-cell", world_size=2, steps=1, local_batch=2, seq_len=4)
+    run = ddplab.run(exp, tmp_path / "after-cell", progress=False)
+    assert run.launch["session"] is None and session.alive()
+    session.execute("torch.set_default_dtype(torch.float32)")
+
+
+def test_the_rank_that_skipped_a_collective_is_named(ip):
+    session = sessions.current()
+    out, error = _cell(ip, "if rank != 0:\n    dist.all_reduce(torch.ones(1))")
+    assert error is not None, "rank 1 waited in an all_reduce rank 0 never called"
+    assert "rank 0: finished the cell without joining the collective rank(s) 1 waited in" in str(error), str(error)
+    assert not session.alive()
+    ip.run_line_magic("ddp_start", "-n 2 --timeout 3")   # a fresh session for the tests below
+
+
+def test_a_collective_only_some_ranks_call_is_bounded_and_stops_the_session(ip):
+    session = sessions.current()
+    t0 = time.monotonic()
+    out, error = _cell(ip, "dist.all_reduce(torch.ones(1))", line="--ranks 0")
+    assert time.monotonic() - t0 < session.timeout_s + 15
+    assert error is not None and "rank 0:" in str(error) and "session was stopped" in str(error), str(error)
+    assert sessions.current() is None and not session.alive()
+    deadline = time.monotonic() + 5
+    while leftovers(session.dir) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert leftovers(session.dir) == []
+
+
+def test_a_rank_whose_own_code_never_ends_is_told_apart_from_one_waiting_in_a_collective(ip):
+    ip.run_line_magic("ddp_start", "-n 2 --timeout 3")
+    out, error = _cell(ip, "if rank == 1:\n    while True:\n        pass\nelse:\n    dist.all_reduce(torch.ones(3))")
+    text = str(error)
+    assert "rank 1: never finished, and not inside any collective called through the cell's `dist`" in text, text
+    assert "rank 0:" in text, text
+
+
+def test_ranks_calling_one_collective_with_different_sizes_are_told_so(ip):
+    ip.run_line_magic("ddp_start", "-n 2 --timeout 3")
+    out, error = _cell(ip, "dist.all_reduce(torch.ones(4 if rank == 0 else 8))")
+    text = str(error)
+    assert "called dist.all_reduce with shape (4,) float32, and the ranks' calls differ (rank 0: shape (4,) " \
+           "float32; rank 1: shape (8,) float32)" in text, text
+
+
+@pytest.mark.parametrize("code, said", [
+    ("import os, signal\nif rank == 0:\n    os.kill(os.getppid(), signal.SIGKILL)\nimport time; time.sleep(2)",
+     "torchrun, the session's launcher (pid {pid}), was killed by SIGKILL, and its ranks went with it"),
+    ("import os\nif rank == 1:\n    os._exit(3)\nimport time; time.sleep(2)",
+     "rank 1 exited with code 3, so torchrun stopped rank 0 and the session (exit code 1)"),
+])
+def test_a_cell_that_kills_torchrun_or_a_rank_says_who_died_not_which_rank_waited(ip, code, said):
+    """Issue 30: a cell that killed torchrun blamed rank 1; now the death is said as it happened."""
+    ip.run_line_magic("ddp_start", "-n 2 --timeout 3")
+    session = sessions.current()
+    said = said.format(pid=session.proc.pid)
+    out, error = _cell(ip, code)
+    assert error is not None and f"the session died during the cell: {said}" in str(error), str(error)
+    with pytest.raises(CellFailed, match="the last one ended: " + re.escape(said)):
+        ip.run_cell_magic("ddp", "", "rank")
+    assert leftovers(session.dir) == []
+
+
+def test_ddp_stop_leaves_no_rank(ip):
+    ip.run_line_magic("ddp_start", "-n 2 --timeout 5")
+    session = sessions.current()
+    ip.run_line_magic("ddp_stop", "")
+    deadline = time.monotonic() + 5
+    while leftovers(session.dir) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert leftovers(session.dir) == [] and sessions.current() is None
+    with pytest.raises(CellFailed, match="no session"):
+        ip.run_cell_magic("ddp", "", "rank")
+
+
+def test_cells_never_run_on_the_session_ddplab_run_keeps(ip, tmp_path):
+    """`ddplab.run` replaces its own session when a run needs more ranks: a cell's state would vanish."""
+    s = sessions.Session(world_size=2, runs_dir=tmp_path, implicit=True)
+    try:
+        with pytest.raises(CellFailed, match="no session for %%ddp cells"):
+            ip.run_cell_magic("ddp", "", "rank")
+        assert s.alive() and s.cells == 0
+    finally:
+        s.close()

@@ -1,0 +1,398 @@
+"""A session of warm ranks (issue 12): the same results as a cold launch, failures diagnosed the
+same way, and no rank outliving the session, its launcher or a failed job."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+import ddplab
+from ddplab import Experiment, RunFailed, rundir
+from ddplab.launch import session as sessions
+from ddplab.predict.memory import CATEGORIES
+from ddplab.spec import Fault
+
+from tests.support import ctrl_c_reaches_it, leftovers
+
+pytestmark = pytest.mark.slow
+
+SMALL = dict(world_size=2, steps=2, local_batch=4, seq_len=8)
+
+
+def _wait_gone(path, within_s: float) -> list[str]:
+    deadline = time.monotonic() + within_s
+    while leftovers(path) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return leftovers(path)
+
+
+def _same(a, b) -> bool:
+    import torch
+
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    return torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b
+
+
+@pytest.fixture
+def warm(tmp_path):
+    s = ddplab.Session(world_size=2, runs_dir=tmp_path / "runs")
+    yield s
+    s.close()
+    assert _wait_gone(s.dir, 5) == []
+
+
+def test_a_warm_run_is_bit_identical_to_a_cold_one(tmp_path, warm):
+    exp = Experiment(name="same", probes=("gradients", "memory", "reference"), **SMALL)
+    w = ddplab.run(exp, tmp_path / "warm", progress=False)
+    assert w.launch["session"] == warm.dir.name and sessions.current() is warm
+    warm.close()
+    c = ddplab.run(exp, tmp_path / "cold", progress=False)
+    assert c.launch["session"] is None
+    for rw, rc in zip(w.ranks, c.ranks):
+        assert rw.param_checksum == rc.param_checksum
+        assert [s.loss for s in rw.steps] == [s.loss for s in rc.steps]
+        ledger = lambda r: [({ph: {c: v[c] for c in CATEGORIES} for ph, v in st.phases.items()}, st.peak)
+                            for st in r.memory.steps]   # the ledger, not the process's RSS
+        assert ledger(rw) == ledger(rc)
+        assert _same(w.tensors(rw.rank), c.tensors(rc.rank))   # every saved gradient, bit for bit
+    # and a second warm job of the same spec: nothing of the first leaked into it
+    again = ddplab.Session(world_size=2, runs_dir=tmp_path / "runs")
+    try:
+        first = ddplab.run(exp.replace(seed=1), tmp_path / "w1", progress=False)
+        second = ddplab.run(exp.replace(seed=1), tmp_path / "w2", progress=False)
+        assert [r.param_checksum for r in first.ranks] == [r.param_checksum for r in second.ranks]
+    finally:
+        again.close()
+
+
+def test_a_session_runs_smaller_experiments_and_sweeps_as_one_launch_would(tmp_path):
+    with ddplab.Session(world_size=4, runs_dir=tmp_path / "runs") as s:
+        one = ddplab.run(Experiment(name="one", **{**SMALL, "world_size": 1}), tmp_path / "one", progress=False)
+        runs = ddplab.run_many([Experiment(name="a", **SMALL), Experiment(name="b", **{**SMALL, "world_size": 4})],
+                               tmp_path / "many", progress=False)
+        assert len(one.ranks) == 1 and [len(r.ranks) for r in runs] == [2, 4]
+        assert s.jobs == 2 and s.alive()
+    assert _wait_gone(s.dir, 5) == []
+
+
+@pytest.mark.parametrize("fault, kind", [(Fault("crash", rank=1, step=1), "crash"),
+                                         (Fault("skip-backward", rank=1, step=1), "hang")])
+def test_a_failed_job_is_diagnosed_as_cold_and_tears_the_session_down(tmp_path, warm, fault, kind):
+    exp = Experiment(name="bad", fault=fault, timeout_s=3, **SMALL)
+    t0 = time.monotonic()
+    with pytest.raises(RunFailed) as info:
+        ddplab.run(exp, tmp_path / "bad", progress=False)
+    assert time.monotonic() - t0 < exp.timeout_s + 15
+    d = info.value.diagnosis
+    assert d.kind == kind and d.ranks == [1], str(d)
+    if kind == "crash":
+        assert "injected fault" in d.tracebacks[1]
+    else:
+        assert "never arrived" in d.summary
+    assert not warm.alive() and sessions.current() is None
+    assert _wait_gone(warm.dir, 5) == []
+    ok = ddplab.run(exp.replace(fault=None), tmp_path / "after", progress=False)   # cold again
+    assert ok.launch["session"] is None
+
+
+def test_ctrl_c_during_a_warm_job_stops_it_and_the_session(tmp_path):
+    script = textwrap.dedent(f"""
+        import ddplab
+        s = ddplab.Session(world_size=2, runs_dir={str(tmp_path / 'runs')!r})
+        print("SESSION", s.dir, flush=True)
+        try:
+            ddplab.run(ddplab.Experiment(world_size=2, steps=100_000, local_batch=4, seq_len=8),
+                       {str(tmp_path / 'long')!r}, progress=False)
+        except KeyboardInterrupt as e:
+            print("INTERRUPTED", e, flush=True)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, preexec_fn=ctrl_c_reaches_it)
+    session_dir = Path(proc.stdout.readline().split()[1])
+    deadline = time.monotonic() + 60
+    while not any(rundir.read_progress(p, 1) for p in (tmp_path).glob(".long.*.partial")):
+        assert time.monotonic() < deadline and proc.poll() is None, "the job never started"
+        time.sleep(0.1)
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=30)
+    assert "INTERRUPTED interrupted: 2 ranks stopped" in out, out
+    assert time.monotonic() - t0 < 5
+    assert _wait_gone(session_dir, 2) == []
+
+
+def test_a_launcher_that_dies_takes_its_session_with_it(tmp_path):
+    script = textwrap.dedent(f"""
+        import time, ddplab
+        s = ddplab.Session(world_size=2, runs_dir={str(tmp_path / 'runs')!r})
+        print("SESSION", s.dir, flush=True)
+        time.sleep(120)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    session_dir = Path(proc.stdout.readline().split()[1])
+    assert len(leftovers(session_dir)) >= 3   # torchrun and two ranks, waiting for jobs
+    os.kill(proc.pid, signal.SIGKILL)   # a kernel restart
+    proc.wait()
+    assert _wait_gone(session_dir, 5) == []
+
+
+def test_a_users_model_file_changed_between_jobs_is_read_again(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "lab_session_net.py").write_text(textwrap.dedent("""
+        import torch.nn as nn
+        WIDTH = 1
+        def net(vocab_size, d_model):
+            return nn.Sequential(nn.Embedding(vocab_size, d_model * WIDTH), nn.Linear(d_model * WIDTH, vocab_size))
+    """))
+    monkeypatch.chdir(tmp_path)   # the ranks import it from the current directory at the session's start
+    exp = Experiment(name="net", model="lab_session_net:net", **SMALL)
+    with ddplab.Session(world_size=2, runs_dir=tmp_path / "runs"):
+        first = ddplab.run(exp, tmp_path / "n1", progress=False)
+        path = tmp_path / "lab_session_net.py"
+        path.write_text(path.read_text().replace("WIDTH = 1", "WIDTH = 2"))
+        second = ddplab.run(exp.replace(seed=1), tmp_path / "n2", progress=False)
+    assert first.launch["session"] == second.launch["session"] is not None
+    assert second.ranks[0].model.parameter_count > first.ranks[0].model.parameter_count
+
+
+def test_a_rank_killed_during_a_job_is_named_and_the_session_torn_down(tmp_path, warm):
+    """SIGKILL leaves no error file: the rank is named as the one that left no word (as in a cold run)."""
+    import threading
+
+    import psutil
+
+    exp = Experiment(name="killed", **{**SMALL, "steps": 100_000})
+
+    def kill_rank_1():
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            for staged in tmp_path.glob(".killed.*.partial"):
+                recs = rundir.read_progress(staged, 1)
+                if recs and recs[-1]["step"] >= 1:
+                    psutil.Process(recs[-1]["pid"]).kill()
+                    return
+            time.sleep(0.05)
+
+    killer = threading.Thread(target=kill_rank_1)
+    killer.start()
+    t0 = time.monotonic()
+    with pytest.raises(RunFailed) as info:
+        ddplab.run(exp, tmp_path / "killed", progress=False)
+    killer.join()
+    d = info.value.diagnosis
+    assert d.kind == "missing-result" and d.ranks == [1], str(d)
+    assert time.monotonic() - t0 < exp.timeout_s + 15
+    assert not warm.alive() and sessions.current() is None
+    assert _wait_gone(warm.dir, 5) == []
+
+
+def test_a_jobs_user_modules_are_imported_afresh_but_torch_never(tmp_path, monkeypatch):
+    import importlib
+    import json
+    import sys as _sys
+
+    import torch.nn  # noqa: F401 - loaded, as in every rank
+
+    from ddplab.rank import session as rank_session
+
+    (tmp_path / "lab_fresh_mod.py").write_text("VERSION = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.import_module("lab_fresh_mod")
+    spec = json.dumps({"model": "lab_fresh_mod:net"})
+    rank_session.fresh_user_modules([spec, json.dumps({"model": "torch.nn:Linear"})])
+    assert "lab_fresh_mod" not in _sys.modules and "torch.nn" in _sys.modules
+    (tmp_path / "lab_fresh_mod.py").write_text("VERSION = 2\n")
+    assert importlib.import_module("lab_fresh_mod").VERSION == 2
+
+
+# -- run() starting sessions itself (warm=True, or by default in a Jupyter kernel) ------------------
+
+def _pids(run) -> list[int]:
+    return [r.pid for r in run.ranks]
+
+
+def test_run_starts_a_session_keeps_it_and_replaces_it_when_too_small(tmp_path, monkeypatch):
+    monkeypatch.setenv("DDPLAB_RUNS", str(tmp_path / "runs"))
+    first = ddplab.run(Experiment(name="a", **SMALL), tmp_path / "a", progress=False, warm=True)
+    s = sessions.current()
+    try:
+        assert s is not None and s.implicit and first.launch["session"] == s.dir.name
+        assert s.dir.parent == tmp_path / "runs" / ".sessions"
+        again = ddplab.run(Experiment(name="b", **SMALL), tmp_path / "b", progress=False, warm=True)
+        assert again.launch["session"] == s.dir.name and _pids(again) == _pids(first)   # the same processes
+        cold = ddplab.run(Experiment(name="c", **SMALL), tmp_path / "c", progress=False, warm=False)
+        assert cold.launch["session"] is None and not set(_pids(cold)) & set(_pids(first)) and s.alive()
+        wider = ddplab.run(Experiment(name="d", **{**SMALL, "world_size": 4}), tmp_path / "d", progress=False, warm=True)
+        bigger = sessions.current()
+        assert bigger is not s and bigger.world_size == 4 and wider.launch["session"] == bigger.dir.name
+        assert not s.alive() and _wait_gone(s.dir, 5) == []   # the 2-rank session made way
+    finally:
+        sessions.close_current()
+    assert sessions.current() is None and _wait_gone(tmp_path / "runs", 5) == []
+
+
+def test_run_never_closes_a_session_you_opened(tmp_path, monkeypatch):
+    monkeypatch.setenv("DDPLAB_RUNS", str(tmp_path / "runs"))
+    with ddplab.Session(world_size=2, runs_dir=tmp_path / "mine") as mine:
+        wide = ddplab.run(Experiment(name="w", **{**SMALL, "world_size": 3}), tmp_path / "w", progress=False, warm=True)
+        assert wide.launch["session"] is None   # cold: it does not fit, and it is not run's to replace
+        assert sessions.current() is mine and mine.alive()
+
+
+def test_after_a_failed_job_the_next_run_starts_a_fresh_session(tmp_path, monkeypatch):
+    monkeypatch.setenv("DDPLAB_RUNS", str(tmp_path / "runs"))
+    bad = Experiment(name="bad", fault=Fault("crash", rank=1, step=1), timeout_s=3, **SMALL)
+    try:
+        with pytest.raises(RunFailed) as info:
+            ddplab.run(bad, tmp_path / "bad", progress=False, warm=True)
+        assert info.value.diagnosis.kind == "crash" and info.value.diagnosis.ranks == [1]
+        assert sessions.current() is None
+        ok = ddplab.run(bad.replace(fault=None), tmp_path / "ok", progress=False, warm=True)
+        assert ok.launch["session"] == sessions.current().dir.name
+    finally:
+        sessions.close_current()
+    assert _wait_gone(tmp_path / "runs", 5) == []
+
+
+def test_a_session_started_on_a_short_lived_thread_outlives_it(tmp_path):
+    """A widget's click handler may run on a thread that ends when it returns; Linux's parent-death
+    signal follows the thread that started torchrun, so the session must not be started from it."""
+    import threading
+
+    box = []
+    t = threading.Thread(target=lambda: box.append(ddplab.Session(world_size=2, runs_dir=tmp_path)))
+    t.start()
+    t.join()
+    s = box[0]
+    try:
+        time.sleep(1.0)
+        assert s.alive()
+        run = ddplab.run(Experiment(name="after", **SMALL), tmp_path / "after", progress=False)
+        assert run.launch["session"] == s.dir.name
+    finally:
+        s.close()
+
+
+def test_ctrl_c_while_run_starts_its_session_is_one_line_and_leaves_no_rank(tmp_path):
+    script = textwrap.dedent(f"""
+        import ddplab
+        from ddplab.launch import session
+        print("READY", flush=True)
+        try:
+            ddplab.run(ddplab.Experiment(world_size=2, local_batch=4, seq_len=8), {str(tmp_path / 'one')!r},
+                       progress=False, warm=True)
+        except ddplab.failures.Interrupted as e:
+            print("INTERRUPTED", e, flush=True)
+    """)
+    env = {**os.environ, "DDPLAB_RUNS": str(tmp_path / "runs")}
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=env,
+                            preexec_fn=ctrl_c_reaches_it)
+    assert proc.stdout.readline().strip() == "READY"
+    deadline = time.monotonic() + 60
+    # torchrun is starting: the launcher opened the session's log; its ranks need a second or more for
+    # `import torch`, so 0.2 s later the session is still starting (a rank's first progress line came too
+    # late: a fast start had sometimes finished, and the Ctrl-C then stopped the job instead)
+    while not list((tmp_path / "runs" / ".sessions").glob("*/launch.log")):
+        assert time.monotonic() < deadline and proc.poll() is None, "the session never started"
+        time.sleep(0.02)
+    time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=30)
+    assert "INTERRUPTED interrupted: the session's 2 ranks stopped while starting" in out, out
+    assert _wait_gone(tmp_path / "runs", 5) == []
+
+
+def test_a_session_whose_directory_is_deleted_makes_way_for_a_new_one(tmp_path, monkeypatch):
+    import shutil
+
+    monkeypatch.setenv("DDPLAB_RUNS", str(tmp_path / "runs"))
+    first = ddplab.run(Experiment(name="a", **SMALL), tmp_path / "a", progress=False, warm=True)
+    old = sessions.current()
+    try:
+        shutil.rmtree(tmp_path / "runs")   # a learner cleaning up runs/ under a live notebook
+        again = ddplab.run(Experiment(name="b", **SMALL), tmp_path / "b", progress=False, warm=True)
+        assert again.launch["session"] != first.launch["session"] and not old.alive()
+        assert _wait_gone(old.dir, 5) == []
+    finally:
+        sessions.close_current()
+
+
+def test_an_idle_session_leaves_by_itself(tmp_path, monkeypatch):
+    monkeypatch.setattr(sessions, "IDLE_S", 2.0)
+    s = ddplab.Session(world_size=2, runs_dir=tmp_path)
+    deadline = time.monotonic() + 20
+    while s.alive() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not s.alive() and sessions.current() is None
+    assert sessions.last_end() == "it closed itself after 2 s without a job"   # what the next %%ddp cell says
+    assert _wait_gone(s.dir, 5) == []
+
+
+@pytest.mark.parametrize("which", ["run", "session"])
+def test_deleting_a_directory_under_a_warm_job_stops_it_and_names_that_directory(tmp_path, which):
+    """A warm job whose run directory, or whose session's directory, is deleted stops its ranks as a
+    cold launch does, and the diagnosis names the one that went (issue 30, item 4)."""
+    import shutil
+    import threading
+
+    from ddplab.spec import Straggler
+
+    s = ddplab.Session(world_size=2, runs_dir=tmp_path / "runs")
+    out = tmp_path / "out"
+    exp = Experiment(name="long", straggler=Straggler(rank=1, where="data", ms=300.0), **{**SMALL, "steps": 60})
+
+    def delete():   # 3 s into an 18 s job
+        for d in ([s.dir] if which == "session" else list(tmp_path.glob(".out.*.partial"))):
+            shutil.rmtree(d, ignore_errors=True)
+    timer = threading.Timer(3.0, delete)
+    try:
+        t0 = time.monotonic()
+        timer.start()
+        with pytest.raises(RunFailed) as e:
+            ddplab.run(exp, out, progress=False, warm=True)
+        took = time.monotonic() - t0
+        assert e.value.diagnosis.kind == ("session-dir" if which == "session" else "run-dir"), str(e.value)
+        assert took < 12, f"the job went on for {took:.1f} s after its directory was deleted at 3 s"
+        assert not s.alive() and _wait_gone(s.dir, 5) == []
+    finally:
+        timer.cancel()
+        s.close()
+
+
+def test_a_ddp_cell_on_a_session_whose_directory_was_deleted_says_so(tmp_path):
+    import shutil
+
+    s = ddplab.Session(world_size=2, runs_dir=tmp_path / "runs")
+    try:
+        shutil.rmtree(s.dir)
+        with pytest.raises(RuntimeError, match=r"this session's directory .* was deleted, so its ranks were stopped"):
+            s.execute("1 + 1")
+        assert not s.alive() and _wait_gone(s.dir, 5) == []
+    finally:
+        s.close()
+
+
+@pytest.mark.parametrize("gap_s", [4.95, 5.2])
+def test_a_job_sent_at_the_idle_deadline_runs(tmp_path, monkeypatch, gap_s):
+    """The launcher owns the idle clock and closes the session under the launch lock: a job sent just
+    before the deadline runs on the session, one just after on a fresh one; neither fails (issue 30,
+    item 3: with each rank's own clock, a job at 4.95 s of 5 hung and one at 5.0-5.4 s lost its ranks)."""
+    monkeypatch.setattr(sessions, "IDLE_S", 5.0)
+    monkeypatch.setenv("DDPLAB_RUNS", str(tmp_path / "runs"))
+    try:
+        first = ddplab.run(Experiment(name="a", **SMALL), tmp_path / "a", progress=False, warm=True)
+        time.sleep(gap_s)
+        again = ddplab.run(Experiment(name="b", **SMALL), tmp_path / "b", progress=False, warm=True)
+        assert again.launch.get("session") and first.launch.get("session")
+    finally:
+        sessions.close_current()
+

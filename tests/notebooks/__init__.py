@@ -1,0 +1,1 @@
+"""Tests of the notebooks in a browser, the exercise, the cells."""

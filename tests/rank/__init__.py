@@ -1,0 +1,1 @@
+"""Tests of inside a rank: models, data, probes, parallel wrappers."""

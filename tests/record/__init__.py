@@ -1,0 +1,1 @@
+"""Tests of the rank record: dump and load."""

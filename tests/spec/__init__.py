@@ -1,0 +1,1 @@
+"""Tests of the spec stage: Experiment, task sections, sealed checkpoints."""

@@ -1,0 +1,1 @@
+"""Tests of one module per task or chapter concept: its runs end to end."""

@@ -1,0 +1,1 @@
+"""Tests of the practitioner tools and the command line."""
