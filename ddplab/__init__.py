@@ -3,7 +3,7 @@
     import ddplab
     from ddplab import recipes, tables
     run = ddplab.run(recipes.first_launch(world_size=4, local_batch=16))
-    tables.rank_table(run)
+    tables.ranks.rank_table(run)
 
 Importing ddplab is cheap: every rank imports it, so heavy modules (torch, pandas) load on use.
 

@@ -148,3 +148,34 @@ MAX_MODULE_LINES = 330   # issue 31: a module a newcomer can read in one sitting
 def test_no_module_is_longer_than_a_sitting():
     long = {dotted: n for path, dotted in _modules() if (n := len(path.read_text().splitlines())) > MAX_MODULE_LINES}
     assert long == {}
+
+
+def flat_view_calls(text: str) -> list[str]:
+    """`tables.<function>`, `plots.<function>` or `widgets.<function>` where the function's module is
+    not named: the notebooks reach every view as `<stage>.<module>.<function>`."""
+    import inspect
+    import re
+
+    import ddplab.plots
+    import ddplab.tables
+    import ddplab.widgets
+
+    stages = {"tables": ddplab.tables, "plots": ddplab.plots, "widgets": ddplab.widgets}
+    return [m.group(0) for m in re.finditer(r"(?<![\w.])(tables|plots|widgets)\.(\w+)\b(?!\.)", text)
+            if inspect.isfunction(getattr(stages[m.group(1)], m.group(2), None))]
+
+
+def test_the_notebooks_call_every_view_through_its_module():
+    import json
+
+    found = {}
+    for path in sorted([*ROOT.glob("notebooks/*.ipynb"), *ROOT.glob("exercises/**/*.ipynb")]):
+        if ".ipynb_checkpoints" in path.parts:
+            continue
+        cells = json.loads(path.read_text())["cells"]
+        text = "\n".join("".join(c["source"]) if isinstance(c["source"], list) else c["source"] for c in cells)
+        if flat := flat_view_calls(text):
+            found[path.name] = sorted(set(flat))
+    assert found == {}
+    assert flat_view_calls("t = tables.rank_table(run); tables.ranks.rank_table(run); plots.memory.memory_figure(r)") \
+        == ["tables.rank_table"]   # the check sees what it forbids
