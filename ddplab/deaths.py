@@ -9,6 +9,8 @@ import re
 import signal
 from dataclasses import dataclass, field
 
+from .rundir import LOG
+
 
 @dataclass
 class Deaths:
@@ -107,3 +109,26 @@ def flight_records(launch_dir, world_size: int) -> dict[int, dict]:
     pg = max(common, key=lambda g: sum(d[g]["collective_seq_id"] for d in by_group.values()))
     return {r: {"seq": d[pg]["collective_seq_id"], "name": str(d[pg].get("profiling_name", "?")),
                 "state": str(d[pg].get("state", "?"))} for r, d in by_group.items()}
+
+
+def session_death(code: int, pid: int, log_text: str) -> str:
+    """How a session's processes died, from torchrun's exit status `code` and its failure report in the
+    session's log: torchrun itself killed by a signal (its ranks go with it), or the rank(s) whose exit
+    took it down (pure)."""
+    if code < 0:
+        return f"torchrun, the session's launcher (pid {pid}), {exit_said(code)}, and its ranks went with it"
+    exits = exit_codes(log_text)
+    # torchrun SIGTERMs the ranks still running once one fails: those are the consequence, not the cause
+    first = {r: c for r, c in exits.items() if c != -signal.SIGTERM} or exits
+    if first:
+        said = "; ".join(f"rank {r} {exit_said(c)}" for r, c in sorted(first.items()))
+        rest = sorted(set(exits) - set(first))
+        return (f"{said}, so torchrun stopped " + (f"{rank_list(rest)} and " if rest else "")
+                + f"the session (exit code {code})")
+    return f"torchrun exited with code {code} (see the session's {LOG})"
+
+
+def rank_list(ranks) -> str:
+    """'rank 1' or 'ranks 0, 2' (pure)."""
+    ranks = sorted(ranks)
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))

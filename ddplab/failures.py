@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .deaths import Deaths
+from .deaths import Deaths, rank_list
 
 _LOST_PEER = ("connection closed", "connection reset", "broken pipe", "socket closed")
 
@@ -94,11 +94,6 @@ def _where(rec: dict) -> str:
     if rec.get("step", -1) >= 0:
         where += f" of step {rec['step']}" + (f", micro-step {rec['micro']}" if rec.get("micro") else "")
     return where
-
-
-def rank_list(ranks) -> str:
-    ranks = sorted(ranks)
-    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
 
 
 def diagnose_hang(progress: dict[int, list[dict]], world_size: int, timeout_s: float, watchdog: bool,

@@ -31,6 +31,7 @@ import os
 import shutil
 import socket
 import time
+import traceback
 from pathlib import Path
 
 SPEC = "spec.json"
@@ -251,3 +252,11 @@ def read_progress(run_dir: Path, rank: int) -> list[dict]:
         except json.JSONDecodeError:
             pass
     return records
+
+
+def write_rank_error(run_dir: Path, rank: int, phase: str, step: int, e: BaseException) -> None:
+    """This rank's error file (the launcher's diagnosis reads it), and the traceback on stderr."""
+    write_json_atomic(error_file(run_dir, rank), {
+        "rank": rank, "phase": phase, "step": step, "t_ns": time.time_ns(),
+        "type": type(e).__name__, "message": str(e), "traceback": traceback.format_exc()})
+    traceback.print_exc()

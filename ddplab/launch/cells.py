@@ -8,8 +8,9 @@ import json
 import time
 
 from .. import failures, rundir
-from .session import CELL_GRACE_S, POLL_S, forget
 from .torchrun import interrupts_caught
+
+CELL_GRACE_S = 5.0   # beyond the default group's timeout, how long a cell may take before it counts as hung
 
 
 def run_cell(s, code: str, ranks: list[int] | None) -> dict[int, dict | None]:
@@ -35,7 +36,7 @@ def run_cell(s, code: str, ranks: list[int] | None) -> dict[int, dict | None]:
         while not interrupted and s.alive() and time.monotonic() < deadline and s.dir.exists():
             if all(f.exists() for f in files.values()):
                 break
-            time.sleep(POLL_S)
+            time.sleep(s.poll_s)
         if not s.dir.exists():
             s._stop_for_lost_dir(" during the cell")
         s.died = "" if s.alive() else s.death()
@@ -50,7 +51,7 @@ def run_cell(s, code: str, ranks: list[int] | None) -> dict[int, dict | None]:
             v and v["error"] and failures.is_timeout(v["error"]) for v in results.values())
         if lost:   # a hang, a dead rank or a timed-out collective leaves the process group unusable
             s.kill()
-            forget(s, f"{s.died} during a %%ddp cell" if s.died else
+            s.forget(f"{s.died} during a %%ddp cell" if s.died else
                          "it was stopped after a %%ddp cell hung, timed out or was interrupted")
         else:
             s._arm_idle()

@@ -31,7 +31,6 @@ from __future__ import annotations
 import atexit
 import errno
 import shutil
-import signal
 import subprocess
 import threading
 import time
@@ -43,6 +42,7 @@ from ..spec import Experiment
 from ..spec.train import Train
 from .nodes import Nodes
 from .preflight import check_launch
+from .cells import run_cell
 from .torchrun import interrupts_caught, kill_tree, start, sweep_dead, torchrun_argv, worker_env
 from .watch import collect
 
@@ -51,7 +51,6 @@ SESSION_TIMEOUT_S = 60.0   # the default group's bound: the start, new_group of 
 POLL_S = 0.002           # how often the launcher looks for a warm job's or cell's end
 WATCH_POLL_S = 0.1       # how often it reads the ranks' progress logs meanwhile (as a cold launch does)
 PEERS_GRACE_S = 2.0      # after a rank of a warm job fails, how long its peers may take to say so
-CELL_GRACE_S = 5.0         # beyond the default group's timeout, how long a cell may take before it counts as hung
 IDLE_S = 3600.0            # a session closes by itself after an hour without a job (a forgotten kernel)
 # The launcher owns that clock (a timer that closes the session under LOCK, so no job can be sent while
 # the ranks leave); the ranks' own idle limit is only a backstop for a launcher that cannot act, far later.
@@ -95,6 +94,8 @@ class Session:
     """`world_size` warm ranks on `backend`/`device` ("auto": as a cold launch of that many ranks
     would choose). Opening one makes it current; `close()` (or leaving its `with` block) stops it.
     `implicit`: `run` started it (`reuse.for_launch`), so `run` may replace it."""
+
+    poll_s = POLL_S   # how often the launcher looks for a job's or a cell's end (launch/cells.py reads it)
 
     def __init__(self, world_size: int = 4, backend: str = "auto", device: str = "auto", pin_cpus: bool = False,
                  runs_dir=None, startup_timeout_s: float = STARTUP_TIMEOUT_S, timeout_s: float = SESSION_TIMEOUT_S,
@@ -202,24 +203,13 @@ class Session:
             shutil.rmtree(self.dir, ignore_errors=True)
 
     def death(self) -> str:
-        """How the session's processes died, from torchrun's exit status and its failure report in the
-        log: torchrun itself killed by a signal (its ranks go with it), or the rank(s) whose exit took
-        it down. "" while it is alive."""
+        """How the session's processes died (`deaths.session_death`); "" while it is alive."""
         code = None if self.proc is None else self.proc.poll()
-        if code is None:
-            return ""
-        if code < 0:
-            return (f"torchrun, the session's launcher (pid {self.proc.pid}), {deaths.exit_said(code)}, "
-                    f"and its ranks went with it")
-        exits = deaths.exit_codes(self.log_since_submit())
-        # torchrun SIGTERMs the ranks still running once one fails: those are the consequence, not the cause
-        first = {r: c for r, c in exits.items() if c != -signal.SIGTERM} or exits
-        if first:
-            said = "; ".join(f"rank {r} {deaths.exit_said(c)}" for r, c in sorted(first.items()))
-            rest = sorted(set(exits) - set(first))
-            return (f"{said}, so torchrun stopped " + (f"{failures.rank_list(rest)} and " if rest else "")
-                    + f"the session (exit code {code})")
-        return f"torchrun exited with code {code} (see the session's {rundir.LOG})"
+        return "" if code is None else deaths.session_death(code, self.proc.pid, self.log_since_submit())
+
+    def forget(self, why: str) -> None:
+        """This session is no session to run in any more (`forget`)."""
+        forget(self, why)
 
     def kill(self) -> None:
         """Stop the whole process tree now (a failed job, a hang, Ctrl-C): no orphans."""
@@ -308,8 +298,6 @@ class Session:
         """Run `code` on `ranks` (default: all) as a `%%ddp` cell (`rank/cells.py`): rank -> its stdout,
         stderr, last value and error, or None for a rank that never finished (it hung: the session is
         then torn down, as after any hang). Ctrl-C stops the cell and the session."""
-        from .cells import run_cell
-
         with LOCK:
             return run_cell(self, code, ranks)
 

@@ -1,5 +1,5 @@
 """A session's rank (`--serve`, the rank side of `launch/session.py`): join the process group once, then
-run job after job as a cold launch would (`worker.run_experiments`), or a `%%ddp` cell; between jobs, put
+run job after job as a cold launch would (`run_experiments`, the worker's, handed in), or a `%%ddp` cell; between jobs, put
 back what a cold rank starts with (user modules imported afresh, torch's global settings, collected
 garbage). Runs inside a rank.
 """
@@ -13,15 +13,15 @@ import sys
 import time
 from pathlib import Path
 
-from ..rundir import ProgressLog, write_json_atomic
+from ..rundir import ProgressLog, write_json_atomic, write_rank_error
 from ..spec.tasks import COMMON_PHASES
 from . import cells, runtime
-from .worker import import_task_modules, run_experiments, task_module, write_error
+from .tasks import import_task_modules, task_module
 
 SESSION_PHASES = {p.name: p for p in COMMON_PHASES}
 
 
-def serve(session_dir: Path, env) -> int:
+def serve(session_dir: Path, env, run_experiments) -> int:
     """A session's rank: join the process group once, then run each job the launcher writes
     (`job{n}.json`: {"specs": [...], "launch_id": ...}, a `%%ddp` cell {"cell": code, "ranks": [...]},
     or {"stop": true}), and mark it done (`job{n}.rank{r}.done`, or the cell's `job{n}.rank{r}.cell.json`). A job that fails ends the rank (its error file says why): the launcher
@@ -38,7 +38,7 @@ def serve(session_dir: Path, env) -> int:
         _THREADS[0] = torch.get_num_threads()
         log.enter("done")   # ready for jobs
     except BaseException as e:  # noqa: BLE001
-        write_error(session_dir, env.rank, "init-process-group", -1, e)
+        write_rank_error(session_dir, env.rank, "init-process-group", -1, e)
         return 1
     finally:
         log.close()

@@ -25,22 +25,20 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
-import importlib
-import json
 import os
 import platform
 import socket
 import sys
 import time
-import traceback
 from pathlib import Path
 
 from .. import host, record
-from ..rundir import (ProgressLog, error_file, fatal_file, rank_file, save_tensors_atomic, tensor_file,
-                      write_json_atomic)
+from ..rundir import (ProgressLog, fatal_file, rank_file, save_tensors_atomic, tensor_file, write_json_atomic,
+                      write_rank_error)
 from ..spec import Experiment
 from . import clock, link, runtime
-from .tasks import TaskContext, runner
+from . import session
+from .tasks import TaskContext, import_task_modules, runner
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -57,9 +55,7 @@ def main(argv=None) -> None:
 
     env = runtime.rank_env()
     if args.serve:
-        from .session import serve
-
-        code = serve(Path(args.serve), env)
+        code = session.serve(Path(args.serve), env, run_experiments)
     else:
         code = run_experiments([Path(p) for p in args.spec], env, os.environ.get("DDPLAB_LAUNCH_ID", ""))
     sys.stdout.flush()
@@ -78,8 +74,6 @@ def run_experiments(spec_paths: list[Path], env, launch_id: str, warm: tuple | N
     try:
         texts = [p.read_text() for p in spec_paths]
         if warm is not None:   # before parsing: a changed task class must be the one the spec is read with
-            from . import session
-
             session.fresh_user_modules(texts)
             session.baseline()
         else:
@@ -147,7 +141,7 @@ def run_experiments(spec_paths: list[Path], env, launch_id: str, warm: tuple | N
         code = 0
     except BaseException as e:  # noqa: BLE001 - every failure must reach the launcher as a file
         last = log.last if log else {"phase": "start", "step": -1}
-        write_error(log.run_dir if log else spec_paths[0].parent, env.rank, last["phase"], last["step"], e)
+        write_rank_error(log.run_dir if log else spec_paths[0].parent, env.rank, last["phase"], last["step"], e)
         code = 1
     if log:
         log.close()
@@ -213,29 +207,6 @@ class _FatalSignals:
 
 
 _FATAL = _FatalSignals()
-
-
-def write_error(run_dir: Path, rank: int, phase: str, step: int, e: BaseException) -> None:
-    """This rank's error file (the launcher's diagnosis reads it), and the traceback on stderr."""
-    write_json_atomic(error_file(run_dir, rank), {
-        "rank": rank, "phase": phase, "step": step, "t_ns": time.time_ns(),
-        "type": type(e).__name__, "message": str(e), "traceback": traceback.format_exc()})
-    traceback.print_exc()
-
-
-def task_module(spec: dict) -> str | None:
-    """The module where a spec's own task is declared (`task.module`), if it names one."""
-    task = spec.get("task")
-    module = task.get("module") if isinstance(task, dict) else None
-    return module if isinstance(module, str) and module else None
-
-
-def import_task_modules(spec_texts: list[str]) -> None:
-    """Import the modules of the specs' own tasks, in order, once each: the rank runs what the launcher
-    wrote for this launch (which had those modules imported), so the specs can be read; reading a spec
-    never imports them."""
-    for name in dict.fromkeys(filter(None, (task_module(json.loads(t)) for t in spec_texts))):
-        importlib.import_module(name)
 
 
 if __name__ == "__main__":

@@ -127,9 +127,9 @@ def test_examples_check_fails_when_two_ranks_read_the_same_shard(key_runs):
 
 # ---- the notebooks run these same checks -------------------------------------------------------------
 @pytest.mark.parametrize("notebook, call", [
-    ("01_synchronized_gradient.ipynb", "tables.verify_global_batch_gradient("),
-    ("02_replicated_memory.ipynb", "tables.verify_model_state("),
-    ("06_global_batch.ipynb", "tables.verify_distinct_examples("),
+    ("01_synchronized_gradient.ipynb", "tables.gradients.verify_global_batch_gradient("),
+    ("02_replicated_memory.ipynb", "tables.memory.verify_model_state("),
+    ("06_global_batch.ipynb", "tables.global_batch.verify_distinct_examples("),
 ])
 def test_the_notebook_runs_the_check_tested_here(notebook, call):
     cells = json.loads((ROOT / "notebooks" / notebook).read_text())["cells"]

@@ -10,6 +10,7 @@ Used by every notebook's runs.
 from __future__ import annotations
 
 import importlib
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,3 +32,18 @@ def runner(task):
     """The run function a task section names ("package.module:function")."""
     module, name = task.runner.split(":")
     return getattr(importlib.import_module(module), name)
+
+
+def task_module(spec: dict) -> str | None:
+    """The module where a spec's own task is declared (`task.module`), if it names one."""
+    task = spec.get("task")
+    module = task.get("module") if isinstance(task, dict) else None
+    return module if isinstance(module, str) and module else None
+
+
+def import_task_modules(spec_texts: list[str]) -> None:
+    """Import the modules of the specs' own tasks, in order, once each: the rank runs what the launcher
+    wrote for this launch (which had those modules imported), so the specs can be read; reading a spec
+    never imports them."""
+    for name in dict.fromkeys(filter(None, (task_module(json.loads(t)) for t in spec_texts))):
+        importlib.import_module(name)
