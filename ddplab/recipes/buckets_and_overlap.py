@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..spec import BucketSweep, Experiment
+from ..spec.bucket_sweep import Plan
 from ..units import MIB
 from .communication import allreduce_sweep
 
@@ -24,8 +25,8 @@ def bucket_sweep(world_size: int = 2, caps_mb=(ONE_PER_PARAMETER_MB, 0.25, 1, 2,
     The split is at 8 MiB by default: that plan's last bucket (the first layers, about half the model)
     has gradients ready over the last half of backward, so its first half can leave well before the
     end; at 4 MiB the cut would only separate the embeddings, a head start of under a millisecond."""
-    plans = tuple(f"ddp:{c:g}" for c in caps_mb) + ("ddp:default", f"plan:{split_cap_mb:g}", f"split:{split_cap_mb:g}",
-                                                   f"ddp-split:{split_cap_mb:g}")
+    plans = tuple(Plan("ddp", c) for c in caps_mb) + (Plan("ddp"), Plan("plan", split_cap_mb),
+                                                      Plan("split", split_cap_mb), Plan("ddp-split", split_cap_mb))
     task = BucketSweep(plans=plans, rounds=rounds, steps_per_round=steps)
     sweep = Experiment(**{**dict(name=f"bucket-sweep-w{world_size}", task=task, world_size=world_size,
                                  pin_cpus=pin_cpus, **BUCKET_MODEL), **overrides})
@@ -41,6 +42,6 @@ def split_on_link(link: str = "1GbE", cap_mb: float = 64, rounds: int = 5, steps
     few ms. On the link the wire time is a wait, not work for the cores, so the head start shows in the
     exposed tail instead of slowing the backward beside it. `rounds` x `steps` paired steps (20: on a
     busy 2-core machine 16 resolved only just)."""
-    task = BucketSweep(plans=(f"ddp:{cap_mb:g}", f"ddp-split:{cap_mb:g}"), rounds=rounds, steps_per_round=steps)
+    task = BucketSweep(plans=(Plan("ddp", cap_mb), Plan("ddp-split", cap_mb)), rounds=rounds, steps_per_round=steps)
     return Experiment(name=f"split-on-link-w{world_size}", task=task, world_size=world_size, pin_cpus=pin_cpus,
                       link=link, **BUCKET_MODEL)

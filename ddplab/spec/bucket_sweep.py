@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from ..record.bucket_sweep import BucketSweepRecord
 from .checks import bad, is_int
@@ -19,10 +20,29 @@ PLAN_KINDS = ("ddp", "bare", "plan", "split", "ddp-split")
 _PLAN = re.compile(r"^(ddp|bare|plan|split|ddp-split):(default|\d+(\.\d+)?(e-?\d+)?)$")
 
 
-def parse_plan(plan: str) -> tuple[str, float | None]:
-    """"split:4" -> ("split", 4.0); "ddp:default" -> ("ddp", None)."""
-    kind, cap = plan.split(":")
-    return kind, None if cap == "default" else float(cap)
+class Plan(NamedTuple):
+    """A bucket-sweep plan, typed: `kind` (PLAN_KINDS) and `cap_mb` (None: DDP's default). Its name,
+    `str(plan)`, is what a spec, a record and a table carry ("ddp:8", "split:4", "ddp:default")."""
+
+    kind: str
+    cap_mb: float | None = None
+
+    def __str__(self) -> str:
+        return f"{self.kind}:{'default' if self.cap_mb is None else f'{self.cap_mb:g}'}"
+
+    @classmethod
+    def parse(cls, name: str) -> "Plan":
+        """"split:4" -> Plan("split", 4.0); "ddp:default" -> Plan("ddp", None); ValueError naming the plan
+        for anything else."""
+        if not isinstance(name, str) or not _PLAN.match(name):
+            raise ValueError(f"plan {name!r}: expected '<kind>:<cap MiB>' with kind one of {', '.join(PLAN_KINDS)}")
+        kind, cap = name.split(":")
+        return cls(kind, None if cap == "default" else float(cap))
+
+
+def parse_plan(plan: str) -> Plan:
+    """`Plan.parse`: "split:4" -> Plan("split", 4.0), which unpacks as (kind, cap_mb)."""
+    return Plan.parse(plan)
 
 
 def _plan_ok(plan) -> bool:
@@ -46,7 +66,12 @@ class BucketSweep(TaskSpec):
               Phase("round", 3))
     reads = RUN_FIELDS | MODEL_FIELDS | {"link"}
     step_unit = "rounds"
-    plans: tuple[str, ...] = ()
+    plans: tuple[str, ...] = ()     # plan names; a `Plan` given here is kept as its name
+
+    def __post_init__(self):
+        super().__post_init__()
+        if isinstance(self.plans, tuple):
+            object.__setattr__(self, "plans", tuple(str(p) if isinstance(p, Plan) else p for p in self.plans))
     rounds: int = 5
     steps_per_round: int = 4
 

@@ -65,7 +65,7 @@ def arm_names(run) -> list[str]:
 
 def cap_of(name: str) -> float | None:
     """The bucket cap (MiB) of a plan name; None for DDP's default and for compute-only."""
-    return None if name == "compute-only" else parse_plan(name)[1]
+    return None if name == "compute-only" else parse_plan(name).cap_mb
 
 
 def measured(run) -> pd.DataFrame:

@@ -24,6 +24,7 @@ from .. import claims
 from ..predict.buckets import Cost, Schedule, ddp_plan, simulate, split_bucket, with_knob
 from ..predict.buckets import calibrate as fit_one_knob   # this module has a calibrate of its own
 from ..predict.comm import AlphaBeta
+from ..spec.bucket_sweep import Plan
 from ..units import MIB, rel_error
 from . import bucket_sweep
 from .bucket_sweep import Inputs, sweep_record, cap_of, inputs, measured
@@ -251,9 +252,9 @@ def candidates(ins: Inputs, cost: Cost, caps_mb, split_cap_mb: float | None = No
     """The worked example's table: for each cap, DDP's plan from the measured ready order, and (if
     given) the plan at `split_cap_mb` with its last bucket cut in two; the last bucket's ready time,
     cost and the backward left to hide it, the exposed tail and the predicted step."""
-    plans = {f"ddp:{c:g}": ddp_rule(ins, c) for c in caps_mb}
+    plans = {str(Plan("ddp", c)): ddp_rule(ins, c) for c in caps_mb}
     if split_cap_mb is not None:
-        plans[f"split:{split_cap_mb:g}"] = split_bucket(ddp_rule(ins, split_cap_mb), ins.grads)
+        plans[str(Plan("split", split_cap_mb))] = split_bucket(ddp_rule(ins, split_cap_mb), ins.grads)
     rows = []
     for name, plan in plans.items():
         s = predict(ins, plan, cost)

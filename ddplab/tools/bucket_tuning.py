@@ -23,11 +23,11 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from .. import claims, tables
-from .. import predict
+from .. import claims, predict, tables
 from ..recipes.buckets_and_overlap import ONE_PER_PARAMETER_MB
 from ..recipes.communication import allreduce_sweep
 from ..spec import BucketSweep
+from ..spec.bucket_sweep import Plan
 from ..spec.checks import is_number
 from ..spec.experiment import MAX_BUCKET_CAP_MB as MAX_CAP_MB
 from ..tables import bucket_sweep, buckets
@@ -35,7 +35,7 @@ from ..units import MIB
 from .factory import checked, experiment, records, repeats_for
 
 CAPS_MB = (ONE_PER_PARAMETER_MB, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64, 256)
-DEFAULT = "ddp:default"
+DEFAULT = str(Plan("ddp"))   # "ddp:default"
 
 
 def tune_buckets(model, world_size: int = 4, local_batch: int = 8, *, caps_mb=CAPS_MB, measure: int = 2,
@@ -95,7 +95,7 @@ def _predicted(ins, cost, caps) -> pd.DataFrame:
     for c in sorted(caps):
         plan = buckets.ddp_rule(ins, c)
         if plan not in layouts.values():
-            layouts[f"ddp:{c:g}"] = plan
+            layouts[str(Plan("ddp", c))] = plan
     rows = [{"plan": name, **buckets.summary(buckets.predict(ins, plan, cost))} for name, plan in layouts.items()]
     return pd.DataFrame(rows).set_index("plan")
 
@@ -109,7 +109,7 @@ def _chosen(predicted: pd.DataFrame, ins, measure: int) -> list[str]:
         chosen.append(DEFAULT)
     for name in fastest:
         if name != DEFAULT and len(buckets.ddp_rule(ins, bucket_sweep.cap_of(name))[-1]) >= 2:
-            chosen.append(f"ddp-split:{name.partition(':')[2]}")
+            chosen.append(str(Plan("ddp-split", Plan.parse(name).cap_mb)))
             break
     return chosen
 
@@ -225,7 +225,7 @@ def recommend(step_table: pd.DataFrame, best: str, setting: str) -> tuple[str, s
 
 def _setting(run, plan: str, ins) -> str:
     """The DDP argument that builds `plan`'s buckets."""
-    kind, cap = plan.split(":")[0], bucket_sweep.cap_of(plan)
+    kind, cap = Plan.parse(plan)
     if plan == DEFAULT:
         return KEEP
     if kind == "ddp-split":

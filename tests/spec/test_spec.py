@@ -286,3 +286,15 @@ def test_a_profiled_run_is_kept_short():
     assert Experiment(steps=20, probes=("profile",)).steps == 20
     with pytest.raises(ValueError, match="Experiment.probes: 'profile' traces every step"):
         Experiment(steps=21, probes=("profile",))
+
+
+def test_a_sweep_plan_is_typed_and_its_name_is_what_specs_records_and_tables_carry():
+    from ddplab.spec import BucketSweep
+    from ddplab.spec.bucket_sweep import Plan
+
+    assert [str(p) for p in (Plan("ddp", 8.0), Plan("ddp"), Plan("ddp-split", 0.5))] == \
+        ["ddp:8", "ddp:default", "ddp-split:0.5"]
+    assert Plan.parse("split:4") == Plan("split", 4.0) and Plan.parse(str(Plan("bare"))) == Plan("bare")
+    assert BucketSweep(plans=[Plan("ddp", 1), "split:2"]).plans == ("ddp:1", "split:2")   # the spec keeps names
+    with pytest.raises(ValueError, match=r"plan 'ddp:eight'"):
+        Plan.parse("ddp:eight")
