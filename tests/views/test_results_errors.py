@@ -25,7 +25,7 @@ pytestmark = pytest.mark.slow
     (lambda run: tables.allreduce_sweep(run), r"tables\.allreduce_sweep: `run` got 't2', a train run, and it reads "
                                               r"allreduce-sweep runs \(made by recipes\.allreduce_sweep\(\)\)"),
     (lambda run: tables.coverage.coverage_table(run),
-     r"tables\.coverage\.coverage: `run` got 't2', a train run, and it reads data-coverage runs"),
+     r"tables\.coverage\.coverage_table: `run` got 't2', a train run, and it reads data-coverage runs"),
     (lambda run: tables.pipeline.bubble({"a": run}), r"tables\.pipeline\.bubble: `runs` is a dict; pass a list of runs"),
     (lambda run: tables.memory_sweep([]), r"tables\.memory_sweep: `runs` is empty"),
 ])
