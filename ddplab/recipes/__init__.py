@@ -4,7 +4,7 @@ arguments override any field. Used by the notebooks, the CLI and the tests.
 
     launch_and_ranks (00), synchronized_gradient (01), replicated_memory (02), communication (03),
     gradient_readiness (04), buckets_and_overlap (05), global_batch (06), slowest_rank (07),
-    fault_runs, coverage, resume and common_errors (08), beyond_ddp (all of 09 in one launch), fsdp_configs,
+    failure_lab, coverage, resume and common_errors (08), beyond_ddp (all of 09 in one launch), fsdp_memory,
     tensor_parallel and pipeline (09)
 """
 

@@ -2,7 +2,7 @@
 
 The spec travels to every rank as `run_dir/spec.json`, so it must round-trip through JSON exactly
 and hash the same on every machine. It is in sections: the common fields below describe the model,
-the data-parallel setup and where the ranks run; `task` is the task's own section (`spec/tasks.py`:
+the data-parallel setup and where the ranks run; `task` is the task's own section (`spec/<task>.py`:
 `Train()`, `AllReduceSweep(...)`, `BucketSweep(...)`), `fault` the fault injection (`spec/fault.py`) and
 `straggler` a rank slowed on purpose (`spec/straggler.py`) and `link` an emulated network for DDP's
 all-reduces (`spec/link.py`).

@@ -49,7 +49,7 @@ def _kinds(v) -> tuple[str, ...] | None:
 
 
 def declared(module, f) -> tuple[dict, tuple, tuple, tuple]:
-    """The run arguments `f` of `module` reads: its own `@reads`, else the module's READS for its
+    """The run arguments `f` of `module` reads: its own `@reading`, else the module's READS for its
     `run`/`runs` parameters; ({}, (), (), ()) if it takes no run."""
     if hasattr(f, "__reads__"):
         return f.__reads__

@@ -164,3 +164,14 @@ def test_bucketed_sync_matches_ddp_in_a_real_sweep(runs_dir, world_size):
     table = bucket_sweep.measured(run)
     assert list(table.index) == ["compute-only", *PLANS]
     assert (table["step_ms"] > 0).all() and table.loc["ddp:0.004", "buckets"] == len(buckets.ddp_rule(ins, 0.004))
+
+
+def test_a_log_of_another_group_is_refused_and_no_log_records_nothing(one_rank_group):
+    net = Net()
+    net.unused.requires_grad_(False)
+    plan = [["b.bias", "b.weight"], ["a.bias", "a.weight"]]
+    with pytest.raises(ValueError, match="log: its group must be the synchronizer's"):
+        BucketedSync(net, plan, group=object(), log=BucketLog())
+    sync = BucketedSync(net, plan)
+    sync(torch.randn(3, 4)).square().sum().backward()
+    assert sync.take() == []

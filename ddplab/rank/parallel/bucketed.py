@@ -44,6 +44,8 @@ from .. import link
 class BucketedSync(torch.nn.Module):
     def __init__(self, module: torch.nn.Module, plan: list[list[str]], group=None, log=None):
         super().__init__()
+        if log is not None and log.group is not group:
+            raise ValueError("log: its group must be the synchronizer's (BucketLog(group) with the same group)")
         self.log = log   # a `probes.buckets.BucketLog` records every bucket's all-reduce; None: unrecorded
         self.module = module
         self.group = group
@@ -139,5 +141,5 @@ class BucketedSync(torch.nn.Module):
             self._reset()  # the next backward starts clean, even after an error
 
     def take(self) -> list[BucketEvent]:
-        """The buckets launched since the last call (from its log)."""
-        return self.log.take()
+        """The buckets launched since the last call (from its log; none without one)."""
+        return self.log.take() if self.log is not None else []
