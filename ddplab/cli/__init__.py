@@ -18,9 +18,9 @@ import argparse
 import sys
 
 from ..spec import Fault, Straggler
-from .commands import _cmd_doctor, _cmd_lab, _cmd_run, _cmd_slurm, notebooks_dir
-from .flags import FAULT_FLAGS, RUN_FLAGS, STRAGGLER_FLAGS, _add_node_flags, _nodes_to_env, _run_flags, experiment_from_args
-from .tools import AUDIT_FIELDS, TOOL_FIELDS, _add_tool_flags, _caps, _cmd_audit, _cmd_tune
+from .commands import cmd_doctor, cmd_lab, cmd_run, cmd_slurm, notebooks_dir
+from .flags import FAULT_FLAGS, RUN_FLAGS, STRAGGLER_FLAGS, add_node_flags, nodes_to_env, add_run_flags, experiment_from_args
+from .tools import AUDIT_FIELDS, TOOL_FIELDS, add_tool_flags, caps, cmd_audit, cmd_tune
 
 __all__ = ["FAULT_FLAGS", "RUN_FLAGS", "STRAGGLER_FLAGS", "Fault", "Straggler", "build_parser", "experiment_from_args",
            "main", "notebooks_dir"]
@@ -30,32 +30,32 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ddplab", description="A hands-on lab for data-parallel training.")
     sub = parser.add_subparsers(dest="command", required=True)
     p_run = sub.add_parser("run", help="run an experiment on real torchrun ranks and print a per-rank table")
-    _run_flags(p_run)
+    add_run_flags(p_run)
     p_run.add_argument("--out", default=None, help="run directory (default runs/<name>-<hash>)")
-    _add_node_flags(p_run)
-    p_run.set_defaults(func=_cmd_run)
+    add_node_flags(p_run)
+    p_run.set_defaults(func=cmd_run)
     p_aud = sub.add_parser("audit", help="one launch on your own model: memory per rank, DDP's buckets, ready order, "
                                          "bytes on the wire, compute against communication")
-    _add_tool_flags(p_aud, AUDIT_FIELDS)
-    _add_node_flags(p_aud)
-    p_aud.set_defaults(func=_cmd_audit)
+    add_tool_flags(p_aud, AUDIT_FIELDS)
+    add_node_flags(p_aud)
+    p_aud.set_defaults(func=cmd_audit)
     p_tune = sub.add_parser("tune-buckets", help="capture, predict and measure bucket plans for your own model, "
                                                  "and recommend a bucket_cap_mb")
-    _add_tool_flags(p_tune, TOOL_FIELDS)
-    p_tune.add_argument("--caps", type=_caps, default=None, help="candidate caps in MiB, e.g. 0.5,1,4,16 (default: "
+    add_tool_flags(p_tune, TOOL_FIELDS)
+    p_tune.add_argument("--caps", type=caps, default=None, help="candidate caps in MiB, e.g. 0.5,1,4,16 (default: "
                                                                  "from one tensor per bucket to 256)")
     p_tune.add_argument("--measure", type=int, default=2, help="how many of the plans predicted fastest to measure")
     p_tune.add_argument("--rounds", type=int, default=4, help="interleaved rounds of the measurement")
     p_tune.add_argument("--steps", type=int, default=3, help="steps of each plan per round")
-    _add_node_flags(p_tune)
-    p_tune.set_defaults(func=_cmd_tune)
+    add_node_flags(p_tune)
+    p_tune.set_defaults(func=cmd_tune)
     p_doc = sub.add_parser("doctor", help="versions, backends, GPUs, and a real all-reduce (2 ranks; 2 per node "
                                           "with --nodes: can the nodes talk?)")
-    _add_node_flags(p_doc)
-    p_doc.set_defaults(func=_cmd_doctor)
+    add_node_flags(p_doc)
+    p_doc.set_defaults(func=cmd_doctor)
     p_slurm = sub.add_parser("slurm", help="write a SLURM batch script that runs an experiment over several nodes "
                                            "(sbatch, srun, torchrun)")
-    _run_flags(p_slurm)
+    add_run_flags(p_slurm)
     p_slurm.add_argument("--nodes", type=int, required=True, help="nodes to ask SLURM for")
     p_slurm.add_argument("--gpus-per-node", type=int, default=0, help="GPUs to ask for on each node (default 0)")
     p_slurm.add_argument("--cpus-per-rank", type=int, default=2, help="CPU cores to ask for per rank (default 2)")
@@ -65,11 +65,11 @@ def build_parser() -> argparse.ArgumentParser:
     p_slurm.add_argument("--out", default=None, help="run directory, on a filesystem every node sees "
                                                      "(default runs/<name>-<hash>, made absolute)")
     p_slurm.add_argument("--script", default=None, help="write the script here (default: print it)")
-    p_slurm.set_defaults(func=_cmd_slurm)
+    p_slurm.set_defaults(func=cmd_slurm)
     p_lab = sub.add_parser("lab", help="open JupyterLab on the chapter notebooks")
     p_lab.add_argument("--print-command", action="store_true", help="print the command instead of running it")
     p_lab.add_argument("jupyter_args", nargs=argparse.REMAINDER, help="passed on to `jupyter lab`")
-    p_lab.set_defaults(func=_cmd_lab)
+    p_lab.set_defaults(func=cmd_lab)
     return parser
 
 
@@ -77,7 +77,7 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     if args.command != "slurm":   # slurm's --nodes is what it asks SLURM for, not where this process launches
         try:
-            _nodes_to_env(args)
+            nodes_to_env(args)
         except ValueError as e:
             print(f"ddplab {args.command}: {e}", file=sys.stderr)
             return 2

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import sys
 
-from .flags import _experiment
+from .flags import experiment_for
 
 
-def _attempt(command: str, call):
+def attempt(command: str, call):
     """(call(), None), or (None, the exit code) once stderr says why: 2 for bad input (nothing was
     launched), 1 for a failed run (its diagnosis), 130 for Ctrl-C (the launcher has stopped every rank)."""
     from ..failures import RunFailed
@@ -25,14 +25,14 @@ def _attempt(command: str, call):
         return None, 130
 
 
-def _cmd_run(args) -> int:
+def cmd_run(args) -> int:
     from .. import tables
     from ..launch.cold import run
 
     def launch():
-        exp = _experiment(args)
+        exp = experiment_for(args)
         return exp, run(exp, args.out)
-    done, code = _attempt("run", launch)
+    done, code = attempt("run", launch)
     if code is not None:
         return code
     exp, result = done
@@ -51,15 +51,15 @@ def _cmd_run(args) -> int:
     return 0
 
 
-def _cmd_slurm(args) -> int:
+def cmd_slurm(args) -> int:
     from ..launch.slurm import render
 
     def make():
-        exp = _experiment(args)
+        exp = experiment_for(args)
         return render(exp, args.nodes, args.out or f"runs/{exp.name}-{exp.hash}", gpus_per_node=args.gpus_per_node,
                       cpus_per_rank=args.cpus_per_rank, time_limit=args.time, partition=args.partition,
                       account=args.account)
-    script, code = _attempt("slurm", make)
+    script, code = attempt("slurm", make)
     if code is not None:
         return code
     if args.script:
@@ -72,7 +72,7 @@ def _cmd_slurm(args) -> int:
     return 0
 
 
-def _cmd_doctor(args) -> int:
+def cmd_doctor(args) -> int:
     from ..doctor import check
 
     try:
@@ -93,7 +93,7 @@ def lab_argv(extra: list[str]) -> list[str]:
     return [sys.executable, "-m", "jupyterlab", str(notebooks_dir()), *extra]
 
 
-def _cmd_lab(args) -> int:
+def cmd_lab(args) -> int:
     import importlib.util
     import os
 

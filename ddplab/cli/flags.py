@@ -89,7 +89,7 @@ def experiment_from_args(args: argparse.Namespace) -> Experiment:
                       **({"straggler": Straggler(**slow)} if slow else {}))
 
 
-def _experiment(args) -> Experiment:
+def experiment_for(args) -> Experiment:
     """The experiment of `run` and `slurm`: from --spec (a spec.json, or - for stdin) or from the flags."""
     if getattr(args, "spec", None) is None:
         if getattr(args, "imports", None):
@@ -116,7 +116,7 @@ def _experiment(args) -> Experiment:
     return Experiment.from_json(text)
 
 
-def _run_flags(p, spec: bool = True) -> None:
+def add_run_flags(p, spec: bool = True) -> None:
     for flag, (_, kind, help_text) in {**RUN_FLAGS, **FAULT_FLAGS, **STRAGGLER_FLAGS}.items():
         p.add_argument(flag, type=kind, default=None, help=help_text)
     if spec:
@@ -127,7 +127,7 @@ def _run_flags(p, spec: bool = True) -> None:
                             "ddplab never imports what a file names); repeat for several")
 
 
-def _nodes_to_env(args) -> None:
+def nodes_to_env(args) -> None:
     """--nodes, --node-launcher and --rdzv-endpoint as $DDPLAB_NODES and co., for every launch of this
     command (its session too); refused here, before anything starts, if they make no layout."""
     import os
@@ -144,7 +144,7 @@ def _nodes_to_env(args) -> None:
     Nodes.from_env()
 
 
-def _add_node_flags(p) -> None:
+def add_node_flags(p) -> None:
     p.add_argument("--nodes", type=int, default=None, help="nodes to spread the ranks over (default 1; "
                    "$DDPLAB_NODES): torchrun agents on this host, or one per node with --node-launcher srun")
     p.add_argument("--node-launcher", choices=("local", "srun"), default=None,

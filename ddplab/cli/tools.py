@@ -7,7 +7,7 @@ import math
 import sys
 
 from ..spec import Experiment
-from .commands import _attempt
+from .commands import attempt
 from .flags import RUN_FLAGS
 
 
@@ -17,7 +17,7 @@ TOOL_FIELDS = ("vocab_size", "d_model", "n_layers", "n_heads", "tie_weights", "s
 AUDIT_FIELDS = ("optimizer", "lr", "momentum", "bucket_cap_mb", "gradient_as_bucket_view", *TOOL_FIELDS)
 
 
-def _add_tool_flags(p, fields) -> None:
+def add_tool_flags(p, fields) -> None:
     p.add_argument("--model", required=True, help="your model factory, package.module:function (importable from "
                                                   "here; the contract: ddplab/spec/model.py)")
     p.add_argument("--world-size", type=int, default=4, help="number of ranks (default 4)")
@@ -50,7 +50,7 @@ def _tool(args, fields, call) -> int:
         if why:   # before the launch, not after it
             print(f"ddplab {args.command}: --json {args.json}: {why}", file=sys.stderr)
             return 2
-    report, code = _attempt(args.command, lambda: call(given))
+    report, code = attempt(args.command, lambda: call(given))
     if code is not None:
         return code
     data = json.dumps(report.to_dict(), indent=2, allow_nan=False)
@@ -66,14 +66,14 @@ def _tool(args, fields, call) -> int:
     return 0
 
 
-def _cmd_audit(args) -> int:
+def cmd_audit(args) -> int:
     from ..tools import audit_model
 
     return _tool(args, AUDIT_FIELDS, lambda given: audit_model(
         args.model, args.world_size, local_batch=args.local_batch, out=args.out, progress=not args.quiet, **given))
 
 
-def _cmd_tune(args) -> int:
+def cmd_tune(args) -> int:
     from ..tools import tune_buckets
 
     def call(given):
@@ -83,7 +83,7 @@ def _cmd_tune(args) -> int:
     return _tool(args, TOOL_FIELDS, call)
 
 
-def _caps(text: str) -> tuple[float, ...]:
+def caps(text: str) -> tuple[float, ...]:
     try:
         caps = tuple(float(p) for p in text.split(",") if p)
     except ValueError:

@@ -15,9 +15,9 @@ from .straggler import Straggler
 from .tensor_parallel import TensorParallel
 from .allreduce_sweep import AllReduceSweep
 from .balance import BalanceStudy
-from .bucket_sweep import BucketSweep, parse_plan
+from .bucket_sweep import BucketSweep, Plan
 from .tasks import Phase, TaskSpec, register
 from .train import Train
 
-__all__ = ["AllReduceSweep", "BalanceStudy", "BucketSweep", "DataCoverage", "Resume", "Experiment", "Fault", "FsdpMemory", "LINKS", "Link", "Phase", "Pipeline", "Straggler", "TaskSpec", "TensorParallel", "Train", "parse_plan",
+__all__ = ["AllReduceSweep", "BalanceStudy", "BucketSweep", "DataCoverage", "Resume", "Experiment", "Fault", "FsdpMemory", "LINKS", "Link", "Phase", "Pipeline", "Straggler", "TaskSpec", "TensorParallel", "Train", "Plan",
            "register"]

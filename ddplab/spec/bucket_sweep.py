@@ -40,15 +40,10 @@ class Plan(NamedTuple):
         return cls(kind, None if cap == "default" else float(cap))
 
 
-def parse_plan(plan: str) -> Plan:
-    """`Plan.parse`: "split:4" -> Plan("split", 4.0), which unpacks as (kind, cap_mb)."""
-    return Plan.parse(plan)
-
-
 def _plan_ok(plan) -> bool:
     if not isinstance(plan, str) or not _PLAN.match(plan):
         return False
-    kind, cap = parse_plan(plan)
+    kind, cap = Plan.parse(plan)
     return 0 < cap <= 2 ** 20 if cap is not None else kind in ("ddp", "bare")   # at most 1 TiB
 
 

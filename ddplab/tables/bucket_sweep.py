@@ -32,7 +32,7 @@ from .. import claims, record
 from .. import predict
 from ..predict.buckets import Grad
 from ..predict.comm import AlphaBeta
-from ..spec.bucket_sweep import parse_plan
+from ..spec.bucket_sweep import Plan
 from .stats import round_summary
 
 READS = "bucket-sweep"   # the task kind of the runs its tables read (tables/reads.py)
@@ -65,7 +65,7 @@ def arm_names(run) -> list[str]:
 
 def cap_of(name: str) -> float | None:
     """The bucket cap (MiB) of a plan name; None for DDP's default and for compute-only."""
-    return None if name == "compute-only" else parse_plan(name).cap_mb
+    return None if name == "compute-only" else Plan.parse(name).cap_mb
 
 
 def measured(run) -> pd.DataFrame:

@@ -195,8 +195,8 @@ def test_the_command_line_imports_a_task_module_only_when_asked(tmp_path):
 
     spec = tmp_path / "spec.json"
     spec.write_text(Experiment(task=Toy(), world_size=2).to_json())
-    code = ("import sys; from ddplab.cli import build_parser; from ddplab.cli.flags import _experiment; "
-            "print(_experiment(build_parser().parse_args(sys.argv[1:])).task.kind)")
+    code = ("import sys; from ddplab.cli import build_parser; from ddplab.cli.flags import experiment_for; "
+            "print(experiment_for(build_parser().parse_args(sys.argv[1:])).task.kind)")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     refused = subprocess.run([sys.executable, "-c", code, "run", "--spec", str(spec)], capture_output=True,
                              text=True, cwd=ROOT, env=env)

@@ -158,11 +158,11 @@ def test_bucket_sweep_plans_are_validated(kwargs, field):
 
 
 def test_bucket_sweep_plans_parse_and_round_trip():
-    from ddplab.spec import parse_plan
+    from ddplab.spec import Plan
 
     e = Experiment(task=BucketSweep(plans=["ddp:default", "bare:0.25", "plan:4", "split:1e-4", "ddp-split:4"]))
     assert Experiment.from_json(e.to_json()) == e and e.task.plans[0] == "ddp:default"
-    assert [parse_plan(p) for p in e.task.plans] == [("ddp", None), ("bare", 0.25), ("plan", 4.0), ("split", 1e-4),
+    assert [Plan.parse(p) for p in e.task.plans] == [("ddp", None), ("bare", 0.25), ("plan", 4.0), ("split", 1e-4),
                                                      ("ddp-split", 4.0)]
 
 

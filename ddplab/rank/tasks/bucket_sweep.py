@@ -34,7 +34,7 @@ from ...record.bucket_sweep import BucketSweepRecord, PlanCheck, SweepArm, Sweep
 from ...record.timeline import Backward
 from ...record.train import ModelInfo
 from ...spec.sharding import shard_ids
-from ...spec.bucket_sweep import parse_plan
+from ...spec.bucket_sweep import Plan
 from ...tensors import flat_float64, rel_max_diff
 from ...units import MIB, ms_after
 from .. import models
@@ -152,7 +152,7 @@ def run(ctx):
 def _arm(ctx, name: str, index: int, base, grads) -> _Arm:
     """Plan `name`'s own copy of the model, its wrapper and its probes."""
     module = copy.deepcopy(base)
-    kind, cap = ("compute", None) if name == "compute-only" else parse_plan(name)
+    kind, cap = ("compute", None) if name == "compute-only" else Plan.parse(name)
     cuda = ctx.device.type == "cuda"   # device times, not host queue times (rank/clock.py GpuStamps)
     ready = ReadyLog(module, cuda) if kind != "bare" else None
     if kind == "compute":
