@@ -8,14 +8,23 @@ import pytest
 
 import ddplab
 from ddplab import recipes
-from tests.support import launch_shared, reachable, share
+from tests.support import launch_shared_once, reachable, share
+
+
+def meeting(tmp_path_factory):
+    """A folder every pytest-xdist worker of this pytest run sees (the parent of the workers' own base
+    folders), or this session's base folder without xdist."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
 
 
 @pytest.fixture(scope="session", autouse=True)
 def checkpoint_key(tmp_path_factory):
     """The tests seal checkpoints with a key of their own, never the account's (`ddplab/seal.py`); every
-    launch inherits it."""
-    key = tmp_path_factory.mktemp("key") / "checkpoint.key"
+    launch inherits it. One key for every xdist worker: a worker may resume a checkpoint another sealed
+    (the shared launch's saving runs); `seal` makes it once, atomically."""
+    (meeting(tmp_path_factory) / "key").mkdir(exist_ok=True)
+    key = meeting(tmp_path_factory) / "key" / "checkpoint.key"
     old, os.environ["DDPLAB_KEY_FILE"] = os.environ.get("DDPLAB_KEY_FILE"), str(key)
     yield key
     if old is None:
@@ -30,10 +39,10 @@ def runs_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def shared_runs(runs_dir, request):
+def shared_runs(runs_dir, request, tmp_path_factory):
     """key -> the Runs of its experiments, from ONE launch of every experiment a selected test can reach
-    (`tests/support`: `share`, `launch_shared`)."""
-    return launch_shared(reachable(request.session.items, __name__), runs_dir)
+    (`tests/support`: `share`, `launch_shared_once`; with pytest-xdist, one launch for all workers)."""
+    return launch_shared_once(reachable(request.session.items, __name__), runs_dir, meeting(tmp_path_factory))
 
 
 share("run2", lambda: [ddplab.Experiment(name="t2", world_size=2, local_batch=4, seq_len=8, steps=2,

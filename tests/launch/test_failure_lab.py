@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import pytest
 
-import ddplab
 from ddplab import Experiment, deaths, failures, tables
 from ddplab.failures import Diagnosis, Provoked
 from ddplab.launch.failure_lab import provoke
 from ddplab.recipes.failure_lab import fault_runs, find_unused_cost, unused_parameter_fixes
 from ddplab.spec import Fault
 from ddplab.verify import CheckFailed
+from tests.support import share
+
+# the healthy halves of two fault studies, in the one shared launch (the faulty halves launch on their own)
+share("find-unused", lambda: [unused_parameter_fixes()["find-unused"], *find_unused_cost(steps=4)])
 
 # what torchrun printed for a rank gloo aborted and one killed with SIGKILL (2.13, trimmed)
 REPORT = """terminate called after throwing an instance of 'gloo::EnforceNotMet'
@@ -129,18 +132,19 @@ def test_every_fault_of_the_failure_lab_has_its_signs():
 
 
 @pytest.mark.slow
-def test_info_names_the_unused_parameters_and_find_unused_parameters_runs_through(runs_dir):
+def test_info_names_the_unused_parameters_and_find_unused_parameters_runs_through(runs_dir, shared_runs):
     exps = unused_parameter_fixes()
     o = provoke(exps["info"], runs_dir / "unused-info")
     assert o.diagnosis.ranks == [1]
     assert "Parameters which did not receive grad for rank 1: blocks.1.mlp.2.bias" in o.diagnosis.summary
-    run = ddplab.run(exps["find-unused"], runs_dir / "unused-found", progress=False)
+    run = shared_runs["find-unused"][0]
+    assert run.spec == exps["find-unused"]
     assert len({s.param_checksum for r in run.ranks for s in r.steps[-1:]}) == 1   # replicas still agree
 
 
 @pytest.mark.slow
-def test_find_unused_parameters_keeps_the_construction_buckets_and_ddp_rebuilds_without_it(runs_dir):
-    off, on = ddplab.run_many(find_unused_cost(steps=4), runs_dir / "find-unused", progress=False)
+def test_find_unused_parameters_keeps_the_construction_buckets_and_ddp_rebuilds_without_it(shared_runs):
+    off, on = shared_runs["find-unused"][1:]
     t = tables.failures.find_unused_cost([off, on])
     assert t.loc["find-unused-off", "buckets_first_step"] == 1 < t.loc["find-unused-off", "buckets_last_step"]
     assert t.loc["find-unused-on", "buckets_first_step"] == t.loc["find-unused-on", "buckets_last_step"] > 1

@@ -18,9 +18,13 @@ from ddplab.launch.cold import run_dir_for
 from ddplab.launch import watch
 from ddplab.spec import Fault
 
-from tests.support import ctrl_c_reaches_it, leftovers
+from tests.support import ctrl_c_reaches_it, leftovers, share
 
 pytestmark = pytest.mark.slow
+
+# run2 (conftest) without synchronization, in the one shared launch
+share("t2-none", lambda: [Experiment(name="t2-none", sync="none", world_size=2, local_batch=4, seq_len=8, steps=2,
+                                     probes=("reference",))])
 
 
 def check_shards(run):
@@ -57,8 +61,9 @@ def test_independent_updates_differ_from_rank_to_rank(run4):
     assert run4.spec.global_batch == 64 and run4.spec.local_batches == [16] * 4
 
 
-def test_sync_none_rank_takes_exactly_the_independent_update(run2, runs_dir):
-    alone = ddplab.run(run2.spec.replace(name="t2-none", sync="none"), runs_dir / "t2-none", progress=False)
+def test_sync_none_rank_takes_exactly_the_independent_update(run2, shared_runs):
+    alone = shared_runs["t2-none"][0]
+    assert alone.spec == run2.spec.replace(name="t2-none", sync="none")   # the same run, unsynchronized
     for r_ddp, r_alone in zip(run2.ranks, alone.ranks):
         assert r_alone.steps[0].param_checksum == r_ddp.reference.independent.param_checksum
     assert len({r.param_checksum.final for r in alone.ranks}) == 2
@@ -226,13 +231,6 @@ def test_a_rank_outside_a_long_narrow_experiment_waits_for_it_beyond_the_collect
     assert time.monotonic() - t0 > 12.0, "the narrow run was meant to outlast the timeout"
     assert [r.rank for r in wide_run.ranks] == [0, 1, 2, 3]
     assert not leftovers(tmp_path / "gate")
-
-
-def test_ddp_construction_broadcasts_rank_0s_parameters(tmp_path):
-    run = ddplab.run(Experiment(world_size=2, seed_per_rank=True), tmp_path / "seeds", progress=False)
-    built = [r.param_checksum.built for r in run.ranks]
-    assert built[0] != built[1]
-    assert [r.param_checksum.initial for r in run.ranks] == [built[0], built[0]]
 
 
 def test_a_launch_says_it_is_starting_before_the_first_rank_reports(runs_dir, monkeypatch):

@@ -15,7 +15,7 @@ from ddplab.rank.parallel.bucketed import BucketedSync
 from ddplab.rank.probes.buckets import BucketLog
 from ddplab.spec import BucketSweep
 from ddplab.tables import bucket_sweep, buckets
-from tests.support import leftovers
+from tests.support import leftovers, share
 
 
 class Net(torch.nn.Module):
@@ -114,11 +114,13 @@ SMALL = dict(task=BucketSweep(plans=PLANS, rounds=2, steps_per_round=1), vocab_s
              n_heads=4, local_batch=2, seq_len=8)
 
 
+share("bsync", lambda: [ddplab.Experiment(name=f"bsync-{w}", world_size=w, **SMALL) for w in (2, 4)])
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("world_size", [2, 4])
-def test_bucketed_sync_matches_ddp_in_a_real_sweep(runs_dir, world_size):
-    exp = ddplab.Experiment(name=f"bsync-{world_size}", world_size=world_size, **SMALL)
-    run = ddplab.run(exp, runs_dir / exp.name, progress=False)
+def test_bucketed_sync_matches_ddp_in_a_real_sweep(shared_runs, world_size):
+    run = {r.world_size: r for r in shared_runs["bsync"]}[world_size]
     assert not leftovers(run.path)
     sweep = run.ranks[0].result
     for name in PLANS:  # a step from identical states with each plan's real buckets: same gradient, same update

@@ -8,8 +8,10 @@ import pytest
 import ddplab
 from ddplab import Experiment
 from ddplab.launch.progress import describe
-from tests.support import leftovers
+from tests.support import leftovers, share
 from tests.support.toy_task import Toy, ToyRecord
+
+share("toy", lambda: [Experiment(name="toy", task=Toy(), world_size=2)])   # the one shared launch
 
 
 def test_a_task_from_another_module_round_trips_through_spec_json():
@@ -27,8 +29,8 @@ def test_a_task_validates_its_own_settings_and_refuses_fields_it_does_not_read()
 
 
 @pytest.mark.slow
-def test_the_toy_task_is_launched_and_loaded(runs_dir):
-    run = ddplab.run(Experiment(name="toy", task=Toy(), world_size=2), runs_dir / "toy", progress=False)
+def test_the_toy_task_is_launched_and_loaded(shared_runs):
+    run = shared_runs["toy"][0]   # launched beside the train task's experiments, in the same torchrun
     assert [type(r.result) for r in run.ranks] == [ToyRecord, ToyRecord]
     assert [r.result.rank_sum for r in run.ranks] == [3.0, 3.0]   # 1 + 2 on every rank
     assert run.ranks[1].envelope.task == "toy"

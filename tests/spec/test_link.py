@@ -10,11 +10,10 @@ import time
 import pytest
 import torch
 
-import ddplab
 from ddplab.rank import link as wire
 from ddplab.spec import LINKS, Experiment, Link
 from ddplab.spec.link import describe
-from tests.support import leftovers
+from tests.support import share
 
 
 # ---- the cost -----------------------------------------------------------------------------------
@@ -96,12 +95,15 @@ def test_without_a_link_the_future_is_handed_back_as_it_is_and_an_error_reaches_
 
 
 # ---- a real run ----------------------------------------------------------------------------------
+LINK = Link("test", latency_us=500, gbit_s=0.5)
+LOOPBACK = Experiment(name="link-loopback", world_size=2, steps=3, probes=("buckets", "gradients"), bucket_cap_mb=0.1)
+share("link", lambda: [LOOPBACK, LOOPBACK.replace(name="link-held", link=LINK)])   # the one shared launch
+
+
 @pytest.mark.slow
-def test_a_run_on_a_link_holds_every_bucket_for_the_link_and_reduces_the_same_gradients(runs_dir):
-    link = Link("test", latency_us=500, gbit_s=0.5)
-    base = Experiment(name="link-loopback", world_size=2, steps=3, probes=("buckets", "gradients"), bucket_cap_mb=0.1)
-    loop, held = ddplab.run_many([base, base.replace(name="link-held", link=link)], runs_dir / "link", progress=False)
-    assert not leftovers(runs_dir / "link")
+def test_a_run_on_a_link_holds_every_bucket_for_the_link_and_reduces_the_same_gradients(shared_runs):
+    link = LINK
+    loop, held = shared_runs["link"]
     for rank in held.ranks:
         for step in rank.steps[1:]:
             buckets = sorted(step.buckets, key=lambda b: b.done_ns)

@@ -52,6 +52,35 @@ def reachable(items, conftest: str) -> dict[str, list]:
             if (module in modules and module != conftest) or k in fixtures}
 
 
+def launch_shared_once(groups: dict[str, list], out: Path, meeting: Path) -> SharedRuns:
+    """`launch_shared`, once per pytest run however many pytest-xdist workers there are: every worker
+    collects the same tests, so they all need the same keys; the first to get the lock in `meeting` (a
+    folder every worker sees) launches them and writes where each key's run directories are, the others
+    wait on the lock and load those directories. A key the index lacks is launched by the worker that
+    needs it. Without xdist, `meeting` is this session's own folder and this is `launch_shared`."""
+    import json
+
+    from filelock import FileLock
+
+    index = meeting / "shared-runs.json"
+    with FileLock(str(meeting / "shared-runs.lock")):
+        if not index.exists():
+            shared = launch_shared(groups, out)
+            index.write_text(json.dumps({
+                "runs": {k: [str(r.path) for r in runs] for k, runs in dict.items(shared)},
+                "failed": {k: str(f) for k, f in shared.failed.items()}}))
+            return shared
+        written = json.loads(index.read_text())
+    runs = {k: [ddplab.load_run(p) for p in paths] for k, paths in written["runs"].items() if k in groups}
+    failed = {k: f for k, f in written["failed"].items() if k in groups}
+    missing = {k: es for k, es in groups.items() if k not in runs and k not in failed}
+    if missing:
+        extra = launch_shared(missing, out)
+        runs.update(dict.items(extra))
+        failed.update(extra.failed)
+    return SharedRuns(runs, failed)
+
+
 def launch_shared(groups: dict[str, list], out: Path) -> SharedRuns:
     """ONE launch of every experiment of `groups` (an experiment registered twice runs once); if it
     fails, one launch per key, so each failure is reported by the keys it belongs to."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ddplab import launch, recipes, tables
+from ddplab import Experiment, recipes, tables
 from ddplab.predict import memory as memory_model
 from ddplab.predict.memory import CATEGORIES
 from tests.support import share
@@ -21,6 +21,9 @@ def _memory_exps():
 
 
 share("memory", _memory_exps)
+share("frozen-mem", lambda: [Experiment(name="frozen-mem", world_size=2, steps=2, local_batch=4, seq_len=8,
+                                        optimizer="adam", model="tests.support.user_models:with_frozen",
+                                        probes=("memory",))])
 
 
 @pytest.fixture(scope="module")
@@ -164,17 +167,15 @@ def test_the_memory_figures_draw_each_moment_as_measured(memory_runs):
     assert tops == pytest.approx(moments_sweep(runs)["total"].tolist(), abs=3e-3)   # MiB, rounded
 
 
-def test_the_memory_tables_work_for_a_users_model_with_frozen_parameters(tmp_path):
+def test_the_memory_tables_work_for_a_users_model_with_frozen_parameters(shared_runs):
     """A user's model (not built in) gets its model-state prediction from the parameters the run
     recorded; a frozen parameter gets no gradient, bucket slot or optimizer state (issue 11, item 9)."""
     import math
 
-    from ddplab import Experiment
     from ddplab.units import MIB
 
-    exp = Experiment(name="frozen-mem", world_size=2, steps=2, local_batch=4, seq_len=8, optimizer="adam",
-                     model="tests.support.user_models:with_frozen", probes=("memory",))
-    run = launch.run(exp, tmp_path / "frozen-mem", progress=False)
+    run = shared_runs["frozen-mem"][0]
+    exp = run.spec
     table = tables.memory_moments(run)
     for c in ("parameters", "gradients", "ddp_buckets", "optimizer_state"):
         assert (table[(c, "measured")] == table[(c, "predicted")]).all(), (c, table[c])

@@ -12,6 +12,7 @@ import ddplab
 from ddplab import plots, tables
 from ddplab.predict import memory as memory_model
 from ddplab.tables import traces
+from tests.support import share
 
 matplotlib.use("Agg")
 
@@ -100,12 +101,14 @@ def test_a_run_without_the_profile_probe_has_no_traces_to_read():
 
 
 # ---- a real 2-rank run ----------------------------------------------------------------------------------
+# 3 steps (step 0 is the profiler's warm-up), Adam as in chapter 02, buckets small enough for several
+share("profile", lambda: [ddplab.Experiment(name="profile", world_size=2, local_batch=4, seq_len=8, steps=3,
+                                            optimizer="adam", bucket_cap_mb=0.15, probes=("profile",))])
+
+
 @pytest.fixture(scope="module")
-def profiled(runs_dir):
-    """3 steps (step 0 is the profiler's warm-up), Adam as in chapter 02, buckets small enough for several."""
-    exp = ddplab.Experiment(name="profile", world_size=2, local_batch=4, seq_len=8, steps=3, optimizer="adam",
-                            bucket_cap_mb=0.15, probes=("profile",))
-    return ddplab.run(exp, runs_dir / "profile", progress=False)
+def profiled(shared_runs):
+    return shared_runs["profile"][0]
 
 
 @pytest.mark.slow

@@ -19,7 +19,7 @@ from ddplab import Experiment, seal, verify
 from ddplab.recipes import resume as recipes
 from ddplab.spec.resume import Resume, SamplerPosition, checkpoint_dir, position_after, rank_state_file
 from ddplab.tables import resume as tables
-from tests.support import leftovers
+from tests.support import leftovers, share
 
 MODEL = dict(recipes.RESUME_MODEL, world_size=2, local_batch=4)
 
@@ -136,12 +136,14 @@ def test_the_recipes_resume_only_a_saving_run(tmp_path):
 
 
 # ---- real runs: two launches, shared by every slow test ---------------------------------------------
+share("resume-base", lambda: recipes.resume_baseline() + recipes.world_size_baseline())   # in the one shared launch
+
+
 @pytest.fixture(scope="module")
-def runs(runs_dir):
-    """The saving launch (2 ranks with augmentation, 4 ranks without), then a new launch of every resume."""
-    base = ddplab.run_many(recipes.resume_baseline() + recipes.world_size_baseline(), runs_dir / "resume-base",
-                           progress=False)
-    named = {r.spec.name: r for r in base}
+def runs(runs_dir, shared_runs):
+    """The saving runs (2 ranks with augmentation, 4 ranks without; the shared launch), then a new launch
+    of every resume."""
+    named = {r.spec.name: r for r in shared_runs["resume-base"]}
     copy = shutil.copytree(named["saved"].path, runs_dir / "resume-copy" / "saved")   # removed by a test below
     from_copy = dataclasses.replace(recipes.resumes(copy)[0], name="resume-from-copy")
     resumed = ddplab.run_many(recipes.resumes(named["saved"]) + recipes.world_size_resumes(named["saved-w4"])
@@ -281,7 +283,7 @@ def test_the_sampler_restarted_at_epoch_0_never_finishes_the_interrupted_epoch(r
 
 @pytest.mark.slow
 def test_no_rank_outlives_the_launches(runs, runs_dir):
-    assert leftovers(runs_dir / "resume-base") == [] and leftovers(runs_dir / "resume-resumed") == []
+    assert leftovers(runs["saved"].path.parent) == [] and leftovers(runs_dir / "resume-resumed") == []
 
 
 @pytest.mark.slow

@@ -9,8 +9,11 @@ import pytest
 
 import ddplab
 from ddplab import recipes, tables
+from tests.support import share
 
 pytestmark = pytest.mark.slow
+
+share("memory-one-step", lambda: [recipes.memory_ledger(2, steps=1, name="memory-one-step")])
 
 
 @pytest.mark.parametrize("ask, says", [
@@ -34,9 +37,8 @@ def test_a_table_of_something_the_run_did_not_record_says_how_to_record_it(run2,
         ask(run2)
 
 
-def test_a_memory_table_of_a_one_step_run_says_which_step_to_ask_for(runs_dir):
-    run = ddplab.run(recipes.memory_ledger(2, steps=1, name="memory-one-step"), runs_dir / "one-step",
-                     progress=False)
+def test_a_memory_table_of_a_one_step_run_says_which_step_to_ask_for(shared_runs):
+    run = shared_runs["memory-one-step"][0]
     with pytest.raises(ValueError, match=r"has 1 step\(s\), so no step 1.*pass step=0"):
         tables.memory_table(run)
     assert len(tables.memory_table(run, step=0)) == 2
