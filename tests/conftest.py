@@ -1,8 +1,10 @@
-"""Shared fixtures: the checkpoint key, and the healthy runs of the one shared launch (`tests/support`)."""
+"""Shared fixtures: the checkpoint key (set before any worker starts), and the healthy runs of the one shared launch (`tests/support`)."""
 
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 
 import pytest
 
@@ -11,26 +13,37 @@ from ddplab import recipes
 from tests.support import launch_shared_once, reachable, share
 
 
-def meeting(tmp_path_factory):
-    """A folder every pytest-xdist worker of this pytest run sees (the parent of the workers' own base
-    folders), or this session's base folder without xdist."""
-    base = tmp_path_factory.getbasetemp()
-    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+_KEY = pytest.StashKey[tuple]()
 
 
-@pytest.fixture(scope="session", autouse=True)
-def checkpoint_key(tmp_path_factory):
-    """The tests seal checkpoints with a key of their own, never the account's (`ddplab/seal.py`); every
-    launch inherits it. One key for every xdist worker: a worker may resume a checkpoint another sealed
-    (the shared launch's saving runs); `seal` makes it once, atomically."""
-    (meeting(tmp_path_factory) / "key").mkdir(exist_ok=True)
-    key = meeting(tmp_path_factory) / "key" / "checkpoint.key"
-    old, os.environ["DDPLAB_KEY_FILE"] = os.environ.get("DDPLAB_KEY_FILE"), str(key)
-    yield key
+def pytest_configure(config):
+    """The tests, their ranks and the notebooks' kernels seal checkpoints with a key of this pytest run,
+    never the account's (`ddplab/seal.py`; `seal` makes it on first use, atomically). Set here, in the one
+    process or in xdist's controller before any worker starts, so every worker, rank and kernel inherits
+    the same key: a worker may resume a checkpoint another worker's launch sealed."""
+    if hasattr(config, "workerinput"):
+        return
+    folder = tempfile.mkdtemp(prefix="ddplab-test-key-")
+    config.stash[_KEY] = (folder, os.environ.get("DDPLAB_KEY_FILE"))
+    os.environ["DDPLAB_KEY_FILE"] = os.path.join(folder, "checkpoint.key")
+
+
+def pytest_unconfigure(config):
+    folder, old = config.stash.get(_KEY, (None, None))
+    if folder is None:
+        return
     if old is None:
         os.environ.pop("DDPLAB_KEY_FILE", None)
     else:
         os.environ["DDPLAB_KEY_FILE"] = old
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def meeting(request, tmp_path_factory):
+    """A folder every pytest-xdist worker of this pytest run sees (the parent of the workers' own base
+    folders, new for each run), or this session's base folder without xdist."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if hasattr(request.config, "workerinput") else base
 
 
 @pytest.fixture(scope="session")
@@ -42,7 +55,7 @@ def runs_dir(tmp_path_factory):
 def shared_runs(runs_dir, request, tmp_path_factory):
     """key -> the Runs of its experiments, from ONE launch of every experiment a selected test can reach
     (`tests/support`: `share`, `launch_shared_once`; with pytest-xdist, one launch for all workers)."""
-    return launch_shared_once(reachable(request.session.items, __name__), runs_dir, meeting(tmp_path_factory))
+    return launch_shared_once(reachable(request.session.items, __name__), runs_dir, meeting(request, tmp_path_factory))
 
 
 share("run2", lambda: [ddplab.Experiment(name="t2", world_size=2, local_batch=4, seq_len=8, steps=2,

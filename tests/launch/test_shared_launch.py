@@ -6,7 +6,13 @@ import pytest
 
 from ddplab import Experiment
 from ddplab.spec import Fault
-from tests.support import launch_shared
+from tests.support import launch_shared, leftovers
+
+
+@pytest.mark.slow
+def test_the_shared_launch_leaves_no_process_behind(shared_runs, run2):   # run2: at least one key is shared
+    launches = {r.path.parent for runs in dict.values(shared_runs) for r in runs}   # a launch stages beside its folder
+    assert launches and not [p for f in launches for p in leftovers(f)]
 
 
 @pytest.mark.slow

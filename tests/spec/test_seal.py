@@ -217,3 +217,8 @@ def test_a_key_others_can_read_is_refused(tmp_path, monkeypatch):
     key.chmod(0o644)
     with pytest.raises(ValueError, match=r"must belong to this account and be readable by it alone"):
         seal.verify(d, checkpoint_dir(d))
+
+
+def test_the_tests_seal_with_a_key_of_this_pytest_run_never_the_accounts():
+    # tests/conftest.py sets it before any xdist worker starts, so workers, ranks and notebook kernels share it
+    assert Path(os.environ["DDPLAB_KEY_FILE"]).parent.name.startswith("ddplab-test-key-")

@@ -4,6 +4,7 @@ outside ddplab) and `user_models` (model factories a spec names) are imported by
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -66,9 +67,11 @@ def launch_shared_once(groups: dict[str, list], out: Path, meeting: Path) -> Sha
     with FileLock(str(meeting / "shared-runs.lock")):
         if not index.exists():
             shared = launch_shared(groups, out)
-            index.write_text(json.dumps({
+            written = index.with_name(f".{index.name}.{os.getpid()}")
+            written.write_text(json.dumps({
                 "runs": {k: [str(r.path) for r in runs] for k, runs in dict.items(shared)},
                 "failed": {k: str(f) for k, f in shared.failed.items()}}))
+            os.replace(written, index)   # whole or absent, even if this worker dies writing it
             return shared
         written = json.loads(index.read_text())
     runs = {k: [ddplab.load_run(p) for p in paths] for k, paths in written["runs"].items() if k in groups}
@@ -85,6 +88,8 @@ def launch_shared(groups: dict[str, list], out: Path) -> SharedRuns:
     """ONE launch of every experiment of `groups` (an experiment registered twice runs once); if it
     fails, one launch per key, so each failure is reported by the keys it belongs to."""
     unique = sorted({e.hash: e for es in groups.values() for e in es}.values(), key=lambda e: -e.world_size)
+    if not unique:
+        return SharedRuns({k: [] for k in groups}, {})
     t0 = time.perf_counter()
     try:
         runs = dict(zip([e.hash for e in unique], ddplab.run_many(unique, out / "shared", progress=False)))
