@@ -8,9 +8,8 @@ import tempfile
 
 import pytest
 
-import ddplab
 from ddplab import recipes
-from tests.support import launch_shared_once, reachable, share
+from tests.support import RUN2, launch_shared_once, reachable, share
 
 
 _KEY = pytest.StashKey[tuple]()
@@ -58,8 +57,7 @@ def shared_runs(runs_dir, request, tmp_path_factory):
     return launch_shared_once(reachable(request.session.items, __name__), runs_dir, meeting(request, tmp_path_factory))
 
 
-share("run2", lambda: [ddplab.Experiment(name="t2", world_size=2, local_batch=4, seq_len=8, steps=2,
-                                         probes=("reference",))])
+share("run2", lambda: [RUN2])
 share("run4", lambda: [recipes.first_launch()])
 # chapter 09's experiments as the tests size them: tensor parallelism and the 2 x 2 mesh with 2 timing
 # rounds, FSDP2 memory, ZeRO stages 0/1/3, the pipeline at m = 1, 2, 4 with 2 rounds on a smaller model

@@ -18,13 +18,11 @@ from ddplab.launch.cold import run_dir_for
 from ddplab.launch import watch
 from ddplab.spec import Fault
 
-from tests.support import ctrl_c_reaches_it, leftovers, share
+from tests.support import RUN2, ctrl_c_reaches_it, launch_leftovers, leftovers, share
 
 pytestmark = pytest.mark.slow
 
-# run2 (conftest) without synchronization, in the one shared launch
-share("t2-none", lambda: [Experiment(name="t2-none", sync="none", world_size=2, local_batch=4, seq_len=8, steps=2,
-                                     probes=("reference",))])
+share("t2-none", lambda: [RUN2.replace(name="t2-none", sync="none")])   # run2 without synchronization, shared
 
 
 def check_shards(run):
@@ -46,7 +44,7 @@ def test_every_rank_is_its_own_process_with_identical_parameters(fixture, reques
     assert len({r.param_checksum.final for r in run.ranks}) == 1
     assert run.ranks[0].param_checksum.final != run.ranks[0].param_checksum.initial
     check_shards(run)
-    assert not leftovers(run.path.parent)   # the launch it was part of (staged beside that folder)
+    assert not launch_leftovers(run)
 
 
 @pytest.mark.parametrize("fixture", ["run2", "run4"])

@@ -6,18 +6,19 @@ import pytest
 
 from ddplab import Experiment
 from ddplab.spec import Fault
-from tests.support import launch_shared, leftovers
+from tests.support import launch_leftovers, launch_shared
 
 
 @pytest.mark.slow
 def test_the_shared_launch_leaves_no_process_behind(shared_runs, run2):   # run2: at least one key is shared
-    launches = {r.path.parent for runs in dict.values(shared_runs) for r in runs}   # a launch stages beside its folder
-    assert launches and not [p for f in launches for p in leftovers(f)]
+    runs = [r for rs in dict.values(shared_runs) for r in rs]
+    assert runs and not [p for r in runs for p in launch_leftovers(r)]
 
 
 @pytest.mark.slow
 def test_a_failing_experiment_fails_its_own_key_and_the_others_still_run(tmp_path):
-    # as small as a launch gets (one rank, one step) where a crash needs no peer, so the 3 launches stay cheap
+    # small, so the 3 launches stay cheap: the healthy run on one rank for one step; the crash needs 2 ranks
+    # for rank 1 to be the one blamed
     good = Experiment(name="good", world_size=1, steps=1, local_batch=2, seq_len=4)
     broken = Experiment(name="broken", world_size=2, steps=1, local_batch=2, seq_len=4, fault=Fault("crash", rank=1))
     shared = launch_shared({"fine": [good], "bad": [broken]}, tmp_path)

@@ -15,7 +15,7 @@ from ddplab.rank.parallel.bucketed import BucketedSync
 from ddplab.rank.probes.buckets import BucketLog
 from ddplab.spec import BucketSweep
 from ddplab.tables import bucket_sweep, buckets
-from tests.support import leftovers, share
+from tests.support import launch_leftovers, share
 
 
 class Net(torch.nn.Module):
@@ -121,7 +121,7 @@ share("bsync", lambda: [ddplab.Experiment(name=f"bsync-{w}", world_size=w, **SMA
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_bucketed_sync_matches_ddp_in_a_real_sweep(shared_runs, world_size):
     run = {r.world_size: r for r in shared_runs["bsync"]}[world_size]
-    assert not leftovers(run.path.parent)   # the launch it was part of (staged beside that folder)
+    assert not launch_leftovers(run)
     sweep = run.ranks[0].result
     for name in PLANS:  # a step from identical states with each plan's real buckets: same gradient, same update
         assert sweep.arm(name).check.grad_rel_diff <= 1e-6, name

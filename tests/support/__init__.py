@@ -25,6 +25,9 @@ from ddplab.launch.failure_lab import orphans
 # broken experiment fails only the tests that read it, with its own diagnosis.
 _SHARED: dict[str, tuple[str, object]] = {}
 
+# the `run2` fixture's experiment (conftest): 2 steps of the transformer on 2 ranks, with the reference probe
+RUN2 = ddplab.Experiment(name="t2", world_size=2, local_batch=4, seq_len=8, steps=2, probes=("reference",))
+
 
 def share(key: str, make) -> None:
     """Register `make()` (a list of Experiments) under `key` for the session's shared launch."""
@@ -67,11 +70,11 @@ def launch_shared_once(groups: dict[str, list], out: Path, meeting: Path) -> Sha
     with FileLock(str(meeting / "shared-runs.lock")):
         if not index.exists():
             shared = launch_shared(groups, out)
-            written = index.with_name(f".{index.name}.{os.getpid()}")
-            written.write_text(json.dumps({
+            partial = index.with_name(f".{index.name}.{os.getpid()}")
+            partial.write_text(json.dumps({
                 "runs": {k: [str(r.path) for r in runs] for k, runs in dict.items(shared)},
                 "failed": {k: str(f) for k, f in shared.failed.items()}}))
-            os.replace(written, index)   # whole or absent, even if this worker dies writing it
+            os.replace(partial, index)   # whole or absent, even if this worker dies writing it
             return shared
         written = json.loads(index.read_text())
     runs = {k: [ddplab.load_run(p) for p in paths] for k, paths in written["runs"].items() if k in groups}
@@ -111,6 +114,13 @@ def leftovers(run_dir) -> list[str]:
     """Command lines of any live process started for this run directory (or for a launch staged
     beside it, `rundir.staging_dir`): the failure lab's own orphan search."""
     return orphans(Path(run_dir))
+
+
+def launch_leftovers(run) -> list[str]:
+    """`leftovers` of the launch `run` was part of: a launch of several experiments is staged beside its
+    own folder (`launch.json`'s `launch_dir`), not beside each run's, so `leftovers(run.path)` would see
+    none of its processes."""
+    return leftovers(run.launch["launch_dir"])
 
 
 def ctrl_c_reaches_it() -> None:

@@ -19,7 +19,7 @@ from ddplab import Experiment, seal, verify
 from ddplab.recipes import resume as recipes
 from ddplab.spec.resume import Resume, SamplerPosition, checkpoint_dir, position_after, rank_state_file
 from ddplab.tables import resume as tables
-from tests.support import leftovers, share
+from tests.support import launch_leftovers, leftovers, share
 
 MODEL = dict(recipes.RESUME_MODEL, world_size=2, local_batch=4)
 
@@ -283,7 +283,7 @@ def test_the_sampler_restarted_at_epoch_0_never_finishes_the_interrupted_epoch(r
 
 @pytest.mark.slow
 def test_no_rank_outlives_the_launches(runs, runs_dir):
-    assert leftovers(runs["saved"].path.parent) == [] and leftovers(runs_dir / "resume-resumed") == []
+    assert launch_leftovers(runs["saved"]) == [] and leftovers(runs_dir / "resume-resumed") == []
 
 
 @pytest.mark.slow

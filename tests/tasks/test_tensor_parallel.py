@@ -19,7 +19,7 @@ from ddplab.recipes.tensor_parallel import dp_tp_mesh, split_layers, tensor_para
 from ddplab.spec import Experiment, TensorParallel
 from ddplab.record.tensor_parallel import Collective, LayerRecord, MeshLayerRecord, StepTimes, TensorParallelRecord
 from ddplab.tables import tensor_parallel as views
-from tests.support import leftovers
+from tests.support import launch_leftovers
 
 
 # ---- the spec ----------------------------------------------------------------------------------------
@@ -357,10 +357,10 @@ def test_a_mesh_runs_inside_a_wider_launch_and_after_another_mesh(runs_dir):
     groups = views.mesh_groups(wide)
     assert [groups.loc[(r, "tp"), "ranks"] for r in range(6)] == [[0, 1], [0, 1], [2, 3], [2, 3], [4, 5], [4, 5]]
     assert [groups.loc[(r, "dp"), "ranks"] for r in range(6)] == [[0, 2, 4], [1, 3, 5]] * 3
-    assert small.world_size == 4 and not leftovers(small.path.parent)   # their launch
+    assert small.world_size == 4 and not launch_leftovers(small)
 
 
 @pytest.mark.slow
 def test_the_tensor_parallel_launch_leaves_no_process_behind(tp_runs):
     for run in tp_runs.values():
-        assert not leftovers(run.path.parent)   # the launch it was part of (staged beside that folder)
+        assert not launch_leftovers(run)
