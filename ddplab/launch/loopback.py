@@ -17,7 +17,7 @@ import socket
 import sys
 from datetime import timedelta
 
-from ..host import LOOPBACK
+from ..host import LOOPBACK, import_torch_frozen
 from .torchrun import RENDEZVOUS_BACKEND as BACKEND
 
 
@@ -77,6 +77,7 @@ def register() -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    import_torch_frozen()   # the agent lives for the launch, as a rank does (host.import_torch_frozen)
     register()
     from torch.distributed.run import main as torchrun_main
 

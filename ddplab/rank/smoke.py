@@ -25,7 +25,7 @@ from . import runtime
 
 
 def main(out_dir: str, launcher_host: str) -> None:
-    import torch
+    torch = host.import_torch_frozen()
     import torch.distributed as dist
 
     host.die_with_parent()

@@ -51,7 +51,7 @@ def main(argv=None) -> None:
     host.die_with_parent()
     if not host.parent_is_torchrun():
         os._exit(1)
-    import torch  # noqa: F401 - the second this takes is paid here, once per rank
+    host.import_torch_frozen()   # the second `import torch` takes is paid here, once per rank
 
     env = runtime.rank_env()
     if args.serve:

@@ -1,0 +1,18 @@
+"""For every pytest run from the repository root (tests/, notebooks/ and exercises/ alike).
+
+nbval waits at most 5 seconds (a constant, `output_timeout`) for each next message of a cell's output
+after the cell has finished, and fails the cell if none comes: on a loaded machine a figure's or a
+progress bar's message can come later than that (a run on 4 workers failed notebook 07's first cell
+so, after it had run to the end). The cell's own time limit is pytest-timeout's; this only lets the
+output that the kernel already sent arrive.
+"""
+
+from __future__ import annotations
+
+NBVAL_OUTPUT_WAIT_S = 60
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if hasattr(item, "output_timeout"):   # nbval's cell items
+            item.output_timeout = NBVAL_OUTPUT_WAIT_S
