@@ -16,3 +16,11 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if hasattr(item, "output_timeout"):   # nbval's cell items
             item.output_timeout = NBVAL_OUTPUT_WAIT_S
+
+
+def pytest_collection_finish(session):
+    """What this process imported to collect (torch, pandas, every test module) lives as long as it does:
+    freeze it out of the collections the tests' garbage causes (as the ranks do, `host.import_torch_frozen`)."""
+    import gc
+
+    gc.freeze()
