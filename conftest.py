@@ -1,6 +1,6 @@
 """For every pytest run from the repository root (tests/, notebooks/ and exercises/ alike).
 
-nbval waits at most 5 seconds (a constant, `output_timeout`) for each next message of a cell's output
+nbval waits at most 5 seconds (`output_timeout`, set on each cell item) for each next message of a cell's output
 after the cell has finished, and fails the cell if none comes: on a loaded machine a figure's or a
 progress bar's message can come later than that (a run on 4 workers failed notebook 07's first cell
 so, after it had run to the end). The cell's own time limit is pytest-timeout's; this only lets the

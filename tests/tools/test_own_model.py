@@ -226,12 +226,12 @@ def test_candidate_caps_giving_the_same_buckets_count_once_and_the_default_and_a
 def test_audit_of_a_hugging_face_gpt2_against_independent_counts(tmp_path, capsys):
     transformers_or_skip()
     report = tmp_path / "audit.json"
-    code = cli.main(["audit", "--model", HF, "--world-size", "2", "--optimizer", "adam", "--local-batch", "4",
+    code = cli.main(["audit", "--model", HF, "--world-size", "3", "--optimizer", "adam", "--local-batch", "4",
                      "--bucket-cap-mb", "0.125", *[f"--{k.replace('_', '-')}={v}" for k, v in SMALL.items()],
                      "--json", str(report), "--out", str(tmp_path / "runs"), "--quiet"])
     assert code == 0, capsys.readouterr().err
     got = json.loads(report.read_text())
-    exp = Experiment(model=HF, world_size=2, **SMALL)
+    exp = Experiment(model=HF, world_size=3, **SMALL)   # 3: the ring's 2(D-1)/D is not 1
     hf = models.build_with_data(exp).module
     trainable = [(n, p) for n, p in hf.named_parameters() if p.requires_grad]
     # the parameters, counted by Hugging Face itself
@@ -239,8 +239,8 @@ def test_audit_of_a_hugging_face_gpt2_against_independent_counts(tmp_path, capsy
     assert got["comm"]["payload_bytes"] == sum(p.numel() for _, p in trainable) * 4
     assert abs(got["comm"]["written_over_formula"] - 1) < 0.05
     # every model-state category measured as predicted; adam holds two moments per element
-    assert sorted(got["memory_mib"]) == ["0", "1"]
-    for rank in ("0", "1"):
+    assert sorted(got["memory_mib"]) == ["0", "1", "2"]
+    for rank in ("0", "1", "2"):
         mem = got["memory_mib"][rank]
         for c in ("parameters", "gradients", "ddp_buckets", "optimizer_state"):
             assert mem[f"{c}_measured_mib"] == mem[f"{c}_predicted_mib"], (rank, c, mem)
