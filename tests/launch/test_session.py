@@ -96,8 +96,9 @@ def test_a_failed_job_is_diagnosed_as_cold_and_tears_the_session_down(tmp_path, 
         assert "injected fault" in d.tracebacks[1]
     else:
         assert "never arrived" in d.summary
-    assert not warm.alive() and sessions.current() is None   # the next run starts cold, or a fresh session
-    assert _wait_gone(warm.dir, 5) == []                      # (test_after_a_failed_job_the_next_run_...)
+    # the next run starts cold, or a fresh session: test_after_a_failed_job_the_next_run_starts_a_fresh_session
+    assert not warm.alive() and sessions.current() is None
+    assert _wait_gone(warm.dir, 5) == []
 
 
 def test_ctrl_c_during_a_warm_job_stops_it_and_the_session(tmp_path):
