@@ -4,9 +4,9 @@
 
 Every rank (and torchrun's agent) starts a fresh interpreter and imports torch; a DDP rank then
 imports torch._dynamo too (DDP's constructor asks it for its optimize_ddp mode). This alternates, round
-after round, two fresh interpreters doing exactly that: one imports torch plainly, the other through
-`ddplab.host.import_torch_frozen` (the cyclic collector off during the import, its objects then frozen
-out of later collections), and both then import torch._dynamo with the collector on. It prints the
+after round, two fresh interpreters doing exactly that: one imports torch and torch._dynamo plainly, the
+other as `rank/worker.py` does, `ddplab.host.import_torch_frozen("torch._dynamo")` (the cyclic collector
+off during both imports, their objects then frozen out of later collections). It prints the
 median CPU-seconds (user + system, from the child's rusage) of each, their ratio, and whether the
 target is met: the frozen start costs at most 0.85x the plain one.
 """
@@ -20,7 +20,7 @@ import subprocess
 import sys
 
 PLAIN = "import torch\nimport torch._dynamo\n"
-FROZEN = "from ddplab.host import import_torch_frozen\nimport_torch_frozen()\nimport torch._dynamo\n"
+FROZEN = "from ddplab.host import import_torch_frozen\nimport_torch_frozen('torch._dynamo')\n"
 TARGET = 0.85
 
 
@@ -44,7 +44,7 @@ def main() -> None:
     p, f = statistics.median(plain), statistics.median(frozen)
     print(f"plain import torch + torch._dynamo:   median {p:.2f} CPU-s over {args.rounds} rounds "
           f"(range {min(plain):.2f}-{max(plain):.2f})")
-    print(f"import_torch_frozen + torch._dynamo:  median {f:.2f} CPU-s (range {min(frozen):.2f}-{max(frozen):.2f})")
+    print(f"import_torch_frozen('torch._dynamo'): median {f:.2f} CPU-s (range {min(frozen):.2f}-{max(frozen):.2f})")
     ratio = f / p
     print(f"ratio frozen / plain: {ratio:.2f} (target: at most {TARGET}) -> "
           f"{'target met' if ratio <= TARGET else 'target NOT met'}")

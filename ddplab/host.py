@@ -17,18 +17,24 @@ import sys
 PR_SET_PDEATHSIG = 1
 
 
-def import_torch_frozen():
-    """`import torch` for a process that starts once and lives for a launch (a rank, torchrun's agent):
-    with the cyclic collector off during the import, then everything the import made frozen out of
-    later collections (`gc.freeze`) and the collector back on. The import makes about a million
-    objects that live as long as the process, so collecting during it only scans them again and again,
-    and so does every later collection (DDP's own import of torch._dynamo, a step's garbage). A DDP
-    rank's start (torch, then torch._dynamo) costs about 0.77x the CPU-seconds: `python bench/rank_startup.py`."""
+def import_torch_frozen(*also: str):
+    """`import torch` (and the modules named in `also`) for a process that starts once and lives for a
+    launch (a rank, torchrun's agent): with the cyclic collector off during the imports, then
+    everything they made frozen out of later collections (`gc.freeze`) and the collector back on. The
+    imports make about a million objects that live as long as the process, so collecting during them
+    only scans those objects again and again, and so does every later collection (a step's garbage).
+    A rank passes "torch._dynamo", which DDP's constructor imports anyway (it asks dynamo for its
+    optimize_ddp mode): a DDP rank's start then costs about 0.7x the CPU-seconds of plain imports
+    (`python bench/rank_startup.py`)."""
     import gc
+    import importlib
 
     gc.disable()
     try:
         import torch
+
+        for name in also:
+            importlib.import_module(name)
     finally:
         gc.freeze()
         gc.enable()

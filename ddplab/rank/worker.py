@@ -51,7 +51,9 @@ def main(argv=None) -> None:
     host.die_with_parent()
     if not host.parent_is_torchrun():
         os._exit(1)
-    host.import_torch_frozen()   # the second `import torch` takes is paid here, once per rank
+    # the seconds `import torch` takes are paid here, once per rank; torch._dynamo too, with the collector
+    # off: DDP's constructor and torch.distributed.pipelining import it, and most ranks run one of them
+    host.import_torch_frozen("torch._dynamo")
 
     env = runtime.rank_env()
     if args.serve:
