@@ -20,7 +20,7 @@ from .spec.model import ModelWithData
 
 __version__ = "0.1.0"
 __all__ = ["Experiment", "ModelWithData", "RunFailed", "Session", "audit_model", "load_run", "run", "run_many",
-           "tune_buckets"]
+           "run_script", "tune_buckets"]
 
 
 def __getattr__(name):
@@ -71,3 +71,10 @@ def load_ipython_extension(ip):
     from .magic import load
 
     load(ip)
+
+
+def run_script(script, *args, world_size: int = 2, timeout_s: float = 300.0):
+    """Run your own torchrun script on local ranks, bounded and cleaned up; see `ddplab.launch.script`."""
+    from .launch.script import run_script as _run_script
+
+    return _run_script(script, *args, world_size=world_size, timeout_s=timeout_s)

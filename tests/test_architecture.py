@@ -42,6 +42,8 @@ def test_the_import_contracts_hold():
     ("ddplab/rank/parallel/bucketed.py", "from ..probes.buckets import BucketLog",
      "inside a rank: the parallel wrappers are mechanism only"),
     ("ddplab/rank/probes/memory.py", "from ..parallel.ddp import wrap_in_ddp", "inside a rank: the meters import no parallel"),
+    ("ddplab/guard/hooks.py", "from ..launch import cold", "the guard runs in a user's own script"),
+    ("ddplab/guard/checks.py", "import torch", "the guard's verdicts are pure"),
 ])
 def test_a_forbidden_import_breaks_its_contract(tmp_path, module, line, contract):
     out = lint(broken_copy(tmp_path, module, line))
