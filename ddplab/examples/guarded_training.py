@@ -4,7 +4,8 @@ silent DDP bug switchable, one scenario after another in the same process group:
     torchrun --nproc-per-node 2 guarded_training.py --scenarios clean same-data mean-loss ...
     ddplab.run_script(guarded_training.__file__, "--scenarios", "clean", "same-data", world_size=2)
 
-clean              a DistributedSampler with set_epoch, DDP, cross-entropy: nothing to find
+clean              a DistributedSampler with set_epoch, DDP, cross-entropy, and every 10 steps a validation
+                   pass on the same examples on every rank: nothing to find
 weighted-right     odd ranks get half a batch, and the loss is summed, divided by the global count
 accumulate-right   two micro-batches a step, the first inside no_sync
 same-data          every rank builds its sampler as if it were rank 0 of 1
@@ -101,6 +102,8 @@ def run(scenario: str, args, rank: int, world: int) -> dict:
                 optimizer.step()
                 optimizer.zero_grad()
                 steps += 1
+                if scenario == "clean" and args.model != "hf" and steps % 10 == 5:
+                    validate(model, dataset)   # the same examples on every rank, between two steps
                 if steps >= limit:
                     raise StopIteration
     except StopIteration:
@@ -112,6 +115,16 @@ def run(scenario: str, args, rank: int, world: int) -> dict:
         guard.close()
     return {"scenario": scenario, "rank": rank, "steps": steps, "error": error,
             "kinds": sorted({p.kind for p in found}), "notes": sorted({p.kind for p in notes})}
+
+
+def validate(model, dataset) -> float:
+    """A validation pass as many loops have one: every rank, the same examples, eval mode, no autograd."""
+    model.eval()
+    with torch.no_grad():
+        x, y = dataset[:32]
+        loss = F.cross_entropy(model(x), y).item()
+    model.train()
+    return loss
 
 
 def forward(model, head, batch, scenario: str, kind: str, world: int) -> torch.Tensor:

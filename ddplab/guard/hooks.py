@@ -141,15 +141,20 @@ class Guard:
     def _fresh(self) -> None:
         self._batches, self._buffers, self._grads, self._loss, self._no_sync = [], None, None, None, False
 
+    def _training(self) -> bool:
+        """A forward that trains (the module in train mode, autograd on): a validation pass between steps
+        (under no_grad, or in eval mode) reads the same data on every rank by design, and is no step's batch."""
+        return self.model.training and torch.is_grad_enabled()
+
     def _on_forward(self, module, args, kwargs):
-        if self.due():
+        if self.due() and self._training():
             fp = batch_fingerprint(args, kwargs)
             if fp is not None:
                 self._batches.append(fp)
             self._no_sync = self.ddp and not getattr(module, "require_backward_grad_sync", True)
 
     def _on_inner_forward(self, module, args):
-        if self.due() and self._buffers is None:
+        if self.due() and self._buffers is None and self._training():
             self._buffers = [tensor_fingerprint(b) for _, b in self.buffers]
 
     def _on_output(self, module, args, output):
