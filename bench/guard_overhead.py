@@ -7,8 +7,10 @@ DDP with AdamW on gloo. Every round runs three blocks of `--steps` steps back to
 rotates from round to round: no guard, the guard at its default cadence (every=10, with `guard.loss`),
 and the guard checking every step (every=1). Per round the ratio of a guarded block's mean step to the
 unguarded block's is one paired sample (the machine drifts within seconds); the script prints every
-round's ratios, the medians over rounds, the cost of one check, and whether the target is met: at most
-2% over the plain step at the default cadence.
+round's ratios, the medians over rounds, and the cost of one check. The verdict uses the check's cost
+spread over the default cadence's 10 steps, round by round (the every=1 blocks resolve it well above
+the machine's noise; the every=10 ratio is printed too but sits inside the noise): the target is met
+when its upper quartile is at most 2% of the plain step.
 """
 
 from __future__ import annotations
@@ -102,9 +104,14 @@ def main() -> None:
     check_ms = statistics.median(r["every1"] - r["plain"] for r in rounds) * 1e3
     print(f"one check (every=1 minus plain, per step): {check_ms:.2f} ms, so about {check_ms / 10:.2f} ms a step "
           f"at every=10")
+    # the verdict: a check's cost spread over 10 steps, per round (every=1 resolves it far above the noise,
+    # where the every=10 ratio sits inside it), judged by its upper quartile
+    implied = [(r["every1"] - r["plain"]) / 10 / r["plain"] for r in rounds]
+    q = statistics.quantiles(implied, n=4)
     m = statistics.median(r["every10"] / r["plain"] for r in rounds) - 1
-    print(f"guard at its default cadence: {m:+.1%} over the plain step; target at most {TARGET:.0%}: "
-          f"{'met' if m <= TARGET else 'NOT met'}")
+    print(f"guard at its default cadence: {statistics.median(implied):+.1%} of a step from the check's cost "
+          f"(quartiles {q[0]:+.1%} .. {q[2]:+.1%}; the every=10 blocks measured {m:+.1%} directly); "
+          f"target at most {TARGET:.0%} (upper quartile): {'met' if q[2] <= TARGET else 'NOT met'}")
 
 
 if __name__ == "__main__":

@@ -28,11 +28,16 @@ fingerprints (through the rendezvous store, never a collective), and every rank 
 
 A Hugging Face model's `output.loss` is picked up without `guard.loss`. `on_problem="warn"` prints each
 kind of problem once (from the lowest rank involved) and keeps training; `guard.problems` lists them all.
+A rank that stopped stepping (under DDP's join(), the one that ran out of data) is named; in warn mode the
+guard then stops checking. Only training forwards count (train mode, autograd on): a validation pass on
+the same data on every rank is no step's batch. Examples weighed less than 5% apart (padding, ignored
+targets) are a note, not an error.
 Without an optimizer, the guard hooks every optimizer that updates the model's parameters. The cost is
 bounded by `every` (`python bench/guard_overhead.py`).
 
 `fingerprint.py`: exact tensor fingerprints and the loss's reduction; `checks.py`: the verdicts (pure);
-`hooks.py`: the hooks and the exchange (`Guard`).
+`hooks.py`: what the hooks record (`Guard`); `exchange.py`: the reports through the store; `sampler.py`:
+each epoch's order; `__main__.py`: `torchrun ... -m ddplab.guard train.py`, a script left unchanged.
 """
 
 from __future__ import annotations

@@ -6,7 +6,9 @@
 Every `DistributedDataParallel` the script constructs gets a guard (`ddplab.guard.attach`) that hooks
 every optimizer updating its parameters, and watches the `DistributedSampler`s the script made since
 the DDP before it (a sampler made after the last DDP feeds that one's guard). What the script never hands over is not checked: the
-loss's weighting needs `guard.loss` in the loop (a Hugging Face `output.loss` is read alone).
+loss's weighting needs `guard.loss` in the loop (a Hugging Face `output.loss` is read alone). With
+several optimizers on one model, only the first to step is followed (attach one guard per optimizer
+in the script instead).
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ def main(argv: list[str]) -> None:
         sys.exit("usage: torchrun [torchrun flags] -m ddplab.guard train.py [its flags]")
     install()
     sys.argv = list(argv)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(argv[0])))   # as `python train.py` would
     runpy.run_path(argv[0], run_name="__main__")
 
 

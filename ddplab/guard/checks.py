@@ -37,7 +37,8 @@ class Problem:
         return f"ddplab.guard, step {self.step}: {self.message}"
 
 
-def _ranks(rs) -> str:
+def ranks_text(rs) -> str:
+    """"rank 1", "ranks 0 and 2", "ranks 0, 2 and 3"."""
     rs = sorted(rs)
     return f"rank {rs[0]}" if len(rs) == 1 else "ranks " + ", ".join(map(str, rs[:-1])) + f" and {rs[-1]}"
 
@@ -60,7 +61,7 @@ def _groups(reports: list[dict], key: str, i: int) -> str:
     by: dict[str, list[int]] = {}
     for r in reports:
         by.setdefault(str(r[key][i]), []).append(r["rank"])
-    return " against ".join(_ranks(g) for g in sorted(by.values(), key=lambda g: (-len(g), g)))
+    return " against ".join(ranks_text(g) for g in sorted(by.values(), key=lambda g: (-len(g), g)))
 
 
 def same_batches(reports: list[dict], step: int) -> list[Problem]:
@@ -72,7 +73,7 @@ def same_batches(reports: list[dict], step: int) -> list[Problem]:
     if not shared:
         return []
     ranks = tuple(sorted({x for g in shared for x in g}))
-    groups = "; ".join(_ranks(g) for g in shared)
+    groups = "; ".join(ranks_text(g) for g in shared)
     return [Problem("same-batch", step, ranks,
                     f"{groups} got the same batch. Data parallelism only pays if each rank reads a different part "
                     "of the data; with the same batch on every rank, the step costs W times the compute for one "
@@ -88,9 +89,10 @@ def unsynced_gradients(reports: list[dict], static: dict, step: int) -> list[Pro
     outside = [static["params"][i] for i in bad if static["outside"][i]]
     if outside:
         one = len(outside) == 1
-        why = (f"{'it is' if one else f'{len(outside)} of them are'} in the optimizer but not in the DDP model "
-               f"({_names(outside)}), so DDP never averages {'its' if one else 'their'} gradients. Put the module that "
-               f"holds {'it' if one else 'them'} inside the DDP model (one DDP around the whole model).")
+        why = (f"{'it is' if one else f'{len(outside)} of them are'} in the optimizer but not among the parameters "
+               f"DDP averages ({_names(outside)}: outside the DDP model, or in its parameters_to_ignore), so nothing "
+               f"averages {'its' if one else 'their'} gradients. Put the module that holds {'it' if one else 'them'} "
+               "inside the DDP model (one DDP around the whole model).")
     elif any(r["no_sync"] for r in reports):
         why = ("the step's last backward ran inside `model.no_sync()`, so DDP skipped its all-reduce. With gradient "
                "accumulation, run every micro-batch but the last inside no_sync, and the last one outside it.")
@@ -124,15 +126,18 @@ def buffers(reports: list[dict], static: dict, step: int) -> list[Problem]:
         return []
     names = [static["buffers"][i] for i in bad]
     owners = sorted({static["buffer_owners"][i] for i in bad})
-    fix = ("keep DDP's buffer sync on (the default: broadcast_buffers=True, in torch 2.13 also named "
-           "forward_sync_buffers; rank 0's buffers are then copied to every rank before each forward), "
+    fix = ("leave DDP's buffer sync on (drop broadcast_buffers=False; torch 2.13 names the setting "
+           "forward_sync_buffers=True): rank 0's buffers are then copied to every rank before each forward; "
            "or convert the model with nn.SyncBatchNorm.convert_sync_batchnorm so the statistics cover the global batch"
            if any("BatchNorm" in o for o in owners) else
-           "keep DDP's buffer sync on (broadcast_buffers=True), or update the buffers the same way on every rank")
+           "leave DDP's buffer sync on (drop broadcast_buffers=False), or update the buffers the same way on every rank")
     return [Problem("buffers-differ", step, tuple(sorted({r["rank"] for r in reports})),
                     f"the buffers {_names(names)} ({', '.join(owners)}) differ between ranks as the forward sees them "
                     f"({_groups(reports, 'buffers', bad[0])} for {names[0]}): each rank updates them from its own "
                     f"batch and nothing makes them agree; evaluation and checkpoints then depend on the rank. Fix: {fix}.")]
+
+
+LOSS_TOLERANCE = 0.05   # examples weighing up to 5% apart are a note (padding, ignored targets), beyond it an error
 
 
 def loss_weights(reports: list[dict], step: int) -> list[Problem]:
@@ -148,17 +153,20 @@ def loss_weights(reports: list[dict], step: int) -> list[Problem]:
     light, heavy = weights.index(lo), weights.index(hi)
     counts = ", ".join(f"rank {r['rank']} over {x['denominator']:g}" for r, x in zip(reports, losses))
     ddp_loss = sum(x["value"] for x in losses) / len(losses)
-    raw = [x["value"] / x["scale"] for x in losses]
+    # each rank's loss summed over its own examples (or tokens), before any scaling
+    sums = [x["value"] / x["scale"] * (x["denominator"] if x["reduction"] == "mean" else 1.0) for x in losses]
     total = sum(x["denominator"] for x in losses)
-    fair = (sum(m * x["denominator"] for m, x in zip(raw, losses)) / total if all(x["reduction"] == "mean" for x in losses)
-            else sum(raw) / total)
+    severity = ERROR if hi / lo - 1 > LOSS_TOLERANCE else NOTE
     return [Problem("loss-weights", step, (reports[light]["rank"], reports[heavy]["rank"]),
-                    f"the ranks weigh their examples differently: the loss is averaged per rank ({counts}) and DDP "
-                    f"then averages the ranks, so each example (or token) of rank {reports[heavy]['rank']} counts "
+                    f"the ranks weigh their examples differently: the loss is normalized per rank ({counts}: "
+                    f"examples, or tokens and target weights where the loss ignores or weighs targets) and DDP then "
+                    f"averages the ranks, so each example (or token) of rank {reports[heavy]['rank']} counts "
                     f"{hi / lo:.2f}x one of rank {reports[light]['rank']}. This step's loss as DDP weighs it is "
-                    f"{ddp_loss:.4g}; the mean over all {total:g} examples (or tokens) is {fair:.4g}. Fix: sum the loss (reduction='sum'), "
-                    "divide it by the count summed over ranks (all_reduce it) and multiply by the world size, or give "
-                    "every rank as many examples.")]
+                    f"{ddp_loss:.4g}; the mean over all {total:g} is {sum(sums) / total:.4g}. Fix: sum the loss "
+                    "(reduction='sum'), divide it by the count summed over ranks (all_reduce it) and multiply by the "
+                    "world size; or give every rank as many examples (or tokens)."
+                    + ("" if severity == ERROR else f" (Within {LOSS_TOLERANCE:.0%}: a note, not an error.)"),
+                    severity)]
 
 
 def sampler(reports: list[dict], step: int) -> list[Problem]:
@@ -168,7 +176,7 @@ def sampler(reports: list[dict], step: int) -> list[Problem]:
         event = next(e for r in reports for e in r["sampler"] if e.get("repeats"))
         problems.append(Problem(
             "sampler-repeats", step, tuple(repeated),
-            f"{_ranks(repeated)} began pass {event['pass'] + 1} over the data in the same order as pass "
+            f"{ranks_text(repeated)} began pass {event['pass'] + 1} over the data in the same order as pass "
             f"{event['pass']} (the sampler's epoch is still {event['epoch']}): a DistributedSampler shuffles with its "
             "seed plus its epoch, so without `sampler.set_epoch(epoch)` before each epoch every epoch repeats the "
             "first one's order."))

@@ -13,6 +13,8 @@ same tokens in another order, and must not look alike.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 CHUNK = 1 << 22   # words per int64 copy in a batch's fingerprint: 32 MiB
@@ -85,6 +87,13 @@ def loss_reduction(loss: torch.Tensor) -> tuple[str, float | None, float]:
     ignore), "sum" of `denominator` elements, or "unknown"; times `scale`, the product of the constants
     it was then multiplied or divided by (gradient accumulation's `loss / steps`, a renormalization by a
     count the loop computed). A reduction over some dimensions only, or anything else, is "unknown"."""
+    try:
+        return _reduction(loss)
+    except (AttributeError, RuntimeError, TypeError, ValueError):   # a node this torch keeps otherwise
+        return "unknown", None, 1.0
+
+
+def _reduction(loss: torch.Tensor) -> tuple[str, float | None, float]:
     node, scale = loss.grad_fn, 1.0
     for _ in range(16):
         if node is None:
@@ -95,7 +104,8 @@ def loss_reduction(loss: torch.Tensor) -> tuple[str, float | None, float]:
             inner = [f.name() for f, _ in node.next_functions if f is not None]
             if any(n.startswith("MeanBackward") for n in inner):
                 break   # a mean over some dimensions inside: its count is not in this node
-            return ("mean" if name == "MeanBackward0" else "sum"), float(node._saved_self_sym_numel), scale
+            sizes = getattr(node, "_saved_self_sym_sizes", None)   # MeanBackward0 also keeps the numel; Sum only this
+            return ("mean" if name == "MeanBackward0" else "sum"), float(math.prod(sizes)) if sizes else None, scale
         if reduction in (1, 2):
             total = getattr(node, "_saved_total_weight", None)   # nll_loss: the targets' weight, ignored ones left out
             count = float(total) if isinstance(total, torch.Tensor) else float(node._saved_self.numel())

@@ -19,16 +19,16 @@ its report at most `timeout_s` and then name it.
 from __future__ import annotations
 
 import hashlib
-import json
+import math
 import sys
-from array import array
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
 from . import checks
+from .exchange import Exchange, RankMissing
 from .fingerprint import batch_fingerprint, loss_reduction, tensor_fingerprint
+from .sampler import watch
 
 _guards_made = 0
 
@@ -41,25 +41,19 @@ class GuardError(RuntimeError):
         super().__init__("\n".join(str(p) for p in problems))
 
 
-def _store(n: int):
-    from torch.distributed.distributed_c10d import _get_default_store
-
-    return dist.PrefixStore(f"ddplab-guard/{n}/", _get_default_store())
-
-
 def _refuse(model, optimizer, sampler, every, on_problem, timeout_s) -> None:
     if not isinstance(model, torch.nn.Module):
         raise ValueError(f"model: expected the DDP-wrapped nn.Module the loop trains, got {type(model).__name__}")
     if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
         raise ValueError(f"optimizer: expected a torch.optim.Optimizer, got {type(optimizer).__name__}")
-    if sampler is not None and not hasattr(type(sampler), "__iter__"):
+    if sampler is not None and not isinstance(sampler, torch.utils.data.Sampler):
         raise ValueError(f"sampler: expected a torch.utils.data.Sampler, got {type(sampler).__name__}")
     if isinstance(every, bool) or not isinstance(every, int) or every < 1:
         raise ValueError(f"every: expected a whole number of optimizer steps, at least 1, got {every!r}")
     if on_problem not in ("raise", "warn"):
         raise ValueError(f"on_problem: expected 'raise' or 'warn', got {on_problem!r}")
-    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
-        raise ValueError(f"timeout_s: expected a positive number of seconds, got {timeout_s!r}")
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not 0 < timeout_s < math.inf:
+        raise ValueError(f"timeout_s: expected a positive, finite number of seconds, got {timeout_s!r}")
     if type(model).__name__ == "FullyShardedDataParallel" or any(
             type(p).__name__ == "DTensor" for p in model.parameters()):
         raise ValueError("model: the guard checks data-parallel replicas (DDP, or a plain module); this model's "
@@ -81,18 +75,19 @@ class Guard:
         self.model, self.every, self.on_problem, self.timeout_s = model, every, on_problem, float(timeout_s)
         self.ddp = isinstance(model, DistributedDataParallel)
         inner = model.module if self.ddp else model
-        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
-        self.store = _store(_guards_made)
+        group = getattr(model, "process_group", None) if self.ddp else None
+        self.group_ranks = dist.get_process_group_ranks(group) if group is not None else list(range(dist.get_world_size()))
+        self.rank = dist.get_rank()
+        self.exchange = Exchange(self.group_ranks, _guards_made, timeout_s)
         _guards_made += 1
-        self.inner, self._adopted = inner, optimizer is not None
+        self.stopped = False   # after a check some rank never reached, in warn mode
+        self.inner, self._optimizer = inner, optimizer
         self._track(optimizer)
         self.step = 0   # optimizer steps taken
         self.checks = 0
         self.problems: list[checks.Problem] = []
         self._said: set[str] = set()
-        self._sampler_events: list[dict] = []
-        self._last_order: str | None = None
-        self._passes = 0
+        self.sampler_events: list[dict] = []   # filled by sampler.watch
         self._fresh()
         self._handles = [
             model.register_forward_pre_hook(self._on_forward, with_kwargs=True),
@@ -105,11 +100,24 @@ class Guard:
         else:   # every optimizer that updates these parameters
             from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-            mine = {id(p) for p in self.params}
-            ours = lambda opt: any(id(p) in mine for g in opt.param_groups for p in g["params"])   # noqa: E731
-            self._handles += [
-                register_optimizer_step_pre_hook(lambda opt, a, k: self._before_step(opt, a, k) if ours(opt) else None),
-                register_optimizer_step_post_hook(lambda opt, a, k: self._after_step(opt, a, k) if ours(opt) else None)]
+            mine, depth = {id(p) for p in self.params}, [0]
+
+            def ours(opt) -> bool:   # the first optimizer stepping these parameters, and only its outermost step
+                if self._optimizer is not None:
+                    return opt is self._optimizer
+                return any(id(p) in mine for g in opt.param_groups for p in g["params"])
+
+            def pre(opt, args, kwargs):
+                depth[0] += 1   # ZeroRedundancyOptimizer steps an inner optimizer inside its own step
+                if depth[0] == 1 and ours(opt):
+                    self._before_step(opt, args, kwargs)
+
+            def post(opt, args, kwargs):
+                depth[0] -= 1
+                if depth[0] == 0 and ours(opt):
+                    self._after_step(opt, args, kwargs)
+
+            self._handles += [register_optimizer_step_pre_hook(pre), register_optimizer_step_post_hook(post)]
         if sampler is not None:
             self._watch(sampler)
 
@@ -127,7 +135,8 @@ class Guard:
             names, self.params = [n for n, _ in trained], [p for _, p in trained]
         owners = {id(b): type(m).__name__ for m in inner.modules() for b in m.buffers(recurse=False)}
         self.buffers = [(n, b) for n, b in inner.named_buffers()]
-        self.static = {"params": names, "outside": [id(p) not in named for p in self.params],
+        ignored = set(getattr(self.model, "parameters_to_ignore", ()) or ())   # DDP(..)'s own ignore list
+        self.static = {"params": names, "outside": [id(p) not in named or named[id(p)] in ignored for p in self.params],
                        "buffers": [n for n, _ in self.buffers],
                        "buffer_owners": [owners.get(id(b), "?") for _, b in self.buffers], "ddp": self.ddp}
         layout = [(n, tuple(p.shape)) for n, p in zip(names, self.params)] + [(n, tuple(b.shape)) for n, b in self.buffers]
@@ -136,7 +145,7 @@ class Guard:
     # ---- what the hooks record ---------------------------------------------------------------------------
     def due(self) -> bool:
         """Is the coming optimizer step one the guard checks?"""
-        return self.step % self.every == 0
+        return not self.stopped and self.step % self.every == 0
 
     def _fresh(self) -> None:
         self._batches, self._buffers, self._grads, self._loss, self._no_sync = [], None, None, None, False
@@ -177,8 +186,8 @@ class Guard:
                       "scale": scale}
 
     def _before_step(self, optimizer, args, kwargs):
-        if not self._adopted:   # attached without an optimizer: the first one stepping these parameters
-            self._adopted = True
+        if self._optimizer is None:   # attached without an optimizer: the first one stepping these parameters
+            self._optimizer = optimizer
             self._track(optimizer)
         if self.due():
             self._grads = [None if p.grad is None else tensor_fingerprint(p.grad) for p in self.params]
@@ -192,78 +201,38 @@ class Guard:
             self._fresh()
 
     def _watch(self, sampler) -> None:
-        """Record each epoch's order as the sampler hands it out (a subclass of its own class, so
-        `isinstance` and every attribute stay as they were). Watching it again moves it to this guard."""
-        sampler._ddplab_guard = self
-        cls = type(sampler)
-        if getattr(cls, "_ddplab_watched", False):
-            return
-
-        def __iter__(s):
-            order = list(cls.__iter__(s))
-            s._ddplab_guard._new_epoch(s, order)
-            return iter(order)
-
-        sampler.__class__ = type(cls.__name__, (cls,), {"__iter__": __iter__, "__module__": cls.__module__,
-                                                        "__qualname__": cls.__qualname__, "_ddplab_watched": True})
-
-    def _new_epoch(self, sampler, order: list) -> None:
-        digest = hashlib.sha1(array("q", [int(i) for i in order]).tobytes()).hexdigest()
-        first = self._last_order is None
-        event = {"epoch": getattr(sampler, "epoch", None), "pass": self._passes, "n": len(order), "first": first,
-                 "repeats": (not first and digest == self._last_order and len(order) > 1
-                             and bool(getattr(sampler, "shuffle", True))), "padded": 0, "dropped": 0}
-        if first and hasattr(sampler, "total_size") and hasattr(sampler, "dataset"):
-            size = len(sampler.dataset)
-            event["padded" if sampler.total_size >= size else "dropped"] = abs(sampler.total_size - size)
-        self._last_order = digest
-        self._passes += 1
-        self._sampler_events.append(event)
+        watch(sampler, self)
 
     # ---- the check -------------------------------------------------------------------------------------
     def report(self) -> dict:
         """This rank's report for the step just taken (`checks.py` lists its fields)."""
-        events, self._sampler_events = self._sampler_events, []
+        events, self.sampler_events = self.sampler_events, []
         return {"rank": self.rank, "step": self.step, "layout": self.layout, "batches": self._batches,
                 "grads": self._grads, "params": [tensor_fingerprint(p) for p in self.params],
                 "buffers": self._buffers, "no_sync": self._no_sync, "loss": self._loss, "sampler": events}
 
     def _check(self) -> None:
-        reports = self._exchange(self.report())
+        try:
+            reports = self.exchange.swap(self.report(), self.step)
+        except RankMissing as missing:
+            self.problems.append(missing.problem)
+            if self.on_problem == "raise":
+                raise GuardError([missing.problem]) from None
+            self.stopped = True   # the ranks no longer step together: no later check could be matched
+            print(f"{missing.problem} The guard stops checking.", file=sys.stderr, flush=True)
+            return
         found = checks.find_problems(reports, self.static)
         self.problems += found
         errors = [p for p in found if p.severity == checks.ERROR]
         if errors and self.on_problem == "raise":
             raise GuardError(errors)
         for p in found:
-            if p.kind not in self._said and self.rank == min(p.ranks or (0,)):
+            if p.kind not in self._said and self.rank == min(p.ranks or (self.rank,)):
                 print(str(p), file=sys.stderr, flush=True)
             self._said.add(p.kind)
 
-    def _exchange(self, report: dict) -> list[dict]:
-        """Every rank's report for this check, through the store; a rank missing after `timeout_s` is named."""
-        n = self.checks
-        keys = [f"{n}/{r}" for r in range(self.world_size)]
-        self.store.set(keys[self.rank], json.dumps(report))
-        try:
-            self.store.wait(keys, timedelta(seconds=self.timeout_s))
-        except (RuntimeError, dist.DistStoreError):
-            missing = [r for r, k in enumerate(keys) if not self.store.check([k])]
-            self.problems.append(checks.Problem(
-                "rank-missing", self.step, tuple(missing),
-                f"{checks._ranks(missing)} did not reach the guard's check within {self.timeout_s:g} s while "
-                f"{checks._ranks([r for r in range(self.world_size) if r not in missing])} waited: "
-                f"{'it' if len(missing) == 1 else 'they'} stopped taking optimizer steps (left the loop early, "
-                "fewer batches than the others, or stuck in its own code)"))
-            raise GuardError(self.problems[-1:]) from None
-        reports = [json.loads(self.store.get(k)) for k in keys]
-        if n:
-            self.store.delete_key(f"{n - 1}/{self.rank}")   # every rank has read it: they all posted check n
-        self.checks += 1
-        return reports
-
     def close(self) -> None:
-        """Remove every hook (the sampler keeps its subclass, which only records)."""
+        """Remove every hook (a watched sampler keeps its subclass, which only records)."""
         for h in self._handles:
             h.remove()
         self._handles = []

@@ -53,8 +53,8 @@ def run_script(script, *args, world_size: int = 2, timeout_s: float = 300.0) -> 
         raise ValueError(f"script: expected a Python file, got {str(script)!r}")
     if isinstance(world_size, bool) or not isinstance(world_size, int) or not 1 <= world_size <= 64:
         raise ValueError(f"world_size: expected a whole number of ranks from 1 to 64, got {world_size!r}")
-    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
-        raise ValueError(f"timeout_s: expected a positive number of seconds, got {timeout_s!r}")
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not 0 < timeout_s < float("inf"):
+        raise ValueError(f"timeout_s: expected a positive, finite number of seconds, got {timeout_s!r}")
     target = str(path.resolve())
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="ddplab-script-") as logs:
@@ -64,10 +64,12 @@ def run_script(script, *args, world_size: int = 2, timeout_s: float = 300.0) -> 
         proc = start(argv, worker_env(nodes=Nodes()), subprocess.PIPE, text=True)
         try:
             output, _ = proc.communicate(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
+        except subprocess.TimeoutExpired as late:
             kill_tree(proc, Path(logs))
-            raise TimeoutError(f"{path.name} on {world_size} ranks ran past timeout_s={timeout_s:g} s; "
-                               "torchrun and every rank were stopped") from None
+            said = (late.stdout or "") if isinstance(late.stdout, str) else (late.stdout or b"").decode(errors="replace")
+            tail = "\n".join(said.splitlines()[-15:])
+            raise TimeoutError(f"{path.name} on {world_size} ranks ran past timeout_s={timeout_s:g} s; torchrun and "
+                               f"every rank were stopped. The last lines it printed:\n{tail}") from None
         except BaseException:
             kill_tree(proc, Path(logs))
             raise

@@ -42,7 +42,7 @@ def test_gradients_of_a_parameter_outside_ddp_are_named_with_the_fix():
     reports[1]["params"][2] = [1, 0, 0]
     found = checks.find_problems(reports, STATIC)
     assert [p.kind for p in found] == ["unsynced-gradients", "replicas-differ"]
-    assert "head.w" in found[0].message and "not in the DDP model" in found[0].message
+    assert "head.w" in found[0].message and "not among the parameters DDP averages" in found[0].message
     assert "they got different gradients" in found[1].message
 
 
@@ -90,7 +90,25 @@ def test_the_loss_weights_message_gives_the_ratio_and_the_global_mean():
     reports[1]["loss"] = {"value": 4.0, "reduction": "mean", "denominator": 4.0, "scale": 1.0}
     (p,) = checks.find_problems(reports, STATIC)
     # DDP: (1 + 4) / 2 = 2.5; over all 12: (8 * 1 + 4 * 4) / 12 = 2
-    assert "counts 2.00x one of rank 0" in p.message and "is 2.5;" in p.message and "is 2." in p.message
+    assert "counts 2.00x one of rank 0" in p.message and "is 2.5;" in p.message and "is 2. Fix" in p.message
+
+
+def test_the_global_mean_adds_up_a_mean_and_a_sum_the_same_way():
+    reports = healthy()
+    reports[0]["loss"] = {"value": 1.0, "reduction": "mean", "denominator": 8.0, "scale": 1.0}   # 8 in all
+    reports[1]["loss"] = {"value": 40.0, "reduction": "sum", "denominator": 4.0, "scale": 1.0}   # 40 in all
+    (p,) = checks.find_problems(reports, STATIC)
+    assert "the mean over all 12 is 4. Fix" in p.message, p.message
+
+
+def test_examples_weighed_a_little_apart_are_a_note_and_beyond_five_percent_an_error():
+    reports = healthy()
+    for r, n in zip(reports, (100.0, 98.0)):   # a padded batch: 100 and 98 tokens counted
+        r["loss"] = {"value": 1.0, "reduction": "mean", "denominator": n, "scale": 1.0}
+    (p,) = checks.find_problems(reports, STATIC)
+    assert (p.kind, p.severity) == ("loss-weights", "note") and "1.02x" in p.message
+    reports[1]["loss"]["denominator"] = 90.0
+    assert [p.severity for p in checks.find_problems(reports, STATIC)] == ["error"]
 
 
 def test_a_repeated_epoch_order_is_an_error_and_padding_a_note():
@@ -150,3 +168,55 @@ def test_the_loss_reduction_is_read_from_the_autograd_graph():
     assert loss_reduction(logits.mean(dim=0).sum())[0] == "unknown"   # the mean's count is hidden inside
     assert loss_reduction(logits.max())[0] == "unknown"
     assert loss_reduction(logits.sum(dim=1).mean()) == ("mean", 6.0, 1.0)   # a sum per example, then the mean
+    assert loss_reduction(logits.sum()) == ("sum", 18.0, 1.0)
+    mask = torch.tensor([1.0, 1, 0, 1, 0, 1])
+    assert loss_reduction((logits.sum(1) * mask).sum() / mask.sum()) == ("sum", 6.0, 0.25)   # a masked mean
+    weighted = F.cross_entropy(logits, target.clamp(min=0), weight=torch.tensor([1.0, 2.0, 3.0]))
+    assert loss_reduction(weighted)[:2] == ("mean", float(torch.tensor([1.0, 2, 3])[target.clamp(min=0)].sum()))
+
+
+def test_a_watched_sampler_pickles_as_the_plain_sampler():
+    import pickle
+    from types import SimpleNamespace
+
+    from torch.utils.data import DistributedSampler
+
+    from ddplab.guard.sampler import watch
+
+    guard = SimpleNamespace(sampler_events=[])
+    sampler = DistributedSampler(range(10), num_replicas=2, rank=1, seed=3)
+    validation = DistributedSampler(range(10), num_replicas=2, rank=1, shuffle=False)
+    watch(sampler, guard)
+    watch(validation, guard)
+    for _ in range(2):   # two epochs, set_epoch never called, a validation pass after each
+        list(sampler), list(validation)
+    assert isinstance(sampler, DistributedSampler) and not hasattr(sampler, "_ddplab_guard")
+    assert [e["repeats"] for e in guard.sampler_events] == [False, False, True, False]   # each sampler on its own
+    again = pickle.loads(pickle.dumps(sampler))
+    assert type(again) is DistributedSampler and list(again) == list(sampler)
+    with pytest.raises(ValueError, match="sampler: .* needs a length"):
+        watch(iter(range(3)), guard)
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    ({"model": 5}, "model"), ({"every": 0}, "every"), ({"every": 2.5}, "every"), ({"on_problem": "stop"}, "on_problem"),
+    ({"timeout_s": float("inf")}, "timeout_s"), ({"timeout_s": 0}, "timeout_s"), ({"sampler": [1, 2]}, "sampler"),
+    ({"optimizer": "adam"}, "optimizer"), ({}, "model: torch.distributed has no process group"),
+])
+def test_bad_arguments_are_refused_naming_the_field(kwargs, field):
+    import ddplab.guard
+
+    args = {"model": torch.nn.Linear(2, 2), **kwargs}
+    with pytest.raises(ValueError, match=f"^{field}"):
+        ddplab.guard.attach(args.pop("model"), **args)
+
+
+@pytest.mark.parametrize("args, kwargs, field", [
+    (("no_such_script.py",), {}, "script"), ((__file__,), {"world_size": 0}, "world_size"),
+    ((__file__,), {"timeout_s": float("inf")}, "timeout_s"),
+])
+def test_run_script_refuses_bad_input_before_starting_anything(args, kwargs, field):
+    import ddplab
+
+    with pytest.raises(ValueError, match=f"^{field}"):
+        ddplab.run_script(*args, **kwargs)

@@ -18,7 +18,7 @@ BUGS = {   # scenario -> the problems the guard must name, and words its message
     "no-set-epoch": ({"sampler-repeats"}, "set_epoch"),
     "bn-unsynced": ({"buffers-differ"}, "running_mean"),
     "no-sync": ({"unsynced-gradients", "replicas-differ"}, "no_sync"),
-    "outside-ddp": ({"unsynced-gradients", "replicas-differ"}, "not in the DDP model"),
+    "outside-ddp": ({"unsynced-gradients", "replicas-differ"}, "not among the parameters DDP averages"),
 }
 CLEAN = ("clean", "weighted-right", "accumulate-right")
 
@@ -51,7 +51,7 @@ def test_each_bug_is_caught_on_2_ranks_and_a_clean_loop_runs_1000_steps_without_
     check_bugs(results, 2)
     stuck = results["stuck", 0]["error"]
     assert stuck.startswith("ddplab.guard, step 3: rank 1 did not reach the guard's check within 3 s"), stuck
-    assert results["stuck", 1]["error"] is None   # rank 1 arrived late and found rank 0's report
+    assert results["stuck", 1]["error"] == stuck   # rank 1 arrived late, found the verdict, and raised it too
 
 
 @pytest.mark.slow
@@ -62,7 +62,7 @@ def test_each_bug_is_caught_on_4_ranks():
     check_bugs(results, 4)
     stuck = results["stuck", 0]["error"]
     assert "rank 1 did not reach" in stuck and "while ranks 0, 2 and 3 waited" in stuck, stuck
-    assert all(results["stuck", r]["error"] == stuck for r in (0, 2, 3))
+    assert all(results["stuck", r]["error"] == stuck for r in range(4))
 
 
 @pytest.mark.slow
@@ -90,3 +90,15 @@ def test_an_unchanged_script_is_guarded_through_python_m_ddplab_guard():
     assert said["clean", 0]["error"] is None and said["clean", 1]["steps"] == 30
     assert [said[s, 0]["kinds"] for s in ("same-data", "no-set-epoch", "bn-unsynced", "outside-ddp")] == \
         [["same-batch"], ["sampler-repeats"], ["buffers-differ"], ["replicas-differ", "unsynced-gradients"]]
+
+
+@pytest.mark.slow
+def test_a_script_past_its_timeout_is_stopped_with_every_rank_and_its_last_words(tmp_path):
+    import psutil
+
+    script = tmp_path / "sleeps.py"
+    script.write_text("import time\nprint('about to sleep', flush=True)\ntime.sleep(600)\n")
+    with pytest.raises(TimeoutError, match="ran past timeout_s=10 s(.|\n)*about to sleep"):
+        ddplab.run_script(script, world_size=2, timeout_s=10)
+    alive = [p.info["cmdline"] for p in psutil.process_iter(["cmdline"]) if str(script) in " ".join(p.info["cmdline"] or [])]
+    assert alive == []
