@@ -78,8 +78,9 @@ def run(scenario: str, args, rank: int, world: int) -> dict:
         head = nn.Linear(4, 4)
         params += list(head.parameters())
     optimizer = torch.optim.SGD(params, lr=0.05)
+    wait = args.timeout if scenario == "stuck" else 120.0   # only the stuck rank is waited for briefly
     guard = None if args.unguarded else ddplab.guard.attach(model, optimizer, sampler=sampler, every=args.every,
-                                                            timeout_s=args.timeout)
+                                                            timeout_s=wait)
     steps, error = 0, None
     micro = 2 if scenario in ("no-sync", "accumulate-right") else 1
     limit = 4 if scenario == "stuck" else args.clean_steps if scenario in CLEAN else args.steps   # stuck: rank 1 stops too
@@ -152,7 +153,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30, help="steps of a scenario with a bug (it stops at the first)")
     parser.add_argument("--clean-steps", type=int, default=30, help="steps of clean, weighted-right, accumulate-right")
     parser.add_argument("--every", type=int, default=1)
-    parser.add_argument("--timeout", type=float, default=3.0)
+    parser.add_argument("--timeout", type=float, default=3.0, help="how long the others wait for the stuck rank")
     parser.add_argument("--unguarded", action="store_true",
                         help="attach no guard here (run under `-m ddplab.guard`, which attaches one to every DDP)")
     args = parser.parse_args()
