@@ -38,7 +38,6 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 import ddplab.guard
 
-CLEAN = ("clean", "weighted-right", "accumulate-right")
 SCENARIOS = ("clean", "weighted-right", "accumulate-right", "same-data", "mean-loss", "no-set-epoch", "bn-unsynced",
              "no-sync", "outside-ddp", "stuck")
 
@@ -83,7 +82,7 @@ def run(scenario: str, args, rank: int, world: int) -> dict:
                                                             timeout_s=wait)
     steps, error = 0, None
     micro = 2 if scenario in ("no-sync", "accumulate-right") else 1
-    limit = 4 if scenario == "stuck" else args.clean_steps if scenario in CLEAN else args.steps   # stuck: rank 1 stops too
+    limit = 4 if scenario == "stuck" else args.clean_steps if scenario == "clean" else args.steps   # stuck: rank 1 too
     try:
         for epoch in range(10**6):
             if scenario != "no-set-epoch":
@@ -150,8 +149,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--scenarios", nargs="+", choices=SCENARIOS, default=["clean"])
     parser.add_argument("--model", choices=("classifier", "hf"), default="classifier")
-    parser.add_argument("--steps", type=int, default=30, help="steps of a scenario with a bug (it stops at the first)")
-    parser.add_argument("--clean-steps", type=int, default=30, help="steps of clean, weighted-right, accumulate-right")
+    parser.add_argument("--steps", type=int, default=30, help="steps of every scenario but clean (a bug stops it sooner)")
+    parser.add_argument("--clean-steps", type=int, default=30, help="steps of the clean scenario")
     parser.add_argument("--every", type=int, default=1)
     parser.add_argument("--timeout", type=float, default=3.0, help="how long the others wait for the stuck rank")
     parser.add_argument("--unguarded", action="store_true",
