@@ -114,6 +114,16 @@ def staging_dir(final: Path, launch_id: str) -> Path:
     return final.parent / f".{final.name}.{launch_id}.partial"
 
 
+def final_dir(path: Path) -> Path:
+    """Where `path`, inside a staging directory (`staging_dir`: the run's own, or its launch's), will be
+    once its launch completes and `settle` has moved it; `path` itself if it is not staged."""
+    parts = list(Path(path).parts)
+    for i, part in enumerate(parts):
+        if part.startswith(".") and part.endswith(".partial") and part.count(".") >= 3:
+            parts[i] = part[1:-len(".partial")].rsplit(".", 1)[0]   # .<name>.<launch id>.partial -> <name>
+    return Path(*parts)
+
+
 OWNER = ".owner.json"   # in a staging or session directory: the process that made it
 
 

@@ -128,3 +128,14 @@ def test_a_run_directory_deleted_mid_run_is_a_run_failed_not_a_bare_oserror(tmp_
     assert "could not be written or read" in out and "must stay in place and writable" in out, out
     assert time.monotonic() - t_removed < 15, "the launcher should notice within a poll, not at the 10 000th step"
     assert not leftovers(run_dir)
+
+
+def test_a_path_inside_a_staging_directory_maps_to_where_it_settles(tmp_path):
+    from ddplab.rundir import final_dir, staging_dir
+
+    final = tmp_path / "runs" / "saved-ab12"
+    assert final_dir(staging_dir(final, "0123456789ab") / "checkpoint") == final / "checkpoint"
+    launch = tmp_path / "sweep.v2"   # a launch of several runs is staged as a whole, dots in its name and all
+    assert final_dir(staging_dir(launch, "id1") / "run-a" / "checkpoint") == launch / "run-a" / "checkpoint"
+    assert final_dir(final / "checkpoint") == final / "checkpoint"
+    assert final_dir(tmp_path / ".hidden" / "x") == tmp_path / ".hidden" / "x"

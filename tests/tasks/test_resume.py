@@ -184,6 +184,7 @@ def test_the_checkpoint_holds_model_and_adam_state_in_dcp_and_each_ranks_own_fil
     assert all(rank_state_file(saved.path, r).exists() for r in range(2))
     info = saved.ranks[0].result.saved
     assert (info.step, info.epoch, info.epoch_consumed) == (6, 1, 16)
+    assert Path(info.path) == checkpoint_dir(saved.path) and Path(info.path).is_dir()   # not the staging folder
     assert info.dcp_bytes > 3 * 4 * params   # parameters, Adam's exp_avg and exp_avg_sq, float32
 
 

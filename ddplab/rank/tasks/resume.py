@@ -27,7 +27,7 @@ from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_o
 from torch.utils.data import DistributedSampler
 
 from ... import seal
-from ...rundir import save_tensors_atomic
+from ...rundir import final_dir, save_tensors_atomic
 from ...record.resume import CheckpointInfo, ResumeRecord, ResumeStep
 from ...spec.resume import CHECKPOINT, checkpoint_dir, rank_state_file
 from .. import data, models
@@ -206,6 +206,7 @@ def _restore_from(ctx, ddp, optimizer, source, copy: Path) -> tuple[CheckpointIn
 def _info(run_dir, own: dict, ms: float) -> CheckpointInfo:
     cp = checkpoint_dir(run_dir)
     dcp_bytes = sum(f.stat().st_size for f in cp.iterdir() if f.name == ".metadata" or f.suffix == ".distcp")
-    return CheckpointInfo(path=str(cp), step=own["step"], epoch=own["epoch"], rank_offset=own["rank_offset"],
+    # the path it will have once the launch settles: a run writes inside its staging directory
+    return CheckpointInfo(path=str(final_dir(cp)), step=own["step"], epoch=own["epoch"], rank_offset=own["rank_offset"],
                           epoch_consumed=own["epoch_consumed"], world_size=own["world_size"],
                           local_batch=own["local_batch"], dcp_bytes=dcp_bytes, ms=ms)
