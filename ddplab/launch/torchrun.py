@@ -94,7 +94,9 @@ def worker_env(base: dict | None = None, nodes: Nodes | None = None, flight_dir:
     env.setdefault("OMP_NUM_THREADS", "1")  # torchrun's own default for several ranks, without its banner
     # torchrun's agent hosts the ranks' store on loopback (launch.loopback) only while that store is shared
     env.pop("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", None)
-    env.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", "2000")     # the flight recorder: last collectives per rank
+    # the flight recorder: each rank's last collectives (torch 2.13 reads TORCH_FR_BUFFER_SIZE, and the older
+    # TORCH_NCCL_TRACE_BUFFER_SIZE only with a deprecation warning); dumped on a timeout with DUMP_ON_TIMEOUT
+    env.setdefault("TORCH_FR_BUFFER_SIZE", "2000")
     env.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
     env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")     # a timed-out collective tears the process down
     if flight_dir is not None:
