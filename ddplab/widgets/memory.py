@@ -23,15 +23,18 @@ def memory_explorer(exp, measure):
     world = w.Dropdown(options=[1, 2, 4, 8], value=exp.world_size, description="world_size")
     opt = w.Dropdown(options=["sgd", "sgd+momentum", "adam"], value="adam", description="optimizer")
     views = w.Checkbox(value=exp.gradient_as_bucket_view, description="gradient_as_bucket_view")
-    button = w.Button(description="measure for real", icon="play")
+    button = w.Button(description="measure for real", icon="play", layout=w.Layout(width="auto"))   # never "measure for ..."
     predicted, measured = w.Output(), w.Output()
     # the launch's progress line: a label, updated by value (an Output would freeze a display-id line)
     progress = w.Label(value="")
     progress.add_class("ddplab-progress")
 
+    stem = exp.name.split("-w")[0]
+
     def current():
         name = opt.value
-        return exp.replace(world_size=world.value, optimizer=name.split("+")[0],
+        label = f"{stem}-w{world.value}-{name.replace('+', '-')}" + ("-bucket-view" if views.value else "")
+        return exp.replace(name=label, world_size=world.value, optimizer=name.split("+")[0],   # named as it runs
                            momentum=0.9 if name == "sgd+momentum" else 0.0, gradient_as_bucket_view=views.value)
 
     def png(fig) -> Image:
