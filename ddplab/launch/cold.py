@@ -259,8 +259,13 @@ def _collect(launch: Launch, ran: Ran, spec_paths: list[Path]) -> list[Run]:
             raise failure
         runs = [load_run(d) for d in run_dirs]
     except failures.RunFailed as e:   # a failed rank, or results that disagree: the files stay
+        waited = ""   # where a hang's seconds went: the limit it ran out, and everything before it
+        if e.diagnosis.kind == "hang":
+            limit = "the launcher's watchdog limit" if ran.watchdog else "the collective's timeout"
+            waited = (f"; {min(timeout_s, wall_s):.1f} s of it {limit}, the other {max(wall_s - timeout_s, 0):.1f} s "
+                      "the start and the steps before the hang")
         launch.reporter.finish(f"ddplab {name}: FAILED after {wall_s:.1f} s "
-                               f"({e.diagnosis.kind}, {failures.rank_list(e.diagnosis.ranks)})")
+                               f"({e.diagnosis.kind}, {failures.rank_list(e.diagnosis.ranks)}{waited})")
         place, launch.settled = rundir.settle(launch_dir, launch.final_launch_dir, complete=False), True
         raise failures.RunFailed(e.diagnosis, place / Path(e.run_dir).relative_to(launch_dir)) from None
     for run_dir in {launch_dir, *run_dirs}:   # every rank's result loaded and cross-checked

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import signal
 import subprocess
@@ -122,10 +123,16 @@ def test_stalled_rank_is_stopped_by_the_launcher_watchdog(runs_dir, monkeypatch)
     monkeypatch.setattr(watch, "STALL_GRACE_S", 1.0)
     STALL_GRACE_S = watch.STALL_GRACE_S
     exp = Experiment(name="stall", world_size=1, steps=2, fault=Fault("stall", step=1), timeout_s=2)
+    said = []
     with pytest.raises(RunFailed, match="ddplab stopped the run") as info:
-        ddplab.run(exp, runs_dir / "stall", progress=False)
+        ddplab.run(exp, runs_dir / "stall", progress=said.append)
     stopped_at_ns = time.time_ns()
     assert info.value.diagnosis.kind == "hang"
+    # the last line says where the seconds went: the limit the hang ran out, and the rest before it
+    last = re.search(r"FAILED after ([0-9.]+) s \(hang, rank 0; ([0-9.]+) s of it the launcher's watchdog limit, "
+                     r"the other ([0-9.]+) s the start and the steps before the hang\)", said[-1])
+    assert last and float(last[2]) == exp.timeout_s + STALL_GRACE_S, said[-1]
+    assert abs(float(last[2]) + float(last[3]) - float(last[1])) <= 0.11, said[-1]
     # the wait it reports is the one the watchdog allowed, not the collective's timeout alone
     assert f"nothing moved for {exp.timeout_s + STALL_GRACE_S:g} s" in info.value.diagnosis.summary
     stalled_at_ns = rundir.read_progress(runs_dir / "stall", 0)[-1]["t_ns"]
