@@ -124,6 +124,16 @@ def final_dir(path: Path) -> Path:
     return Path(*parts)
 
 
+def shown(path: Path) -> str:
+    """`path` as a message shows it: relative to the current directory when it lies below it (a notebook's
+    `runs/...`, no machine's layout in a stored output), else whole."""
+    path = Path(path)
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except (ValueError, OSError):
+        return str(path)
+
+
 OWNER = ".owner.json"   # in a staging or session directory: the process that made it
 
 

@@ -186,7 +186,7 @@ def _launch_in(launch: Launch) -> list[Run]:
                 pass
     diverged = [f"{r.spec.name}: {why}" for r in runs for why in [r.diverged()] if why]
     launch.reporter.finish(f"ddplab {launch.name}: {_what(launch.exps, launch.world_size)} on {launch.backend}/"
-                           f"{launch.device} in {ran.wall_s:.1f} s -> {launch.final_launch_dir}"
+                           f"{launch.device} in {ran.wall_s:.1f} s -> {rundir.shown(launch.final_launch_dir)}"
                            + "".join(f"\n  warning: {d}" for d in diverged))
     return [dataclasses.replace(r, path=final, launch={**r.launch, "complete": True})   # the same files, settled
             for r, final in zip(runs, launch.final_dirs)]

@@ -139,3 +139,11 @@ def test_a_path_inside_a_staging_directory_maps_to_where_it_settles(tmp_path):
     assert final_dir(staging_dir(launch, "id1") / "run-a" / "checkpoint") == launch / "run-a" / "checkpoint"
     assert final_dir(final / "checkpoint") == final / "checkpoint"
     assert final_dir(tmp_path / ".hidden" / "x") == tmp_path / ".hidden" / "x"
+
+
+def test_a_path_below_the_current_directory_is_shown_relative(tmp_path, monkeypatch):
+    from ddplab.rundir import shown
+
+    monkeypatch.chdir(tmp_path)
+    assert shown(tmp_path / "runs" / "chapter-03-ab") == "runs/chapter-03-ab"
+    assert shown(tmp_path.parent / "elsewhere") == str(tmp_path.parent / "elsewhere")
