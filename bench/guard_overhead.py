@@ -2,7 +2,7 @@
 
     python bench/guard_overhead.py [--rounds 12] [--steps 20] [--world-size 2]
 
-One torchrun launch (loopback), chapter 05's transformer (`recipes.buckets_and_overlap.BUCKET_MODEL`) in
+One torchrun launch (`ddplab.run_script`: loopback, bounded), chapter 05's transformer (`recipes.buckets_and_overlap.BUCKET_MODEL`) in
 DDP with AdamW on gloo. Every round runs three blocks of `--steps` steps back to back, in an order that
 rotates from round to round: no guard, the guard at its default cadence (every=10, with `guard.loss`),
 and the guard checking every step (every=1). Per round the ratio of a guarded block's mean step to the
@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import time
 
@@ -71,7 +69,7 @@ def rank_main(args) -> None:
         order = list(kinds)[r % 3:] + list(kinds)[:r % 3]
         rounds.append({k: block(kinds[k]) for k in order})
     if rank == 0:
-        print("RESULT " + json.dumps(rounds), flush=True)
+        print(json.dumps({"rounds": rounds}), flush=True)
     dist.destroy_process_group()
 
 
@@ -84,15 +82,13 @@ def main() -> None:
     args = p.parse_args()
     if args.rank_side:
         return rank_main(args)
-    argv = [sys.executable, "-m", "ddplab.launch.loopback", "--rdzv-backend=ddplab-loopback",
-            "--rdzv-endpoint=127.0.0.1:0", "--rdzv-id=bench", "--local-addr=127.0.0.1", "--nnodes=1",
-            f"--nproc-per-node={args.world_size}", "--max-restarts=0", __file__, "--rank-side",
-            "--rounds", str(args.rounds), "--steps", str(args.steps)]
-    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
-    out = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=1800)
-    if out.returncode != 0:
-        sys.exit(out.stderr[-3000:])
-    rounds = json.loads(next(ln for ln in out.stdout.splitlines() if ln.startswith("RESULT "))[7:])
+    import ddplab
+
+    done = ddplab.run_script(__file__, "--rank-side", "--rounds", args.rounds, "--steps", args.steps,
+                             world_size=args.world_size, timeout_s=1800)
+    if done.returncode != 0:
+        sys.exit(done.output[-3000:])
+    rounds = next(x["rounds"] for x in done.json_lines() if "rounds" in x)
     plain = statistics.median(r["plain"] for r in rounds)
     print(f"{args.world_size} ranks, {args.rounds} rounds of {args.steps} steps per block; plain step median "
           f"{plain * 1e3:.1f} ms")

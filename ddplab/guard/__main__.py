@@ -21,6 +21,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DistributedSampler
 
 from ddplab.guard import attach
+from ddplab.guard.sampler import watch
 
 GUARDS: list = []
 _SAMPLERS: list = []
@@ -42,14 +43,14 @@ def install() -> None:
         ddp_init(self, *args, **kwargs)
         guard = attach(self, None, every=int(every), on_problem=on_problem)
         for sampler in _SAMPLERS:   # the samplers made since the last DDP belong to this one
-            guard._watch(sampler)
+            watch(sampler, guard)
         _SAMPLERS.clear()
         GUARDS.append(guard)
 
     def watched_sampler(self, *args, **kwargs):
         sampler_init(self, *args, **kwargs)
         if GUARDS:   # made after a DDP: it feeds the latest, unless another DDP comes next
-            GUARDS[-1]._watch(self)
+            watch(self, GUARDS[-1])
         _SAMPLERS.append(self)
 
     DistributedDataParallel.__init__ = guarded_ddp

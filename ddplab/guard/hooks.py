@@ -84,7 +84,6 @@ class Guard:
         self.inner, self._optimizer = inner, optimizer
         self._track(optimizer)
         self.step = 0   # optimizer steps taken
-        self.checks = 0
         self.problems: list[checks.Problem] = []
         self._said: set[str] = set()
         self.sampler_events: list[dict] = []   # filled by sampler.watch
@@ -119,7 +118,7 @@ class Guard:
 
             self._handles += [register_optimizer_step_pre_hook(pre), register_optimizer_step_post_hook(post)]
         if sampler is not None:
-            self._watch(sampler)
+            watch(sampler, self)
 
     def _track(self, optimizer) -> None:
         """The tensors a report covers: the optimizer's parameters (those outside the model named by
@@ -199,9 +198,6 @@ class Guard:
         finally:
             self.step += 1
             self._fresh()
-
-    def _watch(self, sampler) -> None:
-        watch(sampler, self)
 
     # ---- the check -------------------------------------------------------------------------------------
     def report(self) -> dict:
