@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
-__all__ = ["CheckFailed", "above", "between", "close", "equal", "below", "self_test", "that"]
+__all__ = ["CheckFailed", "above", "between", "close", "equal", "below", "that"]
 
 
 class CheckFailed(AssertionError):
@@ -160,23 +160,3 @@ def _finite(v) -> bool:
         return math.isfinite(v)
     except (TypeError, OverflowError):
         return False
-
-
-def self_test(question: str, answer, expected, reference=None, hint: str = "") -> bool | None:
-    """A learner's self-test: `answer` is what they wrote (None until they do), `expected` what the
-    lab computes. Prints "not answered yet", "correct" or "not quite" (with `hint`), and never fails
-    the notebook for the learner's answer; returns True, False, or None (unanswered). `reference` is
-    the answer the notebook's answer guide gives: it must equal `expected`, or this raises
-    CheckFailed (that is what CI checks, since a learner's cell starts unanswered)."""
-    expected, reference = _listed(expected), _listed(reference)
-    if reference is not None and reference != expected:
-        raise CheckFailed(f"NOT verified: {question}: the answer guide says {_fmt(reference)}, the lab computes "
-                          f"{_fmt(expected)}")
-    if answer is None:
-        print(f"not answered yet: {question} (replace None with your answer and run the cell again)")
-        return None
-    if _listed(answer) == expected:
-        print(f"correct: {question}: {_fmt(expected)}")
-        return True
-    print(f"not quite: {question}: you answered {_fmt(_listed(answer))}" + (f"; {hint}" if hint else ""))
-    return False

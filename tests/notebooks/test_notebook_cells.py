@@ -68,9 +68,9 @@ def test_notebook_05_reads_as_a_lesson_short_cells():
 @pytest.mark.parametrize("path", sorted((ROOT / "notebooks").glob("*.ipynb")), ids=lambda p: p.name)
 def test_every_chapter_has_a_collapsible_knowledge_check_and_a_blank_self_test(path):
     """The answer guide is folded (<details>), and the self-test cell leaves the learner's answer at None
-    (CI checks the cell's reference answer; a learner fills in theirs)."""
+    (`tests/notebooks/test_self_tests.py` checks the guide's answer against the lab's; a learner fills in theirs)."""
     cells = json.loads(path.read_text())["cells"]
     md = ["".join(c["source"]) for c in cells if c["cell_type"] == "markdown"]
     assert any("<details>" in s and "Answer guide" in s for s in md)
-    tests = ["".join(c["source"]) for c in _code_cells(path) if "verify.self_test(" in "".join(c["source"])]
+    tests = ["".join(c["source"]) for c in _code_cells(path) if "self_tests.check(" in "".join(c["source"])]
     assert tests and all(re.search(r"^my_\w+ = None\b", s, re.MULTILINE) for s in tests)

@@ -60,16 +60,3 @@ def test_a_check_fed_a_wrong_value_fails_saying_expected_versus_seen(call, messa
     assert message in str(info.value)
     assert isinstance(info.value, AssertionError)
     assert info.value._render_traceback_() == [f"CheckFailed: {info.value}"]   # one line in a notebook
-
-
-def test_a_self_test_never_fails_for_the_learners_answer_but_for_a_wrong_reference(capsys):
-    from ddplab import verify
-
-    assert verify.self_test("global batch", None, 128, reference=128) is None
-    assert verify.self_test("global batch", 128, 128, reference=128) is True
-    assert verify.self_test("global batch", 64, 128, hint="count the micro-steps") is False
-    assert verify.self_test("ids", (18, 19), [18, 19]) is True   # a tuple answer for a list
-    out = capsys.readouterr().out
-    assert "not answered yet" in out and "correct: global batch: 128" in out and "count the micro-steps" in out
-    with pytest.raises(verify.CheckFailed, match="the answer guide says 64, the lab computes 128"):
-        verify.self_test("global batch", None, 128, reference=64)
