@@ -3,13 +3,14 @@ every piece of evidence they wrote down (exercises/audit_data_parallel.ipynb).
 
     from ddplab import audit
     evidence = audit.template(exp)        # the pieces to fill in, each None until you do
-    evidence["batch"] = {"local_batch": [8, 8, 8, 8], "accum_steps": 2, "global_batch": 64}
+    evidence["batch"] = {"local_batch": [8, 8, 8, 8], "accum_steps": 2, "global_batch": ...}   # ... is todo
     ...
     report = audit.check(evidence)        # one row per check, with feedback you can act on
     report.assert_passed("batch")         # AuditFailed listing what failed (nbgrader's tests)
 
 The evidence is plain data the learner writes (numbers, lists, dicts, one function), never one of our
-objects passed through, so filling it in means reading the right number off a run:
+objects passed through, so filling it in means reading the right number off a run. The notebook gives
+each piece as a template whose values are `...`; a piece with a `...` left is "todo", not checked:
 
     "experiment"  the declared `Experiment` (network, ranks, batches); steps >= 2
     "batch"       {"local_batch": [b_0, ...], "accum_steps": k, "global_batch": G}            batch.py
@@ -24,8 +25,10 @@ The checker's own runs are hidden from the learner: the main run and a second ch
 seed (the case also other batches), so what the seed cannot change (bytes, orders, counts) must match
 exactly, what it changes (gradient values) is checked on a re-run of the learner's own check case, and
 the learner's convention on the hidden case. Every classic mistake has its own message (`MISTAKES`,
-tests/tools/test_audit.py). Bad evidence structure is a finding, not an exception; a missing or unsupported
-"experiment", or an unknown piece, is a ValueError naming the field, before anything runs.
+tests/tools/test_audit.py). A failing check says what is wrong and where to read it, never the value it
+expected, so feedback cannot be copied into a pass. Bad evidence structure is a finding (one that lists
+every key the piece needs), not an exception; a missing or unsupported "experiment", or an unknown
+piece, is a ValueError naming the field, before anything runs.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ import time
 from ..spec import Experiment
 from . import batch, buckets, comm, gradients, memory, readiness
 from .report import PIECES, AuditFailed, Finding, Report
-from .shape import Malformed
+from .shape import Malformed, leaves, placeholders
 
 __all__ = ["AuditFailed", "Finding", "MISTAKES", "PIECES", "Report", "audit_run", "check", "check_case",
            "hidden_runs", "judge", "template"]
@@ -118,7 +121,7 @@ def hidden_runs(evidence: dict, seed: int | None = None, progress=True) -> dict:
 
     exp = _validated(evidence)
     hidden = exp.seed + HIDDEN_SEED_OFFSET if seed is None else seed
-    filled = {p for p in PIECES if evidence.get(p) is not None}
+    filled = {p for p in PIECES if _todo(p, evidence.get(p)) is None}
     exps = []
     if {"memory", "readiness", "buckets", "comm"} & filled:
         exps.append(audit_run(exp, hidden).replace(name="audit-hidden"))
@@ -131,14 +134,31 @@ def hidden_runs(evidence: dict, seed: int | None = None, progress=True) -> dict:
     return dict(zip([e.name for e in exps], run_many(exps, name="audit", progress=progress)))
 
 
+def _todo(piece: str, ev) -> Finding | None:
+    """The "todo" finding of a piece not filled in yet (None, or a template with `...` left), else None."""
+    if ev is None:
+        return Finding(piece, "filled in", None, f"not filled in yet: {JUDGES[piece].HINT}")
+    every = placeholders(ev, piece)
+    if every and len(every) == leaves(ev):
+        return Finding(piece, "filled in", None, f"not filled in yet (replace each ... of the template): "
+                       f"{JUDGES[piece].HINT}")
+    left = [p for p in every if p != "gradients['convention']"]   # the values are checked before it
+    if not left:
+        return None
+    more = f" and {len(left) - 4} more" if len(left) > 4 else ""
+    return Finding(piece, "filled in", None, f"not filled in yet: {', '.join(left[:4])}{more} still ...; "
+                   f"fill in every value of the piece, then check again")
+
+
 def judge(evidence: dict, runs: dict) -> Report:
     """Check every filled-in piece of `evidence` against the checker's runs (`hidden_runs`)."""
     exp = _validated(evidence)
     findings = []
     for piece in PIECES:
         ev = evidence.get(piece)
-        if ev is None:
-            findings.append(Finding(piece, "filled in", None, f"not filled in yet: {JUDGES[piece].HINT}"))
+        todo = _todo(piece, ev)
+        if todo is not None:
+            findings.append(todo)
             continue
         if piece == "gradients":
             case = gradients.case_batches(ev, exp.world_size)

@@ -6,16 +6,18 @@ at D = 2 the factor is 1 and leaving it out would not show."""
 from __future__ import annotations
 
 from .report import Finding
-from .shape import Malformed, get, number
+from .shape import Malformed, fields, number
 
+KEYS = ("payload_bytes", "bytes_per_rank")
 HINT = "the bytes one step all-reduces, and the bytes each rank sends in a ring all-reduce of it"
 
 
 def judge(ev, exp, runs) -> list[Finding]:
     from ..predict.comm import ring_bytes_per_rank
 
-    payload = number(get(ev, "payload_bytes", "comm"), "comm['payload_bytes']")
-    per_rank = get(ev, "bytes_per_rank", "comm")
+    ev = fields(ev, "comm", KEYS)
+    payload = number(ev["payload_bytes"], "comm['payload_bytes']")
+    per_rank = ev["bytes_per_rank"]
     if not isinstance(per_rank, dict) or not per_rank:
         raise Malformed("comm['bytes_per_rank']: {world size D: bytes each rank sends}")
     try:
@@ -28,9 +30,10 @@ def judge(ev, exp, runs) -> list[Finding]:
         msg = f"{truth:,} bytes: every trainable gradient, whatever the batch (the gradient has the parameters' shape)"
     elif payload > truth and any(payload == truth * b for b in sizes):
         msg = (f"{payload:,.0f} bytes grows with the batch; the payload is the gradient, which has the parameters' "
-               f"shape however many examples produced it: {truth:,} bytes")
+               f"shape however many examples produced it")
     else:
-        msg = f"one step all-reduces every trainable gradient once: {truth:,} bytes; you wrote {payload:,.0f}"
+        msg = (f"{payload:,.0f} bytes is not one step's payload: a step all-reduces every trainable gradient once "
+               f"(add up the buckets' .bytes)")
     out = [Finding("comm", "payload of one step's all-reduce", payload == truth, msg)]
     if exp.world_size not in ds or not any(d > 2 for d in ds):
         out.append(Finding("comm", "bytes per rank: which world sizes", False,
@@ -46,10 +49,12 @@ def judge(ev, exp, runs) -> list[Finding]:
             msg = f"{model:,.0f} bytes = 2(D-1)/D x payload"
         elif d > 2 and any(abs(v - x) <= 1.0 for x in (truth, 2 * truth, truth * 2 * (d - 1))):
             msg = (f"at D = {d} {v:,.0f} bytes leaves out the ring factor: a ring all-reduce is a reduce-scatter and "
-                   f"an all-gather, each sending (D-1)/D of the payload, so a rank sends 2(D-1)/D x payload = "
-                   f"{model:,.0f} bytes")
+                   f"an all-gather, each sending (D-1)/D of the payload, so a rank sends 2(D-1)/D x payload")
+        elif payload != truth and abs(v - ring_bytes_per_rank(payload, d)) <= 1.0:
+            msg = (f"at D = {d} {v:,.0f} bytes is 2(D-1)/D x the payload you wrote, the right rule; but the payload "
+                   f"itself is wrong (see above)")
         else:
-            msg = (f"at D = {d} a ring all-reduce of {truth:,} bytes sends 2(D-1)/D x payload = {model:,.0f} bytes "
-                   f"per rank; you wrote {v:,.0f}")
+            msg = (f"at D = {d} {v:,.0f} bytes is not what each rank sends in a ring all-reduce of the payload: "
+                   f"count what one rank sends in the reduce-scatter and in the all-gather")
         out.append(Finding("comm", f"bytes each rank sends at D = {d}", ok, msg))
     return out

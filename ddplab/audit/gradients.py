@@ -6,9 +6,11 @@ is called on a hidden case (another seed, other unequal batches) and must give t
 from __future__ import annotations
 
 from .report import Finding
-from .shape import Malformed, batches, get, integer, number, numbers_list
+from .shape import Malformed, batches, fields, integer, number, numbers_list
 
 FLOAT32_EPS = 2.0 ** -23
+KEYS = ("local_batch", "parameter", "element", "local", "reduced", "global_batch_gradient")
+OPTIONAL = ("convention",)   # left out (None or ...), the values are checked and the convention is todo
 HINT = ("a check case with unequal local batches (audit.check_case): local, reduced and global-batch "
         "values of one element, and the convention as a function")
 CONVENTION = "your convention, on a hidden case"
@@ -17,7 +19,7 @@ CONVENTION = "your convention, on a hidden case"
 def case_batches(ev, world_size: int):
     """The check case's local batches, or the Finding that says why they will not do."""
     try:
-        b = batches(get(ev, "local_batch", "gradients"), "gradients['local_batch']", world_size)
+        b = batches(fields(ev, "gradients", KEYS, OPTIONAL)["local_batch"], "gradients['local_batch']", world_size)
     except Malformed as e:
         return Finding("gradients", "shape", False, str(e))
     if len(set(b)) == 1:
@@ -38,12 +40,13 @@ def hidden_batches(b: list[int]) -> list[int]:
 
 
 def judge(ev, exp, runs) -> list[Finding]:
+    ev = fields(ev, "gradients", KEYS, OPTIONAL)
     run = runs["audit-your-case"]
     b = run.spec.local_batches
-    name = get(ev, "parameter", "gradients")
-    i = integer(get(ev, "element", "gradients"), "gradients['element']")
+    name = ev["parameter"]
+    i = integer(ev["element"], "gradients['element']")
     ts = [run.tensors(r.rank) for r in run.ranks]
-    if name not in ts[0]["reference"]:
+    if not isinstance(name, str) or name not in ts[0]["reference"]:
         raise Malformed(f"gradients['parameter']: {name!r} is not a trainable parameter of the declared network "
                         f"(they are {', '.join(list(ts[0]['reference'])[:6])}, ...)")
     if not 0 <= i < ts[0]["reference"][name].numel():
@@ -58,26 +61,27 @@ def judge(ev, exp, runs) -> list[Finding]:
         """A value the re-run reproduces bit for bit: only its float32 rounding may differ."""
         return abs(mine - truth) <= 8 * FLOAT32_EPS * max(abs(truth), 1e-3 * scale)
 
-    local = numbers_list(get(ev, "local", "gradients"), "gradients['local']", exp.world_size)
-    reduced = number(get(ev, "reduced", "gradients"), "gradients['reduced']")
-    glob = number(get(ev, "global_batch_gradient", "gradients"), "gradients['global_batch_gradient']")
+    local = numbers_list(ev["local"], "gradients['local']", exp.world_size)
+    reduced = number(ev["reduced"], "gradients['reduced']")
+    glob = number(ev["global_batch_gradient"], "gradients['global_batch_gradient']")
     bad = [r for r in range(exp.world_size) if not same(local[r], local_true[r])]
     out = [Finding("gradients", "every rank's local gradient", not bad,
                    f"{name}[{i}] on each rank matches a re-run of your check case" if not bad else
-                   f"rank {bad[0]}'s local gradient of {name}[{i}] is {local_true[bad[0]]:.9g} in a re-run of your "
-                   f"check case (seed {exp.seed}, local batches {b}); you wrote {local[bad[0]]:.9g}")]
+                   f"rank {bad[0]}'s local gradient of {name}[{i}] in a re-run of your check case (seed {exp.seed}, "
+                   f"local batches {b}) is not the {local[bad[0]]:.9g} you wrote, beyond float32 rounding: read it "
+                   f"with float(...) off case.tensors({bad[0]})['local'], not off a printed table")]
     ok = same(reduced, reduced_true)
     if ok:
         msg = (f"{reduced_true:.9g}: the mean of the {exp.world_size} local gradients (DDP sums them and divides by "
                f"the world size, folding 1/{exp.world_size} into the copy into the bucket)")
     elif abs(reduced - sum(local_true)) <= tol * exp.world_size:
-        msg = (f"{reduced:.9g} is the sum of the local gradients: DDP divides by the world size, so every rank "
-               f"holds their mean, {reduced_true:.9g}")
+        msg = (f"{reduced:.9g} is the sum of the local gradients: DDP divides the sum by the world size, so every "
+               f"rank holds their mean")
     else:
-        msg = f"DDP's reduced {name}[{i}] is {reduced_true:.9g} on every rank (the mean of the local ones); you wrote {reduced:.9g}"
+        msg = (f"{reduced:.9g} is not DDP's reduced {name}[{i}]: read what DDP left in .grad, "
+               f"case.tensors(r)['reduced'] (the same on every rank)")
     out.append(Finding("gradients", "DDP's reduced gradient", ok, msg))
     mean = sum(local_true) / len(local_true)
-    weighted = sum(bi * g for bi, g in zip(b, local_true)) / sum(b)
     ok = same(glob, ref_true)
     if ok:
         msg = (f"{ref_true:.9g}: the one-process gradient of all {sum(b)} examples, the local gradients weighted by "
@@ -85,12 +89,13 @@ def judge(ev, exp, runs) -> list[Finding]:
     elif abs(glob - mean) <= tol:
         msg = (f"{glob:.9g} is the unweighted mean of the ranks' mean gradients (DDP's reduced value): with unequal "
                f"local batches a rank with more examples must count more; the global-batch gradient is "
-               f"sum_r (b_r / B) g_r = {weighted:.9g}, which is what one process computes on all {sum(b)} examples")
+               f"sum_r (b_r / B) g_r, what one process computes on all {sum(b)} examples")
     else:
-        msg = f"one process computing the gradient of all {sum(b)} examples gets {ref_true:.9g}; you wrote {glob:.9g}"
+        msg = (f"{glob:.9g} is not what one process computes on all {sum(b)} examples: read it off rank 0's "
+               f"case.tensors(0)['reference']")
     out.append(Finding("gradients", "the global-batch gradient", ok, msg))
     conv = ev.get("convention")
-    if conv is None:
+    if conv is None or conv is Ellipsis:
         out.append(Finding("gradients", CONVENTION, None,
                            "not filled in yet: gradients['convention'] = a function of (local values, local batches) "
                            "that returns the global-batch gradient"))
@@ -122,5 +127,5 @@ def _judge_convention(conv, run, name: str) -> Finding:
     hint = " (that is the unweighted mean: weigh each rank's value by b_r / B)" \
         if abs(got[where] - sum(col) / len(col)) <= tol else ""
     return Finding("gradients", CONVENTION, False,
-                   f"on a hidden case (local batches {b}) element {where} should be {ref[where]:.9g}; your "
-                   f"function gives {got[where]:.9g}{hint}")
+                   f"on a hidden case (local batches {b}) your function gives {got[where]:.9g} for element {where}, "
+                   f"which is not the one-process gradient{hint}")

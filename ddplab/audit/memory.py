@@ -5,7 +5,7 @@ They do not depend on the seed, so the checker's hidden run must give the same b
 from __future__ import annotations
 
 from .report import Finding
-from .shape import by_rank, get, number
+from .shape import by_rank, fields, number
 
 MODEL_STATE = ("parameters", "gradients", "optimizer_state")
 CATEGORIES = (*MODEL_STATE, "activations")
@@ -23,9 +23,10 @@ def truth(run) -> dict[int, dict[str, int]]:
 
 
 def judge(ev, exp, runs) -> list[Finding]:
-    held = truth(runs["audit-hidden"])
     mine = by_rank(ev, "memory")
-    missing = [r for r in held if r not in mine]
+    rows = {r: fields(row, f"memory[{r}]", CATEGORIES) for r, row in mine.items()}
+    held = truth(runs["audit-hidden"])
+    missing = [r for r in held if r not in rows]
     if missing:
         return [Finding("memory", "every rank", False, f"rank(s) {missing} missing: the table needs a row for every "
                         f"one of the {exp.world_size} ranks, since every rank holds its own copy")]
@@ -34,7 +35,7 @@ def judge(ev, exp, runs) -> list[Finding]:
     for cat in CATEGORIES:
         wrong = []
         for r, row in held.items():
-            v = number(get(mine[r], cat, f"memory[{r}]"), f"memory[{r}][{cat!r}]")
+            v = number(rows[r][cat], f"memory[{r}][{cat!r}]")
             if v != row[cat]:
                 wrong.append((r, v, row[cat]))
         if not wrong:
@@ -43,21 +44,20 @@ def judge(ev, exp, runs) -> list[Finding]:
                 f"{', '.join(f'rank {r}: {row[cat]:,}' for r, row in held.items())} bytes"
             out.append(Finding("memory", cat, True, f"{said}, exactly as the ledger counts"))
             continue
-        r, v, t = wrong[0]
+        r, v, t = wrong[0]   # feedback says what is wrong, never the ledger's number
+        moment = "forward" if cat == "activations" else "optimizer step"
         if cat in MODEL_STATE and t and abs(v * d - t) <= d:
-            msg = (f"{cat} on rank {r} is 1/{d} of what a rank holds ({v:,.0f} against {t:,}): classic DDP "
-                   f"replicates parameters, gradients and optimizer state on every rank; it divides none of them "
-                   f"by the world size (that is what ZeRO and FSDP change)")
+            msg = (f"{cat} on rank {r} is 1/{d} of what a rank holds: classic DDP replicates parameters, gradients "
+                   f"and optimizer state on every rank; it divides none of them by the world size (that is what "
+                   f"ZeRO and FSDP change)")
         elif t and abs(v * MIB - t) <= 0.0051 * MIB:
-            msg = f"{cat} on rank {r}: {v} looks like MiB, rounded; write the ledger's bytes ({t:,})"
+            msg = f"{cat} on rank {r}: {v} looks like MiB, rounded; write the ledger's bytes"
         elif cat == "optimizer_state" and v == 0 and t:
-            msg = (f"rank {r} holds {t:,} bytes of optimizer state after step {STEP}'s optimizer step "
-                   f"(the optimizer creates it lazily, at its first step); you wrote 0")
-        elif t:
-            moment = "forward" if cat == "activations" else "optimizer step"
-            msg = (f"{cat} on rank {r}: the ledger counts {t:,} bytes (after step {STEP}'s {moment}); you wrote "
-                   f"{v:,.0f} ({(v - t) / t:+.1%})")
+            msg = (f"rank {r} holds optimizer state after step {STEP}'s optimizer step (the optimizer creates it "
+                   f"lazily, at its first step); you wrote 0")
         else:
-            msg = f"{cat} on rank {r}: the ledger counts 0 bytes; you wrote {v:,.0f}"
+            side = "more" if v > t else "less"
+            msg = (f"{cat} on rank {r}: you wrote {v:,.0f} bytes, {side} than the ledger counts after step {STEP}'s "
+                   f"{moment} (run.ranks[{r}].memory.steps[{STEP}].phases)")
         out.append(Finding("memory", cat, False, msg))
     return out

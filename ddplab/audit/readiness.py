@@ -4,8 +4,9 @@ the graph, not on the seed: the checker's hidden run must give the same order.""
 from __future__ import annotations
 
 from .report import Finding
-from .shape import Malformed, get
+from .shape import Malformed, fields
 
+KEYS = ("ready_order",)
 HINT = "the parameter names in the order their gradients became ready (the readiness probe)"
 
 
@@ -15,7 +16,7 @@ def truth(run) -> tuple[list[str], list[str]]:
 
 
 def judge(ev, exp, runs) -> list[Finding]:
-    order = get(ev, "ready_order", "readiness")
+    order = fields(ev, "readiness", KEYS)["ready_order"]
     if isinstance(order, (str, bytes, dict)) or not hasattr(order, "__iter__"):
         raise Malformed(f"readiness['ready_order']: a list of parameter names, got {order!r}")
     order = [str(n) for n in order]
@@ -36,7 +37,8 @@ def judge(ev, exp, runs) -> list[Finding]:
         k = next(j for j, (a, t) in enumerate(zip(order, ready)) if a != t)
         if order == trainable[::-1]:
             msg = (f"that is the reverse of the declaration order, the textbook assumption; the measured order "
-                   f"differs from position {k} on ({ready[k]} became ready there, not {order[k]}): read the probe")
+                   f"differs from position {k} on ({order[k]} did not become ready there): read the probe")
         else:
-            msg = f"position {k}: {ready[k]} became ready there, you wrote {order[k]}"
+            right = f" (positions 0 to {k - 1} are right)" if k else ""
+            msg = f"position {k}: {order[k]} did not become ready there{right}; read the order off the probe's events"
     return [Finding("readiness", "the order gradients became ready", order == ready, msg)]

@@ -1,5 +1,6 @@
 """Reading a learner's evidence: the documented structure, or a `Malformed` naming the field. Plain
-Python numbers, numpy scalars and values read off a DataFrame are all accepted."""
+Python numbers, numpy scalars and values read off a DataFrame are all accepted. The notebook's
+templates hold `...` where a value goes; a value still `...` is not filled in yet (`placeholders`)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,40 @@ class Malformed(Exception):
     """A piece whose structure is not the documented one: its message names the field."""
 
 
-def get(ev, key: str, piece: str):
-    if not isinstance(ev, dict) or key not in ev or ev[key] is None:
-        raise Malformed(f"{piece}[{key!r}] is missing (see the description of this piece)")
-    return ev[key]
+def fields(ev, where: str, keys: tuple[str, ...], optional: tuple[str, ...] = ()) -> dict:
+    """`ev` as a dict holding every one of `keys`, or a Malformed that lists them all at once (the
+    missing ones, and any other keys written instead). `optional` keys may be left out."""
+    expected = ", ".join(repr(k) for k in keys + optional)
+    if not isinstance(ev, dict):
+        got = repr(ev) if len(repr(ev)) <= 60 else f"{repr(ev)[:57]}..."
+        key = "keys" if len(keys + optional) > 1 else "key"
+        raise Malformed(f"{where}: a dict with the {key} {expected} (the template in the notebook), got {got}")
+    missing = [k for k in keys if ev.get(k) is None]
+    if missing:
+        others = ", ".join(repr(k) for k in ev if k not in keys + optional)
+        raise Malformed(f"{where}: missing {', '.join(repr(k) for k in missing)}; it needs every key of {expected}"
+                        + (f" (you wrote {others}, which it does not read)" if others else ""))
+    return ev
+
+
+def placeholders(v, where: str) -> list[str]:
+    """Where `v` still holds the template's `...`: the paths, in order."""
+    if v is Ellipsis:
+        return [where]
+    if isinstance(v, dict):
+        return [p for k, x in v.items() for p in placeholders(x, f"{where}[{k!r}]")]
+    if isinstance(v, (list, tuple)):
+        return [p for i, x in enumerate(v) for p in placeholders(x, f"{where}[{i}]")]
+    return []
+
+
+def leaves(v) -> int:
+    """How many values `v` holds (a dict's or list's, counted through)."""
+    if isinstance(v, dict):
+        return sum(leaves(x) for x in v.values())
+    if isinstance(v, (list, tuple)):
+        return sum(leaves(x) for x in v)
+    return 1
 
 
 def number(v, where: str) -> float:

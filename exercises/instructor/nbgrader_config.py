@@ -4,5 +4,6 @@ c = get_config()  # noqa: F821 - nbgrader provides it
 c.CourseDirectory.course_id = "ddplab"
 c.ExecutePreprocessor.timeout = 300          # a cell may launch ranks: seconds, not nbgrader's 30
 c.ExecutePreprocessor.kernel_name = "python3"
-# the learner's cells start empty but runnable: the piece stays None, and the check says "not filled in yet"
-c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE: fill in this piece of the evidence (see the hint above)"}
+# the learner's cells keep the piece's template above the solution, runnable: until its ... are replaced,
+# the check says "not filled in yet"
+c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE: replace each ... above with what you read off the run"}

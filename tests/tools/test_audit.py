@@ -10,6 +10,7 @@ import pytest
 import ddplab
 from ddplab import Experiment, audit
 from ddplab.launch import session as sessions
+from tests.tools.test_audit_shape import notebook_templates, shows
 
 pytestmark = pytest.mark.slow
 
@@ -97,29 +98,70 @@ def _unweighted(g):
     g["global_batch_gradient"] = sum(g["local"]) / len(g["local"])
 
 
-MISTAKES = {
-    "memory divided by the world size": ("memory", _divide_memory, "it divides none of them by the world size"),
-    "unweighted mean of rank means with unequal batches": ("gradients", _unweighted, "unweighted mean"),
+def _written(v) -> list[str]:
+    """The ways a message could state `v`: a count or bytes with and without thousands commas, a time
+    to two decimals, a gradient to nine significant digits."""
+    return [f"{v:,.0f}", f"{v:.0f}"] if float(v) == int(v) else [f"{v:.2f}", f"{v:.9g}"]
+
+
+MISTAKES = {   # mistake -> (piece, the change, words of its message, the right value the message must not state)
+    "memory divided by the world size": ("memory", _divide_memory, "it divides none of them by the world size",
+                                         lambda ev: ev["memory"][0]["optimizer_state"]),
+    "unweighted mean of rank means with unequal batches": ("gradients", _unweighted, "unweighted mean",
+                                                           lambda ev: ev["gradients"]["global_batch_gradient"]),
     "summed bucket durations reported as exposed time": (
-        "buckets", lambda b: b.__setitem__("exposed_ms", b["summed_ms"]), "is the sum of the buckets' durations"),
+        "buckets", lambda b: b.__setitem__("exposed_ms", b["summed_ms"]), "is the sum of the buckets' durations",
+        lambda ev: ev["buckets"]["exposed_ms"]),
     "a payload that scales with the local batch": (
-        "comm", lambda c: c.__setitem__("payload_bytes", c["payload_bytes"] * 4), "grows with the batch"),
+        "comm", lambda c: c.__setitem__("payload_bytes", c["payload_bytes"] * 4), "grows with the batch",
+        lambda ev: ev["comm"]["payload_bytes"]),
     "global batch without the accumulation factor": (
-        "batch", lambda b: b.__setitem__("global_batch", sum(b["local_batch"])), "counts every micro-step"),
+        "batch", lambda b: b.__setitem__("global_batch", sum(b["local_batch"])), "counts every micro-step",
+        lambda ev: ev["batch"]["global_batch"]),
     "bytes per rank without the ring factor 2(D-1)/D": (
-        "comm", lambda c: c["bytes_per_rank"].__setitem__(4, c["payload_bytes"]), "leaves out the ring factor"),
+        "comm", lambda c: c["bytes_per_rank"].__setitem__(4, c["payload_bytes"]), "leaves out the ring factor",
+        lambda ev: ev["comm"]["bytes_per_rank"][4]),
 }
 
 
 @pytest.mark.parametrize("mistake", sorted(MISTAKES))
 def test_each_classic_mistake_is_caught_with_its_own_message(audited, mistake):
     ev, runs = audited
-    piece, change, words = MISTAKES[mistake]
+    piece, change, words, right = MISTAKES[mistake]
     assert audit.MISTAKES[mistake] == piece
     report = audit.judge(_mutated(ev, piece, change), runs)
-    assert not report.passed(piece) and words in _messages(report, piece), _messages(report, piece)
+    said = _messages(report, piece)
+    assert not report.passed(piece) and words in said, said
+    assert not shows(said, *_written(right(ev))), said   # what is wrong and why, never the value to copy
     others = [p for p in audit.PIECES if p != piece]
     assert report.passed(*others), repr(report)   # the mistake is pinned on its own piece
+
+
+def test_the_notebooks_templates_filled_as_the_prose_reads_get_feedback_on_values(audited):
+    """A first attempt: every `...` of the learner's templates replaced by a plausible misreading of its
+    section. Each piece fails on its values, with the classic mistake's message, not on its keys."""
+    ev, runs = audited
+    run = runs["audit-hidden"]
+    first = notebook_templates(EXP)
+    first["batch"].update(local_batch=EXP.local_batches, accum_steps=EXP.accum_steps,
+                          global_batch=sum(EXP.local_batches))   # one micro-step's examples
+    for r, row in first["memory"].items():
+        row.update({c: round(v / 2 ** 20, 3) for c, v in ev["memory"][r].items()})   # the MiB table
+    first["gradients"].update({k: ev["gradients"][k] for k in ("local_batch", "parameter", "element", "local")},
+                              reduced=sum(ev["gradients"]["local"]),
+                              global_batch_gradient=sum(ev["gradients"]["local"]) / EXP.world_size,
+                              convention=lambda values, batches: sum(values) / len(values))
+    first["readiness"]["ready_order"] = list(run.ranks[0].parameter_names)   # declaration order
+    first["buckets"].update({k: ev["buckets"][k] for k in ("count", "trace", "last_ready_ms", "summed_ms")},
+                            exposed_ms=ev["buckets"]["summed_ms"])
+    first["comm"]["payload_bytes"] = ev["comm"]["payload_bytes"]
+    first["comm"]["bytes_per_rank"] = {d: ev["comm"]["payload_bytes"] for d in first["comm"]["bytes_per_rank"]}
+    report = audit.judge(first, runs)
+    assert all(f.ok is not None and f.check != "shape" for f in report.findings), repr(report)
+    for piece, words in [("batch", "counts every micro-step"), ("memory", "looks like MiB"),
+                         ("gradients", "unweighted mean"), ("readiness", "the order the parameters are declared in"),
+                         ("buckets", "is the sum of the buckets' durations"), ("comm", "leaves out the ring factor")]:
+        assert words in _messages(report, piece), (piece, repr(report))
 
 
 def test_source_order_reported_as_ready_order_is_caught(audited):
@@ -180,7 +222,8 @@ def test_an_invented_trace_with_other_bucket_sizes_does_not_pass(audited):
         b["trace"] = [{**t, "bytes": t["bytes"] + 4} for t in b["trace"]]
 
     report = audit.judge(_mutated(ev, "buckets", invented), runs)
-    assert "DDP's buckets hold" in _messages(report, "buckets")
+    said = _messages(report, "buckets")
+    assert "DDP's buckets do not hold" in said and not shows(said, *_written(ev["buckets"]["trace"][0]["bytes"])), said
 
 
 def test_malformed_evidence_is_a_finding_naming_the_field_not_a_traceback(audited):

@@ -1,11 +1,92 @@
-"""The audit's reading of evidence and its report: pure logic, no ranks."""
+"""The audit's reading of evidence and its report: pure logic, no ranks. The learner's notebook gives
+each piece as a template (a dict of `...`); `notebook_templates` reads them, as a learner runs them."""
 
 from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from ddplab.audit import AuditFailed, Finding, Report, gradients, shape
+import ddplab
+from ddplab import Experiment, audit
+from ddplab.audit import AuditFailed, Finding, Report, batch, buckets, comm, gradients, memory, readiness, shape
+
+NOTEBOOK = Path(__file__).resolve().parents[2] / "exercises" / "audit_data_parallel.ipynb"
+EXP = Experiment(name="audit-shape", world_size=4, local_batch=4, accum_steps=2, steps=2, seq_len=8)
+KEYS = {"batch": batch.KEYS, "gradients": gradients.KEYS + gradients.OPTIONAL, "readiness": readiness.KEYS,
+        "buckets": buckets.KEYS, "comm": comm.KEYS}
+
+
+def notebook_templates(exp: Experiment) -> dict:
+    """The evidence after running every piece's cell of the learner's notebook as it is handed out."""
+    evidence = audit.template(exp)
+    for cell in json.loads(NOTEBOOK.read_text())["cells"]:
+        if cell["metadata"].get("nbgrader", {}).get("grade_id") in audit.PIECES:
+            exec("".join(cell["source"]), {"evidence": evidence, "exp": exp})   # noqa: S102 - our own notebook
+    return evidence
+
+
+def shows(message: str, *values) -> bool:
+    """Whether `message` states any of `values` as written (a number not inside a longer one)."""
+    return any(re.search(rf"(?<![\d.,]){re.escape(str(v))}(?!\d|[.,]\d)", message) for v in values)
+
+
+def test_the_notebook_templates_hold_every_key_the_checker_reads():
+    ev = notebook_templates(EXP)
+    for piece, keys in KEYS.items():
+        assert set(ev[piece]) == set(keys), piece
+    assert set(ev["memory"]) == set(range(EXP.world_size))
+    assert all(set(row) == set(memory.CATEGORIES) for row in ev["memory"].values())
+    assert EXP.world_size in ev["comm"]["bytes_per_rank"]
+
+
+def test_the_blank_templates_are_all_todo_and_launch_nothing(monkeypatch):
+    def no_launch(*args, **kwargs):
+        raise AssertionError("a blank template launched ranks")
+
+    monkeypatch.setattr(ddplab, "run_many", no_launch)
+    report = audit.check(notebook_templates(EXP), progress=False)
+    assert [f.ok for f in report.findings] == [None] * len(audit.PIECES), repr(report)
+    assert all(f.message.startswith("not filled in yet") for f in report.findings)
+
+
+def test_a_template_half_filled_names_the_values_still_todo():
+    ev = notebook_templates(EXP)
+    ev["batch"]["local_batch"] = [4, 4, 4, 4]
+    (todo,) = audit.judge(ev, {}).of("batch")
+    assert todo.ok is None and "batch['accum_steps']" in todo.message and "batch['global_batch']" in todo.message
+
+
+@pytest.mark.parametrize("piece, written", [("batch", 32), ("batch", {"global_batch": 32}),
+                                            ("gradients", {"local_batch": [1, 2, 3, 4], "name": "w", "i": 0}),
+                                            ("readiness", ["lm_head.weight", "wte.weight"]), ("comm", 705_024),
+                                            ("buckets", {"count": 3, "exposed_ms": 1.5})])
+def test_a_shape_error_lists_every_key_the_piece_needs_at_once(piece, written):
+    ev = {**audit.template(EXP), piece: written}
+    (found,) = audit.judge(ev, {}).of(piece)   # a shape error: no run is read
+    assert found.check == "shape" and found.ok is False
+    assert all(repr(k) in found.message for k in KEYS[piece]), found.message
+    assert "description of this piece" not in found.message
+
+
+def test_a_memory_row_of_the_wrong_shape_lists_every_category():
+    ev = {**audit.template(EXP), "memory": {r: {"params": 1} for r in range(4)}}
+    (found,) = audit.judge(ev, {}).of("memory")
+    assert found.check == "shape" and all(repr(c) in found.message for c in memory.CATEGORIES)
+    assert "'params'" in found.message   # and what was written instead
+
+
+@pytest.mark.parametrize("local, accum, g, expected", [([4, 4, 4, 4], 2, 16, 32), ([4, 4, 4, 4], 2, 20, 32),
+                                                       ([4, 4, 4, 4], 1, 32, 2), ([4, 4, 4, 5], 2, 32, "[4, 4, 4, 4]")])
+def test_a_failing_row_says_what_is_wrong_without_the_expected_value(local, accum, g, expected):
+    written = {"local_batch": local, "accum_steps": accum, "global_batch": g}
+    failed = audit.judge({**audit.template(EXP), "batch": written}, {}).failures("batch")
+    assert failed
+    for f in failed:
+        assert not shows(f.message, expected), f.message
 
 
 @pytest.mark.parametrize("b", [[3, 2], [5, 4], [2, 1], [1, 2, 3, 4], [4, 4, 4, 5], [2, 6]])
