@@ -12,7 +12,7 @@
   by the mean of its two steps i;
 - the timing claims, judged on those pairs by `claims` (holds / contradicted / cannot resolve):
   `judge_costs` (synchronizing costs time), `judge_split_tail`, `judge_last_ready_share`,
-  `judge_launch_order`, `judge_in_flight`, `judge_stretch`, `judge_summed_vs_added`; `ordered`
+  `judge_launch_order`, `judge_split_compute`, `judge_in_flight`, `judge_stretch`, `judge_summed_vs_added`; `ordered`
   for two plans' step times, `faster_than` for several against one; `split_finding` and
   `judge_isolated_price`, hypotheses whose answer is the machine's (printed, not checked);
 - `launched_before_last_ready`, `summed_vs_added`: did a bucket start before backward's end; three
@@ -222,11 +222,16 @@ def judge_split_tail(tails: pd.DataFrame, uncut: str, split: str, on: str = "") 
                          below=0.0)
 
 
+def judge_split_compute(last_ready: pd.DataFrame, uncut: str, split: str, on: str = "") -> claims.Verdict:
+    """`last_ready` = steps(run, last_ready_ms, plans): the split's last gradient is ready later than the
+    uncut plan's (paired per step, above 0). Beside `judge_split_tail`: a shorter tail with no less compute."""
+    return claims.paired(f"{split}'s backward compute ends later than {uncut}'s{f' ({on})' if on else ''}: no less "
+                         "compute (last gradient ready, split minus uncut, per step)", *_pairs(last_ready, split, uncut), above=0.0)
+
+
 def split_finding(tails: pd.DataFrame, step_table: pd.DataFrame, uncut: str, split: str) -> str:
-    """The textbook's hypothesis about cutting the last bucket, answered by this run in words: did the
-    split shorten the exposed tail (`judge_split_tail`), and how did the steps compare (`ordered`)? Not
-    a check: on cores that communication shares with backward the answer can be no (the first half's
-    all-reduce slows the backward it runs beside), where communication runs beside compute, yes."""
+    """The textbook's hypothesis about cutting the last bucket, answered by this run in words (not a
+    check): did the split shorten the exposed tail (`judge_split_tail`), and how did the steps compare?"""
     t, s = judge_split_tail(tails, uncut, split), ordered(step_table, uncut, split)
     tail = {claims.HOLDS: "the split shortened", claims.CONTRADICTED: "the split lengthened"}.get(
         t.outcome, "this run cannot resolve whether the split changed")
@@ -291,17 +296,15 @@ def summed_in_flight_ms(run, name: str, rank: int = 0) -> pd.Series:
 
 
 def judge_summed_vs_added(run, name: str) -> claims.Verdict:
-    """"Summing the buckets' launch-to-done intervals overstates what the plan adds to the step":
-    per step, summed in-flight (rank 0) minus the step's time over the compute-only step, above 0."""
+    """"Summed launch-to-done intervals overstate what the plan adds": summed (rank 0) minus added, per step, > 0."""
     both = pd.DataFrame({"summed": summed_in_flight_ms(run, name), "added": added_ms(run, name)}).dropna()
     return claims.paired(f"{name}: the summed launch-to-done intervals overstate what it adds to the step",
                          both["summed"], both["added"], above=0.0)
 
 
 def judge_isolated_price(run, name: str, summed_isolated_ms: float, within: float = 0.25) -> claims.Verdict:
-    """The hypothesis "nothing is hidden: what plan `name` adds to the step is its buckets' isolated
-    costs summed, to within `within`": per step, added over `summed_isolated_ms`. Either answer is a
-    finding about the machine (a shared core hides nothing; a GPU hides much), not a check."""
+    """The hypothesis "nothing is hidden: plan `name` adds its buckets' isolated costs summed, to within
+    `within`" (per step, added over `summed_isolated_ms`): a finding about the machine, not a check."""
     values = (added_ms(run, name) / summed_isolated_ms).tolist()
     return claims.judge(f"{name} adds its isolated costs summed, within {within:.0%} (added over the isolated sum, "
                         "per step)", values, within=(1 - within, 1 + within), unit="")
@@ -315,11 +318,9 @@ def launched_before_last_ready(run, name: str, bucket: int) -> list[bool]:
 
 
 def summed_vs_added(run, name: str, link: AlphaBeta, cost, ins: Inputs, layout) -> dict:
-    """Three ways to price plan `name`'s communication, per step (ms): its buckets' launch-to-done
-    intervals summed (median over rank 0's steps), their isolated costs under `cost` summed, and what
-    the plan really added to the step (per step, its step minus the compute-only step around it:
-    the median, and the interval `claims` puts on it); and the median communication span (first
-    launch to last done), which the summed intervals exceed when buckets overlap each other."""
+    """Three prices of plan `name`'s communication (ms): launch-to-done intervals summed (median over rank
+    0's steps), isolated costs under `cost` summed, and what it added to the step (median and `claims`
+    interval of its step minus the compute-only one); and the median span (first launch to last done)."""
     size = {g.name: g.bytes for g in ins.grads}
     table = measured(run)
     center, low, high = claims.median_interval(added_ms(run, name).tolist())

@@ -56,7 +56,7 @@ def call_errors(run, model: comm.AlphaBeta, min_bytes: int = 0) -> dict[int, lis
     return {n: [rel_error(model.predict(n) * 1e3, t) for t in ms] for n, ms in call_ms(run).items() if n >= min_bytes}
 
 
-def judge_fit(run, model: comm.AlphaBeta, min_bytes: int = 0, describes: float = 0.15, misses: float = 0.5):
+def judge_fit(run, model: comm.AlphaBeta, min_bytes: int = 0, describes: float = 0.10, misses: float = 0.25):
     """The fitted line against every call it was fitted to, judged by `claims` (two verdicts):
     "it describes the sizes": the median relative error over every call of every size lies within
     +-`describes`; "it misses no size by `misses`": each size's median relative error over its repeats
@@ -73,6 +73,23 @@ def judge_fit(run, model: comm.AlphaBeta, min_bytes: int = 0, describes: float =
                                       what=f"median over {len(es)} calls")
                          for n, es in errors.items()], then=lambda v: -abs(v.center))   # the largest |median|
     return pooled, per_size
+
+
+def judge_busbw_ceiling(run, ceiling_bytes_per_s: float, what: str = "one loopback TCP stream") -> claims.Verdict:
+    """The claim "at its best size, each rank's link carried less than `what` can": per repeat of the
+    size with the highest median bus bandwidth, busbw = 2(D-1)/D x size / time over the ceiling (the
+    rate `ddplab.doctor.loopback_bandwidth_bytes_per_s` measures on this machine), below 1. It would be
+    contradicted if gloo reached more than one socket's rate per rank (several connections a rank, or
+    a transport other than TCP)."""
+    if not ceiling_bytes_per_s > 0:
+        raise ValueError(f"ceiling_bytes_per_s: a positive rate in bytes per second (got {ceiling_bytes_per_s!r})")
+    w, ms = run.world_size, call_ms(run)
+    factor = 2 * (w - 1) / w
+    best = max(ms, key=lambda n: factor * n / statistics.median(ms[n]))
+    ratios = [factor * best / (t / 1e3) / ceiling_bytes_per_s for t in ms[best]]
+    return claims.judge(f"on {w} ranks each rank's link carried less than {what} can (bus bandwidth at "
+                        f"{size_label(best)}, per call, over that rate: {ceiling_bytes_per_s / 1e9:.2f} GB/s)",
+                        ratios, below=1.0, unit="", what=f"median over {len(ratios)} calls")
 
 
 def judge_size_ratio(run, small_bytes: int, large_bytes: int, below: float):

@@ -96,21 +96,25 @@ def weak_as_strong(weak_runs, strong_runs, warmup: int = 2) -> pd.DataFrame:
 
 @reading(strong_runs="train", weak_runs="train")
 def verify_fixed_global_batch(strong_runs, weak_runs) -> None:
-    """The right claim's premise: the strong runs keep one global batch at every world size (from the
-    spec, and counted from the distinct examples each step consumed), and the weak runs do not (so
-    their throughput answers another optimization problem). Raises `verify.CheckFailed` for strong
-    runs whose global batch differs, or weak runs that kept it fixed."""
+    """The right claim's premise, measured: every step of every strong run consumed exactly its global
+    batch of distinct examples (counted from what the ranks read), at every world size. What the specs
+    set (one global batch across the strong runs, a growing one across the weak runs) is input, not a
+    finding: a `ValueError` names the list that breaks it, and the setup is printed as a plain fact.
+    Raises `verify.CheckFailed` where a strong step consumed another number of distinct examples."""
     strong = sorted(strong_runs, key=lambda r: r.world_size)
-    verify.above("the strong runs span more than one world size (distinct world sizes)",
-                 len({r.world_size for r in strong}), 1)
-    g = strong[0].spec.global_batch
-    verify.equal("strong scaling: one global batch at every world size (global batch per run)",
-                 [r.spec.global_batch for r in strong], [g] * len(strong))
-    verify.equal("strong scaling: every step consumed that many distinct examples (fewest per step, per run)",
-                 [int(examples_per_step(r)["distinct"].min()) for r in strong], [g] * len(strong))
-    weak = [r.spec.global_batch for r in sorted(weak_runs, key=lambda r: r.world_size)]
-    verify.equal("weak scaling: the global batch changes with the world size (distinct global batches, runs)",
-                 len(set(weak)), len(weak))
+    weak = sorted(weak_runs, key=lambda r: r.world_size)
+    sizes, g = [r.world_size for r in strong], [r.spec.global_batch for r in strong]
+    if len(set(sizes)) < 2 or len(set(g)) != 1:
+        raise ValueError(f"strong_runs: strong scaling needs one global batch at two or more world sizes (got global "
+                         f"batches {g} at world sizes {sizes})")
+    wg = [r.spec.global_batch for r in weak]
+    if len(set(wg)) != len(wg):
+        raise ValueError(f"weak_runs: weak scaling grows the global batch with the world size (got {wg} at world "
+                         f"sizes {[r.world_size for r in weak]})")
+    print(f"the setup: strong scaling keeps the global batch at {g[0]} on {', '.join(map(str, sizes))} ranks; weak "
+          f"scaling grows it, {', '.join(map(str, wg))}")
+    verify.equal("strong scaling: every step consumed its global batch of distinct examples (fewest per step, per run)",
+                 [int(examples_per_step(r)["distinct"].min()) for r in strong], g)
 
 
 # ---- 2. model-state memory divided by the data-parallel degree -------------------------------------
@@ -151,15 +155,17 @@ def divided_state(memory_runs, predicted=replicated_state_bytes, step: int = 1) 
 
 def verify_replicated_state(table: pd.DataFrame) -> None:
     """On a `divided_state` table: every rank at every world size holds the same model-state bytes,
-    exactly what the prediction says, and the divided prediction misses by exactly the world size.
-    Raises `verify.CheckFailed` for a prediction divided by W, or ranks whose state differs (sharding)."""
+    exactly what the prediction says; then prints by how much the divided prediction misses (the world
+    size, which follows from the two checks). Raises `verify.CheckFailed` for a prediction divided by W,
+    or ranks whose state differs (sharding)."""
     measured = table["model_state_bytes"].tolist()
     verify.equal("model state per rank (bytes) is the same on every rank at every world size", measured,
                  [measured[0]] * len(measured))
     verify.equal("the prediction gives every rank's model state exactly (bytes)", table["predicted_bytes"].tolist(),
                  measured)
-    verify.close("dividing by the world size misses by exactly that factor (measured / divided)",
-                 table["measured_over_divided"], [float(w) for w, _ in table.index], rel=1e-12)
+    misses = table.groupby(level="world_size")["measured_over_divided"].max()
+    print("so 'one replica's state / world size' is short by a factor of "
+          + ", ".join(f"{m:g} on {w} ranks" for w, m in misses.items()))
 
 
 # ---- 3. summed all-reduce durations read as exposed overhead -----------------------------------

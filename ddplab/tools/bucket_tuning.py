@@ -146,9 +146,9 @@ class BucketTuning:
 
     def verify(self, measure: int = 2) -> None:
         """The tool's claims on its own runs (`verify.CheckFailed` where one fails): DDP's default, the
-        `measure` plans predicted fastest and one split were measured; the default is kept exactly when
-        no plan was judged faster than it on the paired steps; the split DDP ran is the uncut plan with
-        its last bucket cut in two, tensor for tensor."""
+        `measure` plans predicted fastest and one split were measured, and the split DDP ran is the
+        uncut plan with its last bucket cut in two, tensor for tensor. (The recommendation follows from
+        the paired steps by `recommend`'s rule, so it is not re-checked here: the tests test the rule.)"""
         from .. import verify
         from ..results import load_run
 
@@ -159,9 +159,6 @@ class BucketTuning:
                     {DEFAULT, *fastest} <= set(t.index) and len(splits) == 1, seen=list(t.index),
                     expected=list(dict.fromkeys([DEFAULT, *fastest, "ddp-split:<cap>"])))
         run, ins = load_run(self.paths["measure"]), bucket_sweep.inputs(load_run(self.paths["capture"]))
-        beat = self.best != DEFAULT and faster_than_default(bucket_sweep.steps(run), self.best).holds
-        verify.equal("the default is kept exactly when no plan was judged faster than it on the paired steps",
-                     self.recommendation == KEEP, not beat)
         verify.that(f"{splits[0]}: DDP built the uncut plan with its last bucket cut in two",
                     buckets.is_last_split(buckets.plan_for(run, splits[0], ins),
                                           buckets.ddp_rule(ins, bucket_sweep.cap_of(splits[0]))))

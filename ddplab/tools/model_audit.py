@@ -109,7 +109,8 @@ class ModelAudit:
                   "written_over_formula": float(wire["ratio"])},
             compute={"compute_ms": float(ratio["compute_ms"]), "compute_ms_min": float(ratio["compute_ms_min"]),
                      "compute_ms_max": float(ratio["compute_ms_max"]), "allreduce_ms": float(ratio["allreduce_ms"]),
-                     "allreduce_ms_line": float(ratio["allreduce_ms_fit"]), "compute_to_comm": float(ratio["compute_to_comm"])},
+                     "allreduce_ms_line": float(ratio["allreduce_ms_fit"]), "compute_to_comm": float(ratio["compute_to_comm"]),
+                     "last_bucket_ms_line": float(line.predict(launched[-1].bytes) * 1e3)},
             paths={"ddp": str(ddp.path), "compute": str(compute.path), "allreduce": str(allreduce.path)})
 
     def to_dict(self) -> dict:
@@ -157,11 +158,22 @@ class ModelAudit:
                 f"compute against communication: forward+backward alone {k['compute_ms']:.1f} ms (min "
                 f"{k['compute_ms_min']:.1f}, max {k['compute_ms_max']:.1f}); the all-reduce of the whole gradient "
                 f"{k['allreduce_ms']:.1f} ms measured ({k['allreduce_ms_line']:.1f} ms on the fitted line): ratio "
-                f"{k['compute_to_comm']:.2f} ("
-                + ("compute dominates: overlap can hide the communication" if k["compute_to_comm"] > 1 else
-                   "communication dominates: no overlap can hide it all") + ")",
+                f"{k['compute_to_comm']:.2f}", _overlap_bound(k, self.buckets["mib"].iloc[-1]),
                 "", "runs: " + ", ".join(f"{k} {v}" for k, v in self.paths.items())]
         return "\n".join(out)
+
+
+def _overlap_bound(k: dict, last_mib: float) -> str:
+    """What the compute-to-communication ratio can and cannot say: a bound, never a promise of overlap."""
+    tail = k["last_bucket_ms_line"]
+    floor = max(tail, k["allreduce_ms_line"] - k["compute_ms"])
+    said = ("compute outlasts the all-reduce, which is only what overlap needs, not proof that it happens"
+            if k["compute_to_comm"] > 1 else "the all-reduce outlasts compute: no overlap can hide all of it")
+    return (f"what the ratio means: {said}. Even perfect overlap leaves at least {floor:.1f} ms exposed: the last bucket "
+            f"({last_mib:.3f} MiB, {tail:.1f} ms on the fitted line) can start only once backward's compute has ended"
+            + (f", and {k['allreduce_ms_line'] - k['compute_ms']:.1f} ms of all-reduce outlast compute" if floor > tail else "")
+            + ". Whether the other buckets hide on this machine a ratio cannot say (on shared CPU cores their all-reduces "
+            "slow backward instead): `ddplab tune-buckets` measures it on paired steps.")
 
 
 def _names(names: list[str], shown: int = 6) -> str:

@@ -103,6 +103,20 @@ def test_the_split_tail_claim_is_contradicted_by_a_longer_tail_and_unresolved_on
     assert "the split lengthened the exposed tail" in said
 
 
+def test_the_split_compute_claim_holds_on_a_longer_backward_and_is_contradicted_by_a_shorter_one():
+    """C26's second half: the shorter tail did not come with less compute (last gradient ready later)."""
+    def arm(last, noise):
+        return lambda r, i, k: (120.0, last + noise("last", r, i), [(last, last + 10.0, 4096)])
+
+    def last_ready(split_last):
+        run = fake_sweep({"compute-only": compute(), "ddp:8": arm(50.0, noisy(7, 1.5)),
+                          "ddp-split:8": arm(split_last, noisy(8, 1.5))})
+        return bucket_sweep.steps(run, bucket_sweep.last_ready_ms, ["ddp:8", "ddp-split:8"])
+    assert bucket_sweep.judge_split_compute(last_ready(60.0), "ddp:8", "ddp-split:8").holds
+    assert bucket_sweep.judge_split_compute(last_ready(40.0), "ddp:8", "ddp-split:8").contradicted
+    assert bucket_sweep.judge_split_compute(last_ready(50.0), "ddp:8", "ddp-split:8").outcome == claims.UNRESOLVED
+
+
 def test_a_bucket_launched_before_the_last_gradient_contradicts_waiting_for_it():
     def run(launch):
         return fake_sweep({"compute-only": compute(), "ddp:64": synced(120.0, launch=launch)})

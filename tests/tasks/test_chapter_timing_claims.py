@@ -49,7 +49,7 @@ def test_a_line_that_misses_one_size_by_far_more_than_half_is_contradicted():
 
 def test_the_fit_on_wild_noise_cannot_resolve_rather_than_fail():
     rng = random.Random(2)
-    # each call 0.3x to 3x the line: the per-size medians' intervals straddle the +-50% band's edges
+    # each call 0.3x to 3x the line: the per-size medians' intervals straddle the +-25% band's edges
     # 16 calls a size: enough for a finite interval at claims.family(6), so "cannot resolve" is the noise's
     run = sweep_run({n: [LINE.predict(n) * 1e3 * 10 ** rng.uniform(-0.5, 0.5) for _ in range(16)] for n in SIZES})
     pooled, per_size = tables.comm.judge_fit(run, LINE)
@@ -154,3 +154,17 @@ def test_time_to_target_says_who_was_sooner_only_when_resolved():
     assert close.startswith("the two are too close to call")
     never = pd.DataFrame({"steps_to_target": [24, None]}, index=[8, 32])
     assert "never reached" in tables.global_batch.time_to_target(small, batch_run(32, [10.0] * 14), never)
+
+
+def test_bus_bandwidth_below_the_loopback_ceiling_holds_is_contradicted_and_cannot_resolve():
+    """C25: the measured bus bandwidth against one loopback stream's rate (notebook 03)."""
+    rng = random.Random(4)
+    run = sweep_run({n: [noisy(rng, LINE.predict(n) * 1e3, 0.1) for _ in range(30)] for n in SIZES}, world_size=4)
+    # the line's bus bandwidth at 32 MiB, the best size: 1.5 x 32 MiB / (0.5 ms + 33.6 ms), about 1.48 GB/s
+    verdict = tables.comm.judge_busbw_ceiling(run, 4e9)
+    assert verdict.holds and ("at 32 MiB" in verdict.claim or "at 16 MiB" in verdict.claim), verdict
+    assert "4.00 GB/s" in verdict.claim
+    assert tables.comm.judge_busbw_ceiling(run, 1e9).contradicted      # a ceiling below what the ranks reached
+    assert tables.comm.judge_busbw_ceiling(run, 1.48e9).outcome == claims.UNRESOLVED
+    with pytest.raises(ValueError, match="^ceiling_bytes_per_s"):
+        tables.comm.judge_busbw_ceiling(run, 0)

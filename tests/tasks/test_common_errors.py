@@ -49,7 +49,9 @@ def launch(shared_runs):
 def test_strong_runs_keep_the_global_batch_and_weak_runs_grow_it(launch, capsys):
     g = launch.groups
     verify_fixed_global_batch(g["strong"], g["weak"])
-    assert "verified: strong scaling: one global batch at every world size" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "the setup: strong scaling keeps the global batch at 32 on 1, 2, 4 ranks" in out
+    assert "verified: strong scaling: every step consumed its global batch of distinct examples" in out
     table = weak_as_strong(g["weak"], g["strong"])
     assert table.index.tolist() == [1, 2, 4]
     assert table["weak_global_batch"].tolist() == [8, 16, 32] and table["strong_global_batch"].tolist() == [32] * 3
@@ -62,14 +64,14 @@ def test_strong_runs_keep_the_global_batch_and_weak_runs_grow_it(launch, capsys)
 @pytest.mark.slow
 def test_weak_runs_fed_as_strong_scaling_fail_the_fixed_global_batch_check(launch):
     g = launch.groups
-    with pytest.raises(verify.CheckFailed, match="one global batch at every world size"):
+    with pytest.raises(ValueError, match="^strong_runs: strong scaling needs one global batch"):
         verify_fixed_global_batch(g["weak"], g["weak"])
 
 
 @pytest.mark.slow
 def test_strong_runs_fed_as_weak_scaling_fail_the_check(launch):
     g = launch.groups
-    with pytest.raises(verify.CheckFailed, match="the global batch changes with the world size"):
+    with pytest.raises(ValueError, match="^weak_runs: weak scaling grows the global batch"):
         verify_fixed_global_batch(g["strong"], g["strong"])
 
 
@@ -226,8 +228,13 @@ def test_fixed_batch_verdict_says_cannot_resolve_where_the_step_ranges_overlap()
     assert table.loc[2, "claimed_speedup"] == pytest.approx(2.0, abs=1e-3)   # twice the examples, same time
     assert (table.loc[2, "speedup_low"], table.loc[2, "speedup_high"]) == pytest.approx((10 / 8, 12 / 6), abs=1e-3)
     verify_fixed_global_batch(strong, weak)
-    with pytest.raises(verify.CheckFailed):
+    with pytest.raises(ValueError):
         verify_fixed_global_batch(weak, weak)
+    repeats = _scaling_run(g["strong"][-1], [9] * 5)   # 4 ranks that all read the first rank's ids
+    for r in repeats.ranks:
+        r.steps = repeats.ranks[0].steps
+    with pytest.raises(verify.CheckFailed, match="every step consumed its global batch of distinct examples"):
+        verify_fixed_global_batch([*strong[:-1], repeats], weak)
 
 
 def _state_table(measured, predicted, divided_by):
