@@ -66,7 +66,8 @@ class Reporter:
         self.tty = enabled and self.sink is None and not self.notebook and sys.stderr.isatty()
         self._tqdm = bar_class(self.notebook) if self.notebook or self.tty else None
         self.bars: dict = {}          # rank -> its tqdm bar, for the experiment `_bars_for` indexes
-        self._shown: dict = {}        # rank -> the display handle of its notebook bar
+        self._box = None              # in a notebook: one widget holding every rank's bar, shown once
+        self._box_handle = None       # its display handle: the final line replaces the bars there
         self._bars_for: int | None = None
         self._bars_shown = False
         self._line_open = False       # a terminal line without its newline yet
@@ -140,7 +141,6 @@ class Reporter:
             bar = self.bars.pop(r)
             bar.leave = False   # clear its own line (a left bar would draw over rank 0's)
             bar.close()
-            self._settle(r, "")
         for r in range(exp.world_size):
             if r in self.bars:
                 bar = self.bars[r]
@@ -154,37 +154,41 @@ class Reporter:
                 text = {"position": r, "bar_format": TEXT_BAR} if self.tty else {"display": False}
                 self.bars[r] = self._tqdm(total=total, desc=f"{header}rank {r}", unit=unit, leave=True,
                                           file=sys.stderr, **text)
-                if self.notebook:   # shown under a display id, so its last state can replace the widget
-                    from IPython.display import display
-
-                    self._shown[r] = display(self.bars[r].container, display_id=True)
+        if self.notebook:
+            self._show_box()
         self._bars_for, self._bars_shown = i, True
 
+    def _show_box(self) -> None:
+        """A notebook's bars live in one box under one display id, so that `finish` can put the final
+        line in their place: a saved notebook keeps that line, not a bar per rank."""
+        children = tuple(self.bars[r].container for r in sorted(self.bars))
+        if self._box is None:
+            from IPython.display import display
+            from ipywidgets import VBox
+
+            self._box = VBox(children)
+            self._box_handle = display(self._box, display_id=True)
+        elif self._box.children != children:
+            self._box.children = children
+
     def _close_bars(self) -> None:
-        """Close every bar in rank order (each leaves its last state on its own line)."""
+        """Close every bar in rank order (in a terminal each leaves its last state on its own line)."""
         bars, self.bars, self._bars_for = self.bars, {}, None
         for r in sorted(bars):
             try:
                 bars[r].close()
-                self._settle(r, str(bars[r]))
             except Exception:
                 pass
-
-    def _settle(self, rank: int, text: str) -> None:
-        """In a notebook, put a closed bar's last state, as text, where its widget was: a saved
-        notebook keeps that text (a widget's saved text is its first state, 0%)."""
-        handle = self._shown.pop(rank, None)
-        if handle is not None:
-            from IPython.display import Pretty
-
-            handle.update(Pretty(text))
 
     def finish(self, line: str) -> None:
         if not self.enabled:
             return
         self._close_bars()
         if self.notebook or self.sink is not None:
-            if self._bars_shown:
+            if self._box_handle is not None:
+                self._handle = self._box_handle   # the final line takes the bars' place
+                self._box = self._box_handle = None
+            elif self._bars_shown:
                 self._handle = None   # the final line goes below the bars, not up into the starting line
             self.update(line)
             return
