@@ -4,6 +4,7 @@ step time against the delay injected into one rank. Numbers from `tables/straggl
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
+from matplotlib.patches import Patch
 
 from . import canvas
 
@@ -13,10 +14,11 @@ RANK_COLORS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "
 def waits(tables: dict, title: str = "", link=None):
     """One row of boxes per run (`tables`: run name -> `compute_and_wait(run)`): for each rank, the
     per-step wait at the final bucket (left) and the rest of its step (right), over the run's steps;
-    `link` (the runs, or a caption) is named under the figure."""
+    a box's black line is its median, so a rank that never waits shows as a tick at 0. `title` replaces
+    the default one; `link` (the runs, or a caption) is named under the figure."""
     names = list(tables)
     ranks = sorted({r for t in tables.values() for r in t.index.get_level_values("rank")})
-    fig, axes = plt.subplots(1, 2, figsize=(11, 0.55 * len(names) * len(ranks) + 1.6), sharey=True,
+    fig, axes = plt.subplots(1, 2, figsize=(9, 0.5 * len(names) * len(ranks) + 1.9), sharey=True,
                              layout="constrained")
     height = 0.8 / len(ranks)
     for ax, column, label in ((axes[0], "wait_ms", "wait at the final bucket (ms)"),
@@ -25,19 +27,23 @@ def waits(tables: dict, title: str = "", link=None):
             data = [tables[n].xs(rank, level="rank")[column].tolist() for n in names]
             pos = [i + (j - (len(ranks) - 1) / 2) * height for i in range(len(names))]
             box = ax.boxplot(data, positions=pos, widths=height * 0.85, vert=False, patch_artist=True,
-                             manage_ticks=False, flierprops={"markersize": 3})
+                             manage_ticks=False, flierprops={"markersize": 3},
+                             medianprops={"color": "black", "linewidth": 1.8})
             for patch in box["boxes"]:
                 patch.set_facecolor(RANK_COLORS[j % len(RANK_COLORS)])
                 patch.set_alpha(0.75)
-            ax.plot([], [], "s", color=RANK_COLORS[j % len(RANK_COLORS)], label=f"rank {rank}")
         ax.set_xlabel(label)
         ax.grid(axis="x", alpha=0.3)
-        ax.set_xlim(left=0)
+        right = ax.get_xlim()[1]
+        ax.set_xlim(-0.02 * right, right)   # a little left of 0: a median at 0 stays visible
     axes[0].set_yticks(range(len(names)), names)
     axes[0].invert_yaxis()
-    axes[1].legend(loc="lower right", fontsize=9)
-    if title:
-        fig.suptitle(title)
+    handles = [Patch(color=RANK_COLORS[j % len(RANK_COLORS)], alpha=0.75, label=f"rank {rank}")
+               for j, rank in enumerate(ranks)]
+    fig.legend(handles=handles, loc="outside lower center", ncols=len(handles), fontsize=9, frameon=False,
+               title="boxes: the steps of one run (median, quartiles, whiskers to 1.5 IQR)", title_fontsize=8.5)
+    fig.suptitle(title or "Who waits for whom: per run and rank, the wait at the final bucket and the rest of the step",
+                 fontsize=10.5)
     canvas.name_link(fig, link)
     return fig
 

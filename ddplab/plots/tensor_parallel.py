@@ -53,6 +53,6 @@ def step_times(runs, detached: bool = False):
         ax.grid(axis="x", alpha=0.3)
     handles = [Patch(color=c, label=w) for w, c in WAYS.items()]
     handles.append(Patch(fill=False, hatch="///", label="waiting for communication"))
-    fig.legend(handles=handles, loc="outside lower center", ncol=len(handles), fontsize=8, frameon=False)
+    fig.legend(handles=handles, loc="outside upper center", ncol=len(handles), fontsize=8.5, frameon=False)
     name_link(fig, runs)
     return fig

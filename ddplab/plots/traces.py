@@ -15,6 +15,8 @@ PHASE_LABELS = {"barrier": "ddplab:barrier (waiting for every rank)", "forward":
                 "backward": "ddplab:backward", "optimizer": "ddplab:optimizer"}
 ALL_REDUCE_COLORS = ("#d62728", "#ff9896")   # consecutive all-reduces alternate, so none hides the next
 LAUNCH_COLOR = "black"
+PAUSE_COLOR = "#6a3d9a"   # the injected pause
+WAIT_COLOR = "black"     # a bucket waiting for its peer
 
 
 def _lanes(events) -> list[tuple[int, str]]:
@@ -29,11 +31,70 @@ def _lanes(events) -> list[tuple[int, str]]:
     return lanes
 
 
-def _lane_label(rank: int, thread: str, lanes) -> str:
+def _lane_label(rank: int, thread: str, lanes, events) -> str:
+    """"main thread", or what the lane's thread is: a gloo worker (whatever the trace called the thread:
+    gloo runs its collectives on threads of its own, and one Python started keeps Python's name), else
+    the trace's name for it; numbered per rank in the order they started work."""
     if thread == "main":
         return f"rank {rank}\nmain thread"
     others = [t for r, t in lanes if r == rank and t != "main"]
-    return f"rank {rank}\n{thread.rsplit(' ', 1)[0]} {others.index(thread) + 1}"
+    names = set(events.loc[(events["rank"] == rank) & (events["thread"] == thread), "name"])
+    what = "gloo worker" if names and all(n.startswith("gloo:") for n in names) else thread.rsplit(" ", 1)[0]
+    return f"rank {rank}\n{what} {others.index(thread) + 1}"
+
+
+def _mark_pause(ax, run, events, y) -> None:
+    """The injected straggler's pause (`Experiment.straggler`), where the trace shows it as a gap on the
+    slow rank's main thread: before its backward (between forward and backward), or a late batch
+    (between the barrier and the forward). A delay inside compute leaves no gap, so no mark."""
+    straggler = getattr(run.spec, "straggler", None)
+    if straggler is None or straggler.where not in ("before-backward", "data"):
+        return
+    mine = events[(events["rank"] == straggler.rank) & events["main_thread"]]
+    spans = {k: mine[mine["kind"] == k] for k in ("barrier", "forward", "backward")}
+    if straggler.where == "before-backward" and len(spans["forward"]) and len(spans["backward"]):
+        start, end = spans["forward"]["end_ms"].iloc[0], spans["backward"]["start_ms"].iloc[0]
+    elif straggler.where == "data" and len(spans["barrier"]) and len(spans["forward"]):
+        start, end = spans["barrier"]["end_ms"].iloc[0], spans["forward"]["start_ms"].iloc[0]
+    else:
+        return
+    lane = y[(straggler.rank, "main")]
+    ax.annotate("", xy=(start, lane), xytext=(end, lane),
+                arrowprops={"arrowstyle": "<->", "color": PAUSE_COLOR, "lw": 1.5, "shrinkA": 0, "shrinkB": 0})
+    ax.text((start + end) / 2, lane - 0.12, f"rank {straggler.rank} pauses {end - start:.1f} ms (the straggler)",
+            ha="center", va="bottom", fontsize=8.5, color=PAUSE_COLOR, fontweight="bold")
+
+
+def _mark_waiting_bucket(ax, events, y) -> None:
+    """The first all-reduce of the rank that launched first, on its worker lane, and the moment the last
+    rank launched the same all-reduce (gloo matches collectives in launch order): the bucket waits on
+    the worker thread from its start until the last rank has joined. Marked where that wait is more
+    than 5% of the step's span (with ranks that launch together there is nothing to see)."""
+    launches = events[(events["kind"] == "all_reduce") & events["main_thread"]]
+    running = events[(events["kind"] == "all_reduce") & ~events["main_thread"]]
+    if launches["rank"].nunique() < 2 or running.empty:
+        return
+    first = launches.groupby("rank")["start_ms"].min()
+    early, late = first.idxmin(), first.idxmax()
+    mine = running[running["rank"] == early].sort_values("start_ms")
+    if mine.empty:
+        return
+    bucket = mine.iloc[0]
+    joined = first[late]
+    span = events["end_ms"].max() - events["start_ms"].min()
+    if joined - bucket["start_ms"] < 0.05 * span:   # the ranks launched together: nothing worth marking
+        return
+    lane, peer = y[(early, bucket["thread"])], y[(late, "main")]
+    tip = lane + 0.38 if lane < peer else lane - 0.38   # the bar's edge that faces the peer's launch marks
+    ax.annotate("", xy=(joined, tip), xytext=(joined, peer - 0.5),
+                arrowprops={"arrowstyle": "->", "color": WAIT_COLOR, "lw": 1.3, "ls": "--"})
+    text = f"first bucket: its all-reduce waits {joined - bucket['start_ms']:.1f} ms for rank {late} to join (▼)"
+    if bucket["dur_ms"] > 0.5 * span:   # room inside the bar
+        ax.text(bucket["start_ms"] + 0.01 * span, lane, text, ha="left", va="center", fontsize=8.5, color="white",
+                fontweight="bold", clip_on=True)
+    else:   # beside the arrow, on a white ground
+        ax.text(joined + 0.01 * span, (lane + peer) / 2, text, ha="left", va="center", fontsize=8.5, color=WAIT_COLOR,
+                fontweight="bold", clip_on=True, bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.85})
 
 
 def _names(events) -> str:
@@ -53,7 +114,7 @@ def trace_timeline(run, step: int | None = None, detached: bool = False):
     events = events[events["step"] == step]
     lanes = _lanes(events)
     y = {lane: i for i, lane in enumerate(lanes)}
-    fig, ax = subplots((10, 0.55 * len(lanes) + 2.0), detached=detached)
+    fig, ax = subplots((9, 0.55 * len(lanes) + 2.0), detached=detached)
     fig.set_layout_engine("constrained")
     shown = set()
     for (rank, thread), i in y.items():
@@ -78,7 +139,9 @@ def trace_timeline(run, step: int | None = None, detached: bool = False):
     for i in range(1, len(lanes)):   # a rule between ranks
         if lanes[i][0] != lanes[i - 1][0]:
             ax.axhline(i - 0.5, color="#969696", lw=0.8)
-    ax.set_yticks(range(len(lanes)), [_lane_label(r, t, lanes) for r, t in lanes], fontsize=8)
+    ax.set_yticks(range(len(lanes)), [_lane_label(r, t, lanes, events) for r, t in lanes], fontsize=8)
+    _mark_pause(ax, run, events, y)
+    _mark_waiting_bucket(ax, events, y)
     ax.set_ylim(len(lanes) - 0.4, -0.7)
     ax.set_xlabel("ms after the rank left the step's barrier (the barrier releases every rank at once)")
     ax.grid(axis="x", alpha=0.3)
@@ -97,6 +160,6 @@ def trace_timeline(run, step: int | None = None, detached: bool = False):
         alternates = ";\nshade alternates" if reduces.groupby(["rank", "thread"]).size().max() > 1 else ""
         handles.append(Patch(color=ALL_REDUCE_COLORS[0], label=f"all-reduce running ({_names(reduces)}{alternates})"))
     handles.append(Line2D([], [], color="black", lw=1, ls="--", label="barrier released: t = 0 on every rank"))
-    fig.legend(handles=handles, loc="outside upper center", ncol=4, fontsize=8, frameon=False)
+    fig.legend(handles=handles, loc="outside upper center", ncol=3, fontsize=8, frameon=False)
     name_link(fig, run)
     return fig

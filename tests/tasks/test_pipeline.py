@@ -330,6 +330,32 @@ def test_timeline_figure_has_one_panel_per_schedule():
         ["2 stages: peak saved activations per stage"]
 
 
+def test_coinciding_activation_lines_are_drawn_once_and_named_together():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from ddplab.plots import pipeline as plots
+
+    ax = plots.activation_memory([EVEN], detached=True).axes[0]
+    # GPipe keeps all m microbatches on both stages (equal bytes): one line; 1F1B min(m, p - stage): two
+    assert [t.get_text() for t in ax.texts] == ["stages 0-1", "stage 0", "stage 1"]
+    assert len([line for line in ax.get_lines() if line.get_linestyle() == "-"]) == 1
+
+
+def test_the_bubble_formula_lies_under_the_replay_and_the_measurement():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from ddplab.plots import pipeline as plots
+
+    ax = plots.bubble_vs_microbatches([EVEN], detached=True).axes[0]
+    formula = [line for line in ax.get_lines() if line.get_color() == plots.FORMULA_COLOR]
+    others = [line for line in ax.get_lines() if line.get_color() != plots.FORMULA_COLOR]
+    assert len(formula) == 1 and formula[0].get_linewidth() > max(line.get_linewidth() for line in others)
+    assert formula[0].get_zorder() < min(line.get_zorder() for line in others)
+    assert len([line for line in others if line.get_linestyle() == ":"]) == 2   # a replay per schedule
+
+
 # ---- the stage pieces, in this process ------------------------------------------------------------------
 def test_the_stages_chained_are_the_unsplit_model_and_own_each_parameter_once():
     import torch

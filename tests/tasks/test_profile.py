@@ -100,6 +100,44 @@ def test_a_run_without_the_profile_probe_has_no_traces_to_read():
         tables.trace_events(run)
 
 
+def straggler_trace(rank: int) -> dict:
+    """Step 1 of a 2-rank straggler, in µs after 0: both ranks leave the barrier at 10 ms and run a 10 ms
+    forward; rank 1 then pauses 45 ms before its backward, so rank 0's first all-reduce (on its gloo thread,
+    from 36 ms) waits until rank 1 launches the same all-reduce at 80 ms."""
+    ms = 1000.0
+    late = rank == 1
+    names = [{"ph": "M", "name": "thread_name", "pid": 1, "tid": 2, "args": {"name": "thread 2 (python3)"}}]
+    events = [X("ProfilerStep#1", 0, 100 * ms), X("ddplab:barrier", 5 * ms, 5 * ms),
+              X("ddplab:forward", 20 * ms, 10 * ms),
+              X("ddplab:backward", (75 if late else 30) * ms, (15 if late else 60) * ms),
+              X("c10d::allreduce_", (80 if late else 35) * ms, 0.2 * ms, cat="cpu_op"),
+              X("gloo:all_reduce", (81 if late else 36) * ms, (4 if late else 49) * ms, tid=2),
+              X("ddplab:optimizer", 90 * ms, 5 * ms)]
+    return {"distributedInfo": {"backend": "gloo", "rank": rank, "world_size": 2}, "baseTimeNanoseconds": BASE_NS,
+            "traceEvents": names + events}
+
+
+def test_the_timeline_names_gloo_workers_and_marks_the_pause_and_the_bucket_that_waits(tmp_path):
+    import json
+
+    from ddplab.spec import Straggler
+
+    for rank in (0, 1):
+        (tmp_path / f"rank{rank}.json").write_text(json.dumps(straggler_trace(rank)))
+    run = types.SimpleNamespace(
+        spec=types.SimpleNamespace(name="straggler", probes=("profile",), straggler=Straggler(rank=1, ms=45.0)),
+        path=tmp_path, ranks=[types.SimpleNamespace(rank=r, result=types.SimpleNamespace(
+            profile=types.SimpleNamespace(trace=f"rank{r}.json"))) for r in (0, 1)])
+    ax = plots.trace_timeline(run, step=1).axes[0]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["rank 0\nmain thread", "rank 0\ngloo worker 1",
+                                                            "rank 1\nmain thread", "rank 1\ngloo worker 1"]
+    texts = [t.get_text() for t in ax.texts]
+    assert "rank 1 pauses 45.0 ms (the straggler)" in texts, texts
+    assert any("waits 44.0 ms for rank 1 to join" in t for t in texts), texts   # from 36 ms to rank 1's launch at 80
+    run.spec.straggler = None   # the same trace without a straggler in the spec: no pause to mark
+    assert not any("pauses" in t.get_text() for t in plots.trace_timeline(run, step=1).axes[0].texts)
+
+
 # ---- a real 2-rank run ----------------------------------------------------------------------------------
 # 3 steps (step 0 is the profiler's warm-up), Adam as in chapter 02, buckets small enough for several
 share("profile", lambda: [ddplab.Experiment(name="profile", world_size=2, local_batch=4, seq_len=8, steps=3,
@@ -191,7 +229,7 @@ def test_the_merged_timeline_names_every_mark_it_draws(profiled, tmp_path):
     lanes = [t.get_text() for t in fig.axes[0].get_yticklabels()]
     for rank in (0, 1):   # the main thread, then gloo's worker threads, which run two all-reduces at once
         mine = [lane.split("\n")[1] for lane in lanes if lane.startswith(f"rank {rank}\n")]
-        assert mine[0] == "main thread" and mine[1] == "pt_gloo_runloop 1", lanes
+        assert mine[0] == "main thread" and mine[1] == "gloo worker 1", lanes
     fig.savefig(tmp_path / "trace_timeline.png")
     with pytest.raises(ValueError, match=r"step 0 was not profiled .* \[1, 2\]"):
         plots.trace_timeline(profiled, step=0)
