@@ -74,3 +74,21 @@ def test_every_chapter_has_a_collapsible_knowledge_check_and_a_blank_self_test(p
     assert any("<details>" in s and "Answer guide" in s for s in md)
     tests = ["".join(c["source"]) for c in _code_cells(path) if "self_tests.check(" in "".join(c["source"])]
     assert tests and all(re.search(r"^my_\w+ = None\b", s, re.MULTILINE) for s in tests)
+
+
+def _output_text(o) -> str:
+    return "".join(o.get("text", [])) + "".join("".join(v) if isinstance(v, list) else str(v)
+                                               for k, v in o.get("data", {}).items() if k.startswith("text/"))
+
+
+@pytest.mark.parametrize("path", [*sorted((ROOT / "notebooks").glob("*.ipynb")), ROOT / "exercises" / "audit_data_parallel.ipynb"],
+                         ids=lambda p: p.name)
+def test_stored_outputs_hold_no_progress_bars_and_no_empty_outputs(path):
+    """Issue 32: a learner opening a chapter sees what the run said, not a frozen bar per rank or blank
+    outputs (progress.Reporter replaces a notebook's bars with the run's final line)."""
+    cells = json.loads(path.read_text())["cells"]
+    bars = [i for i, c in enumerate(cells) for o in c.get("outputs", []) if re.search(r"rank \d+: +\d+%\|", _output_text(o))]
+    empty = [i for i, c in enumerate(cells) for o in c.get("outputs", [])
+             if o["output_type"] in ("stream", "display_data", "execute_result") and not _output_text(o).strip()
+             and not any(k.startswith(("image/", "application/")) for k in o.get("data", {}))]
+    assert (bars, empty) == ([], [])
