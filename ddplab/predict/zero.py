@@ -18,7 +18,8 @@ With the paper's 7.5 B parameters on 64 devices: 120, 31.4, 16.6 and 1.9 GB (GB 
 `zero_stages(psi, n_devices)` is the call a learner makes with their own model size. For a real model
 ZeRO-1 is exact only with the framework's partition rule: torch's `ZeroRedundancyOptimizer` gives whole
 parameter tensors to ranks (`predict.memory.zero1_owners`), so ranks differ; `zero1_exact` says by how
-much. Used by notebook 09.
+much. `zero1_step_bytes` is ZeRO-1's traffic in torch: the optimizer step's broadcasts, beside DDP's
+all-reduce, which ZeRO-1 keeps. Used by notebooks 02 and 09.
 """
 
 from __future__ import annotations
@@ -95,3 +96,20 @@ def zero1_exact(numels: list[int], world_size: int, state_bytes_per_element: int
     for n, owner in zip(numels, zero1_owners(numels, world_size)):
         per_rank[owner] += n * state_bytes_per_element + per_tensor_bytes
     return per_rank
+
+
+def zero1_step_bytes(parameter_bytes: int, world_size: int) -> dict[str, float]:
+    """What torch's ZeRO-1 (`ZeroRedundancyOptimizer` around a DDP model) sends per step, summed over the
+    ranks, in bytes: DDP's ring all-reduce of the gradients, 2(D-1)/D x G on each rank, unchanged; then
+    `step()` broadcasts every rank's updated shard to the others, so each byte of the parameters reaches
+    D - 1 ranks once: (D - 1) x P in all, whatever tree the broadcast uses. Per rank on average that is
+    (D - 1)/D x P, half the all-reduce's when P = G (fp32 gradients): ZeRO-1 in torch sends 1.5x DDP's
+    bytes, where the ZeRO paper's reduce-scatter + all-gather keeps DDP's 2(D-1)/D x G."""
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size: must be a positive integer (got {world_size!r})")
+    if not parameter_bytes > 0:
+        raise ValueError(f"parameter_bytes: the model's parameter bytes, positive (got {parameter_bytes!r})")
+    all_reduce = world_size * 2 * (world_size - 1) / world_size * parameter_bytes
+    broadcast = (world_size - 1) * parameter_bytes
+    return {"all_reduce": all_reduce, "broadcast": broadcast, "over_ddp": (all_reduce + broadcast) / all_reduce
+            if all_reduce else math.nan}

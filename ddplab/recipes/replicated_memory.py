@@ -28,6 +28,8 @@ def memory_sweeps(global_batch: int = 16, world_sizes=(1, 2, 4)) -> dict[str, li
 
 
 def sharding_preview(world_size: int = 4, local_batch: int = 4) -> list[Experiment]:
-    """Notebook 02: the same model and step with DDP, ZeRO-1 and FSDP2 (all on gloo)."""
-    return [memory_ledger(world_size, local_batch, "adam", sharding=s, name=f"sharding-{s}")
+    """Notebook 02: the same model and step with DDP, ZeRO-1 and FSDP2 (all on gloo); DDP and ZeRO-1 also
+    count the bytes each rank writes in backward and in the optimizer step (ZeRO-1's broadcast)."""
+    return [memory_ledger(world_size, local_batch, "adam", sharding=s, name=f"sharding-{s}",
+                          probes=("memory", "bytes") if s != "fsdp2" else ("memory",))
             for s in ("none", "zero1", "fsdp2")]

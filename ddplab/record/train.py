@@ -20,6 +20,7 @@ class TrainStep(Timeline):
     backward: Backward | None = None           # readiness probe: the last micro-step's backward
     buckets: list[BucketEvent] | None = None   # buckets probe: every bucket launched in the step
     write_bytes: int | None = None             # bytes probe: written by this process during the last backward
+    optimizer_write_bytes: int | None = None   # bytes probe: written during the optimizer step (ZeRO-1's broadcast)
     activation_bytes: list[int] | None = None  # activations probe: saved for backward, per micro-step
 
 

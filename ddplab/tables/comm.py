@@ -9,8 +9,8 @@ import statistics
 
 import pandas as pd
 
-from .. import claims
-from ..predict import comm
+from .. import claims, verify
+from ..predict import comm, zero
 from ..units import MIB, rel_error, size_label
 from .reads import reading
 
@@ -121,6 +121,39 @@ def bytes_on_wire(runs) -> pd.DataFrame:
                      "written_mib_per_rank": written / MIB, "ring_formula_mib": formula / MIB,
                      "ratio": written / formula})
     return pd.DataFrame(rows).set_index("world_size")
+
+
+def zero1_traffic(ddp_run, zero_run) -> pd.DataFrame:
+    """Per run (DDP, then ZeRO-1 around the same model), summed over its ranks: the bytes written during
+    the synchronized backward and during the optimizer step (the bytes probe), beside
+    `predict.zero.zero1_step_bytes` (all-reduce and broadcast, from the parameter bytes), in MiB."""
+    rows = []
+    for run in (ddp_run, zero_run):
+        if run.spec.task.kind != "train" or "bytes" not in run.spec.probes:
+            raise ValueError(f"run {run.spec.name!r}: zero1_traffic reads train runs with the bytes probe")
+        last = [r.steps[-1] for r in run.ranks]
+        predicted = zero.zero1_step_bytes(run.ranks[0].model.payload_bytes, run.world_size)
+        rows.append({"run": run.spec.name, "sharding": run.spec.sharding, "world_size": run.world_size,
+                     "backward_mib": sum(s.write_bytes for s in last) / MIB,
+                     "optimizer_step_mib": sum(s.optimizer_write_bytes for s in last) / MIB,
+                     "all_reduce_predicted_mib": predicted["all_reduce"] / MIB,
+                     "broadcast_predicted_mib": predicted["broadcast"] / MIB if run.spec.sharding == "zero1" else 0.0})
+    table = pd.DataFrame(rows).set_index("sharding")
+    table["total_mib"] = table["backward_mib"] + table["optimizer_step_mib"]
+    return table
+
+
+def verify_zero1_traffic(table: pd.DataFrame, rel: float = 0.02) -> None:
+    """On a `zero1_traffic` table: both runs' backwards write the ring all-reduce's bytes (ZeRO-1 keeps
+    DDP's all-reduce), ZeRO-1's optimizer step writes the broadcast's (D - 1) x P, within `rel` (headers),
+    and DDP's step next to nothing (under 1% of the all-reduce). Raises `verify.CheckFailed` otherwise."""
+    verify.close("both runs' backwards write DDP's ring all-reduce, summed over the ranks (MiB)",
+                 table["backward_mib"], table["all_reduce_predicted_mib"], rel=rel)
+    verify.close("ZeRO-1's optimizer step writes the broadcast of every rank's shard to the others, (D - 1) x "
+                 "the parameter bytes (MiB, summed over the ranks)", table.loc["zero1", "optimizer_step_mib"],
+                 table.loc["zero1", "broadcast_predicted_mib"], rel=rel)
+    verify.below("DDP's optimizer step sends nothing (MiB written, over the all-reduce's)",
+                 table.loc["none", "optimizer_step_mib"] / table.loc["none", "all_reduce_predicted_mib"], 0.01)
 
 
 @reading(run="train")

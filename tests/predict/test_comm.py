@@ -54,3 +54,34 @@ def test_fit_never_returns_a_negative_start_up_cost():
     times = [n * 1e-9 * 1.02 ** i for i, n in enumerate(sizes)]  # time per byte creeping up: alpha < 0 unconstrained
     model = comm.fit(sizes, times)
     assert model.alpha_s == 0 and model.beta_s_per_byte > 0
+
+
+def test_zero1_in_torch_sends_one_and_a_half_times_ddps_bytes_at_any_world_size():
+    from ddplab.predict.zero import zero1_step_bytes
+
+    for d in (2, 3, 4, 8):
+        got = zero1_step_bytes(1000, d)
+        assert got["all_reduce"] == pytest.approx(2 * (d - 1) * 1000) and got["broadcast"] == (d - 1) * 1000
+        assert got["over_ddp"] == pytest.approx(1.5)
+    with pytest.raises(ValueError, match="^world_size"):
+        zero1_step_bytes(1000, 0)
+
+
+def _traffic(zero_step_mib, ddp_step_mib=0.0004, backward_mib=19.72):
+    import pandas as pd
+    return pd.DataFrame({"backward_mib": [backward_mib, backward_mib], "optimizer_step_mib": [ddp_step_mib, zero_step_mib],
+                         "all_reduce_predicted_mib": [19.705, 19.705], "broadcast_predicted_mib": [0.0, 9.8525]},
+                        index=pd.Index(["none", "zero1"], name="sharding"))
+
+
+def test_the_zero1_traffic_check_fails_on_a_step_without_the_broadcast_or_a_changed_all_reduce():
+    """Notebook 02's check on the bytes probe: a ZeRO-1 whose step sent nothing (the paper's accounting
+    read as torch's), one that sent D x P instead of (D - 1) x P, a backward that shrank, or a DDP step
+    that sent something, all fail."""
+    from ddplab.tables.comm import verify_zero1_traffic
+    from ddplab.verify import CheckFailed
+
+    verify_zero1_traffic(_traffic(9.87))
+    for wrong in (_traffic(0.0004), _traffic(9.87 * 4 / 3), _traffic(9.87, backward_mib=14.8), _traffic(9.87, ddp_step_mib=1.0)):
+        with pytest.raises(CheckFailed):
+            verify_zero1_traffic(wrong)

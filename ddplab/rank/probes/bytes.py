@@ -1,8 +1,9 @@
-"""Bytes this rank really sends: what the process wrote during its synchronized backward.
+"""Bytes this rank really sends: what the process wrote during its synchronized backward, and during
+the optimizer step (where ZeRO-1's `ZeroRedundancyOptimizer` broadcasts each rank's updated shard).
 
 Linux `/proc/self/io` `wchar` counts every byte written by every thread of the process, gloo's
 `writev` to the other ranks included; on one host that is the traffic the ring all-reduce formula
-2(D-1)/D x payload predicts (notes/ddp-internals.md, section 2). Used by notebook 03.
+2(D-1)/D x payload predicts (notes/ddp-internals.md, section 2). Used by notebooks 02 and 03.
 """
 
 from __future__ import annotations
@@ -22,10 +23,13 @@ def io_write_bytes() -> int:
 
 
 class BytesProbe(Probe):
-    """Fills `TrainStep.write_bytes`: bytes written during the step's last backward."""
+    """Fills `TrainStep.write_bytes` (bytes written during the step's last backward) and
+    `TrainStep.optimizer_write_bytes` (during its optimizer step)."""
 
     name = "bytes"
     written: int | None = None   # None until a backward has run
+    stepped: int | None = None   # None until an optimizer step has run
+    _before_step = 0
 
     @contextlib.contextmanager
     def backward(self, micro: int, last: bool):
@@ -33,5 +37,11 @@ class BytesProbe(Probe):
         yield
         self.written = io_write_bytes() - before
 
+    def before_optimizer(self, step: int) -> None:
+        self._before_step = io_write_bytes()
+
+    def after_optimizer(self, step: int) -> None:
+        self.stepped = io_write_bytes() - self._before_step
+
     def step_fields(self, step: int) -> dict:
-        return {"write_bytes": self.written}
+        return {"write_bytes": self.written, "optimizer_write_bytes": self.stepped}
