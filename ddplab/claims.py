@@ -142,10 +142,14 @@ def _decide(claim, center, low, high, n, what, unit, alpha, above, below, within
             nearest = min(edges, key=lambda e: abs(center - e))
             margin = abs(center - nearest)
             half = center - low if nearest < center else high - center   # the side that faces the edge
+            band = within is not None   # a band has no "effect" to grow: only its edge and the noise
             if margin > 0 and scale_rounds and half / margin <= 10:
                 need = max(math.ceil(n * (half / margin) ** 2), n + 1)
-                advice = (f"about {need} rounds (not {n}) or an effect {half / margin:.1f}x larger would resolve it, "
-                          "noise staying as it is")
+                advice = (f"about {need} rounds (not {n})" + ("" if band else f" or an effect {half / margin:.1f}x larger")
+                          + " would resolve it, noise staying as it is")
+            elif margin > 0 and scale_rounds and band:
+                advice = (f"the median sits {_g(margin)}{u} from the band's edge {nearest:.3g}: it would take over 100x "
+                          f"the rounds (not {n}) to tell on which side it lies")
             elif margin > 0 and scale_rounds:
                 advice = (f"no effect shows above the noise here: it would take over 100x the rounds (not {n}) or an "
                           "effect over 10x larger, the median sitting this near the claim's edge")

@@ -3,7 +3,8 @@
     my_answer_gb = None   # your answer to question 1
     self_tests.check("02.1", my_answer_gb, spec=main)
 
-and the lab says "not answered yet", "correct", or "not quite" with how far off the answer is and a hint.
+and the lab says "not answered yet", "correct", or "not quite" (too high, too low, or which entries differ)
+with a hint.
 The expected value is computed here, by the lab's own models (or from a count the notebook measured and
 passes in), so the learner's cell never shows it. `QUESTIONS[key].guide` is the answer the chapter's
 folded answer guide gives: `tests/notebooks/test_self_tests.py` checks that each guide's answer equals
@@ -81,9 +82,9 @@ QUESTIONS: dict[str, Question] = {
         guide=40, phrase="= 40 ms", hint="each bucket costs alpha + its MiB x 2 ms; add the sixteen"),
     "06.1": Question(
         "question 1: [global batch, all-reduces per bucket per optimizer step]",
-        lambda all_reduces_per_bucket: [Experiment(world_size=8, local_batch=4, accum_steps=16).global_batch,
-                                        all_reduces_per_bucket],
-        guide=[512, 1], phrase="= 512 examples; one all-reduce per bucket", needs=("all_reduces_per_bucket",),
+        lambda all_reduces_per_step, buckets: [Experiment(world_size=8, local_batch=4, accum_steps=16).global_batch,
+                                              all_reduces_per_step / buckets],
+        guide=[512, 1], phrase="= 512 examples; one all-reduce per bucket", needs=("all_reduces_per_step", "buckets"),
         hint="multiply the three factors; with no_sync only the last micro-step's backward all-reduces"),
     "07.3": Question(
         "question 3: eight 512-token sequences, t = 2 + 0.01 x tokens + 0.0001 x sum of squares (ms)",
@@ -144,12 +145,9 @@ def _same(a, b) -> bool:
 
 
 def _how_far(answer, value) -> str:
-    """How far a wrong answer is from the lab's, without saying the lab's value."""
-    if _number(answer) and _number(value):
-        gap = answer - value
-        side = "too high" if gap > 0 else "too low"
-        rel = f" ({abs(gap) / abs(value):.0%} of the answer)" if value else ""
-        return f"{_fmt(abs(gap))} {side}{rel}"
+    """Where a wrong answer is against the lab's, without saying the lab's value or the distance to it."""
+    if _number(answer) and _number(value):   # the side only: a gap would give the answer away
+        return "too high" if answer > value else "too low"
     if isinstance(answer, list) and isinstance(value, list):
         if len(answer) != len(value):
             return f"{len(answer)} entries where {len(value)} are due"
@@ -161,7 +159,7 @@ def _how_far(answer, value) -> str:
 
 def check(key: str, answer, **values) -> bool | None:
     """The learner's `answer` to question `key`: prints "not answered yet", "correct", or "not quite"
-    (how far off, and the hint), and returns None, True or False; never fails the notebook for the
+    (which side, and the hint), and returns None, True or False; never fails the notebook for the
     learner's answer."""
     q = _question(key)
     value = expected(key, **values)

@@ -70,7 +70,7 @@ def judge(ev, exp, runs) -> list[Finding]:
                    f"rank {bad[0]}'s local gradient of {name}[{i}] in a re-run of your check case (seed {exp.seed}, "
                    f"local batches {b}) is not the {local[bad[0]]:.9g} you wrote, beyond float32 rounding: read it "
                    f"with float(...) off case.tensors({bad[0]})['local'], not off a printed table")]
-    ok = same(reduced, reduced_true)
+    ok = reduced_ok = same(reduced, reduced_true)
     if ok:
         msg = (f"{reduced_true:.9g}: the mean of the {exp.world_size} local gradients (DDP sums them and divides by "
                f"the world size, folding 1/{exp.world_size} into the copy into the bucket)")
@@ -85,7 +85,8 @@ def judge(ev, exp, runs) -> list[Finding]:
     ok = same(glob, ref_true)
     if ok:
         msg = (f"{ref_true:.9g}: the one-process gradient of all {sum(b)} examples, the local gradients weighted by "
-               f"b_r / B; DDP's reduced value ({reduced_true:.9g}) differs from it because the batches are unequal")
+               f"b_r / B; DDP's reduced value" + (f" ({reduced_true:.9g})" if reduced_ok else "")   # never another row's answer
+               + " differs from it because the batches are unequal")
     elif abs(glob - mean) <= tol:
         msg = (f"{glob:.9g} is the unweighted mean of the ranks' mean gradients (DDP's reduced value): with unequal "
                f"local batches a rank with more examples must count more; the global-batch gradient is "

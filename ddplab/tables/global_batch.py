@@ -1,7 +1,7 @@
 """Tables of global-batch semantics (notebook 06): accumulation with and without no_sync, strong and
 weak scaling, two global batch sizes at a matched example budget, and the examples each optimizer
 step actually consumed, counted from the ranks' records (`verify_distinct_examples`: the chapter's check).
-Timing claims between two global batches are judged by `claims` on per-step values (`judge_*`)."""
+Step times of separate runs are shown, not judged: they did not run interleaved, so no paired claim holds."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import statistics
 
 import pandas as pd
 
-from .. import claims, verify
+from .. import verify
 from ..units import MIB
 from .gradients import check
 from .reads import reading
@@ -123,43 +123,3 @@ def batch_size_study(runs, target_loss: float, bin_examples: int = 64) -> pd.Dat
                      "seconds_to_target": examples / g * step_s if examples else None,
                      "final_loss": float(curve.iloc[-1])})
     return pd.DataFrame(rows).set_index("global_batch").round(3)
-
-
-def _step_pairs(small, big, warmup: int = 2) -> tuple[list[float], list[float]]:
-    """Step times (slowest rank, ms) of two runs of one launch, paired step by step: every step of the
-    run with fewer steps against as many of the other's last steps (nearest in time when the longer
-    run went first). The runs ran one after the other, seconds apart, not interleaved."""
-    a, b = small.step_ms(warmup), big.step_ms(warmup)
-    n = min(len(a), len(b))
-    return a[-n:] if len(a) > n else a, b[:n]
-
-
-def judge_throughput(small, big, warmup: int = 2):
-    """The claim "the bigger global batch processes more examples per second", judged on per-step
-    ratios of examples/s (`_step_pairs`)."""
-    gs, gb = small.spec.global_batch, big.spec.global_batch
-    a, b = _step_pairs(small, big, warmup)
-    return claims.paired(f"global batch {gb} processes more examples per second than global batch {gs} "
-                         "(per-step ratio of examples/s)", [gb / t for t in b], [gs / t for t in a], ratio=True, above=1.0)
-
-
-def time_to_target(small, big, table: pd.DataFrame, warmup: int = 2) -> str:
-    """One sentence for this run: which global batch reached the target loss sooner in seconds
-    (steps to target, from the loss curve, times each paired step's time), judged by `claims` both
-    ways (`small`'s seconds minus `big`'s: above 0, `big` was sooner; below, `small` was), or too
-    close to call here."""
-    gs, gb = small.spec.global_batch, big.spec.global_batch
-    ns, nb = table.loc[gs, "steps_to_target"], table.loc[gb, "steps_to_target"]
-    if pd.isna(ns) or pd.isna(nb):
-        return "one of the two never reached the target loss, so there is no time to compare"
-    a, b = _step_pairs(small, big, warmup)
-    v = claims.paired(f"global batch {gb} reaches the target loss sooner than {gs}", [ns * t / 1e3 for t in a],
-                      [nb * t / 1e3 for t in b], above=0.0, unit="s")
-    if v.outcome == claims.HOLDS:
-        said = f"global batch {gb} reached it sooner"
-    elif v.outcome == claims.CONTRADICTED:
-        said = f"global batch {gs} reached it sooner"
-    else:
-        said = "the two are too close to call on this run"
-    return (f"{said} (seconds to target at global batch {gs} minus at {gb}: median {v.center:+.3f} s over {v.n} "
-            f"paired steps, {100 * (1 - 2 * v.alpha):.3g}% interval [{v.low:+.3f}, {v.high:+.3f}] s)")

@@ -5,7 +5,6 @@ each holds on data made to satisfy it, is contradicted on data made to break it,
 import random
 from types import SimpleNamespace
 
-import pandas as pd
 import pytest
 
 from ddplab import claims, record, tables
@@ -127,33 +126,6 @@ def test_dependency_tail_reports_the_ranks_share_of_the_exposed_tail():
     st.buckets = [record.BucketEvent(0, 1, ["a"], 2 * MS, 6 * MS), record.BucketEvent(1, 1, ["w"], int(10.05 * MS), int(12.5 * MS))]
     row = tables.dependency_tail(run).loc[0]
     assert row["exposed_tail_ms"] == pytest.approx(2.5) and row["holds_last_ready"]
-
-
-def batch_run(global_batch: int, step_ms: list[float]):
-    return SimpleNamespace(spec=SimpleNamespace(global_batch=global_batch), step_ms=lambda warmup=0: step_ms[warmup:])
-
-
-def test_throughput_of_two_global_batches_is_judged_per_step():
-    rng = random.Random(6)
-    small = batch_run(8, [noisy(rng, 7, 0.1) for _ in range(40)])
-    assert tables.global_batch.judge_throughput(small, batch_run(32, [noisy(rng, 10, 0.1) for _ in range(14)])).holds
-    assert tables.global_batch.judge_throughput(small, batch_run(32, [noisy(rng, 40, 0.1) for _ in range(14)])).contradicted
-    wild = batch_run(32, [noisy(rng, 28, 0.9) for _ in range(14)])
-    assert tables.global_batch.judge_throughput(small, wild).outcome == claims.UNRESOLVED
-
-
-def test_time_to_target_says_who_was_sooner_only_when_resolved():
-    rng = random.Random(7)
-    small = batch_run(8, [noisy(rng, 7, 0.05) for _ in range(40)])
-    table = pd.DataFrame({"steps_to_target": [24, 16]}, index=[8, 32])
-    fast_big = tables.global_batch.time_to_target(small, batch_run(32, [noisy(rng, 5, 0.05) for _ in range(14)]), table)
-    assert fast_big.startswith("global batch 32 reached it sooner")
-    slow_big = tables.global_batch.time_to_target(small, batch_run(32, [noisy(rng, 20, 0.05) for _ in range(14)]), table)
-    assert slow_big.startswith("global batch 8 reached it sooner")
-    close = tables.global_batch.time_to_target(small, batch_run(32, [noisy(rng, 10.5, 0.9) for _ in range(14)]), table)
-    assert close.startswith("the two are too close to call")
-    never = pd.DataFrame({"steps_to_target": [24, None]}, index=[8, 32])
-    assert "never reached" in tables.global_batch.time_to_target(small, batch_run(32, [10.0] * 14), never)
 
 
 def test_bus_bandwidth_below_the_loopback_ceiling_holds_is_contradicted_and_cannot_resolve():

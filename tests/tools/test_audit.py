@@ -234,3 +234,17 @@ def test_malformed_evidence_is_a_finding_naming_the_field_not_a_traceback(audite
                                  ("buckets", lambda b: b.__setitem__("trace", []), "buckets['trace']")]:
         report = audit.judge(_mutated(ev, piece, change), runs)
         assert field in _messages(report, piece), (piece, repr(report))
+
+
+def test_a_passing_row_never_shows_a_failing_rows_answer(audited):
+    """The global-batch gradient's pass message names DDP's reduced value only when the learner's
+    reduced value passed too: otherwise it would hand over another row's answer."""
+    ev, runs = audited
+    right = ev["gradients"]["reduced"]
+
+    def every_row(report):   # passing rows too
+        return " | ".join(f.message for f in report.findings if f.piece == "gradients")
+
+    report = audit.judge(_mutated(ev, "gradients", lambda g: g.__setitem__("reduced", 2 * right + 1.0)), runs)
+    assert not report.passed("gradients") and not shows(every_row(report), *_written(right)), every_row(report)
+    assert shows(every_row(audit.judge(ev, runs)), *_written(right))   # shown once the learner has it right
