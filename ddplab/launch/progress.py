@@ -159,16 +159,21 @@ class Reporter:
         self._bars_for, self._bars_shown = i, True
 
     def _show_box(self) -> None:
-        """A notebook's bars live in one box under one display id, so that `finish` can put the final
-        line in their place: a saved notebook keeps that line, not a bar per rank."""
-        children = tuple(self.bars[r].container for r in sorted(self.bars))
+        """A notebook's bars live in one box under the starting line's display id (the line on top), so
+        that `finish` puts the final line in their place: a saved notebook keeps that one line, not the
+        starting line frozen, a bar per rank, or an empty output."""
         if self._box is None:
             from IPython.display import display
-            from ipywidgets import VBox
+            from ipywidgets import Label, VBox
 
-            self._box = VBox(children)
-            self._box_handle = display(self._box, display_id=True)
-        elif self._box.children != children:
+            self._box = VBox((Label(self._last),))
+            if self._handle is not None:
+                self._handle.update(self._box)
+                self._box_handle = self._handle
+            else:
+                self._box_handle = display(self._box, display_id=True)
+        children = (self._box.children[0], *(self.bars[r].container for r in sorted(self.bars)))
+        if self._box.children != children:
             self._box.children = children
 
     def _close_bars(self) -> None:
