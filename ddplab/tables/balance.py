@@ -104,7 +104,8 @@ def judge_quadratic_term(run):
     row = balance_fit(run).loc["cost"]
     se = row["b_se_ms_per_sq"] * _t_over_z(int(row["dof"]), claims.ALPHA)
     return claims.estimate(f"the fitted quadratic term is positive: longer sequences cost more per token (ms per "
-                           f"squared token; standard error widened for {int(row['dof'])} degrees of freedom)",
+                           f"squared token; the standard error printed is the table's b_se_ms_per_sq widened to "
+                           f"Student's t for {int(row['dof'])} degrees of freedom)",
                            row["b_ms_per_sq"], se, above=0.0)
 
 
@@ -229,9 +230,9 @@ def verify_cost_explains_imbalance(table: pd.DataFrame, policy: str = "tokens", 
 
     row = table.loc[policy]
     name = (f"{policy} split: the gap between ranks {int(row['slow_rank'])} and {int(row['fast_rank'])} "
-            f"({row['measured_gap_ms']:.1f} ms, median) follows the cost model's prediction ({row['cost_model_gap_ms']:.1f} ms; "
-            f"the token count predicts {row['tokens_model_gap_ms']:.1f} ms): measured / predicted per step, at least "
-            f"{share:g} of it")
+            f"({row['measured_gap_ms']:.1f} ms, median) reaches at least {share:g} of the cost model's prediction, "
+            f"in its direction ({row['cost_model_gap_ms']:.1f} ms; the token count predicts "
+            f"{row['tokens_model_gap_ms']:.1f} ms): measured / predicted per step")
     predicted = row["cost_model_gap_ms"]
     if not predicted > 0:
         raise verify.CheckFailed(f"NOT verified: {name}: the cost model predicts no gap ({predicted:.3g} ms)")

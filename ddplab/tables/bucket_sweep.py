@@ -11,8 +11,8 @@
   a time, in alternating order); the compute-only baseline, run at both ends of every pass, pairs
   by the mean of its two steps i;
 - the timing claims, judged on those pairs by `claims` (holds / contradicted / cannot resolve):
-  `judge_costs` (synchronizing costs time), `judge_split_tail`, `judge_last_ready_share`,
-  `judge_launch_order`, `judge_split_compute`, `judge_in_flight`, `judge_stretch`, `judge_summed_vs_added`; `ordered`
+  `judge_costs` (synchronizing costs time), `judge_split_tail`, `judge_launch_order`,
+  `judge_split_compute`, `judge_in_flight`, `judge_stretch`, `judge_summed_vs_added`; `ordered`
   for two plans' step times, `faster_than` for several against one; `split_finding` and
   `judge_isolated_price`, hypotheses whose answer is the machine's (printed, not checked);
 - `launched_before_last_ready`, `summed_vs_added`: did a bucket start before backward's end; three
@@ -241,14 +241,6 @@ def split_finding(tails: pd.DataFrame, step_table: pd.DataFrame, uncut: str, spl
             f"({s.center:+.1f} ms, interval [{s.low:+.1f}, {s.high:+.1f}])")
 
 
-def judge_last_ready_share(run, share: float = 0.9) -> claims.Verdict:
-    """In the compute-only backward, the last gradient is ready within its final (1 - share): per step
-    (at its slowest rank, as `inputs` takes it), last ready over backward's length, above `share`."""
-    values = [x.last_ready_ms / x.backward_ms for x in (max(s, key=lambda y: y.step_ms) for s in _arm_steps(run, BASELINE))]
-    return claims.judge(f"the last gradient is ready within the final {1 - share:.0%} of backward "
-                        "(last ready over backward, per compute-only step)", values, above=share, unit="")
-
-
 def judge_launch_order(run, name: str, bucket: int | None = None, before: bool = False) -> claims.Verdict:
     """"`name`'s bucket `bucket` (None: its first) is launched only after (or, `before`, already
     before) the last gradient is ready", on every rank: per step the smallest (largest) gap."""
@@ -265,12 +257,14 @@ def judge_launch_order(run, name: str, bucket: int | None = None, before: bool =
 
 
 def judge_in_flight(run, name: str, link: AlphaBeta) -> claims.Verdict:
-    """"An all-reduce in flight during a step is slower than the same one alone": per step, the median
-    over its buckets (every rank's) of in-flight time over the isolated fit's prediction, above 1."""
+    """"An all-reduce takes longer from launch to done inside a step than alone": per step, the median
+    over its buckets (every rank's) of launch-to-done time over the isolated fit's prediction, above 1.
+    Launch to done also holds the wait for the other ranks' launch and for the buckets ahead, so this
+    is not by itself evidence that communication and compute share a core (`judge_stretch` is)."""
     flights = pd.concat([in_flight(run, name, link, r) for r in range(len(run.ranks))])
     values = flights.groupby("step")["ratio"].median().tolist()
-    return claims.judge(f"{name}: an all-reduce in flight is slower than alone (median in-flight / isolated "
-                        "cost over the buckets, per step)", values, above=1.0, unit="")
+    return claims.judge(f"{name}: an all-reduce takes longer from launch to done than alone (median launch-to-done "
+                        "/ isolated cost over the buckets, per step)", values, above=1.0, unit="")
 
 
 def judge_stretch(run, name: str) -> claims.Verdict:

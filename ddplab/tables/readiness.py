@@ -9,7 +9,7 @@ import statistics
 
 import pandas as pd
 
-from .. import claims, record
+from .. import record
 from ..units import ms_after
 from .reads import reading
 
@@ -74,16 +74,6 @@ def exposed_vs_summed(run_ddp, run_alone, warmup: int = 2) -> pd.Series:
     return pd.Series({"summed_bucket_durations_ms": per_step["summed_bucket_durations_ms"].median(),
                       "exposed_tail_ms": per_step["exposed_tail_ms"].median(), "step_ms_ddp": with_ddp,
                       "step_ms_no_sync": without, "step_added_ms": with_ddp - without}).round(3)
-
-
-def judge_summed_over_tail(run, warmup: int = 2):
-    """The claim "summing the bucket durations overstates the exposed tail", judged by `claims` per step
-    (paired within the step): the summed durations of the rank that sets the step's exposed tail minus
-    that tail."""
-    t = summed_and_tail(run, warmup)
-    return claims.judge("summing the bucket durations overstates the exposed tail (per step: the tail rank's "
-                        "summed durations minus the step's exposed tail)",
-                        t["summed_bucket_durations_ms"] - t["exposed_tail_ms"], above=0.0)
 
 
 def off_line(order: pd.DataFrame) -> pd.DataFrame:

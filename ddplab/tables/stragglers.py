@@ -59,25 +59,29 @@ def arrivals(run, skip: int = SKIP) -> pd.DataFrame:
 
 
 def wait_gaps(run, early: int, late: int, final_only: bool = False, skip: int = SKIP) -> list[float]:
-    """Per all-reduce (step x bucket, or each step's final bucket with `final_only`): rank `early`'s
-    wait minus rank `late`'s. Positive where `late` joined after `early`: the paired values behind
-    "rank `late` arrives last" (claims.judge(..., above=0))."""
+    """Per step: rank `early`'s wait minus rank `late`'s, at the step's final bucket (`final_only`) or
+    the smallest over the step's buckets (one value a step: its buckets share one delay, so they are
+    not independent). Positive where `late` joined after `early` (every bucket of the step, without
+    `final_only`): the paired values behind "rank `late` arrives last" (claims.judge(..., above=0))."""
     a = arrivals(run, skip)
     if final_only:
         final = a.index.get_level_values("bucket").max()
         a = a[a.index.get_level_values("bucket") == final]
     w = a["wait_ms"].unstack("rank")
-    return (w[early] - w[late]).tolist()
+    return (w[early] - w[late]).groupby(level="step").min().tolist()
 
 
 def judge_last(run, late: int, final_only: bool = False, skip: int = SKIP):
     """The claim "rank `late` joins the all-reduces after every other rank", judged on this run's
-    paired waits (one verdict per other rank, the weakest first: a contradiction, else an unresolved)."""
+    paired waits, one value per step (one verdict per other rank, the weakest first: a contradiction,
+    else an unresolved)."""
     from .. import claims
 
-    where = "each step's final all-reduce" if final_only else "the all-reduces (steps x buckets)"
+    where = "each step's final all-reduce" if final_only else "every all-reduce of each step"
+    what = "rank {r}'s wait minus rank {late}'s" if final_only else \
+        "per step, the smallest over its buckets of rank {r}'s wait minus rank {late}'s"
     others = [r for r in sorted(x.rank for x in run.ranks) if r != late]
-    verdicts = [claims.judge(f"rank {late} joins {where} after rank {r} (rank {r}'s wait minus rank {late}'s)",
+    verdicts = [claims.judge(f"rank {late} joins {where} after rank {r} ({what.format(r=r, late=late)})",
                              wait_gaps(run, r, late, final_only, skip), above=0.0, alpha=claims.family(len(others)))
                 for r in others]
     return claims.weakest(verdicts)

@@ -130,14 +130,6 @@ def test_a_bucket_launched_before_the_last_gradient_contradicts_waiting_for_it()
     assert bucket_sweep.judge_launch_order(jitter, "ddp:64").outcome == claims.UNRESOLVED
 
 
-def test_the_last_gradient_share_is_contradicted_when_it_arrives_mid_backward():
-    early = fake_sweep({"compute-only": lambda r, i, k: (100.0, 30.0 if k == 0 else 20.0, (), 50.0)})
-    assert bucket_sweep.judge_last_ready_share(early).contradicted
-    rng = random.Random(8)
-    edge = fake_sweep({"compute-only": lambda r, i, k: (100.0, 45.0 + rng.gauss(0, 3), (), 50.0)})
-    assert bucket_sweep.judge_last_ready_share(edge).outcome == claims.UNRESOLVED   # last / backward about 0.9
-
-
 def test_in_flight_and_stretch_are_contradicted_by_communication_that_costs_nothing():
     link = AlphaBeta(1e-3, 0.0)   # 1 ms per bucket alone
     def run(in_flight, last):

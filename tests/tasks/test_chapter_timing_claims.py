@@ -1,4 +1,4 @@
-"""The timing claims of notebooks 03, 04 and 06, judged by `claims` on synthetic runs (no launch):
+"""The timing claims of notebooks 03 and 04 (and 04's printed arithmetic), judged by `claims` on synthetic runs (no launch):
 each holds on data made to satisfy it, is contradicted on data made to break it, and only says
 "cannot resolve" on noise that straddles its edge."""
 
@@ -108,14 +108,9 @@ def test_summed_durations_against_the_exposed_tail():
     table = tables.readiness.summed_and_tail(run)
     assert len(table) == 12
     assert table["exposed_tail_ms"].tolist() == [record.exposed_tail_ms([a, b]) for a, b in zip(overlapping, other)][2:]
-    assert tables.readiness.judge_summed_over_tail(run).holds
-    # false data: one bucket launched long after the last gradient; its 1 ms is far less than the 6 ms tail
-    late = [[Step(10, [(15, 16)]) for _ in range(14)]] * 2
-    assert tables.readiness.judge_summed_over_tail(traced_run(late)).contradicted
-    # noise around the edge: an early bucket of d ms and a last one launched x ms after the last gradient,
-    # d and x alike: summed minus tail is d - x, straddling 0
-    edge = [[Step(10, [(2, 2 + rng.random()), (10 + rng.random(), 12)]) for _ in range(14)]]
-    assert tables.readiness.judge_summed_over_tail(traced_run(edge)).outcome == claims.UNRESOLVED
+    # the tail rank's sum holds every bucket's duration, the last one's included: it exceeds the tail by
+    # arithmetic (notebook 04 prints it; what the sum overstates, DDP's cost to the step, is judged in 05)
+    assert (table["summed_bucket_durations_ms"] > table["exposed_tail_ms"]).all()
 
 
 def test_dependency_tail_reports_the_ranks_share_of_the_exposed_tail():

@@ -155,6 +155,7 @@ def test_who_is_last_is_contradicted_for_the_early_rank_and_unresolved_on_noise(
     rng = random.Random(0)
     late = [20 + rng.gauss(0, 3) for _ in range(11)]
     run = stand_in(late, late)
+    assert len(stragglers.wait_gaps(run, 0, 1)) == 11   # one value a step: its 3 buckets share one delay
     assert stragglers.judge_last(run, late=1).holds
     assert stragglers.judge_last(run, late=0).contradicted
     with pytest.raises(verify.CheckFailed, match="contradicted: rank 0 joins"):
