@@ -1,6 +1,6 @@
-"""The timing claims of notebooks 03 and 04 (and 04's printed arithmetic), judged by `claims` on synthetic runs (no launch):
-each holds on data made to satisfy it, is contradicted on data made to break it, and only says
-"cannot resolve" on noise that straddles its edge."""
+"""The timing claims of notebook 03 (and 04's printed arithmetic), judged by `claims` on synthetic runs
+(no launch): each holds on data made to satisfy it, is contradicted on data made to break it, and only
+says "cannot resolve" on noise that straddles its edge."""
 
 import random
 from types import SimpleNamespace
