@@ -32,6 +32,9 @@ class Deaths:
 
 _EXIT = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank[^\n]*\n\s*exitcode\s*:\s*(-?\d+)")
 _NATIVE = re.compile(r"what\(\):\s*(.+)")
+# where torch's build machine kept its sources ("/__w/pytorch/pytorch/third_party/gloo/gloo/...", "/opt/
+# pytorch/torch/csrc/..."): cut to the path inside the project ("gloo/transport/tcp/pair.cc:456")
+_BUILD_PREFIX = re.compile(r"(?<![\w./])/[^\s\[\]]*?/(?:third_party/[^/\s]+/|pytorch/(?=(?:torch|c10|aten|caffe2)/))")
 _NODE_LOST = re.compile(r"ddplab-nodes: node agent (\d+) was ended by (\S+); its ranks: ([\d, ]+|unknown)")
 # ProcessGroupNCCL's watchdog: "[PG ID 0 PG GUID 0(default_pg) Rank 1] Watchdog caught collective operation
 # timeout: WorkNCCL(SeqNum=6, OpType=ALLREDUCE, NumelIn=1, ...) ran for 5002 milliseconds before timing out."
@@ -65,7 +68,7 @@ def deaths_from(log_text: str, stacks: dict[int, str] | None = None) -> Deaths:
                 signals[int(rank)] = signal.Signals(-int(code)).name
             except ValueError:
                 signals[int(rank)] = f"signal {-int(code)}"
-    native = list(dict.fromkeys(m.strip() for m in _NATIVE.findall(log_text)))
+    native = list(dict.fromkeys(_BUILD_PREFIX.sub("", m.strip()) for m in _NATIVE.findall(log_text)))
     timeouts = {}
     for rank, seq, op in _NCCL_TIMEOUT.findall(log_text):
         timeouts.setdefault(int(rank), (int(seq), op))

@@ -91,9 +91,8 @@ def _validate_unread_by_train(e: Experiment) -> None:
     without_ddp = "sync='none'" if e.sync != "ddp" else ("sharding='fsdp2'" if e.sharding == "fsdp2" else None)
     if e.distributed_debug == "detail":
         bad("distributed_debug", "'detail' wraps every process group in a collective checker, and DDP's constructor "
-                                 "crashes on such a group with gloo in torch 2.13 (a segfault, notes/ddp-internals.md "
-                                 "section 0): use 'info' with DDP; notebook 08 shows DETAIL's checks on plain "
-                                 "collectives in a %%ddp cell")
+                                 "crashes on such a group with gloo in torch 2.13 (a segfault): use 'info' with DDP; notebook 08 "
+                                 "shows DETAIL's checks on plain collectives in a %%ddp cell")
     if e.distributed_debug not in DISTRIBUTED_DEBUG:
         bad("distributed_debug", f"must be one of {', '.join(DISTRIBUTED_DEBUG)} (got {e.distributed_debug!r})")
     if without_ddp and e.distributed_debug != "off":

@@ -2,9 +2,9 @@
 purpose, how long it took, and what DDP's find_unused_parameters costs a healthy run.
 
 `failure_table(outcomes)` takes `launch.failure_lab.provoke` outcomes (`failures.Provoked`);
-`verify_failures_diagnosed` raises `verify.CheckFailed` unless every one named its faulty rank within
-`timeout_s` + 15 s, left no process behind, and was diagnosed as the kind of failure it is, in the words
-`SIGNS` lists (tests/launch/test_failure_lab.py feeds it wrong outcomes; notebook 08 feeds it real ones).
+`verify_failures_diagnosed` raises `verify.CheckFailed` unless every one named exactly its faulty rank
+(a crash or a death before any collective could time out), left no process behind, and was diagnosed as
+the kind of failure it is, in the words `SIGNS` lists (tests/launch/test_failure_lab.py feeds it wrong outcomes; notebook 08 feeds it real ones).
 """
 
 from __future__ import annotations
@@ -54,8 +54,8 @@ def _first_sentence(text: str) -> str:
 def verify_failures_diagnosed(outcomes: list[Provoked]) -> None:
     """Every provoked failure failed the run, named exactly its faulty rank, with no process of the run
     left alive; a crash or a death was named before any collective could time out (the launcher stops
-    the survivors at once, instead of letting them wait out timeout_s), and a hang once its collective
-    timed out (the seconds printed beside the launcher's own bound, timeout_s + 15 s)."""
+    the survivors at once, instead of letting them wait out timeout_s); for a hang, which is named only
+    once its collective timed out, the seconds are printed beside the launcher's own bound, timeout_s + 15 s."""
     table = failure_table(outcomes)
     verify.equal("the ranks each failure's diagnosis names, by fault (exactly the faulty rank)",
                  {f: list(r) for f, r in table["named_ranks"].items()}, {f: [r] for f, r in table["faulty_rank"].items()})
@@ -80,8 +80,6 @@ def verify_failures_diagnosed(outcomes: list[Provoked]) -> None:
                  {o.name: o.diagnosis.kind for o in signs}, {o.name: SIGNS[o.fault_kind][0] for o in signs})
     missing = {o.name: [p for p in _phrases(o) if p not in o.diagnosis.summary] for o in signs}
     verify.equal("what each diagnosis must say, missing from it (by run)", {k: v for k, v in missing.items() if v}, {})
-    early = {o.name: round(o.seconds, 1) for o in signs if o.diagnosis.kind == "hang" and o.seconds < o.timeout_s}
-    verify.equal("hangs named before their collective could time out (seconds from launch, by run)", early, {})
 
 
 def _phrases(o: Provoked) -> list[str]:

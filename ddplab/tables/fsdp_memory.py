@@ -219,22 +219,27 @@ def verify_reshard_frees_gathered_units(run, rank: int = 0) -> None:
     parameters are freed at its post-forward; with False every unit is still gathered when the loss is
     computed (all of them at once). Raises `verify.CheckFailed` naming the configuration and units."""
     names = [u.name for u in run.ranks[rank].result.units]
-    problems, checked = [], 0
+    problems, counts, checked = [], [], 0
     for c in run.ranks[rank].result.configs:
         label = config_label(c.reshard_after_forward, c.prefetch)
         if c.reshard_after_forward:
-            kept = [names[s.unit] for s in c.samples if s.event == "post-forward" and s.unit in s.gathered_units]
-            if kept:
-                problems.append(f"{label}: {', '.join(kept)} still gathered after its forward")
+            after = [s for s in c.samples if s.event == "post-forward"]
+            kept = [names[s.unit] for s in after if s.unit in s.gathered_units]
+            counts.append(f"{label}: {len(kept)} of {len(after)} units still gathered after their forward")
+            if kept or not after:
+                problems.append(f"{label}: {', '.join(kept) or 'no post-forward sample'} still gathered after its forward")
         else:
             at_loss = next(s for s in c.samples if s.event == "loss")
             missing = [n for i, n in enumerate(names) if i not in at_loss.gathered_units]
+            counts.append(f"{label}: {len(names) - len(missing)} of {len(names)} units gathered at the loss")
             if missing:
                 problems.append(f"{label}: {', '.join(missing)} not gathered at the loss")
         checked += 1
     verify.that(f"{run.spec.name}: resharding frees each unit after its forward, keeping them holds all "
                 f"{len(names)} units gathered at the loss (rank {rank}, {checked} configurations)", not problems,
-                seen="; ".join(problems) or "as described", expected="as described")
+                seen="; ".join(problems) or "; ".join(counts),
+                expected=f"0 still gathered after their forward with resharding, {len(names)} of {len(names)} "
+                         "at the loss kept gathered")
 
 
 def zero_stages(psi: float, n_devices: int, precision: str = "mixed") -> pd.DataFrame:

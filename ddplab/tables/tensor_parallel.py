@@ -6,11 +6,9 @@ read from the ranks' records (`spec/tensor_parallel.py`)."""
 
 from __future__ import annotations
 
-
 import pandas as pd
 
-from .. import claims, verify
-from .. import predict
+from .. import claims, predict, verify
 from .stats import round_summary
 
 READS = "tensor-parallel"   # the task kind of the runs its tables read (tables/reads.py)
@@ -186,7 +184,8 @@ def timing(runs) -> pd.DataFrame:
     (`comm_during_backward_ms`; zero with one bucket: it launches when the last gradient is ready)
     and the part of backward after the last gradient was ready (`exposed_ms`, its tail). `verdict`
     says whether tensor parallelism was faster or slower than the dense layer on this machine, judged
-    by `claims` on the paired steps (every round ran both), else that this run could not tell them apart;
+    by `claims` on the `paired_steps` (every round ran both), else that this run could not tell them
+    apart, or that it had too few steps to judge at all (under `claims.min_rounds`);
     `ideal_ms` is the dense step over tp (the split's compute, were splitting free)."""
     rows = []
     for run in _layer_runs(runs):
@@ -221,13 +220,15 @@ def timing(runs) -> pd.DataFrame:
             dense, tp = steps["dense"], steps["tensor parallel"]
             # the split step against the dense one, step by step (both ran in every round): a finding of
             # this machine, judged by `claims` (on 2 shared cores the split is slower; on GPUs it need not be)
-            tp_row["verdict"] = VERDICT[claims.paired("the split step is slower than the dense one (per step)",
-                                                      tp, dense, above=0.0).outcome]
+            verdict = claims.paired("the split step is slower than the dense one (per step)", tp, dense, above=0.0)
+            tp_row["paired_steps"] = verdict.n
+            tp_row["verdict"] = TOO_FEW if verdict.n < claims.min_rounds(verdict.alpha) else VERDICT[verdict.outcome]
     return pd.DataFrame(rows).set_index(["run", "layer", "way"])
 
 
 VERDICT = {"holds": "slower than dense", "contradicted": "faster than dense",
            "cannot resolve": "not told apart from dense"}
+TOO_FEW = "not judged against dense"   # under claims.min_rounds paired steps the sign test judges nothing
 
 
 def timing_sentences(runs) -> list[str]:
@@ -238,11 +239,13 @@ def timing_sentences(runs) -> list[str]:
     for (run, layer), part in table.groupby(level=["run", "layer"], sort=False):
         dense, tp, ddp = (part.xs(w, level="way").iloc[0] for w in ("dense", "tensor parallel", "ddp"))
         shared = f" sharing {tp['cpus']} cores" if tp["ranks"] > tp["cpus"] else ""
+        n, need = int(tp["paired_steps"]), claims.min_rounds()
+        judged = f"{tp['verdict']} over {n} paired steps" if tp["verdict"] != TOO_FEW else \
+            f"{tp['verdict']} ({n} paired steps, under the {need} a verdict needs)"
         out.append(f"{run}, {layer}: the split step took {tp['step_ms']:.2f} ms ({tp['step_ms_min']:.2f}-"
-                   f"{tp['step_ms_max']:.2f}) on {tp['ranks']} ranks{shared}, {tp['verdict']} "
-                   f"({dense['step_ms']:.2f} ms, "
-                   f"{dense['step_ms_min']:.2f}-{dense['step_ms_max']:.2f}); {tp['comm_ms']:.2f} ms of it blocked in "
-                   f"all-reduces on the critical path; the rest (about {max(0.0, tp['step_ms'] - tp['comm_ms']):.2f} ms) is "
+                   f"{tp['step_ms_max']:.2f}) on {tp['ranks']} ranks{shared}, the dense one {dense['step_ms']:.2f} ms "
+                   f"({dense['step_ms_min']:.2f}-{dense['step_ms_max']:.2f}): {judged}; {tp['comm_ms']:.2f} ms of the "
+                   f"split step blocked in all-reduces on the critical path; the rest (about {max(0.0, tp['step_ms'] - tp['comm_ms']):.2f} ms) is "
                    f"compute and DTensor's own work, where a free split would take dense / tp = {tp['ideal_ms']:.2f} ms; "
                    f"DDP's all-reduce took {ddp['comm_ms']:.2f} ms, {ddp['comm_during_backward_ms']:.2f} ms of it in flight "
                    f"while backward still computed")

@@ -206,8 +206,10 @@ def test_verify_fsdp_peak_predicted_fails_when_the_peak_is_off(capsys):
         views.verify_fsdp_peak_predicted(fake_run(scale=1.5))
 
 
-def test_verify_reshard_frees_gathered_units_names_a_unit_kept_after_its_forward():
+def test_verify_reshard_frees_gathered_units_names_a_unit_kept_after_its_forward(capsys):
     views.verify_reshard_frees_gathered_units(fake_run())
+    said = capsys.readouterr().out   # the counts it compared, not "as described"
+    assert "reshard, no prefetch: 0 of " in said and "units still gathered after their forward" in said
     with pytest.raises(verify.CheckFailed, match="reshard, no prefetch: tok_emb, pos_emb, blocks.0"):
         views.verify_reshard_frees_gathered_units(fake_run(keep_after_forward=True))
 

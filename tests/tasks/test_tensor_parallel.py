@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 import ddplab
-from ddplab import verify
+from ddplab import claims, recipes, verify
 from ddplab.predict import tensor_parallel as formula
 from ddplab.recipes.tensor_parallel import dp_tp_mesh, split_layers, tensor_parallel_runs
 from ddplab.spec import Experiment, TensorParallel
@@ -70,6 +70,13 @@ def test_the_chapter_is_one_four_rank_launch():
     assert "attention-qkv-split" in exps[2].task.layers and len({e.hash for e in exps}) == 3
 
 
+def test_the_chapter_times_enough_paired_steps_to_judge_the_split_against_dense():
+    timed = [e for e in recipes.beyond_ddp_runs() if e.task.kind == "tensor-parallel" and e.task.dp == 1]
+    assert len(timed) == 2
+    for e in timed:
+        assert e.task.rounds * e.task.steps_per_round >= claims.min_rounds(), e.name
+
+
 # ---- the formulas ------------------------------------------------------------------------------------
 @pytest.mark.parametrize("layer", ["mlp", "attention", "block"])
 def test_parameter_counts_are_the_lab_layers_own(layer):
@@ -103,21 +110,21 @@ def test_step_bytes_are_activations_on_a_ring_against_ddps_gradients():
 
 
 # ---- the checks on hand-made records -----------------------------------------------------------------------
-def _times(ms: float, comm: float = 0.0) -> StepTimes:
-    n = 5 * 3   # the recipe's rounds x steps_per_round
+def _times(ms: float, comm: float = 0.0, n: int = 5 * 3) -> StepTimes:   # the recipe's rounds x steps_per_round
     return StepTimes([ms] * n, [ms] * n, [comm] * n, [comm] * n, [comm] * n, [0.0] * n)
 
 
 def fake_run(forward_all_reduces: int = 1, output_error: float = 1e-7, bytes_: int = 8 * 32 * 64 * 4,
-             tp_ms: float = 2.0, name: str = "tensor-parallel-2", output_scale: float = 1.0):
+             tp_ms: float = 2.0, name: str = "tensor-parallel-2", output_scale: float = 1.0, rounds: int = 5):
     """A 2-rank run-shaped object of one split MLP layer (the real one's numbers), one thing changeable."""
-    exp = split_layers(world_size=2, layers=("mlp",)).replace(name=name)
+    exp = split_layers(world_size=2, layers=("mlp",), rounds=rounds).replace(name=name)
+    n = rounds * exp.task.steps_per_round
     group = [0, 1]
     collectives = [Collective("forward", "all_reduce", bytes_, group)] * forward_all_reduces + \
         [Collective("backward", "all_reduce", bytes_, group)]
     layer = LayerRecord("mlp", 33088, 16576, output_scale, output_error, 0.1, 1e-9, 0.1, {"0.weight": 1e-9},
                         {"Global": {"forward": {"all_reduce": forward_all_reduces}, "backward": {"all_reduce": 1}}},
-                        collectives, [33088 * 4], _times(1.0), _times(tp_ms, 0.2), _times(1.5, 0.3))
+                        collectives, [33088 * 4], _times(1.0, n=n), _times(tp_ms, 0.2, n), _times(1.5, 0.3, n))
     ranks = [SimpleNamespace(rank=r, result=TensorParallelRecord(2, 1, [group], group, [r], 2, [layer], []))
              for r in range(2)]
     return SimpleNamespace(spec=exp, ranks=ranks, world_size=2)
@@ -237,6 +244,15 @@ def test_step_time_figure_has_a_panel_per_run_titled_from_the_data():
     titles = [ax.get_title("left") for ax in fig.axes]
     assert titles == ["tensor-parallel-2 (2 ranks): the split step slower than dense in 1 of 1 layers",
                       "tied (2 ranks): the split step not told apart from dense in 1 of 1 layers"]
+
+
+def test_a_split_step_timed_over_too_few_steps_is_not_judged_against_dense():
+    # 3 rounds of 3 steps, the split always twice the dense: under claims.min_rounds the sign test judges nothing
+    few, enough = fake_run(rounds=3), fake_run(rounds=4)
+    assert 3 * 3 < claims.min_rounds() <= 4 * 3
+    assert views.timing(few).loc[("tensor-parallel-2", "mlp", "tensor parallel"), "verdict"] == views.TOO_FEW
+    assert "not judged against dense (9 paired steps, under the 10 a verdict needs)" in views.timing_sentences(few)[0]
+    assert "slower than dense over 12 paired steps" in views.timing_sentences(enough)[0]
 
 
 # ---- real runs: one 4-rank launch (the mesh, tp = 4, tp = 2) ---------------------------------------------
