@@ -56,7 +56,7 @@ def call_errors(run, model: comm.AlphaBeta, min_bytes: int = 0) -> dict[int, lis
     return {n: [rel_error(model.predict(n) * 1e3, t) for t in ms] for n, ms in call_ms(run).items() if n >= min_bytes}
 
 
-def judge_fit(run, model: comm.AlphaBeta, min_bytes: int = 0, describes: float = 0.10, misses: float = 0.25):
+def judge_fit(run, model: comm.AlphaBeta, min_bytes: int = 0, describes: float = 0.10, misses: float = 0.30):
     """The fitted line against every call it was fitted to, judged by `claims` (two verdicts):
     "it describes the sizes": the median relative error over every call of every size lies within
     +-`describes`; "it misses no size by `misses`": each size's median relative error over its repeats

@@ -48,7 +48,7 @@ def test_a_line_that_misses_one_size_by_far_more_than_half_is_contradicted():
 
 def test_the_fit_on_wild_noise_cannot_resolve_rather_than_fail():
     rng = random.Random(2)
-    # each call 0.3x to 3x the line: the per-size medians' intervals straddle the +-25% band's edges
+    # each call 0.3x to 3x the line: the per-size medians' intervals straddle the +-30% band's edges
     # 16 calls a size: enough for a finite interval at claims.family(6), so "cannot resolve" is the noise's
     run = sweep_run({n: [LINE.predict(n) * 1e3 * 10 ** rng.uniform(-0.5, 0.5) for _ in range(16)] for n in SIZES})
     pooled, per_size = tables.comm.judge_fit(run, LINE)
