@@ -58,6 +58,13 @@ def judge(ev, exp, runs) -> list[Finding]:
                        f"{summed_true:.2f} ms: every all-reduce's launch-to-done, added up" if ok else
                        f"{summed:.2f} ms is not what your trace's durations add up to: add done_ms - launch_ms over "
                        f"every bucket"))
+    last_launch = rows[-1][1]   # the last bucket holds the last gradient: it cannot launch before that is ready
+    ok = last_ready <= last_launch + tol
+    out.append(Finding("buckets", "the last gradient ready before the last bucket launched", ok,
+                       f"your last gradient at {last_ready:.2f} ms, your last bucket launched at {last_launch:.2f} ms"
+                       if ok else
+                       f"last_ready_ms is after your last bucket's launch, but that bucket waits for the last gradient: "
+                       f"read the last ready time off the readiness events (st.backward.ready), not backward()'s return"))
     end = max(d for _, _, d in rows)
     exposed_true = max(0.0, end - last_ready)
     ok = abs(exposed - exposed_true) <= tol

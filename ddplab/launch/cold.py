@@ -263,7 +263,7 @@ def _collect(launch: Launch, ran: Ran, spec_paths: list[Path]) -> list[Run]:
         if e.diagnosis.kind == "hang":
             limit = "the launcher's watchdog limit" if ran.watchdog else "the collective's timeout"
             waited = (f"; {min(timeout_s, wall_s):.1f} s of it {limit}, the other {max(wall_s - timeout_s, 0):.1f} s "
-                      "the start and the steps before the hang")
+                      "everything else: the start, the steps before the hang and the teardown after it")
         launch.reporter.finish(f"ddplab {name}: FAILED after {wall_s:.1f} s "
                                f"({e.diagnosis.kind}, {failures.rank_list(e.diagnosis.ranks)}{waited})")
         place, launch.settled = rundir.settle(launch_dir, launch.final_launch_dir, complete=False), True

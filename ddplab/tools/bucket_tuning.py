@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from .. import claims, predict, tables
+from .. import claims, predict, rundir, tables
 from ..recipes.buckets_and_overlap import ONE_PER_PARAMETER_MB
 from ..recipes.communication import allreduce_sweep
 from ..spec import BucketSweep
@@ -182,7 +182,7 @@ class BucketTuning:
             "measured (median of round medians, spread = robust standard deviation; ms):",
             self.measured.round(2).to_string(), "",
             f"recommendation: {self.recommendation}", self.verdict, "",
-            "runs: " + ", ".join(f"{k} {v}" for k, v in self.paths.items())])
+            "runs: " + ", ".join(f"{k} {rundir.shown(v)}" for k, v in self.paths.items())])
 
 
 KEEP = "bucket_cap_mb=None (DDP's default)"

@@ -24,8 +24,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from .. import tables
-from .. import predict
+from .. import predict, rundir, tables
 from ..predict.comm import ring_bytes_per_rank
 from ..recipes.communication import allreduce_sweep
 from ..tables.buckets import rule_for
@@ -159,7 +158,7 @@ class ModelAudit:
                 f"{k['compute_ms_min']:.1f}, max {k['compute_ms_max']:.1f}); the all-reduce of the whole gradient "
                 f"{k['allreduce_ms']:.1f} ms measured ({k['allreduce_ms_line']:.1f} ms on the fitted line): ratio "
                 f"{k['compute_to_comm']:.2f}", _overlap_bound(k, self.buckets["mib"].iloc[-1]),
-                "", "runs: " + ", ".join(f"{k} {v}" for k, v in self.paths.items())]
+                "", "runs: " + ", ".join(f"{k} {rundir.shown(v)}" for k, v in self.paths.items())]
         return "\n".join(out)
 
 

@@ -130,7 +130,8 @@ def test_stalled_rank_is_stopped_by_the_launcher_watchdog(runs_dir, monkeypatch)
     assert info.value.diagnosis.kind == "hang"
     # the last line says where the seconds went: the limit the hang ran out, and the rest before it
     last = re.search(r"FAILED after ([0-9.]+) s \(hang, rank 0; ([0-9.]+) s of it the launcher's watchdog limit, "
-                     r"the other ([0-9.]+) s the start and the steps before the hang\)", said[-1])
+                     r"the other ([0-9.]+) s everything else: the start, the steps before the hang and the teardown "
+                     r"after it\)", said[-1])
     assert last and float(last[2]) == exp.timeout_s + STALL_GRACE_S, said[-1]
     assert abs(float(last[2]) + float(last[3]) - float(last[1])) <= 0.11, said[-1]
     # the wait it reports is the one the watchdog allowed, not the collective's timeout alone

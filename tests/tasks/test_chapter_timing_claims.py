@@ -135,3 +135,13 @@ def test_bus_bandwidth_below_the_loopback_ceiling_holds_is_contradicted_and_cann
     assert tables.comm.judge_busbw_ceiling(run, 1.48e9).outcome == claims.UNRESOLVED
     with pytest.raises(ValueError, match="^ceiling_bytes_per_s"):
         tables.comm.judge_busbw_ceiling(run, 0)
+
+
+def test_the_tail_splits_into_the_ranks_skew_and_communication_after_the_slowest_rank():
+    """Issue 32 review: a fast rank's share of the tail holds its wait for the slow rank's compute."""
+    fast = [Step(10, [(2, 6), (10.05, 21.0)]) for _ in range(3)]   # ready at 10 ms, waits for the slow rank
+    slow = [Step(20, [(2, 7), (20.05, 21.0)]) for _ in range(3)]   # ready at 20 ms
+    table = tables.readiness.summed_and_tail(traced_run([fast, slow]), warmup=0)
+    assert table["exposed_tail_ms"].tolist() == pytest.approx([11.0] * 3)          # the fast rank's share
+    assert table["skew_ms"].tolist() == pytest.approx([10.0] * 3)                  # of which, waiting for compute
+    assert table["after_slowest_ms"].tolist() == pytest.approx([1.0] * 3)          # and communication after it

@@ -248,3 +248,16 @@ def test_a_passing_row_never_shows_a_failing_rows_answer(audited):
     report = audit.judge(_mutated(ev, "gradients", lambda g: g.__setitem__("reduced", 2 * right + 1.0)), runs)
     assert not report.passed("gradients") and not shows(every_row(report), *_written(right)), every_row(report)
     assert shows(every_row(audit.judge(ev, runs)), *_written(right))   # shown once the learner has it right
+
+
+def test_a_last_ready_time_taken_at_backwards_return_is_caught(audited):
+    """Measured at backward()'s return, last_ready_ms falls after every bucket's done: the exposed tail
+    would come out 0 and pass; the check that the last bucket launched after the last gradient fails."""
+    ev, runs = audited
+
+    def at_return(b):
+        b["last_ready_ms"] = max(r["done_ms"] for r in b["trace"]) + 0.5
+        b["exposed_ms"] = 0.0
+
+    report = audit.judge(_mutated(ev, "buckets", at_return), runs)
+    assert not report.passed("buckets") and "not backward()'s return" in _messages(report, "buckets")
