@@ -1,10 +1,10 @@
 """The four common errors (notebook 08, seed claim C18): each right claim holds on real runs of
-`recipes.common_error_runs()`, all in one launch, and its check fails for a wrong input: weak runs fed as
-strong scaling, a prediction divided by the world size, a chain-shaped model whose gradients are ready in
-reverse source order, or a recorded order rewritten to the source order. The timing claim (the summed
-durations exceed the exposed tail) is judged by `claims`: on the real runs it is only asserted not
-contradicted (never holding for a single bucket launched after backward), and the fast tests show it
-contradicted and unresolved on hand-built steps, as they check the recipe and the tables' logic.
+`recipes.common_error_runs()`, all in one launch, and its check or verdict fails for a wrong input: weak
+runs fed as strong scaling, a prediction divided by the world size, one bucket launched after backward,
+a chain-shaped model whose gradients are ready in reverse source order, or a recorded order rewritten to
+the source order. No timing is judged: the step times of separate runs are shown, not judged, and the
+summed durations beside the exposed tail are printed as arithmetic (the tests check what is printed).
+The fast tests check the recipe and the tables' logic on hand-built runs.
 """
 
 from __future__ import annotations
@@ -22,10 +22,9 @@ from ddplab.recipes.common_errors import PREFIX, common_error_groups, common_err
 # by name from the modules: once the packages export `common_errors` (the function), the name
 # `ddplab.tables.common_errors` is the function, not this module
 from ddplab.tables.common_errors_summary import error_table
-from ddplab.tables.common_errors import (divided_state, error_runs, judge_summed_overstates,
+from ddplab.tables.common_errors import (divided_state, error_runs, fixed_global_batch_setup, overlap_sentence,
                                          replicated_state_bytes, source_as_ready_order, summed_as_exposed,
-                                         verify_fixed_global_batch, verify_ready_not_source_order,
-                                         verify_replicated_state, verify_summed_overstates, weak_as_strong)
+                                         verify_ready_not_source_order, verify_replicated_state, weak_as_strong)
 
 GROUPS = common_error_groups()
 # wrong inputs the lab can configure: the overlap model with every gradient in one bucket (launched
@@ -48,31 +47,32 @@ def launch(shared_runs):
 @pytest.mark.slow
 def test_strong_runs_keep_the_global_batch_and_weak_runs_grow_it(launch, capsys):
     g = launch.groups
-    verify_fixed_global_batch(g["strong"], g["weak"])
+    fixed_global_batch_setup(g["strong"], g["weak"])
     out = capsys.readouterr().out
     assert "the setup: strong scaling keeps the global batch at 32 on 1, 2, 4 ranks" in out
-    assert "verified: strong scaling: every step consumed its global batch of distinct examples" in out
+    assert "verified" not in out   # set by the specs: printed as a fact, not checked
+    assert "(the fewest over a run's steps): 32 on 1 rank, 32 on 2 ranks, 32 on 4 ranks" in out
     table = weak_as_strong(g["weak"], g["strong"])
     assert table.index.tolist() == [1, 2, 4]
     assert table["weak_global_batch"].tolist() == [8, 16, 32] and table["strong_global_batch"].tolist() == [32] * 3
     assert (table["strong_step_ms_min"] <= table["strong_step_ms"]).all()
     assert (table["strong_step_ms"] <= table["strong_step_ms_max"]).all()
-    assert table["verdict"].iloc[0] == "baseline"
-    assert set(table["verdict"].iloc[1:]) <= {"faster", "slower", "cannot resolve"}
+    assert (table["speedup_low"] <= table["speedup"]).all() and (table["speedup"] <= table["speedup_high"]).all()
+    assert "verdict" not in table.columns   # separate runs: shown, not judged
 
 
 @pytest.mark.slow
 def test_weak_runs_fed_as_strong_scaling_fail_the_fixed_global_batch_check(launch):
     g = launch.groups
     with pytest.raises(ValueError, match="^strong_runs: strong scaling needs one global batch"):
-        verify_fixed_global_batch(g["weak"], g["weak"])
+        fixed_global_batch_setup(g["weak"], g["weak"])
 
 
 @pytest.mark.slow
 def test_strong_runs_fed_as_weak_scaling_fail_the_check(launch):
     g = launch.groups
     with pytest.raises(ValueError, match="^weak_runs: weak scaling grows the global batch"):
-        verify_fixed_global_batch(g["strong"], g["strong"])
+        fixed_global_batch_setup(g["strong"], g["strong"])
 
 
 # ---- 2. model-state memory divided by the data-parallel degree -------------------------------------
@@ -99,22 +99,32 @@ def test_a_prediction_divided_by_the_world_size_fails_the_memory_check(launch):
 
 # ---- 3. summed all-reduce durations read as exposed overhead ---------------------------------------
 @pytest.mark.slow
-def test_summed_all_reduce_durations_overstate_the_exposed_tail(launch, capsys):
+def test_summed_all_reduce_durations_and_the_exposed_tail_are_printed_per_step(launch):
     table = summed_as_exposed(*launch.groups["overlap"])
-    verify_summed_overstates(table)   # raises only where the steps contradict it; a loaded machine may not resolve it
-    assert ": the summed all-reduce durations exceed the exposed tail" in capsys.readouterr().out
+    n = len(table.attrs["summed_ms"])
+    assert n == len(table.attrs["tail_ms"]) == launch.groups["overlap"][0].spec.steps - 4   # after the warm-up
+    said = overlap_sentence(table)
+    assert f"per step, median of {n}: the tail rank's bucket durations sum to " in said
+    assert "shown, not judged" in said
     assert table.attrs["buckets"] > 1 and table.attrs["launched_during_backward"] >= 1
     # per step the tail (last done - last ready) lies inside the span (last done - first launch)
     assert table.loc["exposed tail", "ms"] <= table.loc["communication span", "ms"]
 
 
 @pytest.mark.slow
-def test_one_bucket_launched_after_backward_fails_the_summed_check(launch):
-    table = summed_as_exposed(launch.wrong[ONE_BUCKET.name], launch.groups["overlap"][1])
+def test_one_bucket_launched_after_backward_is_not_shown_as_the_error(launch):
+    ddp, alone = launch.groups["overlap"]
+    table = summed_as_exposed(launch.wrong[ONE_BUCKET.name], alone)
     assert table.attrs["buckets"] == 1 and table.attrs["launched_during_backward"] == 0
-    # nothing overlapped: per step the sum is at most the tail, so the claim never holds (the stand-ins
-    # below show the check failing where the steps resolve it)
-    assert not judge_summed_overstates(table).holds
+    # nothing overlapped: per step the sum (launch to done) is at most the tail (last ready to done)
+    n = len(table.attrs["summed_ms"])
+    assert f"the sum is the larger in 0 of {n} steps" in overlap_sentence(table)
+    # the same run in the overlap group's place: the summary's verdict follows it
+    one = launch.wrong[ONE_BUCKET.name]
+    as_ddp = dataclasses.replace(one, spec=one.spec.replace(name=ddp.spec.name))
+    runs = [as_ddp if r.spec.name == ddp.spec.name else r for r in launch.runs]
+    verdict = error_table(runs).loc["summed all-reduce", "verdict"]
+    assert verdict.startswith("not shown: no bucket launched during backward"), verdict
 
 
 # ---- 4. source order assumed to be ready order -----------------------------------------------------
@@ -160,10 +170,12 @@ def test_summary_has_one_row_per_error_and_verdicts_computed_from_the_runs(launc
     for error, row in table.iterrows():
         print(f"{error}: {row['says']} => {row['verdict']}")
     assert table.index.tolist() == ["global batch", "replicated memory", "summed all-reduce", "ready order"]
-    # the determined ones are wrong on any machine; the timing one is judged (a loaded machine may not resolve it)
-    determined = table.drop(index="summed all-reduce")["verdict"]
-    assert determined.str.startswith("wrong: ").all(), determined.tolist()
-    assert not table.loc["summed all-reduce", "verdict"].startswith("not shown: ")
+    # none of them rests on timing: each is wrong on any machine
+    assert table["verdict"].str.startswith("wrong: ").all(), table["verdict"].tolist()
+    assert not table["verdict"].str.contains("faster|slower|cannot resolve").any()
+    assert "shown, not judged" in table.loc["global batch", "says"]
+    assert table.loc["summed all-reduce", "verdict"].startswith("wrong: the sum is not the step's cost")
+    assert "notebook 05 (section 6)" in table.loc["summed all-reduce", "verdict"]
 
 
 @pytest.mark.slow
@@ -216,25 +228,28 @@ def _scaling_run(exp, step_ms):
                            step_ms=lambda warmup=0: list(step_ms)[warmup:])
 
 
-def test_fixed_batch_verdict_says_cannot_resolve_where_the_step_ranges_overlap():
+def test_fixed_batch_speedups_and_ranges_are_shown_without_a_verdict(capsys):
     g = common_error_groups(steps=5)
     weak = [_scaling_run(e, [9, 9, 4, 5, 6]) for e in g["weak"]]
-    # 1 rank 10-12 ms; 2 ranks 6-8 ms (faster); 4 ranks 9-13 ms (overlaps)
+    # 1 rank 10-12 ms; 2 ranks 6-8 ms; 4 ranks 9-13 ms
     strong = [_scaling_run(e, t) for e, t in zip(g["strong"], ([99, 99, 10, 11, 12], [99, 99, 6, 7, 8],
                                                                 [99, 99, 9, 11, 13]))]
     table = weak_as_strong(weak, strong)
-    assert table["verdict"].tolist() == ["baseline", "faster", "cannot resolve"]
+    assert "verdict" not in table.columns
     assert table.loc[2, "speedup"] == pytest.approx(11 / 7, abs=1e-3)
     assert table.loc[2, "claimed_speedup"] == pytest.approx(2.0, abs=1e-3)   # twice the examples, same time
     assert (table.loc[2, "speedup_low"], table.loc[2, "speedup_high"]) == pytest.approx((10 / 8, 12 / 6), abs=1e-3)
-    verify_fixed_global_batch(strong, weak)
+    fixed_global_batch_setup(strong, weak)
+    assert "32 on 1 rank, 32 on 2 ranks, 32 on 4 ranks" in capsys.readouterr().out
     with pytest.raises(ValueError):
-        verify_fixed_global_batch(weak, weak)
-    repeats = _scaling_run(g["strong"][-1], [9] * 5)   # 4 ranks that all read the first rank's ids
+        fixed_global_batch_setup(weak, weak)
+    # the counts are printed from what the ranks read, not from the spec: 4 ranks that all read the first
+    # rank's ids consumed 8 distinct examples a step
+    repeats = _scaling_run(g["strong"][-1], [9] * 5)
     for r in repeats.ranks:
         r.steps = repeats.ranks[0].steps
-    with pytest.raises(verify.CheckFailed, match="every step consumed its global batch of distinct examples"):
-        verify_fixed_global_batch([*strong[:-1], repeats], weak)
+    fixed_global_batch_setup([*strong[:-1], repeats], weak)
+    assert "32 on 1 rank, 32 on 2 ranks, 8 on 4 ranks" in capsys.readouterr().out
 
 
 def _state_table(measured, predicted, divided_by):
@@ -252,27 +267,12 @@ def test_replicated_state_check_fails_for_unequal_ranks_or_a_divided_prediction(
         verify_replicated_state(_state_table([100] * 3, [50, 50, 25], [2, 2, 4]))
 
 
-def _overlap_table(excess_ms):
+def _overlap_table(summed_ms, tail_ms):
     rows = {"summed all-reduce durations": 14.0, "communication span": 9.0, "exposed tail": 1.0,
             "summed minus exposed tail": 13.0, "step over compute-only run's step": 5.0}
     table = pd.DataFrame([{"quantity": q, "ms": m, "spread_ms": 1.0} for q, m in rows.items()]).set_index("quantity")
-    table.attrs.update(summed_minus_tail_ms=list(excess_ms))
+    table.attrs.update(summed_ms=list(summed_ms), tail_ms=list(tail_ms))
     return table
-
-
-def test_summed_check_holds_on_a_clear_excess_fails_where_contradicted_and_cannot_resolve_noise():
-    import random
-
-    from ddplab import claims
-
-    rng = random.Random(0)
-    verify_summed_overstates(_overlap_table([13 + rng.gauss(0, 1) for _ in range(16)]))
-    assert judge_summed_overstates(_overlap_table([13 + rng.gauss(0, 1) for _ in range(16)])).holds
-    with pytest.raises(verify.CheckFailed, match="contradicted: the summed all-reduce durations exceed"):
-        verify_summed_overstates(_overlap_table([-2 + rng.gauss(0, 0.5) for _ in range(16)]))   # one late bucket
-    noise = _overlap_table([rng.gauss(0, 3) for _ in range(16)])
-    assert judge_summed_overstates(noise).outcome == claims.UNRESOLVED
-    verify_summed_overstates(noise)   # a difference inside the noise proves nothing, and fails nothing
 
 
 def test_order_check_fails_for_source_order_and_for_its_reverse():
@@ -292,10 +292,10 @@ def test_order_check_fails_for_source_order_and_for_its_reverse():
         verify_ready_not_source_order(table([2, 1, 0]))
 
 
-def test_the_overlap_sentence_follows_the_judged_excess_and_leaves_the_unpaired_step_unjudged():
-    from ddplab.tables.common_errors import overlap_sentence
-
-    assert "the sum exceeds it" in overlap_sentence(_overlap_table([13.0 + i / 10 for i in range(16)]))
-    assert "falls short of it" in overlap_sentence(_overlap_table([-2.0 - i / 10 for i in range(16)]))
-    said = overlap_sentence(_overlap_table([(-1) ** i * i for i in range(16)]))
-    assert "cannot be told from it" in said and "does not judge that difference" in said
+def test_the_overlap_sentence_prints_the_arithmetic_and_leaves_the_unpaired_step_unjudged():
+    said = overlap_sentence(_overlap_table([14.0, 12.0, 3.0, 16.0], [1.0, 2.0, 4.0, 1.5]))
+    assert "per step, median of 4: the tail rank's bucket durations sum to 13.0 ms, the exposed tail is 1.8 ms" in said
+    assert "the sum is the larger in 3 of 4 steps" in said
+    assert "+5.0 ms over the compute-only run's step" in said and "shown, not judged" in said
+    for verdict in ("exceeds", "falls short", "cannot", "holds", "faster", "slower"):
+        assert verdict not in said
