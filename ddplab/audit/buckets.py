@@ -53,12 +53,12 @@ def judge(ev, exp, runs) -> list[Finding]:
                         f"bucket {disorder[0]} launches before bucket {disorder[0] - 1}: DDP launches them in order")))
     tol = MS_ROUNDING * (2 * len(rows) + 1)   # every time rounded, and the sum of them
     summed_true = sum(d - a for _, a, d in rows)
-    ok = abs(summed - summed_true) <= tol
+    ok = summed_ok = abs(summed - summed_true) <= tol
     out.append(Finding("buckets", "summed bucket durations", ok,
                        f"{summed_true:.2f} ms: every all-reduce's launch-to-done, added up" if ok else
                        f"{summed:.2f} ms is not what your trace's durations add up to: add done_ms - launch_ms over "
                        f"every bucket"))
-    last_launch = rows[-1][1]   # the last bucket holds the last gradient: it cannot launch before that is ready
+    last_launch = max(a for _, a, _ in rows)   # the last bucket holds the last gradient: it cannot launch before that is ready
     ok = last_ready <= last_launch + tol
     out.append(Finding("buckets", "the last gradient ready before the last bucket launched", ok,
                        f"your last gradient at {last_ready:.2f} ms, your last bucket launched at {last_launch:.2f} ms"
@@ -69,8 +69,9 @@ def judge(ev, exp, runs) -> list[Finding]:
     exposed_true = max(0.0, end - last_ready)
     ok = abs(exposed - exposed_true) <= tol
     if ok:
-        msg = (f"{exposed_true:.2f} ms of communication still running after the last gradient was ready, of "
-               f"{summed_true:.2f} ms summed: the rest overlapped backward's compute, or another bucket")
+        msg = (f"{exposed_true:.2f} ms of communication still running after the last gradient was ready"
+               + (f", of {summed_true:.2f} ms summed" if summed_ok else "")   # never another row's answer
+               + ": the rest overlapped backward's compute, or another bucket")
     elif abs(exposed - summed_true) <= tol:
         msg = (f"{exposed:.2f} ms is the sum of the buckets' durations; the buckets overlap backward and each other, "
                f"so the exposed tail is only the wait after the last gradient was ready: the last done_ms minus "

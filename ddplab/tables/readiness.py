@@ -54,20 +54,20 @@ def summed_and_tail(run, warmup: int = 2) -> pd.DataFrame:
     """Per step after `warmup` (DDP's first iteration reduces one bucket, the second rebuilds): the
     step's exposed tail (`record.exposed_tail_ms`: over ranks, the longest communication after that
     rank's last gradient was ready), the rank that sets it, and that rank's bucket durations summed;
-    and the tail's two parts, on the ranks' one clock (rank/clock.py): `skew_ms`, how much later the
-    slowest rank's last gradient was ready than the fastest's (a fast rank waits that long for the
-    slow one's compute), and `after_slowest_ms`, communication still running after the slowest rank's
-    last gradient (0 where it ended first)."""
+    and the tail's two parts, on the ranks' one clock (rank/clock.py; across nodes it also holds the
+    clocks' alignment error): `skew_ms`, how much later the slowest rank's last gradient was ready than
+    the tail rank's (the tail rank waits that long for the slow one's compute), and `after_slowest_ms`,
+    the rest of the tail: communication after the slowest rank's last gradient. They add up to the tail."""
     rows = []
     for i in range(warmup, run.spec.steps):
         steps = [r.steps[i] for r in run.ranks]
         tail = record.exposed_tail_ms(steps)
         at = max(range(len(steps)), key=lambda k: steps[k].exposed_tail_ms)
         ready = [s.backward.last_ready_ns for s in steps]
-        done = max(b.done_ns for s in steps for b in s.buckets)
+        skew = min(tail, max(0.0, ms_after(max(ready), ready[at])))   # the tail rank's wait for the slowest rank
         rows.append({"step": i, "exposed_tail_ms": tail, "tail_rank": run.ranks[at].rank,
                      "summed_bucket_durations_ms": sum(ms_after(b.done_ns, b.launch_ns) for b in steps[at].buckets),
-                     "skew_ms": ms_after(max(ready), min(ready)), "after_slowest_ms": max(0.0, ms_after(done, max(ready)))})
+                     "skew_ms": skew, "after_slowest_ms": tail - skew})
     return pd.DataFrame(rows).set_index("step")
 
 

@@ -145,3 +145,11 @@ def test_the_tail_splits_into_the_ranks_skew_and_communication_after_the_slowest
     assert table["exposed_tail_ms"].tolist() == pytest.approx([11.0] * 3)          # the fast rank's share
     assert table["skew_ms"].tolist() == pytest.approx([10.0] * 3)                  # of which, waiting for compute
     assert table["after_slowest_ms"].tolist() == pytest.approx([1.0] * 3)          # and communication after it
+
+
+def test_the_tails_parts_add_up_to_it_when_the_slow_ranks_communication_ends_later():
+    fast = [Step(10, [(2, 6), (10.05, 21.0)])]   # tail 11 ms on the fast rank
+    slow = [Step(20, [(2, 7), (20.05, 30.0)])]   # its own tail 10 ms, ending later
+    row = tables.readiness.summed_and_tail(traced_run([fast, slow]), warmup=0).iloc[0]
+    assert row["exposed_tail_ms"] == pytest.approx(11.0)
+    assert row["skew_ms"] + row["after_slowest_ms"] == pytest.approx(row["exposed_tail_ms"])

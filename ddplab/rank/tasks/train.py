@@ -86,8 +86,8 @@ def run(ctx):
             tokens += y.numel()
         if step == 0:  # a parameter no forward used gets no gradient, and DDP then never reduces its bucket
             unused = [n for n, p in module.named_parameters() if p.requires_grad and p.grad is None]
-        probes.before_optimizer(step)
         log.enter("optimizer", step)
+        probes.before_optimizer(step)   # after the progress log's line: the bytes probe counts the step's own writes
         optimizer.step()
         probes.after_optimizer(step)
         optimizer.zero_grad(set_to_none=True)
