@@ -31,11 +31,11 @@ class _Wire:
         self.thread = threading.Thread(target=self._deliver, name="ddplab-link", daemon=True)
         self.thread.start()
 
-    def hold(self, fut, n_bytes: int):
+    def hold(self, fut, n_bytes: int, calls: int = 1):
         import torch
 
         held = torch.futures.Future()
-        self.transfers.put((fut, n_bytes, held))
+        self.transfers.put((fut, n_bytes, calls, held))
         return held
 
     def _deliver(self) -> None:
@@ -43,11 +43,11 @@ class _Wire:
             item = self.transfers.get()
             if item is None:
                 return
-            fut, n_bytes, held = item
+            fut, n_bytes, calls, held = item
             try:
                 value = fut.wait()
                 start = max(time.perf_counter(), self.free_at)
-                self.free_at = done = start + self.link.wire_s(n_bytes, self.world_size)
+                self.free_at = done = start + self.link.wire_s(n_bytes, self.world_size, calls)
                 left = done - time.perf_counter()
                 if left > 0:
                     time.sleep(left)
@@ -82,6 +82,7 @@ def deactivate() -> None:
         _active = None
 
 
-def hold(fut, n_bytes: int):
-    """`fut` (a real collective's future), completed no earlier than the active link delivers it."""
-    return fut if _active is None else _active.hold(fut, n_bytes)
+def hold(fut, n_bytes: int, calls: int = 1):
+    """`fut` (a real collective's future, or the last of a hook's `calls` all-reduces carrying `n_bytes`
+    in all), completed no earlier than the active link delivers it."""
+    return fut if _active is None else _active.hold(fut, n_bytes, calls)

@@ -7,6 +7,7 @@ One home for every task's data on the reading side, one module per task beside t
     train.py             TrainRecord          allreduce_sweep.py   AllReduceSweepRecord
     bucket_sweep.py      BucketSweepRecord    balance.py           BalanceRecord
     coverage.py          CoverageRecord       fsdp_memory.py       FsdpMemoryRecord
+    comm_hooks.py        CommHooksRecord
     pipeline.py          PipelineRecord       resume.py            ResumeRecord
     tensor_parallel.py   TensorParallelRecord
 
@@ -17,6 +18,7 @@ fills it (`rank/tasks/<task>.py`), `results.load_run` parses it, and the views r
 from .allreduce_sweep import AllReduceSweepRecord, SizeCalls
 from .balance import BalanceArm, BalanceRecord, BalanceStep, CalibrationPoint, CostFit
 from .bucket_sweep import BucketSweepRecord, PlanCheck, SweepArm, SweepStep
+from .comm_hooks import CommHooksRecord, HookArm, HookStep, LearnStep
 from .coverage import CoverageRecord, EpochBatches
 from .envelope import SCHEMA_VERSION, Envelope, RankRecord, RecordError, dump, load, parse
 from .fsdp_memory import FsdpConfigRecord, FsdpMemoryRecord, FsdpUnit, MemorySample
@@ -28,7 +30,7 @@ from .train import (Checksums, Distance, MemoryRecord, MemoryStep, ModelInfo, Pr
                     TrainRecord, TrainStep)
 
 __all__ = ["AllReduceSweepRecord", "SizeCalls", "BalanceArm", "BalanceRecord", "BalanceStep",
-           "CalibrationPoint", "CostFit", "BucketSweepRecord", "PlanCheck", "SweepArm", "SweepStep",
+           "CalibrationPoint", "CostFit", "CommHooksRecord", "HookArm", "HookStep", "LearnStep", "BucketSweepRecord", "PlanCheck", "SweepArm", "SweepStep",
            "CoverageRecord", "EpochBatches", "SCHEMA_VERSION", "Envelope", "RankRecord", "RecordError",
            "dump", "load", "parse", "FsdpConfigRecord", "FsdpMemoryRecord", "FsdpUnit", "MemorySample",
            "PipelineRecord", "PipelineStep", "StageOp", "UnsplitCheck", "CheckpointInfo", "ResumeRecord",

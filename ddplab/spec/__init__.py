@@ -16,8 +16,9 @@ from .tensor_parallel import TensorParallel
 from .allreduce_sweep import AllReduceSweep
 from .balance import BalanceStudy
 from .bucket_sweep import BucketSweep, Plan
+from .comm_hooks import CommHooks
 from .tasks import Phase, TaskSpec, register
 from .train import Train
 
-__all__ = ["AllReduceSweep", "BalanceStudy", "BucketSweep", "DataCoverage", "Resume", "Experiment", "Fault", "FsdpMemory", "LINKS", "Link", "Phase", "Pipeline", "Straggler", "TaskSpec", "TensorParallel", "Train", "Plan",
+__all__ = ["AllReduceSweep", "BalanceStudy", "BucketSweep", "CommHooks", "DataCoverage", "Resume", "Experiment", "Fault", "FsdpMemory", "LINKS", "Link", "Phase", "Pipeline", "Straggler", "TaskSpec", "TensorParallel", "Train", "Plan",
            "register"]

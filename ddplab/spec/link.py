@@ -15,8 +15,8 @@ notes/performance-anchors.md section 1.2).
 
     Experiment(probes=("buckets",), link=Link.named("1GbE"))     # or Link(latency_us=100, gbit_s=2)
 
-Read by the train task (with the buckets probe: its hook is where the hold happens) and the bucket
-sweep. Every table and figure of a run on a link says which (`describe`). Used by notebook 05.
+Read by the train task (with the buckets probe: its hook is where the hold happens), the bucket
+sweep and the comm-hooks comparison (its hooks hold every call). Every table and figure of a run on a link says which (`describe`). Used by notebook 05.
 """
 
 from __future__ import annotations
@@ -46,12 +46,13 @@ class Link:
         if exp is not None:
             _check_with(self, exp)
 
-    def wire_s(self, n_bytes: int, world_size: int) -> float:
-        """Seconds a ring all-reduce of `n_bytes` spends on this link with `world_size` ranks."""
-        if world_size < 2:
+    def wire_s(self, n_bytes: int, world_size: int, calls: int = 1) -> float:
+        """Seconds ring all-reduces of `n_bytes` in all, in `calls` calls, spend on this link with
+        `world_size` ranks (each call pays the hops' latency)."""
+        if world_size < 2 or calls == 0:
             return 0.0
         hops = 2 * (world_size - 1)
-        return hops * self.latency_us * 1e-6 + hops / world_size * n_bytes * 8 / (self.gbit_s * 1e9)
+        return calls * hops * self.latency_us * 1e-6 + hops / world_size * n_bytes * 8 / (self.gbit_s * 1e9)
 
     def alpha_beta(self, world_size: int) -> tuple[float, float]:
         """The link's all-reduce cost as alpha (s) + n x beta (s per byte), to add to a fitted model's."""
@@ -101,5 +102,6 @@ def _check_with(link: Link, exp) -> None:
             bad("link", "holds DDP's bucket all-reduces: it needs sync='ddp' and sharding 'none' or 'zero1'")
         if "buckets" not in exp.probes:
             bad("link", "is held in the buckets probe's communication hook: add 'buckets' to probes")
-    elif exp.task.kind != "bucket-sweep":
-        bad("link", f"only the train task and the bucket sweep put DDP's all-reduces on a link (task is {exp.task.kind!r})")
+    elif exp.task.kind not in ("bucket-sweep", "comm-hooks"):
+        bad("link", f"only the train task, the bucket sweep and the comm-hooks comparison put DDP's all-reduces on a "
+                    f"link (task is {exp.task.kind!r})")

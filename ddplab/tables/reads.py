@@ -30,6 +30,7 @@ MAKES = {
     "fsdp-memory": "recipes.fsdp_configs (notebook 09)",
     "pipeline": "recipes.pipeline (notebook 09)",
     "tensor-parallel": "recipes.tensor_parallel (notebook 09)",
+    "comm-hooks": "recipes.comm_hooks (notebook 10)",
 }
 DEFAULT_ARGS = ("run", "runs")   # what a module's READS applies to
 

@@ -1,0 +1,129 @@
+"""What a DDP communication hook puts on the wire, and whether it pays (pure: numbers in, numbers out).
+
+DDP hands each bucket of local gradients to a communication hook, which must average it across
+ranks and may change what travels (torch.distributed.algorithms.ddp_comm_hooks). Per bucket:
+
+- `allreduce`: the float32 bucket in one all-reduce, 4 bytes a parameter.
+- `fp16`, `bf16`: cast to a 2-byte float, one all-reduce, 2 bytes a parameter; cast back after.
+- `powersgd` (Vogels et al., 2019): for its first `start_iter` steps the plain all-reduce; after,
+  three all-reduces: the tensors it leaves uncompressed (float32, in one flat tensor), then every
+  compressed matrix's factor P (n x r), then its Q (m x r). torch's rule, per gradient tensor: view it
+  as n = shape[0] rows by m = numel / n columns, r = min(n, m, rank); compress it when
+  (n + m) r x min_compression_rate < n m. A 1-D tensor (a bias, a norm's scale) never passes.
+- `noop`: no call at all; the local gradient is used as it is (the headroom of free communication).
+
+A ring all-reduce of N bytes has each rank send 2(D - 1)/D N (`comm.ring_bytes_per_rank`); gloo adds a
+fixed number of framing bytes per call, which the comm-hooks task measures in the same launch.
+
+The step model (`step_ms`): with the whole gradient in one bucket, DDP launches the hook after the last
+gradient and nothing overlaps, so a step is its work on one rank, with communication free (the hook
+run on a one-rank group: compute plus compressing and decompressing) plus each call's all-reduce on
+the wire (alpha-beta, fitted here) plus, on an emulated link, each call's time on that link.
+Used by notebook 10 and its tests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .comm import ring_bytes_per_rank
+
+HOOKS = ("allreduce", "fp16", "bf16", "powersgd", "noop")
+BYTES_PER_ELEMENT = {"allreduce": 4, "fp16": 2, "bf16": 2}
+
+
+@dataclass(frozen=True)
+class PowerSGD:
+    """PowerSGD's settings that decide its payload (torch's `PowerSGDState` names)."""
+
+    rank: int = 2                    # matrix_approximation_rank
+    start_iter: int = 2              # start_powerSGD_iter: plain all-reduce before this step
+    min_compression_rate: float = 2.0
+
+
+def matrix_view(shape) -> tuple[int, int]:
+    """(n, m): the matrix PowerSGD sees a gradient of `shape` as, n = shape[0] rows."""
+    shape = [int(s) for s in shape]
+    numel = 1
+    for s in shape:
+        numel *= s
+    n = shape[0] if shape else 1
+    return n, numel // n if n else 0
+
+
+def compresses(shape, psgd: PowerSGD) -> bool:
+    """Whether PowerSGD compresses a gradient of `shape` (torch's `_should_compress`)."""
+    n, m = matrix_view(shape)
+    r = min(n, m, psgd.rank)
+    return (n + m) * r * psgd.min_compression_rate < n * m
+
+
+def numel(shape) -> int:
+    out = 1
+    for s in shape:
+        out *= int(s)
+    return out
+
+
+def hook_calls(hook: str, shapes, step: int = 0, psgd: PowerSGD = PowerSGD()) -> list[int]:
+    """Bytes of every all-reduce the hook issues for one bucket of float32 gradients of `shapes`, at
+    0-based step `step` (PowerSGD compresses from `psgd.start_iter` on)."""
+    if hook not in HOOKS:
+        raise ValueError(f"hook: one of {', '.join(HOOKS)} (got {hook!r})")
+    elements = sum(numel(s) for s in shapes)
+    if hook == "noop":
+        return []
+    if hook in BYTES_PER_ELEMENT:
+        return [elements * BYTES_PER_ELEMENT[hook]]
+    if step < psgd.start_iter:
+        return [elements * 4]
+    plain = p = q = 0
+    for s in shapes:
+        n, m = matrix_view(s)
+        if compresses(s, psgd):
+            r = min(n, m, psgd.rank)
+            p, q = p + n * r, q + m * r
+        else:
+            plain += numel(s)
+    return [4 * plain, 4 * p, 4 * q]
+
+
+def payload_bytes(hook: str, shapes, step: int = 0, psgd: PowerSGD = PowerSGD()) -> int:
+    """Bytes the hook all-reduces for one bucket: the sum over its calls."""
+    return sum(hook_calls(hook, shapes, step, psgd))
+
+
+def written_bytes(hook: str, shapes, world_size: int, framing_per_call: float, step: int = 0,
+                  psgd: PowerSGD = PowerSGD()) -> float:
+    """Bytes one rank writes for the bucket: each call's ring share plus gloo's framing per call."""
+    calls = hook_calls(hook, shapes, step, psgd)
+    return sum(ring_bytes_per_rank(c, world_size) for c in calls) + framing_per_call * len(calls)
+
+
+def compression_ratio(hook: str, shapes, step: int = 0, psgd: PowerSGD = PowerSGD()) -> float:
+    """How many times fewer bytes than the float32 all-reduce (inf for noop)."""
+    sent = payload_bytes(hook, shapes, step, psgd)
+    return payload_bytes("allreduce", shapes) / sent if sent else float("inf")
+
+
+def step_ms(local_ms: float, calls, call_s, link_s=None) -> float:
+    """The step the model predicts: `local_ms` (the hook on a one-rank group) plus, for every call of
+    `calls` (bytes), `call_s(bytes)` seconds on this machine's wire and `link_s(bytes)` on a link."""
+    wire = sum(call_s(c) for c in calls) + (sum(link_s(c) for c in calls) if link_s else 0.0)
+    return local_ms + 1e3 * wire
+
+
+def comm_ms(hook: str, shapes, world_size: int, busbw_bytes_per_s: float, latency_s: float, step: int = 10 ** 9,
+            psgd: PowerSGD = PowerSGD()) -> float:
+    """A link's time for the hook's all-reduces of one bucket (ms): per call, `latency_s` plus the ring's
+    bytes at the bus bandwidth of nccl-tests (`busbw` = algbw x 2(D - 1)/D, so t = N 2(D - 1)/D / busbw)."""
+    return 1e3 * sum(latency_s + ring_bytes_per_rank(c, world_size) / busbw_bytes_per_s
+                     for c in hook_calls(hook, shapes, step, psgd))
+
+
+def gpt2_shapes(n_layers: int = 12, d_model: int = 768, vocab: int = 50257, n_ctx: int = 1024) -> list[list[int]]:
+    """The parameter shapes of a GPT-2 (transformers' layout: Conv1D weights stored as in x out), 124 M
+    parameters at the defaults: what a practitioner's all-reduce carries."""
+    d = d_model
+    layer = [[d], [d], [d, 3 * d], [3 * d], [d, d], [d], [d], [d], [d, 4 * d], [4 * d], [4 * d, d], [d]]
+    return [[vocab, d], [n_ctx, d], *layer * n_layers, [d], [d]]

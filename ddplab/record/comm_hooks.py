@@ -1,0 +1,48 @@
+"""The communication-hook comparison's record (notebook 10; pure: no torch).
+
+Per hook arm, what one rank saw: the learning steps (loss, the reduced gradient's error against the
+exact float32 average of the same local gradients, the bytes written during backward) and the timed
+steps (step, backward, bytes); plus gloo's framing measured in the same launch (all-reduces of known
+sizes, `SizeCalls`) and what torch refused, in its own words.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .allreduce_sweep import SizeCalls
+
+
+@dataclass(frozen=True)
+class LearnStep:
+    loss: float            # the global mean loss of this step (every rank's, averaged)
+    grad_error: float      # |reduced - exact average| / |exact average|, over the whole gradient
+    write_bytes: int       # bytes this rank wrote during backward
+
+
+@dataclass(frozen=True)
+class HookStep:
+    round: int
+    step_ms: float
+    backward_ms: float
+    write_bytes: int
+
+
+@dataclass(frozen=True)
+class HookArm:
+    hook: str                 # predict.compression.HOOKS
+    group: str                # "world": every rank; "local": a one-rank group (communication is free)
+    buckets: int              # hook calls per backward (the task keeps the gradient in one bucket)
+    learn: list[LearnStep]
+    steps: list[HookStep]
+    param_gap: float | None   # |theta - theta_fp32| / |theta_fp32 - theta_0| after the learning steps
+    first_step: int = 0       # the 0-based step index (PowerSGD's iteration) of the first timed step
+
+
+@dataclass(frozen=True)
+class CommHooksRecord:
+    parameter_names: list[str]
+    parameter_shapes: list[list[int]]
+    framing: list[SizeCalls]                  # all-reduces of known sizes on the world group
+    arms: list[HookArm]
+    refused: dict[str, str] = field(default_factory=dict)   # hook -> torch's error when registered as is

@@ -1,0 +1,81 @@
+"""The communication-hook comparison's settings (notebook 10). Its record: `record/comm_hooks.py`; its
+rank: `rank/tasks/comm_hooks.py`; the payload rule and the step model: `predict/compression.py`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..predict.compression import HOOKS
+from ..record.comm_hooks import CommHooksRecord
+from .checks import bad, is_int, is_number
+from .tasks import GRADIENT_ALL_REDUCE, MODEL_FIELDS, RUN_FIELDS, Phase, TaskSpec, register
+
+# hooks torch ships that fail on torch 2.13 with gloo, and what happens (notes/ddp-internals.md)
+BROKEN_ON_213 = {
+    "batched_powersgd": "torch 2.13's batched_powerSGD_hook raises AssertionError at its first compressed step "
+                        "(_orthogonalize asserts a 3-D batch of matrices; the batched hook passes one 2-D matrix)",
+}
+
+
+@register
+@dataclass(frozen=True, kw_only=True)
+class CommHooks(TaskSpec):
+    """Every hook in `hooks` on its own copy of the model, the whole gradient in one bucket: `learn_steps`
+    training steps from the same start on the same batches (loss, gradient error, bytes), then `rounds`
+    interleaved rounds of `steps_per_round` timed steps; with `local`, each hook also on a one-rank
+    group, where communication is free (what the hook's own work costs). The first hook is the
+    baseline the others are compared with. PowerSGD's settings are torch's (`PowerSGDState`).
+    One bucket for every hook: on gloo, PowerSGD with two or more buckets deadlocks (its callbacks wait
+    on gloo's worker threads) or, with more threads, mismatches collectives across ranks."""
+
+    kind = "comm-hooks"
+    runner = "ddplab.rank.tasks.comm_hooks:run"
+    record = CommHooksRecord
+    phases = (Phase("construct", 1, "broadcast of rank 0's parameters"), Phase("framing", 2, "all_reduce"),
+              Phase("learn", 3, GRADIENT_ALL_REDUCE), Phase("round", 4, GRADIENT_ALL_REDUCE))
+    reads = RUN_FIELDS | MODEL_FIELDS | {"link", "lr"}
+    step_unit = "rounds"
+    hooks: tuple[str, ...] = HOOKS
+    matrix_approximation_rank: int = 2
+    start_powerSGD_iter: int = 2
+    min_compression_rate: float = 2.0
+    use_error_feedback: bool = True
+    warm_start: bool = True
+    learn_steps: int = 12
+    rounds: int = 6
+    steps_per_round: int = 2
+    local: bool = True
+
+    def check(self, exp) -> None:
+        hooks = list(self.hooks) if isinstance(self.hooks, tuple) else None
+        for h in hooks or []:
+            if h in BROKEN_ON_213:
+                bad("task.hooks", f"{h!r} is left out: {BROKEN_ON_213[h]}")
+        if not hooks or not all(h in HOOKS for h in hooks) or len(set(hooks)) != len(hooks):
+            bad("task.hooks", f"distinct hook names from {', '.join(HOOKS)} (got {self.hooks!r})")
+        if hooks[0] != "allreduce":
+            bad("task.hooks", f"start with 'allreduce': the float32 all-reduce is the baseline (got {hooks[0]!r})")
+        if not is_int(self.matrix_approximation_rank) or not 1 <= self.matrix_approximation_rank <= 1024:
+            bad("task.matrix_approximation_rank", f"an integer in 1..1024 (got {self.matrix_approximation_rank!r})")
+        for name in ("use_error_feedback", "warm_start", "local"):
+            if not isinstance(getattr(self, name), bool):
+                bad(f"task.{name}", f"must be True or False (got {getattr(self, name)!r})")
+        low = 2 if (self.use_error_feedback or self.warm_start) else 0
+        if not is_int(self.start_powerSGD_iter) or not low <= self.start_powerSGD_iter <= 10 ** 4:
+            why = " (torch's PowerSGDState needs > 1 with error feedback or warm start)" if low else ""
+            bad("task.start_powerSGD_iter", f"an integer in {low}..10000{why} (got {self.start_powerSGD_iter!r})")
+        if not is_number(self.min_compression_rate) or not 0 < self.min_compression_rate <= 1e6:
+            bad("task.min_compression_rate", f"a number in (0, 1e6] (got {self.min_compression_rate!r})")
+        for name, lo in (("learn_steps", 0), ("rounds", 1), ("steps_per_round", 1)):
+            v = getattr(self, name)
+            if not is_int(v) or not lo <= v <= 10 ** 4:
+                bad(f"task.{name}", f"must be an integer in {lo}..10000 (got {v!r})")
+        if exp.world_size < 2:
+            bad("world_size", f"a communication hook needs at least 2 ranks to talk to (got {exp.world_size})")
+        if exp.dtype != "float32":
+            bad("dtype", f"the hooks compress float32 gradients; use dtype='float32' (got {exp.dtype!r})")
+        if any(isinstance(v, tuple) for v in (exp.local_batch, exp.seq_len)):
+            bad("local_batch", "the hook comparison gives every rank the same work: one local_batch and one seq_len")
+
+    def total_steps(self, exp) -> int:
+        return self.rounds

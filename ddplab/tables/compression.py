@@ -1,0 +1,194 @@
+"""Tables of DDP's communication hooks (notebook 10): bytes each rank wrote against the hook's payload
+rule (`predict/compression.py`), what compression did to learning, and whether it paid, predicted and
+measured.
+
+Steps pair across hooks by (round, step in the round): every hook ran its step i of round r within one
+pass over the arms, after an untimed barrier (`rank/tasks/comm_hooks.py`); a step is timed by its
+slowest rank. Timing claims go through `claims` on those pairs."""
+
+from __future__ import annotations
+
+import statistics
+
+import pandas as pd
+
+from .. import claims, verify
+from ..predict import comm, compression
+from ..units import rel_error
+
+READS = "comm-hooks"
+
+
+def _arms(run, group: str = "world", rank: int = 0) -> dict:
+    return {a.hook: a for a in run.ranks[rank].result.arms if a.group == group}
+
+
+def _psgd(run) -> compression.PowerSGD:
+    t = run.spec.task
+    return compression.PowerSGD(t.matrix_approximation_rank, t.start_powerSGD_iter, t.min_compression_rate)
+
+
+def framing(run) -> pd.DataFrame:
+    """Per all-reduce size: the ring's share per rank, what each rank wrote (median over ranks and
+    repeats) and the difference: gloo's framing, bytes a call writes beyond its payload."""
+    w = run.world_size
+    rows = []
+    for per_rank in zip(*[r.result.framing for r in run.ranks]):
+        n = per_rank[0].bytes
+        written = [b for c in per_rank for b in c.write_bytes]
+        ring = comm.ring_bytes_per_rank(n, w)
+        rows.append({"bytes": n, "ring_share": ring, "written": statistics.median(written),
+                     "framing_min": min(written) - ring, "framing_max": max(written) - ring,
+                     "ms": statistics.median(m for c in per_rank for m in c.ms)})
+    return pd.DataFrame(rows).set_index("bytes")
+
+
+def framing_per_call(run) -> float:
+    """gloo's framing bytes per all-reduce call: the median over every size, rank and repeat."""
+    return float(statistics.median(framing(run)[["framing_min", "framing_max"]].to_numpy().ravel()))
+
+
+def _step_indices(arm) -> list[tuple[str, int, int]]:
+    """(phase, 0-based step index, bytes written) for every step of `arm` that wrote bytes."""
+    out = [("learn", t, s.write_bytes) for t, s in enumerate(arm.learn)]
+    return out + [("timed", arm.first_step + j, s.write_bytes) for j, s in enumerate(arm.steps)]
+
+
+def bytes_table(run, rule=compression.written_bytes) -> pd.DataFrame:
+    """Per hook and per kind of step (PowerSGD's plain steps apart from its compressed ones): the bytes
+    the hook all-reduces (its payload rule), what `rule` predicts each rank writes (ring share + framing
+    per call), what the ranks wrote (median, min, max over every rank and step) and the worst relative
+    error. `rule(hook, shapes, world_size, framing, step, psgd)` is the prediction under test."""
+    w, psgd, frame = run.world_size, _psgd(run), framing_per_call(run)
+    shapes = run.ranks[0].result.parameter_shapes
+    rows = {}
+    for r in run.ranks:
+        for arm in (a for a in r.result.arms if a.group == "world"):
+            for _, step, written in _step_indices(arm):
+                plain = arm.hook == "powersgd" and step < psgd.start_iter
+                key = (arm.hook, "plain (before start_powerSGD_iter)" if plain else "every step")
+                predicted = rule(arm.hook, shapes, w, frame, step, psgd)
+                row = rows.setdefault(key, {"payload_bytes": compression.payload_bytes(arm.hook, shapes, step, psgd),
+                                            "calls": len(compression.hook_calls(arm.hook, shapes, step, psgd)),
+                                            "predicted": predicted, "written": [], "errors": []})
+                row["written"].append(written)
+                row["errors"].append(abs(written - predicted) / predicted if predicted else float(written != 0))
+    table = pd.DataFrame([{"hook": h, "steps": kind, "payload_bytes": v["payload_bytes"], "calls": v["calls"],
+                           "predicted_written": v["predicted"], "written_median": statistics.median(v["written"]),
+                           "written_min": min(v["written"]), "written_max": max(v["written"]),
+                           "worst_rel_error": max(v["errors"]), "n": len(v["written"])}
+                          for (h, kind), v in rows.items()])
+    return table.set_index(["hook", "steps"])
+
+
+def verify_bytes(table: pd.DataFrame, rel: float = 0.02) -> None:
+    """Every rank's bytes in every step within `rel` of the prediction, for every hook (a hook predicted
+    to write nothing must write nothing). Raises `verify.CheckFailed` otherwise."""
+    verify.below("each rank writes, in every step, the hook's payload rule's bytes (ring share + gloo's framing "
+                 "per call): the worst relative error per hook", table["worst_rel_error"], rel)
+
+
+def learning(run) -> pd.DataFrame:
+    """Per hook, over the learning steps (the same batches from the same start): the final global loss,
+    its gap to the float32 all-reduce's, the largest gap on the way, the reduced gradient's error against
+    the exact average (median over the steps it compressed), and how far the parameters ended from the
+    float32 run's (over how far that run moved)."""
+    arms = _arms(run)
+    psgd, base = _psgd(run), arms["allreduce"]
+    if not base.learn:
+        raise ValueError("run: its learn_steps is 0; use recipes.comm_hooks(learn_steps=12)")
+    rows = []
+    for hook, a in arms.items():
+        gaps = [s.loss - b.loss for s, b in zip(a.learn, base.learn)]
+        compressed = [s.grad_error for t, s in enumerate(a.learn) if hook != "powersgd" or t >= psgd.start_iter]
+        rows.append({"hook": hook, "final_loss": a.learn[-1].loss, "loss_gap": gaps[-1],
+                     "largest_gap": max(gaps, key=abs), "grad_error_median": statistics.median(compressed),
+                     "param_gap": a.param_gap})
+    return pd.DataFrame(rows).set_index("hook")
+
+
+def loss_gaps(run) -> dict[str, list[float]]:
+    """Per hook, its global loss minus the float32 all-reduce's, step by step (the learning steps)."""
+    arms = _arms(run)
+    return {h: [s.loss - b.loss for s, b in zip(a.learn, arms["allreduce"].learn)] for h, a in arms.items()}
+
+
+def paired_ms(run, hook: str, group: str = "world", field: str = "step_ms") -> list[float]:
+    """The hook's timed steps in (round, step) order, each timed by its slowest rank."""
+    per_rank = [[getattr(s, field) for s in _arms(run, group, r.rank)[hook].steps] for r in run.ranks]
+    return [max(t) for t in zip(*per_rank)]
+
+
+def model_fit(run) -> comm.AlphaBeta:
+    """The alpha-beta line of this launch's own all-reduces (`framing`), fitted by `predict.comm.fit`."""
+    table = framing(run)
+    return comm.fit(list(table.index), [ms / 1e3 for ms in table["ms"]])
+
+
+def timing(run) -> pd.DataFrame:
+    """Per hook: its cost on a one-rank group (communication free), the extra over the float32 hook's
+    there (compressing and decompressing), the step the model predicts (`predict.compression.step_ms`:
+    that local step + each call on this launch's alpha-beta line + the emulated link), the step measured
+    (medians over the paired steps) and the model's error."""
+    psgd, shapes, w, fit = _psgd(run), run.ranks[0].result.parameter_shapes, run.world_size, model_fit(run)
+    link = run.spec.link
+    link_s = (lambda c: link.wire_s(c, w)) if link is not None else None
+    local_base = paired_ms(run, "allreduce", "local")
+    rows = []
+    for hook, arm in _arms(run).items():
+        local = paired_ms(run, hook, "local")
+        calls = compression.hook_calls(hook, shapes, arm.first_step, psgd)
+        predicted = compression.step_ms(statistics.median(local), calls, fit.predict, link_s)
+        measured = statistics.median(paired_ms(run, hook))
+        rows.append({"hook": hook, "local_ms": statistics.median(local),
+                     "compress_ms": statistics.median(a - b for a, b in zip(local, local_base)),
+                     "predicted_ms": predicted, "measured_ms": measured, "error": rel_error(predicted, measured)})
+    return pd.DataFrame(rows).set_index("hook")
+
+
+def predictor_error(table: pd.DataFrame) -> float:
+    """The step model's median absolute relative error over the hooks of a `timing` table."""
+    return float(table["error"].abs().median())
+
+
+def verdicts(run, table: pd.DataFrame) -> pd.DataFrame:
+    """Per compressing hook, the model's call (faster or slower than the float32 all-reduce, by its
+    predicted steps) judged on the paired measured steps: holds, contradicted or cannot resolve. A
+    family: each claim at `claims.family(k)`. A finding of this run, never a failing check."""
+    hooks = [h for h in table.index if h not in ("allreduce", "noop")]
+    alpha, base = claims.family(len(hooks)), paired_ms(run, "allreduce")
+    rows = []
+    for hook in hooks:
+        delta = table.loc[hook, "predicted_ms"] - table.loc["allreduce", "predicted_ms"]
+        faster = delta < 0
+        v = claims.paired(f"the model's call: {hook} makes the step {'shorter' if faster else 'longer'} than the "
+                          f"float32 all-reduce", paired_ms(run, hook), base, alpha=alpha,
+                          **({"below": 0.0} if faster else {"above": 0.0}))
+        rows.append({"hook": hook, "predicted_delta_ms": delta, "measured_delta_ms": v.center,
+                     "interval_ms": f"[{v.low:+.2f}, {v.high:+.2f}]", "model's call": "shorter" if faster else "longer",
+                     "verdict": v.outcome})
+    return pd.DataFrame(rows).set_index("hook")
+
+
+def judge_pays(run, hooks=("fp16", "powersgd")) -> claims.Verdict:
+    """"Every one of `hooks` shortens the step against the float32 all-reduce", on the paired steps: the
+    weakest of the family (each at `claims.family(k)`)."""
+    alpha, base = claims.family(len(hooks)), paired_ms(run, "allreduce")
+    where = f"on the {run.spec.link.name} link" if run.spec.link is not None else "on loopback"
+    return claims.weakest([claims.paired(f"{h} shortens the step against the float32 all-reduce {where}",
+                                         paired_ms(run, h), base, below=0.0, alpha=alpha) for h in hooks],
+                          then=lambda v: v.high)
+
+
+def cluster(shapes, world_size: int, busbw_gb_s: float, latency_us: float, psgd=compression.PowerSGD(),
+            hooks=("allreduce", "fp16", "powersgd")) -> pd.DataFrame:
+    """A prediction, not a measurement: per hook, the all-reduce time of one bucket holding `shapes` on a
+    link of `busbw_gb_s` bus bandwidth (nccl-tests' figure) and `latency_us` a call, and the time the
+    hook saves against float32: what compressing and decompressing must cost less than, for the hook to
+    pay where the communication is not hidden behind backward."""
+    base = compression.comm_ms("allreduce", shapes, world_size, busbw_gb_s * 1e9, latency_us * 1e-6, psgd=psgd)
+    rows = [{"hook": h, "payload_mb": compression.payload_bytes(h, shapes, 10 ** 9, psgd) / 1e6,
+             "all_reduce_ms": (t := compression.comm_ms(h, shapes, world_size, busbw_gb_s * 1e9, latency_us * 1e-6,
+                                                          psgd=psgd)),
+             "saves_ms": base - t} for h in hooks]
+    return pd.DataFrame(rows).set_index("hook")
