@@ -20,7 +20,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .predict import balance, comm, loss_weights, memory, pipeline, zero
+from .predict import balance, comm, compression, loss_weights, memory, pipeline, zero
 from .spec import Experiment, sharding
 from .verify import CheckFailed, _fmt, _listed
 
@@ -102,6 +102,10 @@ QUESTIONS: dict[str, Question] = {
     "09.4a": Question(
         "question 4: 4 stages, 12 microbatches: bubble fraction",
         lambda: pipeline.bubble_fraction(4, 12), guide=0.2, phrase="= 0.2", hint="(p - 1) / (m + p - 1)"),
+    "10.1": Question(
+        "question 1: a 1024 x 4096 matrix under PowerSGD at rank 4: floats in P and Q together",
+        lambda: compression.payload_bytes("powersgd", [[1024, 4096]], step=10, psgd=compression.PowerSGD(rank=4)) // 4,
+        guide=20480, phrase="= 20480 floats", hint="P is n x r and Q is m x r, with n = 1024 rows and m = 4096 columns"),
     "09.4b": Question(
         "question 4: 4 stages, 12 microbatches, 1F1B: microbatches in flight on stage 0",
         lambda: pipeline.in_flight("1F1B", 4, 12, 0), guide=4, phrase="= 4$", hint="min(m, p - stage)"),
