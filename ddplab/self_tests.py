@@ -105,7 +105,7 @@ QUESTIONS: dict[str, Question] = {
     "10.1": Question(
         "question 1: a 1024 x 4096 matrix under PowerSGD at rank 4: floats in P and Q together",
         lambda: compression.payload_bytes("powersgd", [[1024, 4096]], step=10, psgd=compression.PowerSGD(rank=4)) // 4,
-        guide=20480, phrase="= 20480 floats", hint="P is n x r and Q is m x r, with n = 1024 rows and m = 4096 columns"),
+        guide=20480, phrase="= 20480$ floats", hint="P is n x r and Q is m x r, with n = 1024 rows and m = 4096 columns"),
     "09.4b": Question(
         "question 4: 4 stages, 12 microbatches, 1F1B: microbatches in flight on stage 0",
         lambda: pipeline.in_flight("1F1B", 4, 12, 0), guide=4, phrase="= 4$", hint="min(m, p - stage)"),

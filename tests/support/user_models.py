@@ -72,3 +72,9 @@ def counted(vocab_size: int, d_model: int):
     """Counts its calls: the launcher's checks should build a user's model once per launch."""
     BUILT.append(1)
     return _TokenLinear(vocab_size, d_model)
+
+
+def no_vectors(vocab_size: int, d_model: int):
+    """Only matrices, no bias or norm: PowerSGD compresses every tensor, so its all-reduce of the
+    uncompressed ones is empty (the case pytorch#58467 broke on gloo)."""
+    return nn.Sequential(nn.Embedding(vocab_size, d_model), nn.Linear(d_model, vocab_size, bias=False))

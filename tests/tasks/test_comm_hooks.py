@@ -1,0 +1,91 @@
+"""DDP's communication hooks on real gloo ranks (notebook 10, issue 35): every rank's bytes against the
+payload rule on 2 and 4 ranks, a wrong rule failing the check, the learning gap, what torch refused,
+and PowerSGD on a model whose every tensor it compresses (pytorch#58467 on gloo: fixed in 2.13). One
+shared launch (tests/support), sized small: the notebook runs the full comparison."""
+
+from __future__ import annotations
+
+import pytest
+
+from ddplab import recipes, verify
+from ddplab.predict import compression
+from ddplab.tables import compression as hooks
+from tests.support import share
+
+SMALL = dict(learn_steps=4, rounds=1, steps=2)
+
+
+def _exps():
+    return [recipes.comm_hooks(**SMALL),
+            recipes.comm_hooks(world_size=4, hooks=("allreduce", "fp16", "powersgd"), local=False, **SMALL),
+            recipes.comm_hooks(model="tests.support.user_models:no_vectors", hooks=("allreduce", "powersgd"),
+                               name="comm-hooks-matrices", learn_steps=4, rounds=1, steps=1)]
+
+
+share("comm-hooks", _exps)
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def runs(shared_runs):
+    return {r.spec.name: r for r in shared_runs["comm-hooks"]}
+
+
+@pytest.mark.parametrize("name", ["comm-hooks-w2", "comm-hooks-w4", "comm-hooks-matrices"])
+def test_every_rank_writes_the_payload_rules_bytes_in_every_step(runs, name):
+    table = hooks.bytes_table(runs[name])
+    hooks.verify_bytes(table)
+    assert table["worst_rel_error"].max() < 0.02
+    assert set(table.index.get_level_values("hook")) == set(runs[name].spec.task.hooks)
+
+
+def _ignores_start(hook, shapes, w, framing, step, psgd):
+    return compression.written_bytes(hook, shapes, w, framing, step + psgd.start_iter, psgd)
+
+
+def _fp16_at_four_bytes(hook, shapes, w, framing, step, psgd):
+    return compression.written_bytes("allreduce" if hook == "fp16" else hook, shapes, w, framing, step, psgd)
+
+
+def _forgets_q(hook, shapes, w, framing, step, psgd):
+    """PowerSGD sending only its P factors (the uncompressed tensors and P, no Q)."""
+    calls = compression.hook_calls(hook, shapes, step, psgd)
+    if hook == "powersgd" and len(calls) == 3:
+        return sum(calls[:2]) * 2 * (w - 1) / w + 2 * framing
+    return compression.written_bytes(hook, shapes, w, framing, step, psgd)
+
+
+@pytest.mark.parametrize("rule", [_ignores_start, _fp16_at_four_bytes, _forgets_q])
+def test_a_wrong_payload_rule_fails_the_check(runs, rule):
+    with pytest.raises(verify.CheckFailed, match="payload rule"):
+        hooks.verify_bytes(hooks.bytes_table(runs["comm-hooks-w2"], rule=rule))
+
+
+def test_all_matrices_compressed_leaves_an_empty_all_reduce_that_gloo_now_runs(runs):
+    table = hooks.bytes_table(runs["comm-hooks-matrices"])
+    calls = compression.hook_calls("powersgd", runs["comm-hooks-matrices"].ranks[0].result.parameter_shapes, 10,
+                                   compression.PowerSGD())
+    assert calls[0] == 0 and table.loc[("powersgd", "every step"), "calls"] == 3   # the empty call writes nothing
+
+
+def test_every_hook_gets_one_bucket_and_bf16_is_refused_by_name_on_cpu(runs):
+    run = runs["comm-hooks-w2"]
+    assert {a.buckets for a in run.ranks[0].result.arms} == {1}
+    assert "CUDA" in run.ranks[0].result.refused["bf16"]
+
+
+def test_learning_gaps_follow_the_formats(runs):
+    run = runs["comm-hooks-w2"]
+    learned = hooks.learning(run)
+    assert learned.loc["allreduce", "grad_error_median"] == 0 and learned.loc["allreduce", "param_gap"] == 0
+    assert learned.loc["fp16", "grad_error_median"] < 2 * 2 ** -11 < learned.loc["bf16", "grad_error_median"]
+    assert learned.loc["bf16", "grad_error_median"] < 2 * 2 ** -8 < learned.loc["powersgd", "grad_error_median"]
+    assert learned.loc["noop", "grad_error_median"] > 0.1   # the local gradient is not the average
+
+
+def test_the_timing_tables_read_the_run(runs):
+    run = runs["comm-hooks-w2"]
+    table = hooks.timing(run)
+    assert list(table.index) == list(run.spec.task.hooks)
+    assert (table["measured_ms"] > 0).all() and (table["predicted_ms"] > table["local_ms"] - 1e-9).all()
+    assert set(hooks.verdicts(run, table)["verdict"]) <= {"holds", "contradicted", "cannot resolve"}
