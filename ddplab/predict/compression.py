@@ -42,12 +42,15 @@ class PowerSGD:
 
 
 def matrix_view(shape) -> tuple[int, int]:
-    """(n, m): the matrix PowerSGD sees a gradient of `shape` as, n = shape[0] rows."""
+    """(n, m): the matrix PowerSGD sees a gradient of `shape` as, n = shape[0] rows. torch's hook fails
+    on a 0-d gradient (it views it as shape[0] x -1), so the rule refuses one too."""
     shape = [int(s) for s in shape]
+    if not shape:
+        raise ValueError("shapes: PowerSGD (torch 2.13) cannot view a 0-d gradient as a matrix")
     numel = 1
     for s in shape:
         numel *= s
-    n = shape[0] if shape else 1
+    n = shape[0]
     return n, numel // n if n else 0
 
 
@@ -111,6 +114,7 @@ def compression_ratio(hook: str, shapes, step: int = 0, psgd: PowerSGD = PowerSG
 def step_ms(local_ms: float, calls, call_s, link_s=None) -> float:
     """The step the model predicts: `local_ms` (the hook on a one-rank group) plus, for every call of
     `calls` (bytes), `call_s(bytes)` seconds on this machine's wire and `link_s(bytes)` on a link."""
+    calls = [c for c in calls if c]   # an empty call sends nothing (`written_bytes`)
     wire = sum(call_s(c) for c in calls) + (sum(link_s(c) for c in calls) if link_s else 0.0)
     return local_ms + 1e3 * wire
 
@@ -120,7 +124,27 @@ def comm_ms(hook: str, shapes, world_size: int, busbw_bytes_per_s: float, latenc
     """A link's time for the hook's all-reduces of one bucket (ms): per call, `latency_s` plus the ring's
     bytes at the bus bandwidth of nccl-tests (`busbw` = algbw x 2(D - 1)/D, so t = N 2(D - 1)/D / busbw)."""
     return 1e3 * sum(latency_s + ring_bytes_per_rank(c, world_size) / busbw_bytes_per_s
-                     for c in hook_calls(hook, shapes, step, psgd))
+                     for c in hook_calls(hook, shapes, step, psgd) if c)
+
+
+# bytes of memory traffic per parameter to compress and decompress, on a device whose memory bandwidth
+# bounds both (an assumption, labelled as such where it is used): a cast reads 4 and writes 2, the cast
+# back reads 2 and writes 4; PowerSGD reads each matrix for P = MQ and again for Q = M^T P, reads and
+# writes it for the error feedback, and writes the decompressed P Q^T
+TRAFFIC_BYTES_PER_PARAMETER = {"allreduce": 0, "fp16": 12, "bf16": 12, "powersgd": 24, "noop": 0}
+
+
+def cluster_step_ms(hook: str, shapes, world_size: int, busbw_bytes_per_s: float, latency_s: float,
+                    compute_ms: float, memory_bytes_per_s: float, psgd: PowerSGD = PowerSGD()) -> dict:
+    """The step model on a machine that did not run here (a prediction): `compute_ms` (forward and
+    backward, given), compression as memory traffic over `memory_bytes_per_s`
+    (`TRAFFIC_BYTES_PER_PARAMETER`), and the calls at the link's bus bandwidth and latency, nothing
+    overlapped (one bucket)."""
+    params = sum(numel(s) for s in shapes)
+    compress = 1e3 * TRAFFIC_BYTES_PER_PARAMETER[hook] * params / memory_bytes_per_s
+    wire = comm_ms(hook, shapes, world_size, busbw_bytes_per_s, latency_s, psgd=psgd)
+    return {"compute_ms": compute_ms, "compress_ms": compress, "all_reduce_ms": wire,
+            "step_ms": compute_ms + compress + wire}
 
 
 def gpt2_shapes(n_layers: int = 12, d_model: int = 768, vocab: int = 50257, n_ctx: int = 1024) -> list[list[int]]:

@@ -18,6 +18,7 @@ class LearnStep:
     loss: float            # the global mean loss of this step (every rank's, averaged)
     grad_error: float      # |reduced - exact average| / |exact average|, over the whole gradient
     write_bytes: int       # bytes this rank wrote during backward
+    magnitude: float = 1.0  # |mean over ranks of |g||| / |exact average|: >= 1, large where the ranks' gradients cancel
 
 
 @dataclass(frozen=True)

@@ -70,6 +70,12 @@ class CommHooks(TaskSpec):
             v = getattr(self, name)
             if not is_int(v) or not lo <= v <= 10 ** 4:
                 bad(f"task.{name}", f"must be an integer in {lo}..10000 (got {v!r})")
+        if "powersgd" in hooks and 0 < self.learn_steps <= self.start_powerSGD_iter:
+            bad("task.learn_steps", f"PowerSGD compresses from step {self.start_powerSGD_iter} on: give more learning "
+                                    f"steps than start_powerSGD_iter, or 0 (got {self.learn_steps})")
+        if exp.backend == "nccl" or exp.device == "cuda":
+            bad("backend", "the bytes each rank writes are counted in /proc/self/io, which NCCL's GPU traffic "
+                           "bypasses: run the comparison on gloo and CPU")
         if exp.world_size < 2:
             bad("world_size", f"a communication hook needs at least 2 ranks to talk to (got {exp.world_size})")
         if exp.dtype != "float32":

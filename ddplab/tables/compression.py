@@ -91,8 +91,9 @@ def verify_bytes(table: pd.DataFrame, rel: float = 0.02) -> None:
 def learning(run) -> pd.DataFrame:
     """Per hook, over the learning steps (the same batches from the same start): the final global loss,
     its gap to the float32 all-reduce's, the largest gap on the way, the reduced gradient's error against
-    the exact average (median over the steps it compressed), and how far the parameters ended from the
-    float32 run's (over how far that run moved)."""
+    the exact average of the same local gradients (median over the steps it compressed), the same error
+    over the mean of the ranks' |g| instead (what a sum's rounding is relative to), and how far the
+    parameters ended from the float32 run's (over how far that run moved)."""
     arms = _arms(run)
     psgd, base = _psgd(run), arms["allreduce"]
     if not base.learn:
@@ -100,9 +101,11 @@ def learning(run) -> pd.DataFrame:
     rows = []
     for hook, a in arms.items():
         gaps = [s.loss - b.loss for s, b in zip(a.learn, base.learn)]
-        compressed = [s.grad_error for t, s in enumerate(a.learn) if hook != "powersgd" or t >= psgd.start_iter]
+        compressed = [s for t, s in enumerate(a.learn) if hook != "powersgd" or t >= psgd.start_iter]
         rows.append({"hook": hook, "final_loss": a.learn[-1].loss, "loss_gap": gaps[-1],
-                     "largest_gap": max(gaps, key=abs), "grad_error_median": statistics.median(compressed),
+                     "largest_gap": max(gaps, key=abs),
+                     "grad_error_median": statistics.median(s.grad_error for s in compressed),
+                     "rounding_error_median": statistics.median(s.grad_error / s.magnitude for s in compressed),
                      "param_gap": a.param_gap})
     return pd.DataFrame(rows).set_index("hook")
 
@@ -129,19 +132,26 @@ def timing(run) -> pd.DataFrame:
     """Per hook: its cost on a one-rank group (communication free), the extra over the float32 hook's
     there (compressing and decompressing), the step the model predicts (`predict.compression.step_ms`:
     that local step + each call on this launch's alpha-beta line + the emulated link), the step measured
-    (medians over the paired steps) and the model's error."""
+    (medians over the paired steps) and the model's error. `of_it_in_backward_ms`: how much of the
+    compression cost lands inside backward (DDP calls the hook there; with one bucket, after the last
+    gradient, so nothing of backward's own compute runs beside it)."""
+    if not run.spec.task.local:
+        raise ValueError("task.local: the step model needs each hook on a one-rank group; run with local=True")
     psgd, shapes, w, fit = _psgd(run), run.ranks[0].result.parameter_shapes, run.world_size, model_fit(run)
     link = run.spec.link
     link_s = (lambda c: link.wire_s(c, w)) if link is not None else None
     local_base = paired_ms(run, "allreduce", "local")
+    backward_base = paired_ms(run, "allreduce", "local", "backward_ms")
     rows = []
     for hook, arm in _arms(run).items():
         local = paired_ms(run, hook, "local")
+        backward = paired_ms(run, hook, "local", "backward_ms")
         calls = compression.hook_calls(hook, shapes, arm.first_step, psgd)
         predicted = compression.step_ms(statistics.median(local), calls, fit.predict, link_s)
         measured = statistics.median(paired_ms(run, hook))
         rows.append({"hook": hook, "local_ms": statistics.median(local),
                      "compress_ms": statistics.median(a - b for a, b in zip(local, local_base)),
+                     "of_it_in_backward_ms": statistics.median(a - b for a, b in zip(backward, backward_base)),
                      "predicted_ms": predicted, "measured_ms": measured, "error": rel_error(predicted, measured)})
     return pd.DataFrame(rows).set_index("hook")
 
@@ -177,18 +187,18 @@ def judge_pays(run, hooks=("fp16", "powersgd")) -> claims.Verdict:
     where = f"on the {run.spec.link.name} link" if run.spec.link is not None else "on loopback"
     return claims.weakest([claims.paired(f"{h} shortens the step against the float32 all-reduce {where}",
                                          paired_ms(run, h), base, below=0.0, alpha=alpha) for h in hooks],
-                          then=lambda v: v.high)
+                          then=lambda v: -v.high)   # the weakest "below 0": the highest upper end
 
 
-def cluster(shapes, world_size: int, busbw_gb_s: float, latency_us: float, psgd=compression.PowerSGD(),
-            hooks=("allreduce", "fp16", "powersgd")) -> pd.DataFrame:
-    """A prediction, not a measurement: per hook, the all-reduce time of one bucket holding `shapes` on a
-    link of `busbw_gb_s` bus bandwidth (nccl-tests' figure) and `latency_us` a call, and the time the
-    hook saves against float32: what compressing and decompressing must cost less than, for the hook to
-    pay where the communication is not hidden behind backward."""
-    base = compression.comm_ms("allreduce", shapes, world_size, busbw_gb_s * 1e9, latency_us * 1e-6, psgd=psgd)
+def cluster(shapes, world_size: int, busbw_gb_s: float, latency_us: float, compute_ms: float, memory_gb_s: float,
+            psgd=compression.PowerSGD(), hooks=("allreduce", "fp16", "powersgd")) -> pd.DataFrame:
+    """A prediction, not a measurement: the step model (`predict.compression.cluster_step_ms`) per hook for a
+    bucket holding `shapes`, on a link of `busbw_gb_s` bus bandwidth (nccl-tests' figure) and `latency_us`
+    a call, with `compute_ms` of forward and backward and compression bounded by `memory_gb_s`; every
+    input is an assumption the caller states. `saves_ms`: the step's gain over the float32 all-reduce."""
     rows = [{"hook": h, "payload_mb": compression.payload_bytes(h, shapes, 10 ** 9, psgd) / 1e6,
-             "all_reduce_ms": (t := compression.comm_ms(h, shapes, world_size, busbw_gb_s * 1e9, latency_us * 1e-6,
-                                                          psgd=psgd)),
-             "saves_ms": base - t} for h in hooks]
-    return pd.DataFrame(rows).set_index("hook")
+             **compression.cluster_step_ms(h, shapes, world_size, busbw_gb_s * 1e9, latency_us * 1e-6, compute_ms,
+                                           memory_gb_s * 1e9, psgd)} for h in hooks]
+    table = pd.DataFrame(rows).set_index("hook")
+    table["saves_ms"] = table.loc["allreduce", "step_ms"] - table["step_ms"]
+    return table

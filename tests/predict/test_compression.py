@@ -4,10 +4,11 @@ reasons the spec gives for leaving a hook out are checked against torch as insta
 
 from __future__ import annotations
 
-import itertools
-
 import pytest
 import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
 
 from ddplab.predict import compression
@@ -28,12 +29,33 @@ def test_payload_rule_by_hand():
     assert compression.written_bytes("powersgd", [[8, 4]], 2, 100, step=2, psgd=one) == (32 + 16) + 2 * 100
 
 
-@pytest.mark.parametrize("rank,rate", [(1, 2.0), (2, 2.0), (4, 1.0), (8, 4.0)])
-def test_the_rule_is_torchs_should_compress(rank, rate):
-    for shape in [[n] for n in (1, 7, 512)] + [list(s) for s in itertools.product((1, 3, 16, 256), (1, 5, 64, 768))] + [[4, 3, 3, 2]]:
-        n, m = compression.matrix_view(shape)
-        torch_says = psgd._should_compress(n, m, min(n, m, rank), rate)[0]
-        assert compression.compresses(shape, PowerSGD(rank, 2, rate)) == torch_says, shape
+@pytest.mark.parametrize("rank,rate", [(1, 2.0), (2, 2.0), (4, 1.0)])
+def test_the_rule_matches_what_torchs_hook_allocates(rank, rate):
+    """The oracle is torch's own powerSGD_hook, run by DDP on a one-rank gloo group: the sizes of the P and
+    Q it allocates, and the fp32 tensors it leaves whole, against the rule's calls."""
+    if dist.is_initialized():
+        pytest.skip("this worker already has a default process group")
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(16, 64), nn.Linear(64, 3), nn.Conv1d(3, 5, 3), nn.Linear(1, 2, bias=False))
+        shapes = [list(p.shape) for p in model.parameters()]
+        ddp = DDP(model, bucket_cap_mb=64)
+        state = psgd.PowerSGDState(None, matrix_approximation_rank=rank, start_powerSGD_iter=2, min_compression_rate=rate)
+        ddp.register_comm_hook(state, psgd.powerSGD_hook)
+        for _ in range(3):
+            ddp(torch.randn(4, 3, 16)).sum().backward()
+        calls = compression.hook_calls("powersgd", shapes, step=2, psgd=PowerSGD(rank, 2, rate))
+        whole = sum(compression.numel(s) for s in shapes if not compression.compresses(s, PowerSGD(rank, 2, rate)))
+        assert calls == [4 * whole, 4 * state.p_memory_dict[0].numel(), 4 * state.q_memory_dict[0].numel()]
+        assert len(calls) == 3 and 0 < calls[1] < 4 * sum(compression.numel(s) for s in shapes)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_0d_gradient_is_refused_as_torch_refuses_it():
+    with pytest.raises(ValueError, match="0-d"):
+        compression.hook_calls("powersgd", [[]], step=5)
 
 
 def test_the_reason_batched_powersgd_is_left_out_still_holds():
@@ -65,6 +87,8 @@ def test_the_step_model_adds_each_calls_wire_time_to_the_local_step():
     (dict(task=CommHooks(), world_size=1), "world_size"),
     (dict(task=CommHooks(), dtype="float64"), "dtype"),
     (dict(task=CommHooks(), local_batch=(4, 8)), "local_batch"),
+    (dict(task=CommHooks(learn_steps=2)), "task.learn_steps"),
+    (dict(task=CommHooks(), backend="nccl"), "backend"),
 ])
 def test_a_bad_setting_is_refused_before_launch_naming_its_field(fields, named):
     with pytest.raises(ValueError, match=named.replace(".", r"\.")):

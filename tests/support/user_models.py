@@ -73,8 +73,3 @@ def counted(vocab_size: int, d_model: int):
     BUILT.append(1)
     return _TokenLinear(vocab_size, d_model)
 
-
-def no_vectors(vocab_size: int, d_model: int):
-    """Only matrices, no bias or norm: PowerSGD compresses every tensor, so its all-reduce of the
-    uncompressed ones is empty (the case pytorch#58467 broke on gloo)."""
-    return nn.Sequential(nn.Embedding(vocab_size, d_model), nn.Linear(d_model, vocab_size, bias=False))

@@ -78,8 +78,9 @@ class _Arm:
             self.keep["local"] = bucket.buffer().clone()   # before the hook: PowerSGD adds its error in place
         calls = hook_calls(self.hook, [g.shape for g in bucket.gradients()], self.iteration, self.psgd)
         fut = TORCH_HOOKS[self.hook](state, bucket)
-        if not self.local and calls:
-            fut = link.hold(fut, sum(calls), len(calls))
+        sent = [c for c in calls if c]   # an empty all-reduce sends nothing (predict.compression)
+        if not self.local and sent:
+            fut = link.hold(fut, sum(sent), len(sent))
         if self.keep is not None:
             fut = fut.then(self._kept)
         return fut
@@ -109,9 +110,12 @@ class _Arm:
         dist.all_reduce(exact, group=group)
         exact.div_(dist.get_world_size(group))
         error = float((result - exact).norm() / exact.norm().clamp_min(1e-30))
+        scale = local.abs()   # the mean of the ranks' |g|: what the rounding of a sum is relative to
+        dist.all_reduce(scale, group=group)
+        magnitude = float(scale.div_(dist.get_world_size(group)).norm() / exact.norm().clamp_min(1e-30))
         mean = loss.detach().clone()
         dist.all_reduce(mean, group=group)
-        self.learn.append(LearnStep(float(mean) / dist.get_world_size(group), error, written))
+        self.learn.append(LearnStep(float(mean) / dist.get_world_size(group), error, written, magnitude))
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
 
@@ -179,9 +183,8 @@ def run(ctx):
     gaps = [float((flat_parameters(a.module) - baseline).norm()) / travelled if task.learn_steps and travelled else None
             for a in arms]
     x, y = batch(0)
-    warm = max(WARMUP_STEPS, task.start_powerSGD_iter + 1 - task.learn_steps)
     for a in arms + local:   # DDP rebuilds its bucket after its first step; PowerSGD starts compressing
-        for _ in range(warm):
+        for _ in range(max(WARMUP_STEPS, task.start_powerSGD_iter - a.iteration)):
             a.timed_step(x, y, group, -1)
         a.steps.clear()
     first = [a.iteration for a in arms + local]
