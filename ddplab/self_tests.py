@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from .predict import balance, comm, compression, loss_weights, memory, pipeline, zero
 from .spec import Experiment, sharding
-from .verify import CheckFailed, _fmt, _listed
+from .verify import CheckFailed, fmt, listed
 
 __all__ = ["QUESTIONS", "Question", "check", "expected"]
 
@@ -40,6 +40,7 @@ class Question:
     phrase: str   # the words of the chapter's answer guide that give `guide` (a test finds them there)
     hint: str = ""
     needs: tuple[str, ...] = field(default=())   # the values the notebook's cell passes in
+    rel_tol: float = 1e-6   # how close an answer must be: wider where the guide's answer has many digits
 
 
 def _bytes_per_parameter(spec: Experiment) -> int:
@@ -90,7 +91,8 @@ QUESTIONS: dict[str, Question] = {
         "question 3: eight 512-token sequences, t = 2 + 0.01 x tokens + 0.0001 x sum of squares (ms)",
         lambda: round(balance.CostModel(c_ms=2.0, a_ms_per_token=0.01, b_ms_per_sq=0.0001)
                       .predict(8 * 512, 8 * 512 ** 2), 9),
-        guide=252.6752, phrase="= 252.6752 ms", hint="tokens = 8 x 512; the sum of squared lengths = 8 x 512 x 512"),
+        guide=252.6752, phrase="= 252.6752 ms", hint="tokens = 8 x 512; the sum of squared lengths = 8 x 512 x 512",
+        rel_tol=1e-4),   # 252.68, the guide's answer to two decimals, is right
     "08.1": Question(
         "question 1: 10 examples on 4 ranks, drop_last=False: examples seen twice",
         lambda: -(-10 // 4) * 4 - 10, guide=2, phrase="2 examples are seen twice",
@@ -129,10 +131,10 @@ def expected(key: str, **values) -> object:
         raise ValueError(f"self_tests.check({key!r}): pass {', '.join(q.needs) or 'no values'}"
                          + (f"; missing {', '.join(missing)}" if missing else "")
                          + (f"; unknown {', '.join(unknown)}" if unknown else ""))
-    value = _listed(q.compute(**values))
-    if not _same(value, _listed(q.guide)):
-        raise CheckFailed(f"NOT verified: {q.text}: the answer guide says {_fmt(q.guide)}, the lab computes "
-                          f"{_fmt(value)}")
+    value = listed(q.compute(**values))
+    if not _same(value, listed(q.guide)):
+        raise CheckFailed(f"NOT verified: {q.text}: the answer guide says {fmt(q.guide)}, the lab computes "
+                          f"{fmt(value)}")
     return value
 
 
@@ -140,22 +142,22 @@ def _number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-def _same(a, b) -> bool:
+def _same(a, b, rel_tol: float = 1e-6) -> bool:
     if _number(a) and _number(b):
-        return math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-12)
+        return math.isclose(a, b, rel_tol=rel_tol, abs_tol=1e-12)
     if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+        return len(a) == len(b) and all(_same(x, y, rel_tol) for x, y in zip(a, b))
     return a == b
 
 
-def _how_far(answer, value) -> str:
+def _how_far(answer, value, rel_tol: float = 1e-6) -> str:
     """Where a wrong answer is against the lab's, without saying the lab's value or the distance to it."""
     if _number(answer) and _number(value):   # the side only: a gap would give the answer away
         return "too high" if answer > value else "too low"
     if isinstance(answer, list) and isinstance(value, list):
         if len(answer) != len(value):
             return f"{len(answer)} entries where {len(value)} are due"
-        wrong = [i + 1 for i, (x, y) in enumerate(zip(answer, value)) if not _same(x, y)]
+        wrong = [i + 1 for i, (x, y) in enumerate(zip(answer, value)) if not _same(x, y, rel_tol)]
         return (f"entry {wrong[0]} of {len(value)} differs" if len(wrong) == 1
                 else f"entries {', '.join(map(str, wrong))} of {len(value)} differ")
     return f"a {type(answer).__name__} where a {type(value).__name__} is due"
@@ -170,10 +172,10 @@ def check(key: str, answer, **values) -> bool | None:
     if answer is None:
         print(f"not answered yet: {q.text} (replace None with your answer and run the cell again)")
         return None
-    answer = _listed(answer)
-    if _same(answer, value):
-        print(f"correct: {q.text}: {_fmt(answer)}")
+    answer = listed(answer)
+    if _same(answer, value, q.rel_tol):
+        print(f"correct: {q.text}: {fmt(answer)}")
         return True
-    print(f"not quite: {q.text}: you answered {_fmt(answer)}, {_how_far(answer, value)}"
+    print(f"not quite: {q.text}: you answered {fmt(answer)}, {_how_far(answer, value, q.rel_tol)}"
           + (f"; hint: {q.hint}" if q.hint else ""))
     return False

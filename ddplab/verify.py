@@ -32,16 +32,20 @@ class CheckFailed(AssertionError):
         return [f"CheckFailed: {self}"]
 
 
-def _fmt(v) -> str:
+def fmt(v) -> str:
+    """A value as a check prints it: floats to 3 significant digits, long lists cut after 8 entries."""
     if isinstance(v, bool):
         return str(v)
     if isinstance(v, float):
         return f"{v:.3g}"
     if isinstance(v, (list, tuple)) and len(v) > 8:
-        return "[" + ", ".join(map(_fmt, v[:8])) + f", ... ({len(v)} in all)]"
+        return "[" + ", ".join(map(fmt, v[:8])) + f", ... ({len(v)} in all)]"
     if isinstance(v, (list, tuple)):
-        return "[" + ", ".join(map(_fmt, v)) + "]"
+        return "[" + ", ".join(map(fmt, v)) + "]"
     return str(v)
+
+
+_fmt = fmt
 
 
 def _plain(v):
@@ -93,11 +97,16 @@ def that(claim: str, ok, seen=None, expected=None) -> None:
             "true" if expected is None else _fmt(expected))
 
 
-def _listed(v):
+def listed(v):
+    """A value as checks compare it: numpy and torch scalars as plain numbers, arrays, Series and tuples as
+    lists; anything else unchanged."""
     v = _plain(v)
     if hasattr(v, "tolist"):
         return v.tolist()
     return list(v) if isinstance(v, tuple) else v
+
+
+_listed = listed
 
 
 def equal(claim: str, seen, expected) -> None:

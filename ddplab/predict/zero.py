@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 
+from .comm import ring_bytes_per_rank
 from .memory import zero1_owners
 
 STAGES = (0, 1, 2, 3)
@@ -109,7 +110,7 @@ def zero1_step_bytes(parameter_bytes: int, world_size: int) -> dict[str, float]:
         raise ValueError(f"world_size: must be a positive integer (got {world_size!r})")
     if not parameter_bytes > 0:
         raise ValueError(f"parameter_bytes: the model's parameter bytes, positive (got {parameter_bytes!r})")
-    all_reduce = world_size * 2 * (world_size - 1) / world_size * parameter_bytes
+    all_reduce = world_size * ring_bytes_per_rank(parameter_bytes, world_size)
     broadcast = (world_size - 1) * parameter_bytes
     return {"all_reduce": all_reduce, "broadcast": broadcast, "over_ddp": (all_reduce + broadcast) / all_reduce
             if all_reduce else math.nan}

@@ -84,9 +84,10 @@ def judge_busbw_ceiling(run, ceiling_bytes_per_s: float, what: str = "one loopba
     if not ceiling_bytes_per_s > 0:
         raise ValueError(f"ceiling_bytes_per_s: a positive rate in bytes per second (got {ceiling_bytes_per_s!r})")
     w, ms = run.world_size, call_ms(run)
-    factor = 2 * (w - 1) / w
-    best = max(ms, key=lambda n: factor * n / statistics.median(ms[n]))
-    ratios = [factor * best / (t / 1e3) / ceiling_bytes_per_s for t in ms[best]]
+    if w < 2:
+        raise ValueError(f"run: a bus bandwidth needs at least 2 ranks (this run has {w}: one rank sends nothing)")
+    best = max(ms, key=lambda n: comm.busbw(n, statistics.median(ms[n]) / 1e3, w))
+    ratios = [comm.busbw(best, t / 1e3, w) / ceiling_bytes_per_s for t in ms[best]]
     return claims.judge(f"on {w} ranks each rank's link carried less than {what} can (bus bandwidth at "
                         f"{size_label(best)}, per call, over that rate: {ceiling_bytes_per_s / 1e9:.2f} GB/s)",
                         ratios, below=1.0, unit="", what=f"median over {len(ratios)} calls")

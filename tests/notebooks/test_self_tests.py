@@ -44,7 +44,7 @@ def test_no_self_test_cell_shows_the_answer(key):
     cells = ["".join(c["source"]) for c in _cells(key)
              if c["cell_type"] == "code" and f'self_tests.check("{key}"' in "".join(c["source"])]
     assert len(cells) == 1
-    shown = [self_tests._fmt(v) for v in (q.guide if isinstance(q.guide, list) else [q.guide])]
+    shown = [self_tests.fmt(v) for v in (q.guide if isinstance(q.guide, list) else [q.guide])]
     code = re.sub(r"#.*", "", cells[0])   # the learner's own comments may say "e.g. [1, 2, 3]"
     numbers = re.findall(r"(?<![\w.])\d+(?:\.\d+)?(?![\w.])", code)
     assert "reference" not in cells[0] and q.hint not in cells[0]
@@ -77,3 +77,11 @@ def test_a_cell_that_passes_the_wrong_values_is_told_which_ones():
         self_tests.check("06.1", None)
     with pytest.raises(ValueError, match="no question '99.1'"):
         self_tests.check("99.1", None)
+
+
+def test_an_answer_rounded_as_a_learner_rounds_it_is_right_where_the_question_allows(capsys):
+    """07.3's answer has four decimals: 252.68 is right, 252.0 is not; a question without a tolerance of
+    its own still wants the guide's value."""
+    assert self_tests.check("07.3", 252.68) is True
+    assert self_tests.check("07.3", 252.0) is False
+    assert self_tests.check("03.1", 24.5 * (1 + 1e-4)) is False

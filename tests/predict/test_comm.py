@@ -85,3 +85,15 @@ def test_the_zero1_traffic_check_fails_on_a_step_without_the_broadcast_or_a_chan
     for wrong in (_traffic(0.0004), _traffic(9.87 * 4 / 3), _traffic(9.87, backward_mib=14.8), _traffic(9.87, ddp_step_mib=1.0)):
         with pytest.raises(CheckFailed):
             verify_zero1_traffic(wrong)
+
+
+def test_the_busbw_ceiling_claim_refuses_a_run_of_one_rank():
+    """One rank sends nothing: its bus bandwidth is 0 by the formula, never a measurement of a link."""
+    from types import SimpleNamespace as NS
+
+    from ddplab.tables import comm as comm_tables
+
+    one = NS(spec=NS(task=NS(kind="allreduce-sweep"), name="one", probes=()), world_size=1,
+             ranks=[NS(result=NS(sizes=[NS(bytes=4096, ms=[1.0, 1.1])]))])
+    with pytest.raises(ValueError, match="at least 2 ranks"):
+        comm_tables.judge_busbw_ceiling(one, 1e9)
