@@ -20,7 +20,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .predict import balance, comm, compression, loss_weights, memory, pipeline, zero
+from .predict import balance, buckets, comm, compression, loss_weights, memory, pipeline, zero
 from .spec import Experiment, sharding
 from .verify import CheckFailed, fmt, listed
 
@@ -46,6 +46,10 @@ class Question:
 def _bytes_per_parameter(spec: Experiment) -> int:
     state = memory.state_bytes(spec.replace(world_size=8))
     return round(sum(state.values()) / sum(memory.parameter_numels(spec)))
+
+
+def _half_mib_grads() -> list:
+    return [buckets.Grad(f"g{i}", MIB // 2, float(i)) for i in range(8)]
 
 
 def _per_example_weight_ratio() -> float:
@@ -108,6 +112,12 @@ QUESTIONS: dict[str, Question] = {
         "question 1: a 1024 x 4096 matrix under PowerSGD at rank 4: floats in P and Q together",
         lambda: compression.payload_bytes("powersgd", [[1024, 4096]], step=10, psgd=compression.PowerSGD(rank=4)) // 4,
         guide=20480, phrase="= 20480$ floats", hint="P is n x r and Q is m x r, with n = 1024 rows and m = 4096 columns"),
+    "11.1": Question(
+        "question 1: eight 0.5 MiB gradients, bucket_cap_mb=2: [DDP's buckets, DDPOptimizer's graphs]",
+        lambda: [len(buckets.ddp_plan(_half_mib_grads(), 2 * MIB, 2 * MIB)),
+                 len(buckets.ddp_plan(_half_mib_grads(), 2 * MIB, 1 * MIB))],
+        guide=[2, 3], phrase="= [2, 3]",
+        hint="DDP's first bucket takes the cap you set; DDPOptimizer's first bucket closes at 1 MiB whatever the cap"),
     "09.4b": Question(
         "question 4: 4 stages, 12 microbatches, 1F1B: microbatches in flight on stage 0",
         lambda: pipeline.in_flight("1F1B", 4, 12, 0), guide=4, phrase="= 4$", hint="min(m, p - stage)"),

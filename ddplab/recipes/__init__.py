@@ -5,7 +5,7 @@ arguments override any field. Used by the notebooks, the CLI and the tests.
     launch_and_ranks (00), synchronized_gradient (01), replicated_memory (02), communication (03),
     gradient_readiness (04), buckets_and_overlap (05), global_batch (06), slowest_rank (07),
     failure_lab, coverage, resume and common_errors (08), beyond_ddp (all of 09 in one launch), fsdp_memory,
-    tensor_parallel and pipeline (09), compression (10)
+    tensor_parallel and pipeline (09), compression (10), compiled_ddp (11)
 """
 
 from .beyond_ddp import beyond_ddp_runs
@@ -17,6 +17,7 @@ from .fsdp_memory import fsdp_configs, zero_stages_measured
 from .pipeline import pipeline_parallel
 from .tensor_parallel import dp_tp_mesh, split_layers, tensor_parallel_runs
 from .compression import HOOK_MODEL, comm_hooks
+from .compiled_ddp import COMPILE_MODEL, eager_and_compiled
 from .communication import COMM_MODEL, allreduce_sweep, bytes_on_wire, local_batch_sweep
 from .global_batch import SCALING_MODEL, accumulation, batch_size_study, strong_scaling, weak_scaling
 from .gradient_readiness import backward_trace, readiness_cases
@@ -26,7 +27,7 @@ from .resume import resume_baseline, resumes, world_size_baseline, world_size_re
 from .slowest_rank import STRAGGLER_MODEL, balance_study, delay_sweep, profiled, stragglers
 from .synchronized_gradient import gradient_run, unequal_work
 
-__all__ = ["BUCKET_MODEL", "COMM_MODEL", "HOOK_MODEL", "comm_hooks", "MEMORY_MODEL", "ONE_PER_PARAMETER_MB", "SCALING_MODEL", "STRAGGLER_MODEL",
+__all__ = ["BUCKET_MODEL", "COMM_MODEL", "HOOK_MODEL", "comm_hooks", "COMPILE_MODEL", "eager_and_compiled", "MEMORY_MODEL", "ONE_PER_PARAMETER_MB", "SCALING_MODEL", "STRAGGLER_MODEL",
            "accumulation", "allreduce_sweep", "backward_trace", "batch_size_study", "bucket_sweep", "split_on_link", "bytes_on_wire", "crash",
            "balance_study", "delay_sweep", "profiled", "stragglers",
            "first_launch", "local_batch_sweep", "memory_sweeps", "readiness_cases", "memory_ledger",

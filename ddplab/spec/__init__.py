@@ -17,8 +17,9 @@ from .allreduce_sweep import AllReduceSweep
 from .balance import BalanceStudy
 from .bucket_sweep import BucketSweep, Plan
 from .comm_hooks import CommHooks
+from .compiled_ddp import CompiledDdp
 from .tasks import Phase, TaskSpec, register
 from .train import Train
 
-__all__ = ["AllReduceSweep", "BalanceStudy", "BucketSweep", "CommHooks", "DataCoverage", "Resume", "Experiment", "Fault", "FsdpMemory", "LINKS", "Link", "Phase", "Pipeline", "Straggler", "TaskSpec", "TensorParallel", "Train", "Plan",
+__all__ = ["AllReduceSweep", "BalanceStudy", "BucketSweep", "CommHooks", "CompiledDdp", "DataCoverage", "Resume", "Experiment", "Fault", "FsdpMemory", "LINKS", "Link", "Phase", "Pipeline", "Straggler", "TaskSpec", "TensorParallel", "Train", "Plan",
            "register"]

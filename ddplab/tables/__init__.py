@@ -8,7 +8,8 @@ Nothing here launches ranks or imports rank code; torch loads only to read saved
     equal tokens against cost-balanced batching), failures, coverage, resume and common_errors (08: the failure lab, DistributedSampler's
     coverage of the data set, resuming from a checkpoint, the four common errors; as `tables.<module>.*`), fsdp_memory, tensor_parallel and pipeline (09: FSDP2 memory over
     one step and the ZeRO model, a layer split over ranks and the dp x tp mesh, pipeline schedules and their bubble),
-    compression (10: DDP's communication hooks, their bytes, their effect on learning, whether they pay)
+    compression (10: DDP's communication hooks, their bytes, their effect on learning, whether they pay),
+    compiled_ddp (11: DDPOptimizer's split, readiness and the step under torch.compile)
 
 The chapters' tables are at hand as `tables.<name>(run)`, and the key checks of notebooks 01, 02 and 06
 as `tables.verify_*` (they raise `verify.CheckFailed`; tests/views/test_key_checks.py makes each fail). Used by
@@ -24,11 +25,11 @@ from .gradients import gradient_check, gradient_values, normalization, verify_gl
 from .memory import (memory_cuda, memory_table, memory_moments, memory_sweep, moments_sweep, predicted_moments, sharding,
                      verify_model_state)
 from .ranks import id_ranges, rank_table, reference, steps
-from . import common_errors, common_errors_summary, compression, coverage, failures, fsdp_memory, pipeline, pipeline_steps, resume, tensor_parallel
+from . import common_errors, common_errors_summary, compiled_ddp, compression, coverage, failures, fsdp_memory, pipeline, pipeline_steps, resume, tensor_parallel
 from .readiness import bucket_timeline, dependency_tail, exposed_vs_summed, off_line, ready_order
 from .traces import hta_analysis, memory_timeline, memory_timeline_peaks, trace_events, trace_folder
 
-__all__ = ["common_errors", "common_errors_summary", "compression", "coverage", "failures", "fsdp_memory", "pipeline", "pipeline_steps", "resume", "tensor_parallel", "accumulation", "allreduce_sweep", "balance_assignment", "balance_calibration", "balance_fit", "imbalance", "verify_cost_explains_imbalance",
+__all__ = ["common_errors", "common_errors_summary", "compiled_ddp", "compression", "coverage", "failures", "fsdp_memory", "pipeline", "pipeline_steps", "resume", "tensor_parallel", "accumulation", "allreduce_sweep", "balance_assignment", "balance_calibration", "balance_fit", "imbalance", "verify_cost_explains_imbalance",
            "balance_timing", "balance_verdict", "batch_size_study", "bucket_timeline", "bytes_on_wire",
            "compute_vs_comm", "dependency_tail", "examples_per_step", "examples_seen", "exposed_vs_summed", "fit_summary", "fit_sweep", "gradient_check", "gradient_values", "hta_analysis",
            "id_ranges", "loss_by_examples", "memory_cuda", "memory_table", "memory_moments", "memory_sweep", "memory_timeline",

@@ -31,6 +31,7 @@ MAKES = {
     "pipeline": "recipes.pipeline (notebook 09)",
     "tensor-parallel": "recipes.tensor_parallel (notebook 09)",
     "comm-hooks": "recipes.comm_hooks (notebook 10)",
+    "compiled-ddp": "recipes.eager_and_compiled (notebook 11)",
 }
 DEFAULT_ARGS = ("run", "runs")   # what a module's READS applies to
 

@@ -1,0 +1,160 @@
+"""The compiled-DDP comparison (`CompiledDdp`, notebook 11): the same model in DDP, eager and under
+`torch.compile`, cap by cap.
+
+Per cap, two arms from the same parameters: DDP eager, and `torch.compile(ddp, backend=...)` with
+torch's default `optimize_ddp="ddp_optimizer"`, where Dynamo's DDPOptimizer splits the compiled graph
+where it expects DDP's buckets to end. Both carry the lab's probes: the gradients' ready times
+(post-accumulate-grad hooks, `probes/readiness.py`) and DDP's own buckets as its Reducer all-reduces
+them (a comm hook, `probes/buckets.py`). What the lab does not re-derive, it reads from torch:
+- the split: DDPOptimizer logs "used bucket cap ... and created N buckets" from `pretty_print_buckets`;
+  a logging handler reads that call's `buckets` (their byte sizes and parameters) as torch made them;
+- the graphs compiled: the backend is wrapped, and each graph it is handed is counted.
+Dynamo's caches are reset before each cap (a new module of the same class would otherwise reuse the
+graph, and the split, of the cap before). Each cap: `warmup_steps` steps per arm (the first compiles;
+each step's wall time kept), then `rounds` rounds of `steps_per_round` steps, eager and compiled
+alternating which goes first, every step after an untimed barrier. Runs inside a rank.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import logging
+import re
+
+import torch
+import torch.distributed as dist
+
+from ...record.compiled_ddp import CompiledArm, CompiledDdpRecord, CompiledStep, SplitBucket
+from ...spec.sharding import shard_ids
+from ...units import ms_after
+from .. import clock, models
+from ..parallel.ddp import wrap_in_ddp
+from ..probes.buckets import BucketLog
+from ..probes.readiness import ReadyLog
+from ..training import token_losses
+
+SPLIT_LOGGER = "torch._dynamo.backends.distributed"
+
+
+class SplitRecorder(logging.Handler):
+    """Keeps DDPOptimizer's buckets each time it logs its split (torch's own record, read from the frame
+    of `pretty_print_buckets` that logs it), as [(bytes, [dynamo parameter names], [parameter ids])]."""
+
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.splits: list[list[tuple[int, list[str], list[int]]]] = []
+        self.empty = 0   # graphs DDPOptimizer saw without parameters (it says so at debug level)
+
+    def emit(self, record):
+        msg = record.getMessage()
+        if "captured no parameters" in msg:
+            self.empty += 1
+        if "DDPOptimizer used bucket cap" not in msg:
+            return
+        frame = inspect.currentframe()
+        while frame is not None and frame.f_code.co_name != "pretty_print_buckets":
+            frame = frame.f_back
+        buckets = frame.f_locals.get("buckets", []) if frame is not None else []
+        self.splits.append([(int(b.size), list(b.params), list(b.param_ids)) for b in buckets])
+
+    def __enter__(self):
+        log = logging.getLogger(SPLIT_LOGGER)
+        self._level, self._propagate = log.level, log.propagate
+        log.setLevel(logging.DEBUG)
+        log.propagate = False   # the record is kept here, not printed by every rank
+        log.addHandler(self)
+        return self
+
+    def __exit__(self, *exc):
+        log = logging.getLogger(SPLIT_LOGGER)
+        log.removeHandler(self)
+        log.setLevel(self._level)
+        log.propagate = self._propagate
+
+
+def module_name(dynamo_name: str, known: set[str]) -> str:
+    """'L_self_modules_h_modules_0_modules_ln_1_parameters_weight_' -> 'h.0.ln_1.weight' (kept as it is
+    when that is not one of the module's parameter names)."""
+    parts = [p for p in re.split(r"(?:^|_)(?:modules|parameters)_", re.sub(r"^L_self_", "", dynamo_name)) if p]
+    name = ".".join(parts).rstrip("_")
+    return name if name in known else dynamo_name
+
+
+class _Arm:
+    def __init__(self, ctx, base, cap, compiled: bool):
+        self.cap, self.compiled = cap, compiled
+        self.name = f"{'compiled' if compiled else 'eager'}:{'default' if cap is None else f'{cap:g}'}"
+        self.module = copy.deepcopy(base)
+        self.names = {id(p): n for n, p in self.module.named_parameters()}
+        self.ready = ReadyLog(self.module)
+        self.ddp = wrap_in_ddp(self.module, ctx.device, ctx.group, bucket_cap_mb=cap)
+        self.buckets = BucketLog(ctx.group, self.names)
+        self.ddp.register_comm_hook(None, self.buckets.hook)
+        self.graphs = 0
+        backend = torch._dynamo.lookup_backend(ctx.exp.task.backend) if compiled else None
+
+        def counting(gm, example_inputs):   # every graph the backend is handed: one per piece of the split
+            self.graphs += 1
+            return backend(gm, example_inputs)
+
+        self.run = torch.compile(self.ddp, backend=counting) if compiled else self.ddp
+        self.optimizer = torch.optim.SGD(self.module.parameters(), lr=1e-3)
+        self.first_steps_s: list[float] = []
+        self.steps: list[CompiledStep] = []
+        self.last_ready, self.last_backward_ns, self.last_buckets = [], 0, []
+
+    def step(self, x, y, group, round_: int | None = None) -> None:
+        dist.barrier(group=group)
+        t0 = clock.now_ns()
+        loss = token_losses(self.run(x), y).mean()
+        t1 = clock.now_ns()
+        self.ready.active = True
+        loss.backward()
+        t2 = clock.now_ns()
+        self.ready.active = False
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        t3 = clock.now_ns()
+        self.last_ready, self.last_backward_ns = self.ready.take(), t1
+        self.last_buckets = [b.params for b in self.buckets.take()]
+        if round_ is None:
+            self.first_steps_s.append((t3 - t0) / 1e9)
+        else:
+            self.steps.append(CompiledStep(round_, ms_after(t3, t0), ms_after(t2, t1)))
+
+
+def run(ctx):
+    """Run the comparison on this rank; return (CompiledDdpRecord, no tensors)."""
+    exp, task, group, log = ctx.exp, ctx.exp.task, ctx.group, ctx.log
+    built = models.build_with_data(exp)
+    base = built.module.to(device=ctx.device)
+    known = {n for n, _ in base.named_parameters()}
+    rank = dist.get_rank(group)
+    x, y = (t.to(ctx.device) for t in built.batch(shard_ids(exp.local_batches, 1, 0, 0, rank), exp.seq_len_of(rank)))
+    arms = []
+    for i, cap in enumerate(task.caps_mb):
+        torch._dynamo.reset()   # a fresh cache: this cap's DDP gets its own graph and its own split
+        log.enter("construct", micro=i, detail=f"cap {cap}")
+        eager, compiled = _Arm(ctx, base, cap, False), _Arm(ctx, base, cap, True)
+        with SplitRecorder() as recorder:
+            log.enter("warm-up", micro=i, detail=f"cap {cap}")
+            for _ in range(task.warmup_steps):
+                for a in (eager, compiled):
+                    a.step(x, y, group)
+            for r in range(task.rounds):
+                for s in range(task.steps_per_round):
+                    log.enter("round", r, s + task.steps_per_round * i)
+                    for a in ((eager, compiled) if (r * task.steps_per_round + s) % 2 == 0 else (compiled, eager)):
+                        a.step(x, y, group, r)
+        ids = {id(p): n for n, p in compiled.module.named_parameters()}
+        # a tied weight is listed (and its bytes counted) under each of its names: kept once, by its module name
+        split = [SplitBucket(size, list(dict.fromkeys(ids.get(pid) or module_name(name, known)
+                                                      for name, pid in zip(names, pids))))
+                 for size, names, pids in reversed([b for s in recorder.splits for b in s])]
+        for a in (eager, compiled):
+            arms.append(CompiledArm(a.name, cap, a.compiled, a.first_steps_s, a.graphs, split if a.compiled else None,
+                                    recorder.empty if a.compiled else 0, a.last_buckets, a.last_ready,
+                                    a.last_backward_ns, a.steps))
+    sizes = {n: p.numel() * p.element_size() for n, p in base.named_parameters()}
+    return CompiledDdpRecord(task.backend, sizes, arms), {}

@@ -1,0 +1,58 @@
+"""The compiled-DDP comparison's settings (notebook 11). Its record: `record/compiled_ddp.py`; its rank:
+`rank/tasks/compiled_ddp.py`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..record.compiled_ddp import CompiledDdpRecord
+from .checks import bad, is_int, is_number
+from .tasks import GRADIENT_ALL_REDUCE, MODEL_FIELDS, RUN_FIELDS, Phase, TaskSpec, register
+
+BACKENDS = ("aot_eager", "inductor", "eager")
+FIRST_BUCKET_MB = 1.0   # DDPOptimizer's first bucket, whatever DDP's is (torch/_dynamo/convert_frame.py)
+
+
+@register
+@dataclass(frozen=True, kw_only=True)
+class CompiledDdp(TaskSpec):
+    """For each cap in `caps_mb` (None: DDP's default), the same model in DDP eager and under
+    `torch.compile(ddp, backend=backend)` with DDPOptimizer (`optimize_ddp="ddp_optimizer"`, torch's
+    default): `warmup_steps` steps (the first compiles; timed apart), then `rounds` interleaved rounds
+    of `steps_per_round` timed steps, every arm of a round after an untimed barrier."""
+
+    kind = "compiled-ddp"
+    runner = "ddplab.rank.tasks.compiled_ddp:run"
+    record = CompiledDdpRecord
+    phases = (Phase("construct", 1, "broadcast of rank 0's parameters"), Phase("warm-up", 2, GRADIENT_ALL_REDUCE),
+              Phase("round", 3, GRADIENT_ALL_REDUCE))
+    reads = RUN_FIELDS | MODEL_FIELDS
+    step_unit = "rounds"
+    caps_mb: tuple = (None, 1.0, 4.0)
+    backend: str = "aot_eager"
+    warmup_steps: int = 3
+    rounds: int = 6
+    steps_per_round: int = 2
+
+    def check(self, exp) -> None:
+        caps = list(self.caps_mb) if isinstance(self.caps_mb, tuple) else None
+        if not caps or len(set(caps)) != len(caps) or not all(
+                c is None or (is_number(c) and FIRST_BUCKET_MB <= c <= 2 ** 20) for c in caps):
+            bad("task.caps_mb", f"distinct caps in MiB, each None (DDP's default) or at least {FIRST_BUCKET_MB:g}: "
+                                f"DDPOptimizer asserts its 1 MiB first bucket is no larger than the cap (got {self.caps_mb!r})")
+        if self.backend not in BACKENDS:
+            bad("task.backend", f"one of {', '.join(BACKENDS)} (got {self.backend!r})")
+        if not is_int(self.warmup_steps) or not 2 <= self.warmup_steps <= 100:
+            bad("task.warmup_steps", f"an integer in 2..100: DDP rebuilds its buckets after its first step "
+                                     f"(got {self.warmup_steps!r})")
+        for name in ("rounds", "steps_per_round"):
+            v = getattr(self, name)
+            if not is_int(v) or not 1 <= v <= 10 ** 4:
+                bad(f"task.{name}", f"must be an integer in 1..10000 (got {v!r})")
+        if exp.world_size < 2:
+            bad("world_size", f"DDP's buckets need at least 2 ranks to mean anything (got {exp.world_size})")
+        if any(isinstance(v, tuple) for v in (exp.local_batch, exp.seq_len)):
+            bad("local_batch", "the comparison gives every rank the same work: one local_batch and one seq_len")
+
+    def total_steps(self, exp) -> int:
+        return self.rounds

@@ -1,0 +1,117 @@
+"""Tables of compiled DDP (notebook 11): DDPOptimizer's split against the graphs compiled and against
+DDP's own buckets, when gradients become ready eager and compiled, and the step, eager against
+compiled, cap by cap. The split is torch's own record (`rank/tasks/compiled_ddp.py`), never re-derived
+here; the step is judged by `claims` on the paired steps of one cap."""
+
+from __future__ import annotations
+
+import statistics
+
+import pandas as pd
+
+from .. import claims, verify
+
+READS = "compiled-ddp"
+
+
+def _arms(run, rank: int = 0) -> dict:
+    return {a.name: a for a in run.ranks[rank].result.arms}
+
+
+def _cap(cap) -> str:
+    return "default" if cap is None else f"{cap:g}"
+
+
+def split(run) -> pd.DataFrame:
+    """Per cap: the graphs the backend compiled (the lab's count) and DDPOptimizer's record (its buckets,
+    and graphs it saw without parameters), its first bucket's bytes, and DDP's own buckets in the same
+    compiled step (count, first bucket's bytes), with how many parameters sit in the same bucket in both."""
+    sizes = run.ranks[0].result.parameter_bytes
+    rows = []
+    for a in (a for a in run.ranks[0].result.arms if a.compiled):
+        ddp = a.ddp_buckets
+        where = {p: i for i, b in enumerate(ddp) for p in b}
+        same = sum(1 for i, b in enumerate(a.split) for p in b.params if where.get(p) == i)
+        rows.append({"cap_mb": _cap(a.cap_mb), "graphs_compiled": a.graphs_compiled,
+                     "split_buckets": len(a.split), "split_unsplit_graphs": a.unsplit_graphs,
+                     "split_first_mib": a.split[0].bytes / 2 ** 20 if a.split else 0.0,
+                     "ddp_buckets": len(ddp), "ddp_first_mib": sum(sizes[p] for p in ddp[0]) / 2 ** 20 if ddp else 0.0,
+                     "params_in_same_bucket": f"{same} of {len(where)}"})
+    return pd.DataFrame(rows).set_index("cap_mb")
+
+
+def verify_graphs_match_split(table: pd.DataFrame) -> None:
+    """torch's record and the lab's count agree: the backend compiled one graph per bucket of
+    DDPOptimizer's split (plus one per graph it saw without parameters), at every cap. Raises
+    `verify.CheckFailed` otherwise."""
+    verify.equal("graphs the backend compiled = DDPOptimizer's recorded buckets (+ graphs without parameters), "
+                 "per cap", list(table["graphs_compiled"]),
+                 [int(b + u) for b, u in zip(table["split_buckets"], table["split_unsplit_graphs"])])
+
+
+def split_matches_ddp(table: pd.DataFrame) -> list[str]:
+    """Per cap, one sentence: whether DDPOptimizer's split has DDP's buckets (count and membership)."""
+    out = []
+    for cap, row in table.iterrows():
+        same, total = (int(x) for x in row["params_in_same_bucket"].split(" of "))
+        agree = row["split_buckets"] == row["ddp_buckets"] and same == total
+        out.append(f"cap {cap}: the split {'has' if agree else 'does not have'} DDP's buckets ({row['split_buckets']} "
+                   f"graphs, {row['ddp_buckets']} buckets; first {row['split_first_mib']:.2f} against "
+                   f"{row['ddp_first_mib']:.2f} MiB; {same} of {total} parameters in the same bucket)")
+    return out
+
+
+def ready_order(run, cap=None) -> pd.DataFrame:
+    """At one cap, every parameter's gradient: its position in the ready order and its ready time after
+    backward started (ms), eager and compiled (the last warm-up step, rank 0)."""
+    arms = _arms(run)
+    cols = {}
+    for kind in ("eager", "compiled"):
+        a = arms[f"{kind}:{_cap(cap)}"]
+        cols[f"{kind}_position"] = {e.param: i for i, e in enumerate(a.ready)}
+        cols[f"{kind}_ms"] = {e.param: (e.t_ns - a.backward_start_ns) / 1e6 for e in a.ready}
+    return pd.DataFrame(cols)
+
+
+def verify_ready_under_compile(run) -> None:
+    """Every trainable parameter's post-accumulate-grad hook fired once in the compiled step too: the
+    readiness probe works under torch.compile. Raises `verify.CheckFailed` otherwise."""
+    want = len(run.ranks[0].result.parameter_bytes)
+    verify.equal("gradients seen ready in one compiled step, per cap and rank (every trainable parameter's)",
+                 [len(a.ready) for r in run.ranks for a in r.result.arms if a.compiled],
+                 [want] * sum(1 for r in run.ranks for a in r.result.arms if a.compiled))
+
+
+def order_moves(table: pd.DataFrame) -> str:
+    """One sentence on how far the ready order moved under compile (from a `ready_order` table)."""
+    moved = int((table["eager_position"] != table["compiled_position"]).sum())
+    first = table["eager_position"].idxmin(), table["compiled_position"].idxmin()
+    return (f"{moved} of {len(table)} gradients change place in the ready order; eager's first is {first[0]}, "
+            f"compiled's {first[1]}; the last is ready {table['eager_ms'].max():.1f} ms into backward eager, "
+            f"{table['compiled_ms'].max():.1f} ms compiled")
+
+
+def paired_ms(run, name: str, field: str = "step_ms") -> list[float]:
+    """An arm's timed steps in (round, step) order, each timed by its slowest rank."""
+    per_rank = [[getattr(s, field) for s in _arms(run, r.rank)[name].steps] for r in run.ranks]
+    return [max(t) for t in zip(*per_rank)]
+
+
+def steps(run) -> pd.DataFrame:
+    """Per cap: the first compiled step (its compile), eager's, then the median step of each arm and
+    this run's finding on compiled against eager (paired steps; a family over the caps)."""
+    arms = _arms(run)
+    caps = [a.cap_mb for a in arms.values() if a.compiled]
+    alpha = claims.family(len(caps))
+    rows = []
+    for cap in caps:
+        e, c = arms[f"eager:{_cap(cap)}"], arms[f"compiled:{_cap(cap)}"]
+        v = claims.paired(f"compiled is faster than eager at cap {_cap(cap)}", paired_ms(run, c.name),
+                          paired_ms(run, e.name), below=0.0, alpha=alpha)
+        rows.append({"cap_mb": _cap(cap), "first_step_s_compiled": c.first_steps_s[0],
+                     "first_step_s_eager": e.first_steps_s[0],
+                     "eager_ms": statistics.median(paired_ms(run, e.name)),
+                     "compiled_ms": statistics.median(paired_ms(run, c.name)),
+                     "difference_ms": v.center, "interval_ms": f"[{v.low:+.1f}, {v.high:+.1f}]",
+                     "compiled faster?": claims.finding(v).split("(")[1].split(")")[0]})
+    return pd.DataFrame(rows).set_index("cap_mb")

@@ -1,0 +1,95 @@
+"""Compiled DDP on real gloo ranks (notebook 11, issue 34): the graphs the backend compiled against
+DDPOptimizer's own record of its split, on the lab's GPT-2-style network and on transformers' GPT-2; the
+readiness probe under compile; the checks failing on a split that differs; refusals before launch. One
+shared launch (tests/support), sized small: the notebook runs the full comparison."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pandas as pd
+import pytest
+
+from ddplab import recipes, verify
+from ddplab.predict import buckets
+from ddplab.spec import CompiledDdp, Experiment
+from ddplab.tables import compiled_ddp as compiled
+from tests.support import share
+
+MIB = 2 ** 20
+
+
+def _exps():
+    return [recipes.eager_and_compiled(caps_mb=(None, 2.0), rounds=1, steps=1, name="compiled-lab"),
+            recipes.eager_and_compiled(model="ddplab.examples.hf_gpt2:gpt2", vocab_size=512, d_model=128, n_layers=4,
+                                 n_heads=4, caps_mb=(1.0,), rounds=1, steps=1, name="compiled-hf")]
+
+
+share("compiled-ddp", _exps)
+
+
+@pytest.fixture(scope="module")
+def runs(shared_runs):
+    return {r.spec.name: r for r in shared_runs["compiled-ddp"]}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["compiled-lab", "compiled-hf"])
+def test_the_graphs_compiled_are_torchs_recorded_split(runs, name):
+    table = compiled.split(runs[name])
+    compiled.verify_graphs_match_split(table)
+    assert (table["graphs_compiled"] >= 1).all()
+    if name == "compiled-hf":   # 3.8 MiB of gradients at a 1 MiB cap: split
+        assert table.loc["1", "split_buckets"] > 1
+
+
+@pytest.mark.slow
+def test_a_split_that_differs_from_what_was_compiled_fails_the_check(runs):
+    table = compiled.split(runs["compiled-lab"])
+    wrong = table.assign(split_buckets=table["split_buckets"] + 1)
+    with pytest.raises(verify.CheckFailed, match="DDPOptimizer's recorded buckets"):
+        compiled.verify_graphs_match_split(wrong)
+
+
+@pytest.mark.slow
+def test_ddpoptimizers_first_bucket_ignores_an_explicit_cap(runs):
+    """At cap 2 MiB DDP's own first bucket is about 2 MiB; DDPOptimizer's closes at about 1 MiB."""
+    row = compiled.split(runs["compiled-lab"]).loc["2"]
+    assert row["ddp_first_mib"] >= 2 and row["split_first_mib"] < 1.5
+    assert any("does not have" in s for s in compiled.split_matches_ddp(compiled.split(runs["compiled-lab"])))
+
+
+@pytest.mark.slow
+def test_every_gradient_is_seen_ready_under_compile(runs):
+    compiled.verify_ready_under_compile(runs["compiled-lab"])
+    broken = dataclasses.replace(runs["compiled-lab"], ranks=[dataclasses.replace(
+        r, result=dataclasses.replace(r.result, arms=[dataclasses.replace(a, ready=a.ready[:-1]) for a in r.result.arms]))
+        for r in runs["compiled-lab"].ranks])
+    with pytest.raises(verify.CheckFailed):
+        compiled.verify_ready_under_compile(broken)
+
+
+def test_the_sentence_says_whether_the_split_has_ddps_buckets():
+    table = pd.DataFrame([{"cap_mb": "default", "split_buckets": 2, "ddp_buckets": 2, "split_first_mib": 1.0,
+                           "ddp_first_mib": 1.0, "params_in_same_bucket": "52 of 52"},
+                          {"cap_mb": "2", "split_buckets": 3, "ddp_buckets": 2, "split_first_mib": 1.1,
+                           "ddp_first_mib": 2.0, "params_in_same_bucket": "32 of 52"}]).set_index("cap_mb")
+    said = compiled.split_matches_ddp(table)
+    assert "the split has DDP's buckets" in said[0] and "does not have" in said[1]
+
+
+def test_the_self_tests_rule_gives_ddp_two_buckets_and_ddpoptimizer_three():
+    grads = [buckets.Grad(f"g{i}", MIB // 2, float(i)) for i in range(8)]
+    assert len(buckets.ddp_plan(grads, 2 * MIB, 2 * MIB)) == 2 and len(buckets.ddp_plan(grads, 2 * MIB, MIB)) == 3
+
+
+@pytest.mark.parametrize("fields,named", [(dict(caps_mb=(0.5,)), "task.caps_mb"), (dict(caps_mb=(1.0, 1.0)), "task.caps_mb"),
+                                          (dict(backend="tvm"), "task.backend"), (dict(warmup_steps=1), "task.warmup_steps")])
+def test_a_bad_setting_is_refused_before_launch(fields, named):
+    with pytest.raises(ValueError, match=named.replace(".", r"\.")):
+        Experiment(world_size=2, task=CompiledDdp(**fields))
+
+
+def test_one_rank_is_refused():
+    with pytest.raises(ValueError, match="world_size"):
+        Experiment(world_size=1, task=CompiledDdp())
