@@ -4,11 +4,12 @@ reasons the spec gives for leaving a hook out are checked against torch as insta
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+
 import pytest
 import torch
-import torch.distributed as dist
-import torch.nn as nn
-from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
 
 from ddplab.predict import compression
@@ -29,28 +30,45 @@ def test_payload_rule_by_hand():
     assert compression.written_bytes("powersgd", [[8, 4]], 2, 100, step=2, psgd=one) == (32 + 16) + 2 * 100
 
 
-@pytest.mark.parametrize("rank,rate", [(1, 2.0), (2, 2.0), (4, 1.0)])
-def test_the_rule_matches_what_torchs_hook_allocates(rank, rate):
-    """The oracle is torch's own powerSGD_hook, run by DDP on a one-rank gloo group: the sizes of the P and
-    Q it allocates, and the fp32 tensors it leaves whole, against the rule's calls."""
-    if dist.is_initialized():
-        pytest.skip("this worker already has a default process group")
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        torch.manual_seed(0)
-        model = nn.Sequential(nn.Linear(16, 64), nn.Linear(64, 3), nn.Conv1d(3, 5, 3), nn.Linear(1, 2, bias=False))
-        shapes = [list(p.shape) for p in model.parameters()]
-        ddp = DDP(model, bucket_cap_mb=64)
-        state = psgd.PowerSGDState(None, matrix_approximation_rank=rank, start_powerSGD_iter=2, min_compression_rate=rate)
-        ddp.register_comm_hook(state, psgd.powerSGD_hook)
-        for _ in range(3):
-            ddp(torch.randn(4, 3, 16)).sum().backward()
-        calls = compression.hook_calls("powersgd", shapes, step=2, psgd=PowerSGD(rank, 2, rate))
-        whole = sum(compression.numel(s) for s in shapes if not compression.compresses(s, PowerSGD(rank, 2, rate)))
-        assert calls == [4 * whole, 4 * state.p_memory_dict[0].numel(), 4 * state.q_memory_dict[0].numel()]
-        assert len(calls) == 3 and 0 < calls[1] < 4 * sum(compression.numel(s) for s in shapes)
-    finally:
-        dist.destroy_process_group()
+ORACLE = """
+import json, sys, torch, torch.distributed as dist, torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(16, 64), nn.Linear(64, 3), nn.Conv1d(3, 5, 3), nn.Linear(1, 2, bias=False))
+out = {"shapes": [list(p.shape) for p in model.parameters()]}
+for rank, rate in json.loads(sys.argv[1]):
+    ddp = DDP(model, bucket_cap_mb=64)
+    state = psgd.PowerSGDState(None, matrix_approximation_rank=rank, start_powerSGD_iter=2, min_compression_rate=rate)
+    ddp.register_comm_hook(state, psgd.powerSGD_hook)
+    for _ in range(3):
+        ddp(torch.randn(4, 3, 16)).sum().backward()
+    out[f"{rank},{rate}"] = [state.p_memory_dict[0].numel(), state.q_memory_dict[0].numel()]
+print(json.dumps(out))
+dist.destroy_process_group()
+"""
+SETTINGS = [(1, 2.0), (2, 2.0), (4, 1.0)]
+
+
+@pytest.fixture(scope="module")
+def torchs_hook():
+    """What torch's own powerSGD_hook allocates, run by DDP on a one-rank gloo group in a process of its
+    own (no process group is left behind in the test's)."""
+    got = subprocess.run([sys.executable, "-c", ORACLE, json.dumps(SETTINGS)], capture_output=True, text=True,
+                         timeout=120)
+    assert got.returncode == 0, got.stderr[-2000:]
+    return json.loads(got.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("rank,rate", SETTINGS)
+def test_the_rule_matches_what_torchs_hook_allocates(torchs_hook, rank, rate):
+    """The oracle is torch's own hook: the sizes of the P and Q it allocates, against the rule's calls."""
+    shapes, (p, q) = torchs_hook["shapes"], torchs_hook[f"{rank},{rate}"]
+    calls = compression.hook_calls("powersgd", shapes, step=2, psgd=PowerSGD(rank, 2, rate))
+    whole = sum(compression.numel(s) for s in shapes if not compression.compresses(s, PowerSGD(rank, 2, rate)))
+    assert calls == [4 * whole, 4 * p, 4 * q]
+    assert 0 < calls[1] < 4 * sum(compression.numel(s) for s in shapes)
 
 
 def test_a_0d_gradient_is_refused_as_torch_refuses_it():
