@@ -28,7 +28,7 @@ class CompiledStep:
 
 @dataclass(frozen=True)
 class CompiledArm:
-    name: str                          # "eager:<cap>" or "compiled:<cap>"
+    name: str                          # "eager:<cap>", "compiled:<cap>" (+ "/<mode>" beside ddp_optimizer)
     cap_mb: float | None               # None: DDP's default (25 MiB, 1 MiB first bucket)
     compiled: bool
     first_steps_s: list[float]         # wall time of each warm-up step (the first compiles)
@@ -39,6 +39,8 @@ class CompiledArm:
     ready: list[ReadyEvent]            # the last warm-up step's gradients, in ready order (shared clock)
     backward_start_ns: int
     steps: list[CompiledStep] = field(default_factory=list)
+    mode: str = "ddp_optimizer"        # torch._dynamo.config.optimize_ddp of the block the arm ran in
+    param_gap: float | None = None     # compiled: largest relative difference from the eager arm's parameters
 
 
 @dataclass(frozen=True)

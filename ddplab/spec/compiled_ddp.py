@@ -10,16 +10,20 @@ from .checks import bad, is_int, is_number
 from .tasks import GRADIENT_ALL_REDUCE, MODEL_FIELDS, RUN_FIELDS, Phase, TaskSpec, register
 
 BACKENDS = ("aot_eager", "inductor", "eager")
+# torch._dynamo.config.optimize_ddp: ddp_optimizer (the default: the graph split at DDPOptimizer's buckets),
+# no_optimization (one graph; every all-reduce after backward), python_reducer (compiled autograd traces
+# a Python reducer; DDP's C++ Reducer is not used)
+MODES = ("ddp_optimizer", "no_optimization", "python_reducer")
 FIRST_BUCKET_MB = 1.0   # DDPOptimizer's first bucket, whatever DDP's is (torch/_dynamo/convert_frame.py)
 
 
 @register
 @dataclass(frozen=True, kw_only=True)
 class CompiledDdp(TaskSpec):
-    """For each cap in `caps_mb` (None: DDP's default), the same model in DDP eager and under
-    `torch.compile(ddp, backend=backend)` with DDPOptimizer (`optimize_ddp="ddp_optimizer"`, torch's
-    default): `warmup_steps` steps (the first compiles; timed apart), then `rounds` interleaved rounds
-    of `steps_per_round` timed steps, every arm of a round after an untimed barrier."""
+    """For each cap in `caps_mb` (None: DDP's default) and each of `modes` (`optimize_ddp`; torch's default
+    is ddp_optimizer), the same model in DDP eager and under `torch.compile(ddp, backend=backend)`:
+    `warmup_steps` steps (the first compiles; timed apart), then `rounds` interleaved rounds of
+    `steps_per_round` timed steps, every arm of a round after an untimed barrier."""
 
     kind = "compiled-ddp"
     runner = "ddplab.rank.tasks.compiled_ddp:run"
@@ -30,6 +34,7 @@ class CompiledDdp(TaskSpec):
     step_unit = "rounds"
     caps_mb: tuple = (None, 1.0, 4.0)
     backend: str = "aot_eager"
+    modes: tuple[str, ...] = ("ddp_optimizer",)
     warmup_steps: int = 3
     rounds: int = 6
     steps_per_round: int = 2
@@ -40,6 +45,9 @@ class CompiledDdp(TaskSpec):
                 c is None or (is_number(c) and FIRST_BUCKET_MB <= c <= 2 ** 20) for c in caps):
             bad("task.caps_mb", f"distinct caps in MiB, each None (DDP's default) or at least {FIRST_BUCKET_MB:g}: "
                                 f"DDPOptimizer asserts its 1 MiB first bucket is no larger than the cap (got {self.caps_mb!r})")
+        modes = list(self.modes) if isinstance(self.modes, tuple) else None
+        if not modes or len(set(modes)) != len(modes) or not all(m in MODES for m in modes):
+            bad("task.modes", f"distinct modes from {', '.join(MODES)} (got {self.modes!r})")
         if self.backend not in BACKENDS:
             bad("task.backend", f"one of {', '.join(BACKENDS)} (got {self.backend!r})")
         if not is_int(self.warmup_steps) or not 2 <= self.warmup_steps <= 100:

@@ -28,7 +28,7 @@ def split(run) -> pd.DataFrame:
     compiled step (count, first bucket's bytes), with how many parameters sit in the same bucket in both."""
     sizes = run.ranks[0].result.parameter_bytes
     rows = []
-    for a in (a for a in run.ranks[0].result.arms if a.compiled):
+    for a in (a for a in run.ranks[0].result.arms if a.compiled and a.mode == "ddp_optimizer"):
         ddp = a.ddp_buckets
         where = {p: i for i, b in enumerate(ddp) for p in b}
         same = sum(1 for i, b in enumerate(a.split) for p in b.params if where.get(p) == i)
@@ -74,12 +74,30 @@ def ready_order(run, cap=None) -> pd.DataFrame:
 
 
 def verify_ready_under_compile(run) -> None:
-    """Every trainable parameter's post-accumulate-grad hook fired once in the compiled step too: the
-    readiness probe works under torch.compile. Raises `verify.CheckFailed` otherwise."""
+    """Every trainable parameter's post-accumulate-grad hook fired once in the compiled step too (torch's
+    default mode, ddp_optimizer): the readiness probe works under torch.compile. Raises
+    `verify.CheckFailed` otherwise."""
     want = len(run.ranks[0].result.parameter_bytes)
+    seen = [len(a.ready) for r in run.ranks for a in r.result.arms if a.compiled and a.mode == "ddp_optimizer"]
     verify.equal("gradients seen ready in one compiled step, per cap and rank (every trainable parameter's)",
-                 [len(a.ready) for r in run.ranks for a in r.result.arms if a.compiled],
-                 [want] * sum(1 for r in run.ranks for a in r.result.arms if a.compiled))
+                 seen, [want] * len(seen))
+
+
+def modes(run) -> pd.DataFrame:
+    """Per compiled arm (cap and `optimize_ddp` mode), what rank 0 saw in one step: graphs compiled, the
+    gradients whose post-accumulate-grad hook fired, and the buckets DDP's comm hook was handed."""
+    return pd.DataFrame([{"arm": a.name, "mode": a.mode, "graphs_compiled": a.graphs_compiled,
+                          "gradients_seen_ready": len(a.ready), "ddp_buckets_seen": len(a.ddp_buckets),
+                          "param_gap_to_eager": max(r.result.arms[i].param_gap for r in run.ranks)}
+                         for i, a in enumerate(run.ranks[0].result.arms) if a.compiled]).set_index("arm")
+
+
+def verify_same_training(run, rel: float = 1e-4) -> None:
+    """Every compiled arm ended its steps with the eager arm's parameters (same start, same batches, same
+    steps), on every rank: compiling changed the schedule, not the mathematics. Raises
+    `verify.CheckFailed` otherwise."""
+    verify.below("largest relative difference between a compiled arm's parameters and its eager twin's, over "
+                 "arms and ranks", [a.param_gap for r in run.ranks for a in r.result.arms if a.compiled], rel)
 
 
 def order_moves(table: pd.DataFrame) -> str:
@@ -98,20 +116,20 @@ def paired_ms(run, name: str, field: str = "step_ms") -> list[float]:
 
 
 def steps(run) -> pd.DataFrame:
-    """Per cap: the first compiled step (its compile), eager's, then the median step of each arm and
-    this run's finding on compiled against eager (paired steps; a family over the caps)."""
+    """Per compiled arm (cap and mode): the first compiled step (its compile), eager's, then the median step
+    of each and this run's finding on compiled against eager (paired steps; a family over the arms)."""
     arms = _arms(run)
-    caps = [a.cap_mb for a in arms.values() if a.compiled]
-    alpha = claims.family(len(caps))
+    compiled = [a for a in arms.values() if a.compiled]
+    alpha = claims.family(len(compiled))
     rows = []
-    for cap in caps:
-        e, c = arms[f"eager:{_cap(cap)}"], arms[f"compiled:{_cap(cap)}"]
-        v = claims.paired(f"compiled is faster than eager at cap {_cap(cap)}", paired_ms(run, c.name),
+    for c in compiled:
+        e = arms[c.name.replace("compiled", "eager", 1)]
+        v = claims.paired(f"compiled ({c.mode}) is faster than eager at cap {_cap(c.cap_mb)}", paired_ms(run, c.name),
                           paired_ms(run, e.name), below=0.0, alpha=alpha)
-        rows.append({"cap_mb": _cap(cap), "first_step_s_compiled": c.first_steps_s[0],
+        rows.append({"arm": c.name, "first_step_s_compiled": c.first_steps_s[0],
                      "first_step_s_eager": e.first_steps_s[0],
                      "eager_ms": statistics.median(paired_ms(run, e.name)),
                      "compiled_ms": statistics.median(paired_ms(run, c.name)),
                      "difference_ms": v.center, "interval_ms": f"[{v.low:+.1f}, {v.high:+.1f}]",
                      "compiled faster?": claims.finding(v).split("(")[1].split(")")[0]})
-    return pd.DataFrame(rows).set_index("cap_mb")
+    return pd.DataFrame(rows).set_index("arm")

@@ -21,6 +21,8 @@ MIB = 2 ** 20
 
 def _exps():
     return [recipes.eager_and_compiled(caps_mb=(None, 2.0), rounds=1, steps=1, name="compiled-lab"),
+            recipes.eager_and_compiled(caps_mb=(1.0,), modes=("no_optimization", "python_reducer"), rounds=1, steps=1,
+                                       name="compiled-modes"),
             recipes.eager_and_compiled(model="ddplab.examples.hf_gpt2:gpt2", vocab_size=512, d_model=128, n_layers=4,
                                  n_heads=4, caps_mb=(1.0,), rounds=1, steps=1, name="compiled-hf")]
 
@@ -69,6 +71,16 @@ def test_every_gradient_is_seen_ready_under_compile(runs):
         compiled.verify_ready_under_compile(broken)
 
 
+@pytest.mark.slow
+def test_every_mode_trains_exactly_like_eager_and_python_reducer_has_no_buckets(runs):
+    for name in ("compiled-lab", "compiled-modes"):
+        compiled.verify_same_training(runs[name])
+    table = compiled.modes(runs["compiled-modes"])
+    assert table.loc["compiled:1/python_reducer", "ddp_buckets_seen"] == 0
+    assert table.loc["compiled:1/no_optimization", "graphs_compiled"] == 1
+    assert (table["gradients_seen_ready"] == len(runs["compiled-modes"].ranks[0].result.parameter_bytes)).all()
+
+
 def test_the_sentence_says_whether_the_split_has_ddps_buckets():
     table = pd.DataFrame([{"cap_mb": "default", "split_buckets": 2, "ddp_buckets": 2, "split_first_mib": 1.0,
                            "ddp_first_mib": 1.0, "params_in_same_bucket": "52 of 52"},
@@ -84,7 +96,8 @@ def test_the_self_tests_rule_gives_ddp_two_buckets_and_ddpoptimizer_three():
 
 
 @pytest.mark.parametrize("fields,named", [(dict(caps_mb=(0.5,)), "task.caps_mb"), (dict(caps_mb=(1.0, 1.0)), "task.caps_mb"),
-                                          (dict(backend="tvm"), "task.backend"), (dict(warmup_steps=1), "task.warmup_steps")])
+                                          (dict(backend="tvm"), "task.backend"), (dict(warmup_steps=1), "task.warmup_steps"),
+                                          (dict(modes=("fast",)), "task.modes")])
 def test_a_bad_setting_is_refused_before_launch(fields, named):
     with pytest.raises(ValueError, match=named.replace(".", r"\.")):
         Experiment(world_size=2, task=CompiledDdp(**fields))

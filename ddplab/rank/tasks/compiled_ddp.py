@@ -9,8 +9,10 @@ them (a comm hook, `probes/buckets.py`). What the lab does not re-derive, it rea
 - the split: DDPOptimizer logs "used bucket cap ... and created N buckets" from `pretty_print_buckets`;
   a logging handler reads that call's `buckets` (their byte sizes and parameters) as torch made them;
 - the graphs compiled: the backend is wrapped, and each graph it is handed is counted.
-Dynamo's caches are reset before each cap (a new module of the same class would otherwise reuse the
-graph, and the split, of the cap before). Each cap: `warmup_steps` steps per arm (the first compiles;
+Each (cap, mode) is a block of its own, run under `torch._dynamo.config.patch(optimize_ddp=mode)`
+(python_reducer also turns on compiled autograd), with Dynamo's caches reset before it (a new module of
+the same class would otherwise reuse the graph, and the split, of the block before). Each block:
+`warmup_steps` steps per arm (the first compiles;
 each step's wall time kept), then `rounds` rounds of `steps_per_round` steps, eager and compiled
 alternating which goes first, every step after an untimed barrier. Runs inside a rank.
 """
@@ -27,12 +29,13 @@ import torch.distributed as dist
 
 from ...record.compiled_ddp import CompiledArm, CompiledDdpRecord, CompiledStep, SplitBucket
 from ...spec.sharding import shard_ids
+from ...tensors import rel_max_diff
 from ...units import ms_after
 from .. import clock, models
 from ..parallel.ddp import wrap_in_ddp
 from ..probes.buckets import BucketLog
 from ..probes.readiness import ReadyLog
-from ..training import token_losses
+from ..training import flat_parameters, token_losses
 
 SPLIT_LOGGER = "torch._dynamo.backends.distributed"
 
@@ -82,15 +85,21 @@ def module_name(dynamo_name: str, known: set[str]) -> str:
 
 
 class _Arm:
-    def __init__(self, ctx, base, cap, compiled: bool):
-        self.cap, self.compiled = cap, compiled
-        self.name = f"{'compiled' if compiled else 'eager'}:{'default' if cap is None else f'{cap:g}'}"
+    def __init__(self, ctx, base, cap, compiled: bool, mode: str = "ddp_optimizer"):
+        self.cap, self.compiled, self.mode = cap, compiled, mode
+        self.name = (f"{'compiled' if compiled else 'eager'}:{'default' if cap is None else f'{cap:g}'}"
+                     + ("" if mode == "ddp_optimizer" else f"/{mode}"))
+        self.config = dict(optimize_ddp=mode if compiled else "ddp_optimizer",
+                           compiled_autograd=mode == "python_reducer" and compiled)
         self.module = copy.deepcopy(base)
         self.names = {id(p): n for n, p in self.module.named_parameters()}
         self.ready = ReadyLog(self.module)
-        self.ddp = wrap_in_ddp(self.module, ctx.device, ctx.group, bucket_cap_mb=cap)
+        with torch._dynamo.config.patch(**self.config):   # DDP reads the mode at construction (python_reducer)
+            self.ddp = wrap_in_ddp(self.module, ctx.device, ctx.group, bucket_cap_mb=cap)
         self.buckets = BucketLog(ctx.group, self.names)
-        self.ddp.register_comm_hook(None, self.buckets.hook)
+        if not (compiled and mode == "python_reducer"):
+            # the Python reducer calls a comm hook once per gradient, with (grad, param): no bucket at all
+            self.ddp.register_comm_hook(None, self.buckets.hook)
         self.graphs = 0
         backend = torch._dynamo.lookup_backend(ctx.exp.task.backend) if compiled else None
 
@@ -106,12 +115,13 @@ class _Arm:
 
     def step(self, x, y, group, round_: int | None = None) -> None:
         dist.barrier(group=group)
-        t0 = clock.now_ns()
-        loss = token_losses(self.run(x), y).mean()
-        t1 = clock.now_ns()
-        self.ready.active = True
-        loss.backward()
-        t2 = clock.now_ns()
+        with torch._dynamo.config.patch(**self.config):   # this arm's mode, for its forward and its backward
+            t0 = clock.now_ns()
+            loss = token_losses(self.run(x), y).mean()
+            t1 = clock.now_ns()
+            self.ready.active = True
+            loss.backward()
+            t2 = clock.now_ns()
         self.ready.active = False
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -133,12 +143,13 @@ def run(ctx):
     rank = dist.get_rank(group)
     x, y = (t.to(ctx.device) for t in built.batch(shard_ids(exp.local_batches, 1, 0, 0, rank), exp.seq_len_of(rank)))
     arms = []
-    for i, cap in enumerate(task.caps_mb):
-        torch._dynamo.reset()   # a fresh cache: this cap's DDP gets its own graph and its own split
-        log.enter("construct", micro=i, detail=f"cap {cap}")
-        eager, compiled = _Arm(ctx, base, cap, False), _Arm(ctx, base, cap, True)
+    blocks = [(cap, mode) for cap in task.caps_mb for mode in task.modes]
+    for i, (cap, mode) in enumerate(blocks):
+        torch._dynamo.reset()   # a fresh cache: this block's DDP gets its own graph and its own split
+        log.enter("construct", micro=i, detail=f"cap {cap}, {mode}")
+        eager, compiled = _Arm(ctx, base, cap, False, mode), _Arm(ctx, base, cap, True, mode)
         with SplitRecorder() as recorder:
-            log.enter("warm-up", micro=i, detail=f"cap {cap}")
+            log.enter("warm-up", micro=i, detail=f"cap {cap}, {mode}")
             for _ in range(task.warmup_steps):
                 for a in (eager, compiled):
                     a.step(x, y, group)
@@ -152,9 +163,11 @@ def run(ctx):
         split = [SplitBucket(size, list(dict.fromkeys(ids.get(pid) or module_name(name, known)
                                                       for name, pid in zip(names, pids))))
                  for size, names, pids in reversed([b for s in recorder.splits for b in s])]
+        # the same steps on the same batches from the same start: the parameters must agree
+        gap = rel_max_diff(flat_parameters(compiled.module), flat_parameters(eager.module))
         for a in (eager, compiled):
             arms.append(CompiledArm(a.name, cap, a.compiled, a.first_steps_s, a.graphs, split if a.compiled else None,
                                     recorder.empty if a.compiled else 0, a.last_buckets, a.last_ready,
-                                    a.last_backward_ns, a.steps))
+                                    a.last_backward_ns, a.steps, mode, gap if a.compiled else None))
     sizes = {n: p.numel() * p.element_size() for n, p in base.named_parameters()}
     return CompiledDdpRecord(task.backend, sizes, arms), {}
