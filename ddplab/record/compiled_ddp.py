@@ -1,7 +1,7 @@
 """The compiled-DDP comparison's record (notebook 11; pure: no torch).
 
 Per arm (a cap, eager or compiled): how long its first steps took (the compile), the split torch's
-DDPOptimizer recorded (its buckets, largest-index first as DDP numbers them), the graphs the backend
+DDPOptimizer recorded (its buckets, in DDP's order: the first all-reduced first), the graphs the backend
 was asked to compile (counted by the lab's wrapper around the backend), DDP's own buckets as its
 Reducer all-reduced them (the comm hook), the gradients' ready order and times, and the timed steps.
 """
@@ -34,7 +34,8 @@ class CompiledArm:
     first_steps_s: list[float]         # wall time of each warm-up step (the first compiles)
     graphs_compiled: int               # graphs the backend compiled (the lab's count)
     split: list[SplitBucket] | None    # DDPOptimizer's own record of the split, in DDP's bucket order (None: eager)
-    unsplit_graphs: int                # graphs DDPOptimizer saw with no parameter (compiled whole, one each)
+    recorded_graphs: int               # graphs torch's records account for: every recorded bucket of every frame
+                                       # DDPOptimizer split, plus one per graph it saw without parameters
     ddp_buckets: list[list[str]]       # DDP's Reducer buckets, in the order it all-reduced them
     ready: list[ReadyEvent]            # the last warm-up step's gradients, in ready order (shared clock)
     backward_start_ns: int

@@ -23,8 +23,9 @@ def _cap(cap) -> str:
 
 
 def split(run) -> pd.DataFrame:
-    """Per cap: the graphs the backend compiled (the lab's count) and DDPOptimizer's record (its buckets,
-    and graphs it saw without parameters), its first bucket's bytes, and DDP's own buckets in the same
+    """Per cap: the graphs the backend compiled (the lab's count) and those DDPOptimizer's records account
+    for, the buckets of its split (and any parameter name in it that is not the model's), its first
+    bucket's bytes, and DDP's own buckets in the same
     compiled step (count, first bucket's bytes), with how many parameters sit in the same bucket in both."""
     sizes = run.ranks[0].result.parameter_bytes
     rows = []
@@ -33,7 +34,8 @@ def split(run) -> pd.DataFrame:
         where = {p: i for i, b in enumerate(ddp) for p in b}
         same = sum(1 for i, b in enumerate(a.split) for p in b.params if where.get(p) == i)
         rows.append({"cap_mb": _cap(a.cap_mb), "graphs_compiled": a.graphs_compiled,
-                     "split_buckets": len(a.split), "split_unsplit_graphs": a.unsplit_graphs,
+                     "graphs_recorded": a.recorded_graphs, "split_buckets": len(a.split),
+                     "unknown_names": sum(1 for b in a.split for p in b.params if p not in sizes),
                      "split_first_mib": a.split[0].bytes / 2 ** 20 if a.split else 0.0,
                      "ddp_buckets": len(ddp), "ddp_first_mib": sum(sizes[p] for p in ddp[0]) / 2 ** 20 if ddp else 0.0,
                      "params_in_same_bucket": f"{same} of {len(where)}"})
@@ -44,9 +46,10 @@ def verify_graphs_match_split(table: pd.DataFrame) -> None:
     """torch's record and the lab's count agree: the backend compiled one graph per bucket of
     DDPOptimizer's split (plus one per graph it saw without parameters), at every cap. Raises
     `verify.CheckFailed` otherwise."""
-    verify.equal("graphs the backend compiled = DDPOptimizer's recorded buckets (+ graphs without parameters), "
-                 "per cap", list(table["graphs_compiled"]),
-                 [int(b + u) for b, u in zip(table["split_buckets"], table["split_unsplit_graphs"])])
+    verify.equal("graphs the backend compiled = the graphs DDPOptimizer's records account for, per cap",
+                 list(table["graphs_compiled"]), list(table["graphs_recorded"]))
+    verify.equal("parameters in DDPOptimizer's record that are not the model's, per cap", list(table["unknown_names"]),
+                 [0] * len(table))
 
 
 def split_matches_ddp(table: pd.DataFrame) -> list[str]:
@@ -98,6 +101,18 @@ def verify_same_training(run, rel: float = 1e-4) -> None:
     `verify.CheckFailed` otherwise."""
     verify.below("largest relative difference between a compiled arm's parameters and its eager twin's, over "
                  "arms and ranks", [a.param_gap for r in run.ranks for a in r.result.arms if a.compiled], rel)
+
+
+def bursts(run, cap=None) -> pd.DataFrame:
+    """At one cap, per compiled piece (DDPOptimizer's bucket, in DDP's order): its parameters, and how
+    long their gradients took to become ready from the first to the last, eager and compiled (ms)."""
+    arms, order = _arms(run), ready_order(run, cap)
+    rows = []
+    for i, b in enumerate(arms[f"compiled:{_cap(cap)}"].split):
+        part = order.loc[[p for p in b.params if p in order.index]]
+        rows.append({"piece": i, "parameters": len(part), "eager_spread_ms": part["eager_ms"].max() - part["eager_ms"].min(),
+                     "compiled_spread_ms": part["compiled_ms"].max() - part["compiled_ms"].min()})
+    return pd.DataFrame(rows).set_index("piece")
 
 
 def order_moves(table: pd.DataFrame) -> str:

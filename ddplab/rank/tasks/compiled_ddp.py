@@ -62,18 +62,25 @@ class SplitRecorder(logging.Handler):
         self.splits.append([(int(b.size), list(b.params), list(b.param_ids)) for b in buckets])
 
     def __enter__(self):
-        log = logging.getLogger(SPLIT_LOGGER)
-        self._level, self._propagate = log.level, log.propagate
+        log, graphs = logging.getLogger(SPLIT_LOGGER), logging.getLogger(SPLIT_LOGGER + ".__ddp_graphs")
+        self._saved = (log.level, log.propagate, list(log.handlers), graphs.level)
+        for h in self._saved[2]:   # the record is kept here, not printed by every rank into its log
+            log.removeHandler(h)
         log.setLevel(logging.DEBUG)
-        log.propagate = False   # the record is kept here, not printed by every rank
+        log.propagate = False
+        graphs.setLevel(logging.WARNING)   # DEBUG above would dump every split graph
         log.addHandler(self)
         return self
 
     def __exit__(self, *exc):
-        log = logging.getLogger(SPLIT_LOGGER)
+        log, graphs = logging.getLogger(SPLIT_LOGGER), logging.getLogger(SPLIT_LOGGER + ".__ddp_graphs")
         log.removeHandler(self)
-        log.setLevel(self._level)
-        log.propagate = self._propagate
+        level, propagate, handlers, graphs_level = self._saved
+        for h in handlers:
+            log.addHandler(h)
+        log.setLevel(level)
+        log.propagate = propagate
+        graphs.setLevel(graphs_level)
 
 
 def module_name(dynamo_name: str, known: set[str]) -> str:
@@ -89,11 +96,13 @@ class _Arm:
         self.cap, self.compiled, self.mode = cap, compiled, mode
         self.name = (f"{'compiled' if compiled else 'eager'}:{'default' if cap is None else f'{cap:g}'}"
                      + ("" if mode == "ddp_optimizer" else f"/{mode}"))
-        self.config = dict(optimize_ddp=mode if compiled else "ddp_optimizer",
-                           compiled_autograd=mode == "python_reducer" and compiled)
+        self.config = dict(optimize_ddp=mode if compiled else "ddp_optimizer")
+        self.compiled_autograd = compiled and mode == "python_reducer"
         self.module = copy.deepcopy(base)
         self.names = {id(p): n for n, p in self.module.named_parameters()}
-        self.ready = ReadyLog(self.module)
+        # compiled autograd traces Python hooks: the readiness probe's would cut its backward into a graph
+        # per parameter (measured: 54 graphs, a first step of 54 s on 2 cores), so the Python reducer goes unprobed
+        self.ready = None if compiled and mode == "python_reducer" else ReadyLog(self.module)
         with torch._dynamo.config.patch(**self.config):   # DDP reads the mode at construction (python_reducer)
             self.ddp = wrap_in_ddp(self.module, ctx.device, ctx.group, bucket_cap_mb=cap)
         self.buckets = BucketLog(ctx.group, self.names)
@@ -108,6 +117,7 @@ class _Arm:
             return backend(gm, example_inputs)
 
         self.run = torch.compile(self.ddp, backend=counting) if compiled else self.ddp
+        self.counting = counting
         self.optimizer = torch.optim.SGD(self.module.parameters(), lr=1e-3)
         self.first_steps_s: list[float] = []
         self.steps: list[CompiledStep] = []
@@ -119,14 +129,20 @@ class _Arm:
             t0 = clock.now_ns()
             loss = token_losses(self.run(x), y).mean()
             t1 = clock.now_ns()
-            self.ready.active = True
-            loss.backward()
+            if self.ready:
+                self.ready.active = True
+            if self.compiled_autograd:   # the backward, and the Python reducer's all-reduces, compiled too
+                with torch._dynamo.compiled_autograd._enable(torch.compile(backend=self.counting)):
+                    loss.backward()
+            else:
+                loss.backward()
             t2 = clock.now_ns()
-        self.ready.active = False
+        if self.ready:
+            self.ready.active = False
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         t3 = clock.now_ns()
-        self.last_ready, self.last_backward_ns = self.ready.take(), t1
+        self.last_ready, self.last_backward_ns = (self.ready.take() if self.ready else []), t1
         self.last_buckets = [b.params for b in self.buckets.take()]
         if round_ is None:
             self.first_steps_s.append((t3 - t0) / 1e9)
@@ -158,16 +174,16 @@ def run(ctx):
                     log.enter("round", r, s + task.steps_per_round * i)
                     for a in ((eager, compiled) if (r * task.steps_per_round + s) % 2 == 0 else (compiled, eager)):
                         a.step(x, y, group, r)
-        ids = {id(p): n for n, p in compiled.module.named_parameters()}
-        # a tied weight is listed (and its bytes counted) under each of its names: kept once, by its module name
-        split = [SplitBucket(size, list(dict.fromkeys(ids.get(pid) or module_name(name, known)
-                                                      for name, pid in zip(names, pids))))
-                 for size, names, pids in reversed([b for s in recorder.splits for b in s])]
+        # the split of the last frame DDPOptimizer split (a recompile would record it again), in DDP's bucket
+        # order; every recorded bucket counts toward the graphs the backend should have been handed
+        last = recorder.splits[-1] if recorder.splits else []
+        split = [SplitBucket(size, [module_name(name, known) for name in names]) for size, names, _ in reversed(last)]
+        recorded = sum(len(s) for s in recorder.splits) + recorder.empty
         # the same steps on the same batches from the same start: the parameters must agree
         gap = rel_max_diff(flat_parameters(compiled.module), flat_parameters(eager.module))
         for a in (eager, compiled):
             arms.append(CompiledArm(a.name, cap, a.compiled, a.first_steps_s, a.graphs, split if a.compiled else None,
-                                    recorder.empty if a.compiled else 0, a.last_buckets, a.last_ready,
+                                    recorded if a.compiled else 0, a.last_buckets, a.last_ready,
                                     a.last_backward_ns, a.steps, mode, gap if a.compiled else None))
     sizes = {n: p.numel() * p.element_size() for n, p in base.named_parameters()}
     return CompiledDdpRecord(task.backend, sizes, arms), {}
