@@ -20,9 +20,8 @@ MIB = 2 ** 20
 
 
 def _exps():
-    return [recipes.eager_and_compiled(caps_mb=(None, 2.0), rounds=1, steps=1, name="compiled-lab"),
-            recipes.eager_and_compiled(model="ddplab.examples.hf_gpt2:gpt2", vocab_size=512, d_model=128, n_layers=4,
-                                 n_heads=4, caps_mb=(1.0,), rounds=1, steps=1, name="compiled-hf")]
+    # transformers' GPT-2 goes through the same check in notebook 11 (`tables.compiled_ddp.verify_graphs_match_split`)
+    return [recipes.eager_and_compiled(caps_mb=(2.0,), rounds=1, steps=1, name="compiled-lab")]
 
 
 share("compiled-ddp", _exps)
@@ -34,13 +33,10 @@ def runs(shared_runs):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["compiled-lab", "compiled-hf"])
-def test_the_graphs_compiled_are_torchs_recorded_split(runs, name):
-    table = compiled.split(runs[name])
+def test_the_graphs_compiled_are_torchs_recorded_split(runs):
+    table = compiled.split(runs["compiled-lab"])
     compiled.verify_graphs_match_split(table)
-    assert (table["graphs_compiled"] >= 1).all()
-    if name == "compiled-hf":   # 3.8 MiB of gradients at a 1 MiB cap: split
-        assert table.loc["1", "split_buckets"] > 1
+    assert table.loc["2", "split_buckets"] > 1   # 3.3 MiB of gradients at a 2 MiB cap: split
 
 
 @pytest.mark.slow
