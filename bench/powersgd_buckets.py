@@ -21,6 +21,9 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+from pathlib import Path
+
+from ddplab.launch.torchrun import kill_tree
 
 SCRIPT = textwrap.dedent("""
     import os, torch, torch.distributed as dist, torch.nn as nn
@@ -49,27 +52,6 @@ CASES = [("one bucket", "25", "default", ("runs",)),
          ("several buckets, 8 gloo threads", "0.25", "8", ("hangs", "fails"))]
 
 
-def _kill_tree(p: subprocess.Popen, path: str) -> None:
-    """torchrun and every rank (torchrun starts each rank in its own session), and anything still
-    running the script: no orphans."""
-    import psutil
-
-    procs = []
-    try:
-        procs = [psutil.Process(p.pid), *psutil.Process(p.pid).children(recursive=True)]
-    except psutil.Error:
-        pass
-    for q in psutil.process_iter(["cmdline"]):
-        if path in " ".join(q.info["cmdline"] or []) and q not in procs:
-            procs.append(q)
-    for q in procs:
-        try:
-            q.kill()
-        except psutil.Error:
-            pass
-    psutil.wait_procs(procs, timeout=10)
-
-
 def launch(path: str, cap: str, threads: str, timeout: float) -> tuple[str, str]:
     env = {**os.environ, "CAP": cap, "THREADS": threads}
     with tempfile.TemporaryFile("w+") as log:
@@ -78,10 +60,10 @@ def launch(path: str, cap: str, threads: str, timeout: float) -> tuple[str, str]
         try:
             p.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            _kill_tree(p, path)
+            kill_tree(p, Path(path))   # torchrun, every rank (each in its own session), anything running the script
             return "hangs", f"no result within {timeout:g} s"
         finally:
-            _kill_tree(p, path)
+            kill_tree(p, Path(path))
         log.seek(0)
         out = log.read()
     if p.returncode == 0:

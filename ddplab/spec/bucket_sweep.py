@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from ..record.bucket_sweep import BucketSweepRecord
-from .checks import bad, is_int
+from .checks import bad, int_in, same_work_on_every_rank
 from .tasks import MODEL_FIELDS, RUN_FIELDS, Phase, TaskSpec, register
 
 
@@ -76,11 +76,8 @@ class BucketSweep(TaskSpec):
             bad("task.plans", f"a bucket sweep needs distinct plans '<kind>:<cap MiB>' with kind one of "
                               f"{', '.join(PLAN_KINDS)} and a cap > 0 ('default' for ddp and bare) (got {plans!r})")
         for name in ("rounds", "steps_per_round"):
-            v = getattr(self, name)
-            if not is_int(v) or not 1 <= v <= 10 ** 4:
-                bad(f"task.{name}", f"must be an integer in 1..10000 (got {v!r})")
-        if any(isinstance(v, tuple) for v in (exp.local_batch, exp.seq_len)):
-            bad("local_batch", "a bucket sweep gives every rank the same work: one local_batch and one seq_len")
+            int_in(f"task.{name}", getattr(self, name), 1, 10 ** 4)
+        same_work_on_every_rank(exp, "a bucket sweep")
 
     def total_steps(self, exp) -> int:
         return self.rounds

@@ -35,6 +35,18 @@ def is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+def int_in(field_name: str, v, low: int, high: int) -> None:
+    """`v` must be an integer in low..high; a ValueError naming the field otherwise."""
+    if not is_int(v) or not low <= v <= high:
+        bad(field_name, f"must be an integer in {low}..{high} (got {v!r})")
+
+
+def same_work_on_every_rank(exp, what: str) -> None:
+    """A task that compares arms needs one local_batch and one seq_len for every rank."""
+    if any(isinstance(v, tuple) for v in (exp.local_batch, exp.seq_len)):
+        bad("local_batch", f"{what} gives every rank the same work: one local_batch and one seq_len")
+
+
 def is_number(v) -> bool:
     """A finite int or float (not a bool, not inf or nan, not an int too large for a float)."""
     if not isinstance(v, (int, float)) or isinstance(v, bool):

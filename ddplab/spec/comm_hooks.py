@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from ..predict.compression import HOOKS
 from ..record.comm_hooks import CommHooksRecord
-from .checks import bad, is_int, is_number
+from .checks import bad, int_in, is_int, is_number, same_work_on_every_rank
 from .tasks import GRADIENT_ALL_REDUCE, MODEL_FIELDS, RUN_FIELDS, Phase, TaskSpec, register
 
 # hooks torch ships that fail on torch 2.13 with gloo, and what happens (notes/ddp-internals.md)
@@ -67,9 +67,7 @@ class CommHooks(TaskSpec):
         if not is_number(self.min_compression_rate) or not 0 < self.min_compression_rate <= 1e6:
             bad("task.min_compression_rate", f"a number in (0, 1e6] (got {self.min_compression_rate!r})")
         for name, lo in (("learn_steps", 0), ("rounds", 1), ("steps_per_round", 1)):
-            v = getattr(self, name)
-            if not is_int(v) or not lo <= v <= 10 ** 4:
-                bad(f"task.{name}", f"must be an integer in {lo}..10000 (got {v!r})")
+            int_in(f"task.{name}", getattr(self, name), lo, 10 ** 4)
         if "powersgd" in hooks and 0 < self.learn_steps <= self.start_powerSGD_iter:
             bad("task.learn_steps", f"PowerSGD compresses from step {self.start_powerSGD_iter} on: give more learning "
                                     f"steps than start_powerSGD_iter, or 0 (got {self.learn_steps})")
@@ -80,8 +78,7 @@ class CommHooks(TaskSpec):
             bad("world_size", f"a communication hook needs at least 2 ranks to talk to (got {exp.world_size})")
         if exp.dtype != "float32":
             bad("dtype", f"the hooks compress float32 gradients; use dtype='float32' (got {exp.dtype!r})")
-        if any(isinstance(v, tuple) for v in (exp.local_batch, exp.seq_len)):
-            bad("local_batch", "the hook comparison gives every rank the same work: one local_batch and one seq_len")
+        same_work_on_every_rank(exp, "the hook comparison")
 
     def total_steps(self, exp) -> int:
         return self.rounds

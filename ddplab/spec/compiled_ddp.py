@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..record.compiled_ddp import CompiledDdpRecord
-from .checks import bad, is_int, is_number
+from .checks import bad, int_in, is_int, is_number, same_work_on_every_rank
 from .tasks import GRADIENT_ALL_REDUCE, MODEL_FIELDS, RUN_FIELDS, Phase, TaskSpec, register
 
 BACKENDS = ("aot_eager", "inductor", "eager")
@@ -54,13 +54,10 @@ class CompiledDdp(TaskSpec):
             bad("task.warmup_steps", f"an integer in 2..100: DDP rebuilds its buckets after its first step "
                                      f"(got {self.warmup_steps!r})")
         for name in ("rounds", "steps_per_round"):
-            v = getattr(self, name)
-            if not is_int(v) or not 1 <= v <= 10 ** 4:
-                bad(f"task.{name}", f"must be an integer in 1..10000 (got {v!r})")
+            int_in(f"task.{name}", getattr(self, name), 1, 10 ** 4)
         if exp.world_size < 2:
             bad("world_size", f"DDP's buckets need at least 2 ranks to mean anything (got {exp.world_size})")
-        if any(isinstance(v, tuple) for v in (exp.local_batch, exp.seq_len)):
-            bad("local_batch", "the comparison gives every rank the same work: one local_batch and one seq_len")
+        same_work_on_every_rank(exp, "the comparison")
 
     def total_steps(self, exp) -> int:
         return self.rounds

@@ -29,6 +29,7 @@ from ..units import MIB, rel_error
 from . import bucket_sweep
 from .bucket_sweep import Inputs, sweep_record, cap_of, inputs, measured
 from .reads import reading
+from .stats import slowest_rank
 
 READS = "bucket-sweep"   # the task kind of the runs its tables read (tables/reads.py)
 
@@ -194,7 +195,7 @@ def judge_closer(table: pd.DataFrame, step_table: pd.DataFrame, model: str = "ca
 def _repeat_ms(allreduce_run) -> dict[int, list[float]]:
     """Per message size of an all-reduce sweep, every repeat's time at its slowest rank (ms); the
     sizes alternate order from repeat to repeat, so repeat i of one size pairs with repeat i of another."""
-    return {per_rank[0].bytes: [max(t) for t in zip(*[c.ms for c in per_rank])]
+    return {per_rank[0].bytes: slowest_rank([c.ms for c in per_rank])
             for per_rank in zip(*[r.result.sizes for r in allreduce_run.ranks])}
 
 

@@ -13,6 +13,7 @@ from .. import claims, verify
 from ..predict import comm, zero
 from ..units import MIB, rel_error, size_label
 from .reads import reading
+from .stats import slowest_rank
 
 READS = "allreduce-sweep"   # the task kind of the runs its tables read (tables/reads.py)
 
@@ -23,7 +24,7 @@ def call_ms(run) -> dict[int, list[float]]:
     in alternating order, so two sizes' lists pair repeat by repeat (`rank/tasks/allreduce_sweep.py`)."""
     if run.spec.task.kind != "allreduce-sweep":
         raise ValueError("this run is not an all-reduce sweep: use recipes.allreduce_sweep()")
-    return {per_rank[0].bytes: [max(t) for t in zip(*[c.ms for c in per_rank])]
+    return {per_rank[0].bytes: slowest_rank([c.ms for c in per_rank])
             for per_rank in zip(*[r.result.sizes for r in run.ranks])}
 
 

@@ -10,6 +10,7 @@ import statistics
 import pandas as pd
 
 from .. import claims, verify
+from .stats import slowest_rank
 
 READS = "compiled-ddp"
 
@@ -126,8 +127,7 @@ def order_moves(table: pd.DataFrame) -> str:
 
 def paired_ms(run, name: str, field: str = "step_ms") -> list[float]:
     """An arm's timed steps in (round, step) order, each timed by its slowest rank."""
-    per_rank = [[getattr(s, field) for s in _arms(run, r.rank)[name].steps] for r in run.ranks]
-    return [max(t) for t in zip(*per_rank)]
+    return slowest_rank([[getattr(s, field) for s in _arms(run, r.rank)[name].steps] for r in run.ranks])
 
 
 def steps(run) -> pd.DataFrame:

@@ -15,6 +15,7 @@ import pandas as pd
 from .. import claims, verify
 from ..predict import comm, compression
 from ..units import rel_error
+from .stats import slowest_rank
 
 READS = "comm-hooks"
 
@@ -118,8 +119,7 @@ def loss_gaps(run) -> dict[str, list[float]]:
 
 def paired_ms(run, hook: str, group: str = "world", field: str = "step_ms") -> list[float]:
     """The hook's timed steps in (round, step) order, each timed by its slowest rank."""
-    per_rank = [[getattr(s, field) for s in _arms(run, group, r.rank)[hook].steps] for r in run.ranks]
-    return [max(t) for t in zip(*per_rank)]
+    return slowest_rank([[getattr(s, field) for s in _arms(run, group, r.rank)[hook].steps] for r in run.ranks])
 
 
 def model_fit(run) -> comm.AlphaBeta:

@@ -8,6 +8,12 @@ import statistics
 READS = False   # reads no run: numbers in, numbers out (tables/reads.py)
 
 
+def slowest_rank(per_rank) -> list[float]:
+    """Per step (or call), the slowest rank's time, from one list per rank in the same order: a
+    synchronous step is done only when every rank is."""
+    return [max(t) for t in zip(*per_rank)]
+
+
 def robust_spread(values) -> float:
     """The run-to-run spread: 1.4826 x the median absolute deviation (the standard deviation for
     normal noise, but one disturbed round or step does not inflate it); 0 for fewer than 2 values."""
