@@ -7,6 +7,7 @@ import math
 import sys
 
 from ..spec import Experiment
+from ..spec.compiled_ddp import BACKENDS, MODES
 from .commands import attempt
 from .flags import RUN_FLAGS
 
@@ -29,6 +30,12 @@ def add_tool_flags(p, fields) -> None:
             p.add_argument(flag, type=kind, default=None, dest=name, help=help_text)
     p.add_argument("--json", nargs="?", const="-", default=None, metavar="PATH",
                    help="also write the report as JSON to PATH; without PATH, print JSON instead of text")
+    p.add_argument("--compile", nargs="?", const="aot_eager", default=None, choices=BACKENDS, metavar="BACKEND",
+                   help="also run your model under torch.compile beside eager on the same ranks: the graphs, "
+                        "DDPOptimizer's split against DDP's buckets, the step (BACKEND: aot_eager, the default, "
+                        "inductor or eager)")
+    p.add_argument("--compile-mode", default=None, choices=MODES,
+                   help="torch._dynamo.config.optimize_ddp under --compile (default ddp_optimizer, torch's)")
     p.add_argument("--out", default=None, help="launch directory (default runs/<tool>-<factory>-<hash>)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
 
@@ -50,6 +57,11 @@ def _tool(args, fields, call) -> int:
         if why:   # before the launch, not after it
             print(f"ddplab {args.command}: --json {args.json}: {why}", file=sys.stderr)
             return 2
+    if args.compile_mode is not None and args.compile is None:
+        print(f"ddplab {args.command}: --compile-mode {args.compile_mode} needs --compile", file=sys.stderr)
+        return 2
+    if args.compile is not None:
+        given |= {"compile_backend": args.compile, "compile_mode": args.compile_mode or "ddp_optimizer"}
     report, code = attempt(args.command, lambda: call(given))
     if code is not None:
         return code

@@ -66,7 +66,7 @@ def _checked_build(exp: Experiment, gradients: bool = False):
     from ..rank import models  # builds the user's model once here, to say what is wrong in this process
 
     with _importable_from_here(), torch.random.fork_rng(devices=[]):   # as in the ranks (PYTHONPATH)
-        reads_tokens = exp.task.kind in ("train", "bucket-sweep")
+        reads_tokens = exp.task.feeds_own_data
         try:
             with _no_process_exit():
                 built = models.build_with_data(exp) if reads_tokens else None

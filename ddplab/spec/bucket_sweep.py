@@ -55,6 +55,7 @@ class BucketSweep(TaskSpec):
     optimizer is plain SGD with a small step: the sweep times synchronization, not training."""
 
     kind = "bucket-sweep"
+    feeds_own_data = True
     runner = "ddplab.rank.tasks.bucket_sweep:run"
     record = BucketSweepRecord
     phases = (Phase("construct", 1, "broadcast of rank 0's parameters"), Phase("warm-up", 2),

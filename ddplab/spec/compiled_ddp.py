@@ -26,6 +26,7 @@ class CompiledDdp(TaskSpec):
     `steps_per_round` timed steps, every arm of a round after an untimed barrier."""
 
     kind = "compiled-ddp"
+    feeds_own_data = True
     runner = "ddplab.rank.tasks.compiled_ddp:run"
     record = CompiledDdpRecord
     phases = (Phase("construct", 1, "broadcast of rank 0's parameters"), Phase("warm-up", 2, GRADIENT_ALL_REDUCE),

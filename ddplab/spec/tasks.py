@@ -79,6 +79,8 @@ class TaskSpec:
     phases: ClassVar[tuple[Phase, ...]]
     reads: ClassVar[frozenset[str] | None]   # None: every Experiment field
     step_unit: ClassVar[str] = "steps"
+    # its ranks feed the examples a factory brings (a ModelWithData: images, labels); else the lab's tokens
+    feeds_own_data: ClassVar[bool] = False
 
     def __post_init__(self):
         for f in dataclasses.fields(self):   # lists from a caller or from JSON: tuples, so the spec hashes

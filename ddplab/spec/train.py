@@ -15,6 +15,7 @@ class Train(TaskSpec):
     """DDP training steps (or FSDP2, ZeRO-1, no synchronization): every Experiment field applies."""
 
     kind = "train"
+    feeds_own_data = True
     runner = "ddplab.rank.tasks.train:run"
     record = TrainRecord
     phases = (Phase("build", 2), Phase("ddp-construct", 3, "broadcast of rank 0's parameters"),

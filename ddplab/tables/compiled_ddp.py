@@ -13,6 +13,7 @@ from .. import claims, verify
 from .stats import slowest_rank
 
 READS = "compiled-ddp"
+SAME_TRAINING_REL = 1e-4   # compiled against eager parameters after the same steps: float32 reassociation only
 
 
 def _arms(run, rank: int = 0) -> dict:
@@ -96,7 +97,7 @@ def modes(run) -> pd.DataFrame:
                          for i, a in enumerate(run.ranks[0].result.arms) if a.compiled]).set_index("arm")
 
 
-def verify_same_training(run, rel: float = 1e-4) -> None:
+def verify_same_training(run, rel: float = SAME_TRAINING_REL) -> None:
     """Every compiled arm ended its steps with the eager arm's parameters (same start, same batches, same
     steps), on every rank: compiling changed the schedule, not the mathematics. Raises
     `verify.CheckFailed` otherwise."""

@@ -13,7 +13,9 @@ stopped after them: the model's imports and the process group are paid once):
 4. recommend the plan measured fastest, with its median step and spread, only where `claims` finds it
    faster than DDP's default on the paired steps (step i of each in the same round; the rounds
    alternate their order), and say plainly when this machine cannot resolve the two, or measured the
-   default faster on the pairs.
+   default faster on the pairs;
+5. with `compile_backend` (`--compile`): on the same ranks, the model under `torch.compile` beside eager
+   at DDP's default and every measured cap DDPOptimizer can split at (`compiled.py`).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from ..spec.checks import is_number
 from ..spec.experiment import MAX_BUCKET_CAP_MB as MAX_CAP_MB
 from ..tables import bucket_sweep, buckets
 from ..units import MIB
+from .compiled import CompiledReport, compilable_caps, compile_settings, compiled_experiment
 from .factory import checked, experiment, records, repeats_for
 
 CAPS_MB = (ONE_PER_PARAMETER_MB, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64, 256)
@@ -40,10 +43,15 @@ DEFAULT = str(Plan("ddp"))   # "ddp:default"
 
 def tune_buckets(model, world_size: int = 4, local_batch: int = 8, *, caps_mb=CAPS_MB, measure: int = 2,
                  rounds: int = 4, steps: int = 3, out=None, progress=True, pin_cpus: bool = True,
-                 allreduce_repeats: int | None = None, **fields) -> "BucketTuning":
+                 allreduce_repeats: int | None = None, compile_backend: str | None = None,
+                 compile_mode: str = "ddp_optimizer", **fields) -> "BucketTuning":
     """Recommend a DDP bucket cap for `model` (a factory: spec/model.py) on `world_size` ranks: capture,
     predict every cap in `caps_mb`, measure the `measure` best predicted beside DDP's default and a split
-    last bucket (`rounds` interleaved rounds of `steps` steps). Other Experiment fields by keyword."""
+    last bucket (`rounds` interleaved rounds of `steps` steps). Other Experiment fields by keyword. With
+    `compile_backend` (aot_eager, inductor, eager), the measured caps also run under `torch.compile`
+    (`optimize_ddp=compile_mode`) beside eager."""
+    if compile_backend is not None:
+        compile_settings(compile_backend, compile_mode)
     caps = tuple(caps_mb) if isinstance(caps_mb, (list, tuple)) else ()
     if not caps or not all(is_number(c) and 0 < c <= MAX_CAP_MB for c in caps):
         raise ValueError(f"caps_mb: one or more bucket caps in MiB, each > 0 and at most {MAX_CAP_MB} "
@@ -80,12 +88,21 @@ def tune_buckets(model, world_size: int = 4, local_batch: int = 8, *, caps_mb=CA
         sweep = measuring.replace(name=f"{base.name}-measure", task=BucketSweep(plans=tuple(chosen), rounds=rounds,
                                                                                  steps_per_round=steps))
         (meas_run,) = run_many([sweep], out=where("measure"), name=sweep.name, progress=progress, warm=True)
+        compiled = None
+        if compile_backend is not None:   # DDP's default and the measured caps DDPOptimizer can split at
+            caps = compilable_caps([None, *(Plan.parse(p).cap_mb for p in chosen if Plan.parse(p).kind == "ddp")])
+            (compiled,) = run_many([compiled_experiment(base, caps, compile_backend, compile_mode, rounds, steps)],
+                                   out=where("compiled"), name=f"{base.name}-compiled", progress=progress, warm=True)
     finally:
         started = launch.session.current()
         if started is not None and started is not before:
             started.close()
-    return BucketTuning.of(base, link, quality, ins, predicted, meas_run, cost,
-                           {"allreduce": str(ar_run.path), "capture": str(cap_run.path), "measure": str(meas_run.path)})
+    tuning = BucketTuning.of(base, link, quality, ins, predicted, meas_run, cost,
+                             {"allreduce": str(ar_run.path), "capture": str(cap_run.path), "measure": str(meas_run.path)})
+    if compiled is not None:
+        tuning.compiled = CompiledReport.of(compiled, len(ins.grads))
+        tuning.paths["compiled"] = str(compiled.path)
+    return tuning
 
 
 def _predicted(ins, cost, caps) -> pd.DataFrame:
@@ -127,6 +144,7 @@ class BucketTuning:
     verdict: str
     outcome: str   # on "best beats the default": claims' "holds", "contradicted", "cannot resolve"; "not judged" if best is the default
     paths: dict = field(default_factory=dict)
+    compiled: CompiledReport | None = None   # with compile_backend
 
     @classmethod
     def of(cls, exp, link, quality, ins, predicted, run, cost, paths) -> "BucketTuning":
@@ -167,7 +185,7 @@ class BucketTuning:
         return {"spec": self.spec, "line": self.line, "predicted": records(self.predicted),
                 "measured": records(self.measured), "best": self.best,
                 "recommendation": self.recommendation, "verdict": self.verdict, "outcome": self.outcome,
-                "paths": self.paths}
+                "paths": self.paths, "compiled": None if self.compiled is None else self.compiled.to_dict()}
 
     def text(self) -> str:
         s, ln = self.spec, self.line
@@ -182,7 +200,18 @@ class BucketTuning:
             "measured (median of round medians, spread = robust standard deviation; ms):",
             self.measured.round(2).to_string(), "",
             f"recommendation: {self.recommendation}", self.verdict, "",
+            *([self.compiled.text(), *self._not_compiled(), ""] if self.compiled is not None else []),
             "runs: " + ", ".join(f"{k} {rundir.shown(v)}" for k, v in self.paths.items())])
+
+
+    def _not_compiled(self) -> list[str]:
+        """The measured plans the compiled comparison left out, and why."""
+        small = [p for p in self.measured.index if p.startswith("ddp:") and p != DEFAULT
+                 and not compilable_caps([Plan.parse(p).cap_mb])]
+        split = [p for p in self.measured.index if p.startswith("ddp-split:")]
+        return ([f"not compiled: {', '.join(small)} (DDPOptimizer asserts its 1 MiB first bucket fits the cap)"] if small
+                else []) + ([f"not compiled: {', '.join(split)} (DDPOptimizer splits at one cap; a cap list is DDP's "
+                             f"alone)"] if split else [])
 
 
 KEEP = "bucket_cap_mb=None (DDP's default)"

@@ -12,7 +12,9 @@ gradient's size (a few sizes below it for the line). The report holds
   against DDP's rule applied to the ready order it saw;
 - the ready order against the source order, where they differ (tables.readiness.ready_order);
 - the gradient payload and the bytes each rank wrote against the ring's 2(D-1)/D x payload;
-- the compute-to-communication ratio of one step: forward+backward alone over the measured all-reduce.
+- the compute-to-communication ratio of one step: forward+backward alone over the measured all-reduce;
+- with `compile_backend` (`--compile`), a fourth experiment on the same ranks: the model under
+  `torch.compile` beside eager at the audit's cap (`compiled.py`: torch's split, the step).
 `ModelAudit.text()` prints it, `.to_dict()` is the same as data (`--json`); the run directories stay
 for the notebooks (`ddplab.load_run(report.paths[...])`).
 """
@@ -29,6 +31,7 @@ from ..predict.comm import ring_bytes_per_rank
 from ..recipes.communication import allreduce_sweep
 from ..tables.buckets import rule_for
 from ..units import MIB
+from .compiled import CompiledReport, compilable_caps, compile_settings, compiled_experiment
 from .factory import Counted, checked, experiment, records, repeats_for
 
 PROBES = ("memory", "readiness", "buckets", "bytes")
@@ -37,11 +40,15 @@ LINE_FRACTIONS = (1 / 64, 1 / 8)   # all-reduce sizes below the gradient's, for 
 
 
 def audit_model(model, world_size: int = 4, optimizer: str = "sgd", local_batch=8, *, out=None, progress=True,
-                allreduce_repeats: int | None = None, **fields) -> "ModelAudit":
+                allreduce_repeats: int | None = None, compile_backend: str | None = None,
+                compile_mode: str = "ddp_optimizer", **fields) -> "ModelAudit":
     """Audit DDP on `model` (a factory 'package.module:function', or the function: spec/model.py) with
     `world_size` ranks, in one launch; other Experiment fields (seq_len, bucket_cap_mb, dtype, the
-    factory's sizes...) by keyword. A bad setting or a factory that cannot be audited is a ValueError
-    before anything starts."""
+    factory's sizes...) by keyword. With `compile_backend` (aot_eager, inductor, eager) the launch also
+    puts the model under `torch.compile` with `optimize_ddp=compile_mode` beside eager. A bad setting
+    or a factory that cannot be audited is a ValueError before anything starts."""
+    if compile_backend is not None:
+        compile_settings(compile_backend, compile_mode)
     if not (isinstance(world_size, int) and not isinstance(world_size, bool) and world_size >= 2):
         raise ValueError(f"world_size: the audit compares what the ranks hold and send, so it needs at least 2 "
                          f"ranks (got {world_size!r})")
@@ -55,10 +62,20 @@ def audit_model(model, world_size: int = 4, optimizer: str = "sgd", local_batch=
     sweep = allreduce_sweep(world_size, min_bytes=4096, max_bytes=4096, repeats=repeats_for(payload, allreduce_repeats), extra_bytes=(*sizes, payload),
                             backend=exp.backend, device=exp.device, pin_cpus=exp.pin_cpus,
                             name=f"{exp.name}-allreduce")
+    exps = [exp, alone, sweep]
+    if compile_backend is not None:
+        if not compilable_caps([exp.bucket_cap_mb]):
+            raise ValueError(f"bucket_cap_mb: under --compile at least 1 MiB, or the default: DDPOptimizer asserts "
+                             f"its 1 MiB first bucket fits the cap (got {exp.bucket_cap_mb!r})")
+        exps.append(compiled_experiment(exp, [exp.bucket_cap_mb], compile_backend, compile_mode))
     from ..launch.cold import run_many
 
-    ddp, compute, allreduce = run_many([exp, alone, sweep], out=out, name=exp.name, progress=progress)
-    return ModelAudit.of(exp, counted, ddp, compute, allreduce)
+    ddp, compute, allreduce, *compiled = run_many(exps, out=out, name=exp.name, progress=progress)
+    report = ModelAudit.of(exp, counted, ddp, compute, allreduce)
+    if compiled:
+        report.compiled = CompiledReport.of(compiled[0], counted.trainable_tensors)
+        report.paths["compiled"] = str(compiled[0].path)
+    return report
 
 
 @dataclass
@@ -76,6 +93,7 @@ class ModelAudit:
     comm: dict
     compute: dict
     paths: dict = field(default_factory=dict)
+    compiled: CompiledReport | None = None   # with compile_backend
 
     @classmethod
     def of(cls, exp, counted: Counted, ddp, compute, allreduce) -> "ModelAudit":
@@ -120,7 +138,8 @@ class ModelAudit:
                 "buckets": records(self.buckets), "layout": self.layout, "last_bucket": self.last_bucket,
                 "bucket_rule": self.bucket_rule,
                 "ready_order_differs": records(self.ready_order),
-                "comm": self.comm, "compute": self.compute, "paths": self.paths}
+                "comm": self.comm, "compute": self.compute, "paths": self.paths,
+                "compiled": None if self.compiled is None else self.compiled.to_dict()}
 
     def text(self) -> str:
         """The report as a terminal reads it."""
@@ -157,8 +176,9 @@ class ModelAudit:
                 f"compute against communication: forward+backward alone {k['compute_ms']:.1f} ms (min "
                 f"{k['compute_ms_min']:.1f}, max {k['compute_ms_max']:.1f}); the all-reduce of the whole gradient "
                 f"{k['allreduce_ms']:.1f} ms measured ({k['allreduce_ms_line']:.1f} ms on the fitted line): ratio "
-                f"{k['compute_to_comm']:.2f}", _overlap_bound(k, self.buckets["mib"].iloc[-1]),
-                "", "runs: " + ", ".join(f"{k} {rundir.shown(v)}" for k, v in self.paths.items())]
+                f"{k['compute_to_comm']:.2f}", _overlap_bound(k, self.buckets["mib"].iloc[-1]), "",
+                *([self.compiled.text(), ""] if self.compiled is not None else []),
+                "runs: " + ", ".join(f"{k} {rundir.shown(v)}" for k, v in self.paths.items())]
         return "\n".join(out)
 
 

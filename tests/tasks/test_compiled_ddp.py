@@ -21,7 +21,9 @@ MIB = 2 ** 20
 
 def _exps():
     # transformers' GPT-2 goes through the same check in notebook 11 (`tables.compiled_ddp.verify_graphs_match_split`)
-    return [recipes.eager_and_compiled(caps_mb=(2.0,), rounds=1, steps=1, name="compiled-lab")]
+    # and torch's third mode, python_reducer, in a block after DDPOptimizer's (notebook 11 does not run it)
+    return [recipes.eager_and_compiled(caps_mb=(2.0,), rounds=1, steps=1, name="compiled-lab",
+                                       modes=("ddp_optimizer", "python_reducer"))]
 
 
 share("compiled-ddp", _exps)
@@ -71,6 +73,17 @@ def test_the_compiled_arms_train_exactly_like_eager(runs):
     compiled.verify_same_training(runs["compiled-lab"])
 
 
+@pytest.mark.slow
+def test_python_reducer_runs_under_compiled_autograd_without_ddps_buckets(runs):
+    """optimize_ddp="python_reducer": DDP's C++ Reducer is bypassed (no bucket reaches the comm hook), compiled
+    autograd compiles the backward with the reducer's all-reduces, and training matches eager exactly."""
+    table = compiled.modes(runs["compiled-lab"])
+    row = table.loc["compiled:2/python_reducer"]
+    assert row["ddp_buckets_seen"] == 0 and row["gradients_seen_ready"] == 0 and row["graphs_compiled"] >= 2
+    assert table.loc["compiled:2", "ddp_buckets_seen"] >= 2   # the block before it, DDP's Reducer at work
+    assert row["param_gap_to_eager"] <= 1e-4
+
+
 def test_the_sentence_says_whether_the_split_has_ddps_buckets():
     table = pd.DataFrame([{"cap_mb": "default", "split_buckets": 2, "ddp_buckets": 2, "split_first_mib": 1.0,
                            "ddp_first_mib": 1.0, "params_in_same_bucket": "52 of 52"},
@@ -110,3 +123,73 @@ def test_a_bad_setting_is_refused_before_launch(fields, named):
 def test_one_rank_is_refused():
     with pytest.raises(ValueError, match="world_size"):
         Experiment(world_size=1, task=CompiledDdp())
+
+
+# ---- --compile in the practitioner tools (tools/compiled.py) --------------------------------------------------
+
+
+@pytest.mark.slow
+def test_the_tools_compiled_report_says_when_the_graphs_are_not_torchs_split(runs):
+    from ddplab.tools.compiled import CompiledReport
+
+    report = CompiledReport.of(runs["compiled-lab"], 52)
+    assert report.split_is_torchs and "exactly the pieces of torch's recorded split" in report.text()
+    wrong = dataclasses.replace(report, split=report.split.assign(graphs_recorded=report.split["graphs_recorded"] + 1))
+    assert not wrong.split_is_torchs and "ARE NOT THE PIECES OF TORCH'S RECORDED SPLIT" in wrong.text()
+    assert not wrong.to_dict()["split_is_torchs"]
+    apart = dataclasses.replace(report, largest_param_gap=0.5)
+    assert "DIFFERENT PARAMETERS" in apart.text() and not apart.to_dict()["same_training"]
+
+
+def test_the_tools_compile_settings_are_checked_before_launch():
+    from ddplab.tools.compiled import compilable_caps, compile_settings, compiled_experiment
+
+    with pytest.raises(ValueError, match="^compile_backend: one of aot_eager, inductor, eager"):
+        compile_settings("tvm", "ddp_optimizer")
+    with pytest.raises(ValueError, match="^compile_mode: torch._dynamo.config.optimize_ddp"):
+        compile_settings("aot_eager", "fast")
+    assert compilable_caps([None, 0.25, 1.0, 4.0, 1.0]) == (None, 1.0, 4.0)
+    base = Experiment(model="ddplab.examples.gpt2_style:gpt2", world_size=2, probes=("memory",), steps=3, d_model=32)
+    exp = compiled_experiment(base, (None, 2.0), "aot_eager", "no_optimization")
+    assert exp.task.caps_mb == (None, 2.0) and exp.task.modes == ("no_optimization",) and exp.d_model == 32
+    assert not exp.ignored_fields()   # the tool's probes and steps stay with the tool's own experiments
+
+
+_ISOLATION = r"""
+import os, sys, tempfile
+import torch, torch.distributed as dist, torch.nn as nn
+import torch._dynamo.trace_rules as rules, torch._inductor.config as inductor
+from ddplab.rank.tasks.compiled_ddp import python_reducer_undone
+dist.init_process_group("gloo", init_method="file://" + tempfile.mktemp(), rank=0, world_size=1)
+def state():
+    return (inductor._fuse_ddp_communication, inductor._fuse_ddp_bucket_size,
+            "torch.nn.parallel.distributed" in rules.LEGACY_MOD_INLINELIST,
+            any(p.endswith("nn/parallel/distributed") for p in rules.get_legacy_mod_inlinelist()))
+def build():
+    with torch._dynamo.config.patch(optimize_ddp="python_reducer"):
+        nn.parallel.DistributedDataParallel(nn.Linear(4, 4), bucket_cap_mb=7)
+before = state()
+with python_reducer_undone():
+    build()
+    inside = state()
+after = state()
+build()   # the same without the guard: torch leaves its changes behind
+print(repr([before, inside, after, state()]))
+dist.destroy_process_group()
+"""
+
+
+def test_building_ddp_under_python_reducer_leaves_nothing_behind_for_the_next_block():
+    """torch 2.13's DDP constructor, under optimize_ddp="python_reducer", turns on Inductor's DDP fusion and
+    adds DDP to Dynamo's inline list for the whole process; the rank task undoes both after the block (in a
+    subprocess: a process group of its own)."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _ISOLATION], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    import ast
+
+    before, inside, after, unguarded = ast.literal_eval(out.stdout.strip().splitlines()[-1])
+    assert before == after == (False, 25, False, False) and inside == (True, 7, True, True)
+    assert unguarded == (True, 7, True, True)   # what the guard is for

@@ -135,6 +135,11 @@ def test_the_commands_refuse_a_wrong_factory_before_launching_anything(command, 
     (["audit", "--model", HF, "--json", "/"], r"--json /: is a directory; give a file name"),
     (["tune-buckets", "--model", HF, "--caps", "inf"], r"every cap is a finite number of MiB above 0"),
     (["tune-buckets", "--model", HF, "--caps", "1,1e400"], r"every cap is a finite number of MiB above 0"),
+    (["audit", "--model", HF, "--compile-mode", "no_optimization"], r"--compile-mode no_optimization needs --compile"),
+    (["audit", "--model", HF, "--compile", "tvm"], r"argument --compile: invalid choice: 'tvm'"),
+    (["tune-buckets", "--model", HF, "--compile", "--compile-mode", "fast"], r"--compile-mode: invalid choice: 'fast'"),
+    (["audit", "--model", HF, "--world-size", "2", "--compile", "--bucket-cap-mb", "0.5"],
+     r"bucket_cap_mb: under --compile at least 1 MiB, or the default: DDPOptimizer asserts"),
     (["run", "--spec", "/nonexistent/spec.json"], r"ddplab run: spec: cannot read /nonexistent/spec.json"),
     (["run", "--lr", "1e308"], r"ddplab run: Experiment.lr: must be a positive number up to 1000"),
     (["run", "--import", "no_such_module_here", "--spec", "-"], r"--import no_such_module_here: cannot import it"),
@@ -267,7 +272,8 @@ def test_audit_of_a_hugging_face_gpt2_against_independent_counts(tmp_path, capsy
 @pytest.mark.slow
 def test_tune_buckets_on_an_image_model_measures_the_default_and_a_split_run_by_ddp(tmp_path):
     tuning = ddplab.tune_buckets("ddplab.examples.vision:small_cnn", 2, local_batch=8, caps_mb=(0.0001, 0.05, 0.5, 4),
-                                 measure=2, rounds=2, steps=2, out=tmp_path, progress=False, d_model=32)
+                                 measure=2, rounds=2, steps=2, out=tmp_path, progress=False, d_model=32,
+                                 compile_backend="aot_eager", compile_mode="no_optimization")
     measured = tuning.measured
     assert "ddp:default" in measured.index and "compute-only" in measured.index
     split = [p for p in measured.index if p.startswith("ddp-split:")]
@@ -291,6 +297,13 @@ def test_tune_buckets_on_an_image_model_measures_the_default_and_a_split_run_by_
     beat = tuning.best != "ddp:default" and bucket_tuning.faster_than_default(bucket_sweep.steps(run), tuning.best).holds
     assert (tuning.recommendation == bucket_tuning.KEEP) == (not beat)   # the default is kept exactly when nothing beat it
     assert os.path.isdir(tuning.paths["measure"]) and "recommendation:" in tuning.text()
+    # --compile: DDP's default and every measured cap DDPOptimizer could split at (not those under 1 MiB)
+    compiled_caps = ["default", *(p.split(":")[1] for p in measured.index if p.startswith("ddp:") and p != "ddp:default"
+                                  and float(p.split(":")[1]) >= 1)]
+    assert list(tuning.compiled.steps.index) == [f"compiled:{c}/no_optimization" for c in compiled_caps]
+    assert tuning.compiled.mode == "no_optimization" and not len(tuning.compiled.split)   # no split without DDPOptimizer
+    assert (tuning.compiled.graphs["ddp_buckets_seen"] >= 1).all() and tuning.compiled.largest_param_gap <= 1e-4
+    assert "not compiled: ddp-split:" in tuning.text() and json.dumps(tuning.to_dict(), allow_nan=False)
 
 
 def test_the_bucket_rule_check_fails_on_buckets_ddp_did_not_build():
@@ -332,7 +345,7 @@ def test_the_audits_default_bucket_rule_is_torchs_own():
 @pytest.mark.slow
 def test_audit_of_a_model_with_frozen_parameters_counts_only_what_ddp_reduces(tmp_path):
     report = ddplab.audit_model("tests.support.user_models:with_frozen", 2, local_batch=4, out=tmp_path, progress=False,
-                                vocab_size=256, d_model=32)
+                                vocab_size=256, d_model=32, compile_backend="aot_eager")
     model = models.build(Experiment(model="tests.support.user_models:with_frozen", vocab_size=256, d_model=32))
     trainable = {n: p for n, p in model.named_parameters() if p.requires_grad}
     assert report.model["trainable_tensors"] == len(trainable) < report.model["parameter_tensors"]
@@ -341,6 +354,14 @@ def test_audit_of_a_model_with_frozen_parameters_counts_only_what_ddp_reduces(tm
     assert sum(len(b) for b in report.layout) == len(trainable) and "emb.weight" not in report.ready_order.index
     tables.verify_model_state(report.memory)
     assert "emb.weight" not in report.text().split("ready order")[1]
+    # --compile: the same model under torch.compile on the same ranks; the frozen embedding is not a gradient there either
+    c = report.compiled
+    assert list(c.graphs["gradients_seen_ready"]) == [len(trainable)] and c.split_is_torchs
+    assert c.split.loc["default", "graphs_recorded"] == c.split.loc["default", "graphs_compiled"] >= 1
+    assert c.largest_param_gap <= 1e-4 and len(c.steps) == 1 and c.steps["first_step_s_compiled"].iloc[0] > 0
+    data = json.loads(json.dumps(report.to_dict(), allow_nan=False))["compiled"]
+    assert data["split_is_torchs"] and data["same_training"] and os.path.isdir(report.paths["compiled"])
+    assert "the graphs the backend was handed are exactly the pieces of torch's recorded split" in report.text()
 
 
 @pytest.mark.slow

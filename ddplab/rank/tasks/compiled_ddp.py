@@ -19,6 +19,7 @@ alternating which goes first, every step after an untimed barrier. Runs inside a
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import inspect
 import logging
@@ -89,6 +90,25 @@ def module_name(dynamo_name: str, known: set[str]) -> str:
     parts = [p for p in re.split(r"(?:^|_)(?:modules|parameters)_", re.sub(r"^L_self_", "", dynamo_name)) if p]
     name = ".".join(parts).rstrip("_")
     return name if name in known else dynamo_name
+
+
+@contextlib.contextmanager
+def python_reducer_undone():
+    """Undo, on exit, what building a DDP under `optimize_ddp="python_reducer"` changes for the whole process
+    (torch 2.13's DDP constructor): Inductor's DDP-communication fusion and its bucket size, and Dynamo's
+    inline list, which then traces into torch.nn.parallel.distributed. `torch._dynamo.reset()` undoes
+    neither, so without this a later block of the same launch would run under them."""
+    import torch._dynamo.trace_rules as rules
+    import torch._inductor.config as inductor
+
+    saved = (inductor._fuse_ddp_communication, inductor._fuse_ddp_bucket_size, set(rules.LEGACY_MOD_INLINELIST))
+    try:
+        yield
+    finally:
+        inductor._fuse_ddp_communication, inductor._fuse_ddp_bucket_size = saved[:2]
+        rules.LEGACY_MOD_INLINELIST.clear()
+        rules.LEGACY_MOD_INLINELIST.update(saved[2])
+        rules.get_legacy_mod_inlinelist.cache_clear()
 
 
 class _Arm:
@@ -163,8 +183,11 @@ def run(ctx):
     for i, (cap, mode) in enumerate(blocks):
         torch._dynamo.reset()   # a fresh cache: this block's DDP gets its own graph and its own split
         log.enter("construct", micro=i, detail=f"cap {cap}, {mode}")
-        eager, compiled = _Arm(ctx, base, cap, False, mode), _Arm(ctx, base, cap, True, mode)
-        with SplitRecorder() as recorder:
+        with contextlib.ExitStack() as block:
+            if mode == "python_reducer":
+                block.enter_context(python_reducer_undone())
+            eager, compiled = _Arm(ctx, base, cap, False, mode), _Arm(ctx, base, cap, True, mode)
+            recorder = block.enter_context(SplitRecorder())
             log.enter("warm-up", micro=i, detail=f"cap {cap}, {mode}")
             for _ in range(task.warmup_steps):
                 for a in (eager, compiled):
