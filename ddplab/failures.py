@@ -28,9 +28,15 @@ class Diagnosis:
     summary: str                      # what happened, in one paragraph
     tracebacks: dict[int, str] = field(default_factory=dict)
     log_tail: str = ""                # the end of launch.log, when no rank could say more
+    flight: object = None             # torch's flight recorder analyzer on the ranks' records (witnesses.FlightVerdict)
+    stacks: dict[int, str] = field(default_factory=dict)   # rank -> where it was when asked (witnesses.stack)
 
     def __str__(self) -> str:
         text = self.summary
+        if self.flight is not None:
+            text += f"\n{self.flight}."
+        for rank, st in sorted(self.stacks.items()):
+            text += f"\n\n--- rank {rank} when the launcher asked (its code first, library frames folded) ---\n{st}"
         for rank, tb in sorted(self.tracebacks.items()):
             text += f"\n\n--- traceback of rank {rank} ---\n{tb.rstrip()}"
         if self.log_tail:

@@ -55,6 +55,15 @@ def error_file(run_dir: Path, rank: int) -> Path:
     return Path(run_dir) / f"rank{rank}.error.json"
 
 
+def witness_file(directory: Path, rank: int, prefix: str = "") -> Path:
+    """The rank's testimony (`rank/witness.py`: its stacks and torch's flight recorder, as JSON), written
+    when it failed or when the launcher sent it WITNESS_SIGNAL; a session's cell prefixes `job{n}.`."""
+    return Path(directory) / f"{prefix}rank{rank}.witness.json"
+
+
+WITNESS_SIGNAL = 12   # SIGUSR2 on Linux: only a rank's witness thread takes it (rank/witness.py)
+
+
 def fatal_file(run_dir: Path, rank: int) -> Path:
     """Python's faulthandler dump of the rank's stacks: written by a rank a fatal signal (SIGABRT,
     SIGSEGV) killed; empty where a rank was ended otherwise (SIGTERM, SIGKILL) before it could remove it."""

@@ -311,6 +311,7 @@ def _torchrun(argv, env, log, watch: Watch, reporter: Reporter, t0: float, start
                 watch.look_at_processes()
                 if watch.stalled(startup_timeout_s):
                     watchdog = True
+                    watch.ask_witnesses()   # the ranks' stacks and flight records, before they are stopped
                     break
                 if not spec_path.exists():   # the run directory was deleted or moved under the ranks
                     break

@@ -43,9 +43,23 @@ def first_failure(exps, run_dirs, launch_dir: Path, proc, timeout_s: float, watc
                                   exp.task.all_phases(),
                                   {r: state for r, state in frozen.items() if r < exp.world_size},
                                   dead_ranks(run_dir, launch_dir, exp.world_size, finished | set(errors), flight_dir))
+    testify(diagnosis, run_dir, exp.world_size)
     if diagnosis.kind == "missing-result":  # no rank could explain itself: show what torchrun saw
         diagnosis.log_tail = "\n".join((launch_dir / rundir.LOG).read_text().splitlines()[-LOG_TAIL_LINES:])
     return failures.RunFailed(diagnosis, run_dir)
+
+
+def testify(diagnosis, directory: Path, world_size: int, prefix: str = "") -> None:
+    """Put torch's witnesses beside ddplab's diagnosis: its flight recorder analyzer's verdict on the ranks'
+    records, and where each rank the launcher asked was (`witnesses`)."""
+    from .. import witnesses
+
+    testimonies = witnesses.read(directory, world_size, prefix)
+    if not testimonies:
+        return
+    diagnosis.flight = witnesses.flight_verdict(testimonies, world_size)
+    diagnosis.stacks = {r: witnesses.stack(t) for r, t in testimonies.items()
+                        if t.get("why") == "asked" and (t.get("stacks") or {}).get("MainThread")}
 
 
 def dead_ranks(run_dir: Path, launch_dir: Path, world_size: int, accounted: set[int],

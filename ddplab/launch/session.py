@@ -275,6 +275,8 @@ class Session:
                         failed_at = now   # a rank failed: its peers get a moment to write what they saw
                     if (failed_at is not None and now - failed_at > PEERS_GRACE_S) or watch.stalled(startup_timeout_s):
                         watchdog = failed_at is None
+                        if watchdog:   # the ranks' stacks and flight records, before they are stopped
+                            watch.ask_witnesses()
                         break
             finally:
                 if finished:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..rundir import ProgressLog, write_json_atomic, write_rank_error
 from ..spec.tasks import COMMON_PHASES
-from . import cells, runtime
+from . import cells, runtime, witness
 from .tasks import import_task_modules, task_module
 
 SESSION_PHASES = {p.name: p for p in COMMON_PHASES}
@@ -50,6 +50,7 @@ def serve(session_dir: Path, env, run_experiments) -> int:
         if "cell" in job:   # a %%ddp cell: this rank's namespace lives from cell to cell (runs go cold after one)
             if env.rank in job["ranks"]:
                 ns = ns if ns is not None else cells.namespace(env, device)
+                witness.at(session_dir, env.rank, f"job{n}.")   # a hung cell's testimony, if the launcher asks
                 status = session_dir / f"job{n}.rank{env.rank}.cell.status"
                 write_json_atomic(session_dir / f"job{n}.rank{env.rank}.cell.json", cells.run_cell(job["cell"], ns, status))
             n += 1

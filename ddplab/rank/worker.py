@@ -33,10 +33,10 @@ import time
 from pathlib import Path
 
 from .. import host, record
-from ..rundir import (ProgressLog, fatal_file, rank_file, save_tensors_atomic, tensor_file, write_json_atomic,
-                      write_rank_error)
+from ..rundir import (ProgressLog, fatal_file, rank_file, read_progress, save_tensors_atomic, tensor_file,
+                      write_json_atomic, write_rank_error)
 from ..spec import Experiment
-from . import clock, link, runtime
+from . import clock, link, runtime, witness
 from . import session
 from .tasks import TaskContext, import_task_modules, runner
 
@@ -51,9 +51,11 @@ def main(argv=None) -> None:
     host.die_with_parent()
     if not host.parent_is_torchrun():
         os._exit(1)
+    witness.block_signal()   # before any thread starts: only the witness thread takes the launcher's signal
     # the seconds `import torch` takes are paid here, once per rank; torch._dynamo too, with the collector
     # off: DDP's constructor and torch.distributed.pipelining import it, and most ranks run one of them
     host.import_torch_frozen("torch._dynamo")
+    witness.start()
 
     env = runtime.rank_env()
     if args.serve:
@@ -86,6 +88,7 @@ def run_experiments(spec_paths: list[Path], env, launch_id: str, warm: tuple | N
         if mine:
             log = ProgressLog(mine[0][0], env.rank, mine[0][1].task.all_phases())
             _FATAL.watch(log.run_dir, env.rank)
+            witness.at(log.run_dir, env.rank)
         if warm is None:
             widest = max(exps, key=lambda e: e.world_size)  # the launcher checked they all agree
             # one GPU per rank on this host (several nodes: each host has its own GPUs)
@@ -114,6 +117,7 @@ def run_experiments(spec_paths: list[Path], env, launch_id: str, warm: tuple | N
                 log.close()
                 log = ProgressLog(run_dir, env.rank, exp.task.all_phases())
                 _FATAL.watch(run_dir, env.rank)
+                witness.at(run_dir, env.rank)
             t0 = time.time_ns()
             ctx = TaskContext(exp, env.rank, device, log, groups[exp.world_size], run_dir)
             link.activate(exp.link, exp.world_size, device)
@@ -143,12 +147,25 @@ def run_experiments(spec_paths: list[Path], env, launch_id: str, warm: tuple | N
         code = 0
     except BaseException as e:  # noqa: BLE001 - every failure must reach the launcher as a file
         last = log.last if log else {"phase": "start", "step": -1}
+        if log:   # its own testimony, then its peers' on this host, before torchrun stops them
+            witness.write(f"{type(e).__name__} in {last['phase']}")
+            witness.ask_peers(_peers(log.run_dir, env.rank, env.world_size))
         write_rank_error(log.run_dir if log else spec_paths[0].parent, env.rank, last["phase"], last["step"], e)
         code = 1
     if log:
         log.close()
     _FATAL.stop()
     return code
+
+
+def _peers(run_dir: Path, rank: int, world_size: int) -> dict[int, int]:
+    """rank -> pid of the other ranks of this run on this host, from their progress logs."""
+    here, out = socket.gethostname(), {}
+    for r in range(world_size):
+        recs = read_progress(run_dir, r) if r != rank else []
+        if recs and recs[-1].get("host") == here and isinstance(recs[-1].get("pid"), int):
+            out[r] = recs[-1]["pid"]
+    return out
 
 
 class _Gate:

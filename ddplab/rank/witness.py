@@ -1,0 +1,127 @@
+"""A rank's own testimony when a run goes wrong: every thread's Python stack at that moment, and torch's
+flight recorder (the last collectives this process enqueued, each with its sequence number in its
+process group; ProcessGroupGloo records them too on torch 2.13), written as JSON data to
+`rank{r}.witness.json` of the run (`job{n}.rank{r}.witness.json` in a session). Runs inside a rank.
+
+It is written
+- when this rank fails (`rank.worker`: before its error file), and then it asks its peers on this host
+  for theirs (SIGUSR2) and waits a moment for them, since torchrun stops them once this rank exits;
+- when the launcher asks (SIGUSR2): its watchdog found the ranks stalled, or a `%%ddp` cell ran out of time.
+
+The signal is blocked in every thread but one, which waits for it (`signal.sigwait`), so the testimony
+is taken while the main thread is stuck inside a collective (gloo's wait releases the GIL) or in a loop
+of its own. The first testimony of a run stands: it shows the rank at the moment it was asked.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+
+from ..rundir import WITNESS_SIGNAL, witness_file
+
+SIGNAL = signal.Signals(WITNESS_SIGNAL)
+WAIT_FOR_PEERS_S = 1.5   # how long a failing rank waits for its peers' testimony before it exits
+FRAMES = 40              # innermost frames kept per thread
+_where: tuple[Path, int, str] | None = None   # (directory, rank, file name prefix)
+_lock = threading.Lock()
+
+
+def block_signal() -> None:
+    """Block SIGNAL in this thread, and so in every thread it starts later (call it first in a rank)."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {SIGNAL})
+
+
+def start() -> None:
+    """The thread that waits for SIGNAL and writes the testimony (once per process)."""
+    def serve():
+        while True:
+            signal.sigwait({SIGNAL})
+            try:
+                write("asked")
+            except Exception:  # noqa: BLE001 - a testimony that cannot be written must not end the rank
+                pass
+    threading.Thread(target=serve, name="ddplab-witness", daemon=True).start()
+
+
+def at(directory, rank: int, prefix: str = "") -> None:
+    """Where this rank's testimony goes from now on (its current run, or a session's cell)."""
+    global _where
+    _where = (Path(directory), rank, prefix)
+
+
+def _stacks() -> dict[str, list[dict]]:
+    names = {t.ident: t.name for t in threading.enumerate()}
+    out = {}
+    for ident, frame in sys._current_frames().items():
+        if ident == threading.get_ident():   # the writing thread: the witness's, or a failing rank's own (its traceback says where)
+            continue
+        frames = traceback.extract_stack(frame)[-FRAMES:]
+        out[names.get(ident, str(ident))] = [{"file": f.filename, "line": f.lineno, "function": f.name,
+                                              "code": f.line or ""} for f in frames]
+    return out
+
+
+def _flight() -> dict:
+    """torch's flight recorder of this process as JSON data (collectives only, no C++ stacks)."""
+    try:
+        from torch._C._distributed_c10d import _dump_fr_trace_json
+
+        raw = _dump_fr_trace_json(True, False)
+        data = json.loads(raw.decode() if isinstance(raw, bytes) else raw)
+        return {k: data.get(k) for k in ("version", "pg_config", "pg_status", "entries")}
+    except Exception as e:  # noqa: BLE001 - said in the testimony, not raised
+        return {"error": f"{type(e).__name__}: {e}"}
+
+
+def write(why: str) -> Path | None:
+    """Write this rank's testimony, unless this run already has one; its path (None: nowhere to write)."""
+    where = _where
+    if where is None:
+        return None
+    path = witness_file(*where)
+    with _lock:
+        if path.exists():
+            return path
+        from ..rundir import write_json_atomic
+
+        write_json_atomic(path, {"rank": where[1], "pid": os.getpid(), "t_ns": time.time_ns(), "why": why,
+                                 "stacks": _stacks(), "flight": _flight()})
+    return path
+
+
+def ask_peers(pids: dict[int, int], wait_s: float = WAIT_FOR_PEERS_S) -> None:
+    """Signal the peers (rank -> pid, on this host) for their testimony, and wait until each living one
+    wrote it or `wait_s` passed."""
+    where = _where
+    if where is None:
+        return
+    asked = {}
+    for rank, pid in pids.items():
+        try:
+            os.kill(pid, SIGNAL)
+            asked[rank] = pid
+        except (ProcessLookupError, PermissionError):
+            pass
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        waiting = [r for r, pid in asked.items() if not witness_file(where[0], r, where[2]).exists() and _alive(pid)]
+        if not waiting:
+            return
+        time.sleep(0.01)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True

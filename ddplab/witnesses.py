@@ -1,0 +1,200 @@
+"""torch's own witnesses of a failed or hung run, beside ddplab's diagnosis: each rank's testimony
+(`rank/witness.py`: its Python stacks and torch's flight recorder, written as JSON when it failed or when
+the launcher asked) and torch's flight-recorder analyzer run over them.
+
+    testimonies = witnesses.read(run_dir, world_size)
+    verdict = witnesses.flight_verdict(testimonies, world_size)   # which collective, which rank, per torch
+    witnesses.verify_same_rank(diagnosis.ranks, verdict)          # ddplab and torch name the same rank(s)
+
+Every file is read as JSON data and checked before use. torch's analyzer reads its dumps with pickle
+(`flight_recorder/components/loader.py`, code run on load) and passes a group's rank list through
+`eval` when it is a string (`builder.py`), so the lab never hands it a file: it builds the analyzer's
+input from checked JSON, rank lists written back from the integers it parsed. Found on torch 2.13 with
+gloo: ProcessGroupGloo records every collective (state "scheduled", never "completed"); the default
+group's configuration comes keyed "" while its entries name the group "0", on which the analyzer fails
+with KeyError ('0', 0), so that key is renamed here.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import verify
+from .rundir import witness_file
+
+MAX_BYTES = 32 * 2 ** 20   # a testimony larger than this is not read
+_RANKS = re.compile(r"^\[\s*(\d+(\s*,\s*\d+)*)?\s*\]$")
+_LIBRARY = ("site-packages", "dist-packages", "/lib/python3", "<frozen ")
+
+
+def read(directory, world_size: int, prefix: str = "") -> dict[int, dict]:
+    """rank -> its testimony (`rank/witness.py`), for the ranks that left a well-formed one."""
+    out = {}
+    for rank in range(world_size):
+        path = witness_file(Path(directory), rank, prefix)
+        try:
+            if path.stat().st_size > MAX_BYTES:
+                continue
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict) and data.get("rank") == rank and isinstance(data.get("stacks"), dict):
+            out[rank] = data
+    return out
+
+
+def _pg_config(raw) -> dict | None:
+    """A dump's process groups, checked: {name: {"desc", "name", "ranks": "[0, 1]"}} with the rank list
+    rewritten from the integers parsed here; None if anything is not what torch writes."""
+    if not isinstance(raw, dict):
+        return None
+    out = {}
+    for key, g in raw.items():
+        if not (isinstance(key, str) and isinstance(g, dict) and isinstance(g.get("ranks"), str)
+                and _RANKS.match(g["ranks"])):
+            return None
+        ranks = [int(x) for x in re.findall(r"\d+", g["ranks"])]
+        name = str(g.get("name") or key or "0")
+        desc = str(g.get("desc") or ("default_pg" if name == "0" else "undefined"))
+        out[key or name] = {"desc": desc, "name": name, "ranks": str(ranks)}
+    return out
+
+
+def _entries(raw) -> list[dict] | None:
+    if not isinstance(raw, list):
+        return None
+    keep = []
+    for e in raw:
+        pg = e.get("process_group") if isinstance(e, dict) else None
+        if not (isinstance(pg, list) and len(pg) == 2 and all(isinstance(x, str) for x in pg)
+                and isinstance(e.get("collective_seq_id"), int) and isinstance(e.get("record_id"), int)
+                and isinstance(e.get("profiling_name"), str)):
+            return None
+        keep.append(e)
+    return keep
+
+
+@dataclass
+class FlightVerdict:
+    """What torch's analyzer found in the ranks' flight records: the first collective not every rank
+    joined or that the ranks called differently (its sequence number in its group, its name), and the
+    rank(s) it names; `said`: the analyzer's own words. `ranks` is empty when it found nothing to blame,
+    and `why_not` then says why (no records, ranks without a record, the analyzer's error)."""
+
+    dumps: list[int]
+    seq: int | None = None
+    collective: str = ""
+    group: str = ""
+    ranks: list[int] = field(default_factory=list)
+    how: str = ""            # "missing" (never joined) or "mismatch" (called another collective or size)
+    said: str = ""
+    why_not: str = ""
+
+    def __str__(self) -> str:
+        if not self.ranks:
+            return f"torch's flight recorder analyzer names no rank: {self.why_not}"
+        who = ", ".join(map(str, self.ranks))
+        what = "never joined" if self.how == "missing" else "called something else at"
+        return (f"torch's flight recorder analyzer (records of rank(s) {', '.join(map(str, self.dumps))}): rank(s) "
+                f"{who} {what} collective #{self.seq} of group {self.group} ({self.collective})")
+
+
+def flight_verdict(testimonies: dict[int, dict], world_size: int) -> FlightVerdict:
+    """torch's analyzer (`torch.distributed.flight_recorder`) over the ranks' flight records."""
+    details, version, skipped = {}, None, []
+    for rank, t in sorted(testimonies.items()):
+        fl = t.get("flight") if isinstance(t.get("flight"), dict) else {}
+        pg, entries = _pg_config(fl.get("pg_config")), _entries(fl.get("entries"))
+        if pg is None or entries is None or not isinstance(fl.get("version"), str):
+            skipped.append(f"rank {rank}: {fl.get('error') or 'no flight record in its testimony'}")
+            continue
+        version = fl["version"]
+        details[f"rank{rank}"] = {"host_name": f"host_rank{rank}", "rank": rank, "entries": entries,
+                                  "version": version, "pg_config": pg}
+    dumps = sorted(d["rank"] for d in details.values())
+    absent = [r for r in range(world_size) if r not in testimonies]
+    if not details:
+        return FlightVerdict(dumps, why_not="no rank left a flight record" + (f" ({'; '.join(skipped)})" if skipped else ""))
+    db, said = _analyze(details, version)
+    if isinstance(db, Exception):
+        return FlightVerdict(dumps, why_not=f"its analysis failed: {type(db).__name__}: {db}", said=said)
+    for c in db.collectives:
+        missing = sorted(c.missing_ranks or ())
+        mismatched = sorted(set(c.mismatch_collectives or ()) - {min(c.expected_ranks, default=0)})
+        if missing or mismatched or not c.pass_check:
+            return FlightVerdict(dumps, c.collective_seq_id, c.collective_name, c.pg_desc, missing or mismatched,
+                                 "missing" if missing else "mismatch", said)
+    gone = f"; rank(s) {', '.join(map(str, absent))} left no testimony (killed before they could be asked?)" if absent else ""
+    return FlightVerdict(dumps, said=said, why_not=f"every collective it could match, every rank with a record joined{gone}")
+
+
+def _analyze(details: dict, version: str):
+    """torch's own analyzer, its log captured: (Database or the exception it raised, its words)."""
+    from torch.distributed.flight_recorder.components.fr_logger import FlightRecorderLogger
+
+    FlightRecorderLogger()   # its logger and handler exist from here: the analyzer's words are kept, not printed
+    lines: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            lines.append(record.getMessage())
+
+    log = logging.getLogger("Flight Recorder")
+    saved = (list(log.handlers), log.propagate, log.level)
+    for h in saved[0]:
+        log.removeHandler(h)
+    keep = Keep()
+    log.addHandler(keep)
+    log.propagate, log.level = False, logging.INFO
+    try:
+        from torch.distributed.flight_recorder.components.builder import build_db
+        from torch.distributed.flight_recorder.components.config_manager import JobConfig
+
+        args = JobConfig().parse_args(["-", "--allow-incomplete-ranks"])
+        try:
+            db = build_db(details, args, version)
+        except Exception as e:  # noqa: BLE001 - the analyzer's failure is reported, not raised
+            db = e
+    finally:
+        log.removeHandler(keep)
+        for h in saved[0]:
+            log.addHandler(h)
+        log.propagate, log.level = saved[1], saved[2]
+    return db, "\n".join(ln for ln in lines if ln.strip() and "tabulate" not in ln)
+
+
+def verify_same_rank(ddplab_ranks, verdict: FlightVerdict) -> str:
+    """ddplab's diagnosis and torch's analyzer name the same rank(s); raises `verify.CheckFailed` when
+    they differ, and says so (without failing) when torch's records cannot name any."""
+    if not verdict.ranks:
+        return f"not compared: {verdict}"
+    verify.equal("the rank(s) ddplab blames = the rank(s) torch's flight recorder analyzer names",
+                 sorted(ddplab_ranks), sorted(verdict.ranks))
+    return f"ddplab and torch's analyzer name the same rank(s): {', '.join(map(str, verdict.ranks))}"
+
+
+def stack(testimony: dict, thread: str = "MainThread", shown: int = 6) -> str:
+    """One thread's stack as a learner reads it: the frames of their code (outside the Python library and
+    site-packages) in full, innermost last; library frames folded into a count, except the innermost
+    (where it waits)."""
+    frames = (testimony.get("stacks") or {}).get(thread) or []
+    if not frames:
+        return f"(no stack of {thread}: its testimony was written by the failing thread itself; its traceback says where)"
+    out, folded = [], 0
+    for i, f in enumerate(frames):
+        library = any(m in str(f.get("file", "")) for m in _LIBRARY)
+        if library and i != len(frames) - 1:
+            folded += 1
+            continue
+        if folded:
+            out.append(f"  ... {folded} library frame(s)")
+            folded = 0
+        out.append(f"  {Path(str(f.get('file'))).name}:{f.get('line')} in {f.get('function')}: {str(f.get('code', ''))[:100]}")
+    return "\n".join(out[-shown * 2:])
+
+
+__all__ = ["FlightVerdict", "flight_verdict", "read", "stack", "verify_same_rank"]
