@@ -38,9 +38,11 @@ class CellFailed(Exception):
 class CellResult:
     """What every rank of a `%%ddp` cell left: rank -> {stdout, stderr, value, error} (None: it hung)."""
 
-    def __init__(self, results: dict, seconds: float, died: str = "", status: dict | None = None):
+    def __init__(self, results: dict, seconds: float, died: str = "", status: dict | None = None, witness=None):
         self.results, self.seconds, self.died = results, seconds, died
         self.status = status or {}   # rank -> the last collective its `dist` was called for, and whether it ended
+        # after a hang: (torch's flight-recorder verdict, rank -> its stack when asked), `launch/cells.py`
+        self.flight, self.stacks = witness if witness else (None, {})
 
     def value(self, rank: int):
         r = self.results[rank]
@@ -75,7 +77,7 @@ class CellResult:
             elif r["error"] and is_timeout(r["error"]):
                 timed_out.append(rank)
             elif r["error"]:
-                out[rank] = f"{r['error']['type']}: {r['error']['message']}".strip()
+                out[rank] = f"{r['error']['type']}: {_plain(r['error']['message'])}".strip()
             else:
                 clean.append(rank)
         if timed_out:
@@ -84,7 +86,7 @@ class CellResult:
                 out[rank] = f"finished the cell without joining the collective rank(s) {waited} waited in"
             if not clean:
                 for rank in timed_out:
-                    out[rank] = f"{self.results[rank]['error']['type']}: {self.results[rank]['error']['message']}"
+                    out[rank] = f"{self.results[rank]['error']['type']}: {_plain(self.results[rank]['error']['message'])}"
         for op, group in {(st["op"], st.get("group")) for st in waiting.values() if st["op"] not in ("send", "recv")}:
             calls = {r: st["tensor"] for r, st in waiting.items() if (st["op"], st.get("group")) == (op, group)}
             if len(set(calls.values())) > 1:
@@ -104,16 +106,24 @@ class CellResult:
         if r["value"] is not None:
             parts.append(f"<pre style='margin:0;color:#1a5fb4'>{html.escape(r['value'])}</pre>")
         if r["error"]:
-            parts.append(f"<pre style='margin:0;color:#c01c28'>{html.escape(r['error']['traceback'].rstrip())}</pre>")
+            parts.append(f"<pre style='margin:0;color:#c01c28;{WRAP}'>{html.escape(folded(r['error']['traceback']))}</pre>")
         return "".join(parts) or "<i>(nothing)</i>"
+
+    def _where(self, rank) -> str:
+        st = self.stacks.get(rank)
+        return (f"<details><summary>where rank {rank} was when the launcher asked</summary>"
+                f"<pre style='margin:0;{WRAP}'>{html.escape(st)}</pre></details>") if st else ""
 
     def _repr_html_(self) -> str:
         ranks = sorted(self.results)
         head = "".join(f"<th style='text-align:left'>rank {r}</th>" for r in ranks)
-        body = "".join(f"<td style='vertical-align:top;text-align:left'>{self._cell(self.results[r])}</td>"
-                       for r in ranks)
+        width = f"min-width:{max(12, 60 // max(1, len(ranks)))}em;max-width:{max(20, 100 // max(1, len(ranks)))}em"
+        body = "".join(f"<td style='vertical-align:top;text-align:left;{width}'>{self._cell(self.results[r])}"
+                       f"{self._where(r)}</td>" for r in ranks)
+        flight = "".join(self._where(r) for r in sorted(self.stacks) if r not in self.results)   # ranks not in the cell
+        flight += f"<br><small>{html.escape(str(self.flight))}</small>" if self.flight is not None else ""
         return (f"<table class='ddplab-ddp-cell'><tr>{head}</tr><tr>{body}</tr></table>"
-                f"<small>{len(ranks)} rank(s), {self.seconds * 1e3:.0f} ms</small>")
+                f"<small>{len(ranks)} rank(s), {self.seconds * 1e3:.0f} ms</small>{flight}")
 
     def __repr__(self) -> str:
         lines = []
@@ -128,8 +138,75 @@ class CellResult:
             if r["value"] is not None:
                 lines.append(f"-> {r['value']}")
             if r["error"]:
-                lines.append(r["error"]["traceback"].rstrip())
+                lines.append(folded(r["error"]["traceback"]))
+            if self.stacks.get(rank):
+                lines.append(f"(where rank {rank} was when the launcher asked)\n{self.stacks[rank]}")
+        if self.flight is not None:
+            lines.append(str(self.flight))
         return "\n".join(lines)
+
+
+_LAST_START: dict = {}   # the last %ddp_start's settings, for "no session" messages
+WRAP = "white-space:pre-wrap;overflow-wrap:anywhere"   # long lines wrap in their column, never widen it
+
+
+def folded(traceback_text: str) -> str:
+    """A rank's traceback as a learner reads it: the cell's own frames and the error in full; frames of
+    torch, of the Python library and of the lab's own wrappers folded into a count; the error's message
+    without gloo's C++ source location."""
+    blocks, head = [], []
+    for ln in traceback_text.rstrip().splitlines():
+        if ln.lstrip().startswith('File "'):
+            blocks.append([ln])
+        elif blocks and ln.startswith("    "):
+            blocks[-1].append(ln)   # a frame's code line and its ^^^ markers
+        elif blocks:
+            blocks.append([ln])     # the error (and chained tracebacks' own lines)
+        else:
+            head.append(ln)
+    out, n = list(head), 0
+    for b in blocks:
+        frame = b[0].lstrip().startswith('File "')
+        if frame and any(m in b[0] for m in ("site-packages", "dist-packages", "/lib/python3", "<frozen ", "/ddplab/")):
+            n += 1
+            continue
+        if n:
+            out.append(f"  ... {n} library frame(s)")
+            n = 0
+        out += b if frame else [_plain(x) for x in b]
+    if n:
+        out.append(f"  ... {n} library frame(s)")
+    return "\n".join(out)
+
+
+def _plain(message: str) -> str:
+    """An error message without the C++ source location gloo puts first ('[/__w/.../pair.cc:553] ')."""
+    import re
+
+    return re.sub(r"\[[^\]\s]*\.(?:cc|cpp|h|hpp):\d+\]\s*", "", message)
+
+
+def _grouped(failed: dict[int, str]) -> str:
+    """One clause per distinct reason, naming every rank it holds for (not one per rank)."""
+    by: dict[str, list[int]] = {}
+    for r, why in sorted(failed.items()):
+        by.setdefault(why, []).append(r)
+    return "; ".join(f"rank{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))}: {why}" for why, rs in by.items())
+
+
+def _restart(s) -> str:
+    """After a cell that left the process group unusable: the same ranks again, started fresh."""
+    from . import launch
+
+    t0 = time.monotonic()
+    try:
+        new = launch.session.Session(world_size=s.world_size, backend=s.backend, device=s.device,
+                                     pin_cpus=s.pin_cpus, timeout_s=s.timeout_s)
+    except Exception as e:  # noqa: BLE001 - said in the cell's message; %ddp_start remains
+        return f"The session was stopped, and starting it again failed ({type(e).__name__}: {e}): %ddp_start"
+    return (f"The ranks were restarted: {new.world_size} new ranks in {time.monotonic() - t0:.1f} s (gloo cannot "
+            f"rebuild a process group a collective failed in, so the processes were replaced). Every rank's "
+            f"variables are gone: run the cells that set them up again")
 
 
 def _parse_ranks(text: str | None):
@@ -159,6 +236,7 @@ def load(ip) -> None:
         def ddp_start(self, line):
             """Start a session of warm ranks for %%ddp cells (and for ddplab.run)."""
             args = parse_argstring(DDPMagics.ddp_start, line)
+            _LAST_START["n"] = args.nproc
             t0 = time.monotonic()
             s = launch.session.Session(world_size=args.nproc, backend=args.backend, device=args.device,
                                  timeout_s=args.timeout)
@@ -185,10 +263,11 @@ def load(ip) -> None:
             if s is None or s.implicit:   # the session ddplab.run keeps is replaced at will: not for cell state
                 why = launch.session.last_end() if s is None else None
                 raise CellFailed(f"no session for %%ddp cells{f' (the last one ended: {why})' if why else ''}: "
-                                 f"run %ddp_start -n 4 first")
+                                 f"run %ddp_start -n {_LAST_START.get('n', 2)} first")
             t0 = time.monotonic()
             answers = s.execute(cell, _parse_ranks(args.ranks))
-            result = CellResult(answers, time.monotonic() - t0, died=s.died, status=s.cell_status)
+            result = CellResult(answers, time.monotonic() - t0, died=s.died, status=s.cell_status,
+                                witness=s.cell_witness)
             self.shell.user_ns["_ddp"] = result   # the notebook's own checks read the ranks' answers here
             display(result)
             failed = result.failed
@@ -196,9 +275,11 @@ def load(ip) -> None:
                 raise CellFailed(f"the session died during the cell: {s.died}. Every rank's state is gone: "
                                  f"%ddp_start again")
             if failed:
-                what = "; ".join(f"rank {r}: {why}" for r, why in sorted(failed.items()))
+                what = _grouped(failed)
+                if result.flight is not None and result.flight.ranks:
+                    what += f". {result.flight}"
                 if not s.alive():
-                    what += ". The session was stopped (a hung collective leaves it unusable): %ddp_start again"
+                    what += ". " + _restart(s)
                 raise CellFailed(what)
             return None
 

@@ -49,6 +49,9 @@ def run_cell(s, code: str, ranks: list[int] | None) -> dict[int, dict | None]:
                 pass
         lost = interrupted or any(v is None for v in results.values()) or any(
             v and v["error"] and failures.is_timeout(v["error"]) for v in results.values())
+        s.cell_witness = None
+        if lost and not interrupted and s.alive():   # torch's witnesses first: the ranks' stacks and flight records
+            s.cell_witness = _testimony(s, n)
         if lost:   # a hang, a dead rank or a timed-out collective leaves the process group unusable
             s.kill()
             s.forget(f"{s.died} during a %%ddp cell" if s.died else
@@ -58,3 +61,23 @@ def run_cell(s, code: str, ranks: list[int] | None) -> dict[int, dict | None]:
     if interrupted:
         raise failures.Interrupted(f"interrupted: the cell and the session's {s.world_size} ranks stopped")
     return results
+
+
+def _testimony(s, n: int):
+    """Ask every rank of the session for its testimony (`rank/witness.py`) about cell `n`, and read it:
+    (torch's flight-recorder analyzer's verdict, rank -> where it was), or None if no rank answered."""
+    import socket
+
+    from .. import witnesses
+    from .watch import ask_witnesses, collect
+
+    here = socket.gethostname()
+    progress, _, _ = collect(s.dir, s.world_size)   # the session's start-up records carry each rank's pid
+    pids = {r: recs[-1]["pid"] for r, recs in progress.items()
+            if recs and isinstance(recs[-1].get("pid"), int) and recs[-1].get("host", here) == here}
+    ask_witnesses(pids, s.dir, prefix=f"job{n}.")
+    testimonies = witnesses.read(s.dir, s.world_size, prefix=f"job{n}.")
+    if not testimonies:
+        return None
+    return (witnesses.flight_verdict(testimonies, s.world_size),
+            {r: witnesses.stack(t) for r, t in sorted(testimonies.items())})

@@ -122,6 +122,7 @@ class Session:
         self.jobs = 0
         self.log_offset = 0   # where the current job's part of the session's log starts
         self.cell_status: dict[int, dict] = {}
+        self.cell_witness = None   # after a cell that hung: (torch's flight verdict, rank -> its stack), launch/cells.py
         self.cells = 0   # %%ddp cells run: they may change a rank's global torch state, so runs then go cold
         self.proc = None
         close_current()   # one session at a time: the old one's ranks leave before the new ones start

@@ -48,9 +48,9 @@ def serve(session_dir: Path, env, run_experiments) -> int:
         if job.get("stop"):
             break
         if "cell" in job:   # a %%ddp cell: this rank's namespace lives from cell to cell (runs go cold after one)
+            witness.at(session_dir, env.rank, f"job{n}.")   # a hung cell's testimony, if the launcher asks (all ranks)
             if env.rank in job["ranks"]:
                 ns = ns if ns is not None else cells.namespace(env, device)
-                witness.at(session_dir, env.rank, f"job{n}.")   # a hung cell's testimony, if the launcher asks
                 status = session_dir / f"job{n}.rank{env.rank}.cell.status"
                 write_json_atomic(session_dir / f"job{n}.rank{env.rank}.cell.json", cells.run_cell(job["cell"], ns, status))
             n += 1

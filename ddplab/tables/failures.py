@@ -110,3 +110,22 @@ def find_unused_step_times(cost: pd.DataFrame) -> str:
     return (f"step time after warm-up, median (spread, 1.4826 x MAD): find_unused_parameters=False "
             f"{off['step_ms']:.2f} ms ({off['spread_ms']:.2f}), True {on['step_ms']:.2f} ms ({on['spread_ms']:.2f}), a difference of "
             f"{on['step_ms'] - off['step_ms']:+.2f} ms; two separate runs, not interleaved: shown, not judged")
+
+
+def witness_table(outcomes: list[Provoked]) -> pd.DataFrame:
+    """Per provoked failure, ddplab's diagnosis beside torch's own witness: the rank(s) ddplab names, the
+    rank(s) torch's flight recorder analyzer names in the ranks' records (`witnesses`), the collective
+    (its sequence number in its group) and how the ranks diverged there, whose records it had, and
+    whether the two agree ("not compared" where torch's records name no rank, with its reason)."""
+    rows = []
+    for o in outcomes:
+        d = o.diagnosis
+        f = getattr(d, "flight", None)
+        rows.append({"fault": o.fault_kind, "ddplab_names": d.ranks if d else [],
+                     "torch_names": list(f.ranks) if f else [],
+                     "collective": f"#{f.seq} {f.collective}" if f and f.ranks else "",
+                     "how": {"missing": "never joined", "mismatch": "called another"}.get(f.how, "") if f else "",
+                     "records_of": list(f.dumps) if f else [],
+                     "agree": ("yes" if sorted(d.ranks) == sorted(f.ranks) else "NO") if f and f.ranks and d else
+                              "not compared: " + (f.why_not if f else "no rank left a testimony")})
+    return pd.DataFrame(rows).set_index("fault")

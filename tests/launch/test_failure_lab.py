@@ -176,3 +176,24 @@ def test_a_rank_torchrun_stopped_with_sigterm_is_not_blamed_for_the_one_killed_f
     d = failures.diagnose(progress, {}, set(), 2, 5, False, Experiment().task.all_phases(),
                           deaths=deaths.deaths_from(report))
     assert d.ranks == [1] and "Rank 1 was killed by SIGKILL in 'sigkill' of step 1" in d.summary
+
+
+@pytest.mark.slow
+def test_torchs_flight_recorder_analyzer_names_the_rank_that_skipped_backward_as_ddplab_does(tmp_path):
+    """Issue 33: rank 1 skips backward and calls a barrier where rank 0 all-reduces its gradients; torch's
+    analyzer, over the ranks' own flight records, calls it a type mismatch by rank 1, as ddplab does. The
+    same outcome with ddplab's answer changed fails the check and reads "NO" in notebook 08's table."""
+    import dataclasses
+
+    from ddplab import witnesses
+
+    o = provoke(fault_runs(kinds=("skip-backward",))["skip-backward"], tmp_path / "skip")
+    v = o.diagnosis.flight
+    assert o.diagnosis.ranks == v.ranks == [1] and v.how == "mismatch" and v.dumps == [0, 1], str(v)
+    assert "COLLECTIVE_TYPE_MISMATCH" in v.said and "'barrier'" in v.said, v.said
+    assert tables.failures.witness_table([o]).loc["skip-backward", "agree"] == "yes"
+    assert "rank(s) 1 called something else at collective" in str(o.diagnosis) and not o.orphans
+    wrong = dataclasses.replace(o, diagnosis=dataclasses.replace(o.diagnosis, ranks=[0]))
+    assert tables.failures.witness_table([wrong]).loc["skip-backward", "agree"] == "NO"
+    with pytest.raises(CheckFailed):
+        witnesses.verify_same_rank(wrong.diagnosis.ranks, v)

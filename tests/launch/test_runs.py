@@ -266,6 +266,8 @@ def test_a_stalled_rank_without_synchronization_is_the_one_blamed(runs_dir, monk
     d = info.value.diagnosis
     assert d.kind == "hang" and d.ranks == [1], str(d)
     assert "Rank 1 never arrived: its last phase was 'forward' of step 1" in d.summary
+    # the watchdog asked the ranks before it stopped them: rank 1's stack says where it was (issue 33)
+    assert "inject_fault" in d.stacks[1] and "time.sleep" in d.stacks[1], d.stacks
     assert not leftovers(runs_dir / "stall-alone")
 
 

@@ -1,0 +1,96 @@
+"""torch's witnesses beside ddplab's diagnosis (issue 33): the ranks' testimonies read as checked JSON, torch's
+flight-recorder analyzer over them, and the check that both name the same rank. The records in
+tests/support/witness are a real 2-rank gloo run's (the stall fault on rank 1 at step 1, torch 2.13),
+their stacks trimmed."""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from ddplab import verify, witnesses
+from ddplab.failures import Diagnosis
+
+RECORDS = Path(__file__).parent.parent / "support" / "witness"
+
+
+def _stall():
+    return witnesses.read(RECORDS, 2, prefix="stall.")
+
+
+def test_the_analyzer_names_the_rank_that_never_joined_the_collective():
+    t = _stall()
+    assert sorted(t) == [0, 1]
+    v = witnesses.flight_verdict(t, 2)
+    assert v.ranks == [1] and v.how == "missing" and v.seq == 10 and v.collective == "gloo:all_reduce", str(v)
+    assert "Not all ranks joining collective, sequence number: 10" in v.said and "missing ranks: {1}" in v.said
+    assert witnesses.verify_same_rank([1], v).startswith("ddplab and torch's analyzer name the same rank(s): 1")
+
+
+def test_the_check_fails_when_ddplab_and_torch_name_different_ranks():
+    v = witnesses.flight_verdict(_stall(), 2)
+    with pytest.raises(verify.CheckFailed, match="torch's flight recorder analyzer names"):
+        witnesses.verify_same_rank([0], v)
+
+
+def test_records_where_every_rank_joined_name_no_rank_and_are_not_compared():
+    t = copy.deepcopy(_stall())
+    t[0]["flight"]["entries"] = t[0]["flight"]["entries"][:-1]   # rank 0's collective #10 taken away: all agree
+    v = witnesses.flight_verdict(t, 2)
+    assert v.ranks == [] and "every rank with a record joined" in v.why_not
+    assert witnesses.verify_same_rank([1], v).startswith("not compared")
+
+
+def test_a_rank_without_testimony_is_said_and_nothing_is_guessed():
+    v = witnesses.flight_verdict({0: _stall()[0]}, 2)
+    assert v.ranks == [] and "rank(s) 1 left no testimony" in v.why_not and v.dumps == [0]
+
+
+def test_a_rank_list_that_would_run_code_in_torchs_analyzer_is_never_handed_to_it(tmp_path):
+    """torch's builder `eval`s a group's rank list when it parses as a string: a record carrying one is
+    refused here, and no code runs."""
+    marker = tmp_path / "ran"
+    t = copy.deepcopy(_stall())
+    for rank in t:
+        t[rank]["flight"]["pg_config"][""]["ranks"] = repr(f"__import__('pathlib').Path({str(marker)!r}).touch()")
+    v = witnesses.flight_verdict(t, 2)
+    assert not marker.exists() and v.ranks == [] and "no rank left a flight record" in v.why_not
+    from torch.distributed.flight_recorder.components.builder import build_groups_memberships
+
+    with pytest.raises(Exception):   # what torch itself does with it: evaluates the string
+        build_groups_memberships({0: t[0]["flight"]["pg_config"]})
+    assert marker.exists()   # (the hazard is real)
+
+
+def test_malformed_or_oversized_testimonies_are_skipped(tmp_path, monkeypatch):
+    for r in (0, 1):
+        shutil.copy(RECORDS / f"stall.rank{r}.witness.json", tmp_path / f"rank{r}.witness.json")
+    (tmp_path / "rank1.witness.json").write_text("{not json")
+    assert sorted(witnesses.read(tmp_path, 2)) == [0]
+    (tmp_path / "rank1.witness.json").write_text(json.dumps({"rank": 0, "stacks": {}}))   # another rank's
+    assert sorted(witnesses.read(tmp_path, 2)) == [0]
+    monkeypatch.setattr(witnesses, "MAX_BYTES", 100)
+    assert witnesses.read(tmp_path, 2) == {}
+
+
+def test_a_stack_shows_the_learners_frames_and_folds_the_librarys():
+    text = witnesses.stack(_stall()[1])
+    assert "train.py" in text and "inject_fault" in text and "time.sleep" in text
+    frames = [{"file": "/x/site-packages/torch/a.py", "line": 1, "function": "f", "code": "f()"}] * 3 + \
+        [{"file": "/home/me/train.py", "line": 9, "function": "step", "code": "dist.all_reduce(t)"},
+         {"file": "/x/site-packages/torch/distributed/c10d.py", "line": 5, "function": "all_reduce", "code": "work.wait()"}]
+    shown = witnesses.stack({"stacks": {"MainThread": frames}}).splitlines()
+    assert shown == ["  ... 3 library frame(s)", "  train.py:9 in step: dist.all_reduce(t)",
+                     "  c10d.py:5 in all_reduce: work.wait()"]
+
+
+def test_the_diagnosis_prints_torchs_verdict_and_the_stacks_beside_its_own():
+    v = witnesses.flight_verdict(_stall(), 2)
+    d = Diagnosis("hang", [1], "Rank 1 never arrived.", flight=v, stacks={1: witnesses.stack(_stall()[1])})
+    text = str(d)
+    assert "rank(s) 1 never joined collective #10 of group 0:default_pg (gloo:all_reduce)" in text
+    assert "--- rank 1 when the launcher asked" in text and "inject_fault" in text
