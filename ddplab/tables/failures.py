@@ -127,5 +127,6 @@ def witness_table(outcomes: list[Provoked]) -> pd.DataFrame:
                      "how": {"missing": "never joined", "mismatch": "called another"}.get(f.how, "") if f else "",
                      "records_of": list(f.dumps) if f else [],
                      "agree": ("yes" if sorted(d.ranks) == sorted(f.ranks) else "NO") if f and f.ranks and d else
-                              "not compared: " + (f.why_not if f else "no rank left a testimony")})
+                              "not compared",
+                     "why_not": "" if f and f.ranks else (f.why_not if f else "no rank left a testimony")})
     return pd.DataFrame(rows).set_index("fault")
