@@ -44,6 +44,16 @@ class CellResult:
         # after a hang: (torch's flight-recorder verdict, rank -> its stack when asked), `launch/cells.py`
         self.flight, self.stacks = witness if witness else (None, {})
 
+    @classmethod
+    def running(cls, printed: dict, seconds: float, note: str = "") -> "CellResult":
+        """What the ranks printed so far, shown while the cell runs (and kept if it is interrupted)."""
+        shown = cls({r: {"stdout": text, "stderr": "", "value": None, "error": None} for r, text in printed.items()},
+                    seconds)
+        shown.note = note or "running..."
+        return shown
+
+    note = ""   # while the cell runs: "running...", or why it stopped
+
     def value(self, rank: int):
         r = self.results[rank]
         return None if r is None else r["value"]
@@ -122,8 +132,9 @@ class CellResult:
                        f"{self._where(r)}</td>" for r in ranks)
         flight = "".join(self._where(r) for r in sorted(self.stacks) if r not in self.results)   # ranks not in the cell
         flight += f"<br><small>{html.escape(str(self.flight))}</small>" if self.flight is not None else ""
+        note = f" <b>{html.escape(self.note)}</b>" if self.note else ""
         return (f"<table class='ddplab-ddp-cell'><tr>{head}</tr><tr>{body}</tr></table>"
-                f"<small>{len(ranks)} rank(s), {self.seconds * 1e3:.0f} ms</small>{flight}")
+                f"<small>{len(ranks)} rank(s), {self.seconds * 1e3:.0f} ms</small>{note}{flight}")
 
     def __repr__(self) -> str:
         lines = []
@@ -221,7 +232,7 @@ def _parse_ranks(text: str | None):
 def load(ip) -> None:
     from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
     from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
-    from IPython.display import display
+    from IPython.display import HTML, display
 
     from . import launch
 
@@ -238,10 +249,13 @@ def load(ip) -> None:
             args = parse_argstring(DDPMagics.ddp_start, line)
             _LAST_START["n"] = args.nproc
             t0 = time.monotonic()
+            line = display(HTML(f"<small>starting {args.nproc} ranks: torchrun, then each rank imports torch and "
+                                f"joins the process group (a few seconds)...</small>"), display_id=True)
             s = launch.session.Session(world_size=args.nproc, backend=args.backend, device=args.device,
-                                 timeout_s=args.timeout)
-            print(f"{s.world_size} ranks ready on {s.backend}/{s.device} in {time.monotonic() - t0:.1f} s "
-                  f"(collectives time out after {args.timeout:g} s)")
+                                       timeout_s=args.timeout,
+                                       on_start=lambda text: line.update(HTML(f"<small>{html.escape(text)}</small>")))
+            line.update(HTML(f"<pre style='margin:0'>{s.world_size} ranks ready on {s.backend}/{s.device} in "
+                             f"{time.monotonic() - t0:.1f} s (collectives time out after {args.timeout:g} s)</pre>"))
 
         @line_magic
         def ddp_stop(self, line):
@@ -265,11 +279,18 @@ def load(ip) -> None:
                 raise CellFailed(f"no session for %%ddp cells{f' (the last one ended: {why})' if why else ''}: "
                                  f"run %ddp_start -n {_LAST_START.get('n', 2)} first")
             t0 = time.monotonic()
-            answers = s.execute(cell, _parse_ranks(args.ranks))
+            ranks = _parse_ranks(args.ranks)
+            shown = display(HTML(f"<small>running on {len(ranks or range(s.world_size))} rank(s)...</small>"),
+                            display_id=True)
+
+            def live(printed: dict, note: str) -> None:   # what the ranks printed so far, while the cell runs
+                shown.update(CellResult.running(printed, time.monotonic() - t0, note))
+
+            answers = s.execute(cell, ranks, live=live)
             result = CellResult(answers, time.monotonic() - t0, died=s.died, status=s.cell_status,
                                 witness=s.cell_witness)
             self.shell.user_ns["_ddp"] = result   # the notebook's own checks read the ranks' answers here
-            display(result)
+            shown.update(result)
             failed = result.failed
             if failed and s.died and all(why == f"its process died: {s.died}" for why in failed.values()):
                 raise CellFailed(f"the session died during the cell: {s.died}. Every rank's state is gone: "

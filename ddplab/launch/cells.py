@@ -13,10 +13,38 @@ from .torchrun import interrupts_caught
 CELL_GRACE_S = 5.0   # beyond the default group's timeout, how long a cell may take before it counts as hung
 
 
-def run_cell(s, code: str, ranks: list[int] | None) -> dict[int, dict | None]:
+LIVE_S = 0.25   # how often what the ranks printed is shown while the cell runs
+
+
+class _Printed:
+    """What each rank of cell `n` has printed so far (its stream file, `rank/cells.py`), read incrementally."""
+
+    def __init__(self, directory, n: int, ranks):
+        self.paths = {r: directory / f"job{n}.rank{r}.cell.stream" for r in ranks}
+        self.text = {r: "" for r in ranks}
+        self.offsets = {r: 0 for r in ranks}
+
+    def poll(self) -> bool:
+        moved = False
+        for r, p in self.paths.items():
+            try:
+                with open(p, "rb") as f:
+                    f.seek(self.offsets[r])
+                    chunk = f.read()
+            except OSError:
+                continue
+            if chunk:
+                self.offsets[r] += len(chunk)
+                self.text[r] += chunk.decode(errors="replace")
+                moved = True
+        return moved
+
+
+def run_cell(s, code: str, ranks: list[int] | None, live=None) -> dict[int, dict | None]:
     """`Session.execute`'s work, under its lock: write the cell as the session's next job, wait for every
     rank's answer (or the deadline, a dead rank, Ctrl-C), and tear the session down if the cell left the
-    process group unusable."""
+    process group unusable. `live(printed, note)`, if given, is called with what each rank printed so far,
+    at most every LIVE_S while the cell runs, and once more, with a note, if it is interrupted."""
     ranks = list(range(s.world_size)) if ranks is None else sorted(set(ranks))
     if s.alive() and not s.dir.exists():
         s._stop_for_lost_dir("")
@@ -32,11 +60,19 @@ def run_cell(s, code: str, ranks: list[int] | None) -> dict[int, dict | None]:
     s.cells += 1
     files = {r: s.dir / f"job{n}.rank{r}.cell.json" for r in ranks}
     deadline = time.monotonic() + s.timeout_s + CELL_GRACE_S
+    printed, shown_at = _Printed(s.dir, n, ranks), time.monotonic()
     with interrupts_caught() as interrupted:
         while not interrupted and s.alive() and time.monotonic() < deadline and s.dir.exists():
             if all(f.exists() for f in files.values()):
                 break
             time.sleep(s.poll_s)
+            if live is not None and time.monotonic() - shown_at >= LIVE_S:
+                shown_at = time.monotonic()
+                if printed.poll():
+                    live(dict(printed.text), "")
+        if interrupted and live is not None:   # what the ranks printed stays on the page
+            printed.poll()
+            live(dict(printed.text), "interrupted: the ranks were stopped")
         if not s.dir.exists():
             s._stop_for_lost_dir(" during the cell")
         s.died = "" if s.alive() else s.death()

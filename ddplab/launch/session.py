@@ -99,7 +99,7 @@ class Session:
 
     def __init__(self, world_size: int = 4, backend: str = "auto", device: str = "auto", pin_cpus: bool = False,
                  runs_dir=None, startup_timeout_s: float = STARTUP_TIMEOUT_S, timeout_s: float = SESSION_TIMEOUT_S,
-                 implicit: bool = False):
+                 implicit: bool = False, on_start=None):
         # the spec's own validation: the same ValueError naming the field, before anything starts
         Experiment(world_size=world_size, backend=backend, device=device, pin_cpus=pin_cpus, timeout_s=timeout_s)
         self.nodes = Nodes.from_env()   # on several nodes, as many ranks as fill each node alike
@@ -130,7 +130,7 @@ class Session:
         with interrupts_caught() as interrupted:   # a Ctrl-C now is a flag: the kill below cannot be cut short
             try:
                 self.proc = start(self.argv, worker_env(nodes=self.nodes, flight_dir=self.dir), self._log, outlive_thread=True)
-                self._wait_until_ready(startup_timeout_s, interrupted)
+                self._wait_until_ready(startup_timeout_s, interrupted, on_start)
             except BaseException:   # a failed start: no rank may wait on for jobs
                 self.kill()
                 raise
@@ -172,13 +172,20 @@ class Session:
                 and (backend, device) == (self.backend, self.device)
                 and all(e.pin_cpus == self.pin_cpus for e in exps))
 
-    def _wait_until_ready(self, timeout_s: float, interrupted: list) -> None:
-        deadline = time.monotonic() + timeout_s
+    def _wait_until_ready(self, timeout_s: float, interrupted: list, on_start=None) -> None:
+        """Until every rank says it is ready; `on_start(line)`, if given, hears where each rank is, twice a second."""
+        t0 = time.monotonic()
+        deadline, said = t0 + timeout_s, 0.0
         phases = Train().all_phases()
         while not interrupted:
             progress, errors, _ = collect(self.dir, self.world_size)
             if all(p and p[-1]["phase"] == "done" for p in progress.values()):
                 return
+            if on_start is not None and time.monotonic() - said >= 0.5:
+                said = time.monotonic()
+                on_start(f"starting {self.world_size} ranks ({said - t0:.1f} s): " + ", ".join(
+                    f"rank {r} {'ready' if p and p[-1]['phase'] == 'done' else p[-1]['phase'] if p else 'in torchrun and import torch'}"
+                    for r, p in sorted(progress.items())))
             if errors or self.proc.poll() is not None or time.monotonic() > deadline:
                 self.kill()
                 diagnosis = failures.diagnose(progress, errors, set(), self.world_size, timeout_s,
@@ -297,12 +304,13 @@ class Session:
     def done(self, n: int) -> bool:
         return all((self.dir / f"job{n}.rank{r}.done").exists() for r in range(self.world_size))
 
-    def execute(self, code: str, ranks: list[int] | None = None) -> dict[int, dict | None]:
+    def execute(self, code: str, ranks: list[int] | None = None, live=None) -> dict[int, dict | None]:
         """Run `code` on `ranks` (default: all) as a `%%ddp` cell (`rank/cells.py`): rank -> its stdout,
         stderr, last value and error, or None for a rank that never finished (it hung: the session is
-        then torn down, as after any hang). Ctrl-C stops the cell and the session."""
+        then torn down, as after any hang). Ctrl-C stops the cell and the session. `live(printed, note)`
+        sees what each rank printed while the cell runs (`launch/cells.py`)."""
         with LOCK:
-            return run_cell(self, code, ranks)
+            return run_cell(self, code, ranks, live)
 
     def _stop_for_lost_dir(self, when: str) -> None:
         """Its directory is gone (the ranks read their jobs there): stop them and say so."""

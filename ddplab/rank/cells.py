@@ -21,6 +21,30 @@ import traceback
 from . import clock
 
 VALUE_CHARS = 2000   # the last expression's repr, cut to this
+STREAM_CHARS = 256 * 1024   # what a cell prints is also streamed to the launcher live, up to this much
+
+
+class _Streamed(io.StringIO):
+    """A cell's stdout or stderr: kept whole for its answer, and written through, line by line, to the
+    rank's stream file (shared by both), which the launcher shows while the cell runs. A loop that prints
+    without end fills at most STREAM_CHARS of it; the rest comes with the answer."""
+
+    def __init__(self, sink):
+        super().__init__()
+        self.sink = sink
+
+    def write(self, text: str) -> int:
+        n = super().write(text)
+        sink = self.sink
+        if sink is not None and sink["sent"] < STREAM_CHARS:
+            part = text[:STREAM_CHARS - sink["sent"]]
+            sink["sent"] += len(part)
+            try:
+                sink["file"].write(part + ("\n... (the rest of the output comes when the cell ends)\n"
+                                          if sink["sent"] >= STREAM_CHARS else ""))
+            except (OSError, ValueError):
+                self.sink = None
+        return n
 
 
 class ReadyWatch:
@@ -151,13 +175,20 @@ def namespace(env, device) -> dict:
             "lab": Lab()}
 
 
-def run_cell(code: str, ns: dict, status=None) -> dict:
+def run_cell(code: str, ns: dict, status=None, stream=None) -> dict:
     """Execute `code` in `ns` like a notebook cell: statements, then the last expression's value.
     Returns stdout, stderr, the value's repr (or None), the error (type, message, traceback) or None.
-    `status`: the file where `dist`'s collectives say what they were called with (`TracedDist`)."""
+    `status`: the file where `dist`'s collectives say what they were called with (`TracedDist`);
+    `stream`: the file what it prints goes to as it prints it (the launcher shows it live)."""
     if isinstance(ns.get("dist"), TracedDist):
         ns["dist"].status = status
-    out, err = io.StringIO(), io.StringIO()
+    sink = None
+    if stream is not None:
+        try:
+            sink = {"file": open(stream, "a", buffering=1), "sent": 0}   # line-buffered: each line as it is printed
+        except OSError:
+            sink = None
+    out, err = _Streamed(sink), _Streamed(sink)
     value, error = None, None
     t0 = time.perf_counter()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
@@ -177,5 +208,7 @@ def run_cell(code: str, ns: dict, status=None) -> dict:
             keep = [i for i, ln in enumerate(lines) if ln.lstrip().startswith('File "<%%ddp cell>"')]
             tb = lines[0] + "".join(lines[keep[0]:]) if keep else tb
             error = {"type": type(e).__name__, "message": str(e), "traceback": tb}
+    if sink is not None:
+        sink["file"].close()
     return {"stdout": out.getvalue(), "stderr": err.getvalue(), "value": value, "error": error,
             "seconds": time.perf_counter() - t0}

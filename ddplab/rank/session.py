@@ -52,7 +52,9 @@ def serve(session_dir: Path, env, run_experiments) -> int:
             if env.rank in job["ranks"]:
                 ns = ns if ns is not None else cells.namespace(env, device)
                 status = session_dir / f"job{n}.rank{env.rank}.cell.status"
-                write_json_atomic(session_dir / f"job{n}.rank{env.rank}.cell.json", cells.run_cell(job["cell"], ns, status))
+                stream = session_dir / f"job{n}.rank{env.rank}.cell.stream"
+                write_json_atomic(session_dir / f"job{n}.rank{env.rank}.cell.json",
+                                  cells.run_cell(job["cell"], ns, status, stream))
             n += 1
             continue
         if run_experiments([Path(p) for p in job["specs"]], env, job["launch_id"], (cfg["backend"], device)):

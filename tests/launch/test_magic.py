@@ -195,6 +195,62 @@ def test_a_cell_that_kills_torchrun_or_a_rank_says_who_died_not_which_rank_waite
     assert leftovers(session.dir) == []
 
 
+def _shown_while_running(ip, code: str, interrupt_after_s: float | None = None):
+    """Run a %%ddp cell; every HTML it put on the page, in order (the live updates, then the answer), and
+    the exception it raised or None."""
+    import os
+    import signal
+    import threading
+
+    from IPython.utils.capture import capture_output
+
+    from ddplab.failures import Interrupted
+
+    timer = threading.Timer(interrupt_after_s, os.kill, (os.getpid(), signal.SIGINT)) if interrupt_after_s else None
+    error = None
+    with capture_output() as cap:
+        if timer:
+            timer.start()
+        try:
+            ip.run_cell_magic("ddp", "", code)
+        except (CellFailed, Interrupted) as e:
+            error = e
+    return [o.data["text/html"] for o in cap.outputs if "text/html" in o.data], error
+
+
+def test_what_the_ranks_print_shows_while_the_cell_runs(ip):
+    """Issue 33: a loop's prints appear in each rank's column while it runs, not only at the end."""
+    _short_session(ip)
+    shown, error = _shown_while_running(ip, "import time\nfor i in range(4):\n    print(f'tick {i} on rank {rank}', "
+                                            "flush=True)\n    time.sleep(0.5)")
+    assert error is None
+    running = [h for h in shown if "running..." in h]
+    assert any("tick 0 on rank 0" in h and "tick 3" not in h for h in running), shown   # before the loop ended
+    assert "tick 3 on rank 1" in shown[-1] and "running..." not in shown[-1]
+
+
+def test_an_interrupted_cell_keeps_what_the_ranks_printed(ip):
+    session = _short_session(ip)
+    shown, error = _shown_while_running(ip, "import time\nfor i in range(100):\n    print(f'step {i}')\n"
+                                            "    time.sleep(0.2)", interrupt_after_s=2.0)
+    assert error is not None and "interrupted" in str(error)
+    assert "interrupted: the ranks were stopped" in shown[-1] and "step 2" in shown[-1], shown[-1]
+    deadline = time.monotonic() + 5
+    while leftovers(session.dir) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert leftovers(session.dir) == []
+
+
+def test_ddp_start_says_what_it_waits_for_from_the_first_second(ip):
+    from IPython.utils.capture import capture_output
+
+    with capture_output() as cap:
+        ip.run_line_magic("ddp_start", "-n 2 --timeout 3")
+    html = [o.data["text/html"] for o in cap.outputs if "text/html" in o.data]
+    assert html[0].startswith("<small>starting 2 ranks: torchrun, then each rank imports torch")   # at once
+    assert "2 ranks ready on gloo/cpu" in html[-1]
+
+
 def test_ddp_stop_leaves_no_rank(ip):
     ip.run_line_magic("ddp_start", "-n 2 --timeout 5")
     session = sessions.current()
