@@ -239,7 +239,8 @@ def _collect(launch: Launch, ran: Ran, spec_paths: list[Path]) -> list[Run]:
     if ran.interrupted:
         place, launch.settled = rundir.settle(launch_dir, launch.final_launch_dir, complete=False), True
         line = f"interrupted: {launch.world_size} ranks stopped after {wall_s:.1f} s ({name}; files in {place})"
-        launch.reporter.finish(f"ddplab {line}")
+        # the bars' place says the run was stopped; the sentence itself is the exception's, said once
+        launch.reporter.finish(f"ddplab {name}: STOPPED (interrupted after {wall_s:.1f} s)")
         raise failures.Interrupted(line)
     record = {"argv": ran.argv, "returncode": ran.proc.returncode, "wall_s": wall_s, "backend": launch.backend,
               "device": launch.device, "stopped_by_watchdog": ran.watchdog, "launch_dir": str(launch.final_launch_dir),

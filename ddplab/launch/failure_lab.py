@@ -39,6 +39,22 @@ def provoke(exp: Experiment, out=None) -> Provoked:
                     exp.timeout_s, orphans(run_dir), startup_s)
 
 
+def provoke_each(exps, say=print) -> list[Provoked]:
+    """`provoke` every experiment in turn, saying which fault is provoked as it starts and what the
+    launcher said when it is done (a learner sees each fault as it happens, not all at the end)."""
+    outcomes = []
+    for exp in exps:
+        fault = exp.fault
+        say(f"{exp.name}: {fault.kind if fault else 'no fault'} on rank {fault.rank if fault else '-'}, collective "
+            f"timeout {exp.timeout_s:g} s ...", flush=True)
+        o = provoke(exp)
+        d = o.diagnosis
+        say(f"  {'the run did not fail' if d is None else f'{d.kind}, rank(s) {d.ranks} named'} after {o.seconds:.1f} s "
+            f"({o.startup_s:.1f} s of it starting){f'; {len(o.orphans)} process(es) left' if o.orphans else ''}", flush=True)
+        outcomes.append(o)
+    return outcomes
+
+
 def work_started_ns(run_dir: Path, world_size: int) -> int | None:
     """When the last rank began its task (wall ns): the first phase after start-up in each rank's
     progress log, the latest over ranks; None where a rank's log says nothing of it."""
