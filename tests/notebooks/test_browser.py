@@ -48,6 +48,8 @@ NOTEBOOKS = {
     "rank_weights.ipynb": ["from ddplab import widgets\nwidgets.rank_weights_explorer()"],
     "ddp_magic.ipynb": ["%load_ext ddplab\n%ddp_start -n 2 --timeout 10",
                         "%%ddp\nx = torch.tensor([rank + 1.0])\ndist.all_reduce(x)\nprint(f'rank {rank} says hello')\nx",
+                        "%%ddp\nimport time\nfor i in range(8):\n    print(f'tick {i} of rank {rank}', flush=True)\n"
+                        "    time.sleep(0.5)",
                         "%%ddp\n1 / rank"],   # last: Run All stops at a failing cell; the ranks die with the kernel
     "bucket_slider.ipynb": ["import ddplab\nfrom ddplab import widgets\nfrom ddplab.predict.comm import AlphaBeta\n"
                             "from ddplab.spec import BucketSweep\n"
@@ -292,10 +294,18 @@ def test_bucket_slider_redraws_the_schedule_and_measures_for_real(page, lab):
 
 
 def test_the_ddp_magic_shows_every_rank_side_by_side(page, lab):
+    page.add_init_script("""window.__seen = [];   // every state of the page's %%ddp tables while the cells run
+        new MutationObserver(() => { for (const t of document.querySelectorAll('table.ddplab-ddp-cell'))
+            window.__seen.push(t.parentElement.textContent); })
+        .observe(document, {subtree: true, childList: true, characterData: true});""")
     open_and_run_all(page, lab, "ddp_magic.ipynb")
     tables = page.locator(f"{PANEL} table.ddplab-ddp-cell")
-    expect(tables).to_have_count(2)
-    first, second = tables.nth(0), tables.nth(1)
+    expect(tables).to_have_count(3)
+    first, loop, second = tables.nth(0), tables.nth(1), tables.nth(2)
+    # issue 33: the loop's prints appeared in the ranks' columns while it ran, not only at its end
+    seen = page.evaluate("window.__seen")
+    assert any("running..." in t and "tick 1 of rank 1" in t and "tick 7" not in t for t in seen), seen[-3:]
+    expect(loop.locator("td").nth(1)).to_contain_text("tick 7 of rank 1")
     expect(first.locator("th")).to_have_text(["rank 0", "rank 1"])
     expect(first.locator("td").nth(0)).to_contain_text("rank 0 says hello")
     expect(first.locator("td").nth(1)).to_contain_text("rank 1 says hello")
