@@ -121,8 +121,11 @@ class CellResult:
 
     def _where(self, rank) -> str:
         st = self.stacks.get(rank)
-        return (f"<details><summary>where rank {rank} was when the launcher asked</summary>"
-                f"<pre style='margin:0;{WRAP}'>{html.escape(st)}</pre></details>") if st else ""
+        if not st:
+            return ""
+        idle = " (idle, between cells: it had left this cell, or was not in it)" if "in wait_for" in st else ""
+        return (f"<details><summary>where rank {rank} was when the launcher asked{idle}</summary>"
+                f"<pre style='margin:0;{WRAP}'>{html.escape(st)}</pre></details>")
 
     def _repr_html_(self) -> str:
         ranks = sorted(self.results)
@@ -212,7 +215,9 @@ def _restart(s) -> str:
     t0 = time.monotonic()
     try:
         new = launch.session.Session(world_size=s.world_size, backend=s.backend, device=s.device,
-                                     pin_cpus=s.pin_cpus, timeout_s=s.timeout_s)
+                                     pin_cpus=s.pin_cpus, timeout_s=s.timeout_s, runs_dir=s.dir.parent.parent)
+    except KeyboardInterrupt:   # (a Ctrl-C while the new ranks start: they are stopped)
+        return "The session was stopped, and its restart interrupted: %ddp_start"
     except Exception as e:  # noqa: BLE001 - said in the cell's message; %ddp_start remains
         return f"The session was stopped, and starting it again failed ({type(e).__name__}: {e}): %ddp_start"
     return (f"The ranks were restarted: {new.world_size} new ranks in {time.monotonic() - t0:.1f} s (gloo cannot "

@@ -62,6 +62,25 @@ def witness_file(directory: Path, rank: int, prefix: str = "") -> Path:
 
 
 WITNESS_SIGNAL = 12   # SIGUSR2 on Linux: only a rank's witness thread takes it (rank/witness.py)
+WORKER = "ddplab.rank.worker"
+
+
+def is_live_rank(pid: int) -> bool:
+    """`pid` is a living ddplab rank on this host: the module it runs (its first `-m`) is the worker, and it is
+    not a zombie. torchrun's agent (whose own `-m` is the launcher, the worker coming later) and a process
+    that took over a recycled pid are not, so the witness signal never reaches them (it would end them)."""
+    try:
+        args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    module = b""
+    for i, a in enumerate(args[1:-1], start=1):   # the interpreter's options, up to `-m module` (or -c, or a script)
+        if a == b"-m":
+            module = args[i + 1]
+        if a == b"-m" or a == b"-c" or not a.startswith(b"-"):
+            break
+    return module == WORKER.encode() and state not in ("Z", "X")
 
 
 def fatal_file(run_dir: Path, rank: int) -> Path:

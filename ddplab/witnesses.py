@@ -40,7 +40,7 @@ def read(directory, world_size: int, prefix: str = "") -> dict[int, dict]:
             if path.stat().st_size > MAX_BYTES:
                 continue
             data = json.loads(path.read_text())
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):   # (nesting deep enough to exhaust the parser's stack)
             continue
         if isinstance(data, dict) and data.get("rank") == rank and isinstance(data.get("stacks"), dict):
             out[rank] = data
@@ -98,9 +98,11 @@ class FlightVerdict:
         if not self.ranks:
             return f"torch's flight recorder analyzer names no rank: {self.why_not}"
         who = ", ".join(map(str, self.ranks))
-        what = "never joined" if self.how == "missing" else "called something else at"
-        return (f"torch's flight recorder analyzer (records of rank(s) {', '.join(map(str, self.dumps))}): rank(s) "
-                f"{who} {what} collective #{self.seq} of group {self.group} ({self.collective})")
+        head = f"torch's flight recorder analyzer (records of rank(s) {', '.join(map(str, self.dumps))}): rank(s) {who}"
+        if self.how == "missing":
+            return f"{head} never joined collective #{self.seq} of group {self.group} ({self.collective})"
+        return (f"{head} called something other than the lowest rank's {self.collective} at collective #{self.seq} "
+                f"of group {self.group}")
 
 
 def flight_verdict(testimonies: dict[int, dict], world_size: int) -> FlightVerdict:
@@ -124,10 +126,16 @@ def flight_verdict(testimonies: dict[int, dict], world_size: int) -> FlightVerdi
         return FlightVerdict(dumps, why_not=f"its analysis failed: {type(db).__name__}: {db}", said=said)
     for c in db.collectives:
         missing = sorted(c.missing_ranks or ())
-        mismatched = sorted(set(c.mismatch_collectives or ()) - {min(c.expected_ranks, default=0)})
-        if missing or mismatched or not c.pass_check:
+        # torch's "culprits": the ranks whose call differs from the reference rank's (the lowest rank with a
+        # record left to match), whose call `collective_name` is; with two ranks that is a convention
+        mismatched = sorted(c.mismatch_collectives or ())
+        if missing or mismatched:
             return FlightVerdict(dumps, c.collective_seq_id, c.collective_name, c.pg_desc, missing or mismatched,
                                  "missing" if missing else "mismatch", said)
+        if not c.pass_check:
+            return FlightVerdict(dumps, c.collective_seq_id, c.collective_name, c.pg_desc, said=said,
+                                 why_not=f"it found collective #{c.collective_seq_id} wrong without naming a rank "
+                                         f"(an all_to_all whose sizes do not add up?)")
     gone = f"; rank(s) {', '.join(map(str, absent))} left no testimony (killed before they could be asked?)" if absent else ""
     return FlightVerdict(dumps, said=said, why_not=f"every collective it could match, every rank with a record joined{gone}")
 
@@ -181,7 +189,8 @@ def stack(testimony: dict, thread: str = "MainThread", shown: int = 6) -> str:
     """One thread's stack as a learner reads it: the frames of their code (outside the Python library and
     site-packages) in full, innermost last; library frames folded into a count, except the innermost
     (where it waits)."""
-    frames = (testimony.get("stacks") or {}).get(thread) or []
+    stacks = testimony.get("stacks") if isinstance(testimony.get("stacks"), dict) else {}
+    frames = [f for f in (stacks.get(thread) or []) if isinstance(f, dict)] if isinstance(stacks.get(thread), list) else []
     if not frames:
         return f"(no stack of {thread}: its testimony was written by the failing thread itself; its traceback says where)"
     out, folded = [], 0

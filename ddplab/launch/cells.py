@@ -86,8 +86,11 @@ def run_cell(s, code: str, ranks: list[int] | None, live=None) -> dict[int, dict
         lost = interrupted or any(v is None for v in results.values()) or any(
             v and v["error"] and failures.is_timeout(v["error"]) for v in results.values())
         s.cell_witness = None
-        if lost and not interrupted and s.alive():   # torch's witnesses first: the ranks' stacks and flight records
-            s.cell_witness = _testimony(s, n)
+        try:
+            if lost and not interrupted and s.alive():   # torch's witnesses first: the ranks' stacks and flight records
+                s.cell_witness = _testimony(s, n)
+        except Exception:  # noqa: BLE001 - a testimony that cannot be read must not keep the hung ranks alive
+            s.cell_witness = None
         if lost:   # a hang, a dead rank or a timed-out collective leaves the process group unusable
             s.kill()
             s.forget(f"{s.died} during a %%ddp cell" if s.died else

@@ -54,12 +54,16 @@ def testify(diagnosis, directory: Path, world_size: int, prefix: str = "") -> No
     records, and where each rank the launcher asked was (`witnesses`)."""
     from .. import witnesses
 
-    testimonies = witnesses.read(directory, world_size, prefix)
-    if not testimonies:
-        return
-    diagnosis.flight = witnesses.flight_verdict(testimonies, world_size)
-    diagnosis.stacks = {r: witnesses.stack(t) for r, t in testimonies.items()
-                        if t.get("why") == "asked" and (t.get("stacks") or {}).get("MainThread")}
+    try:
+        testimonies = witnesses.read(directory, world_size, prefix)
+        if not testimonies:
+            return
+        diagnosis.flight = witnesses.flight_verdict(testimonies, world_size)
+        diagnosis.stacks = {r: witnesses.stack(t) for r, t in testimonies.items()
+                            if t.get("why") == "asked" and isinstance(t.get("stacks"), dict) and t["stacks"].get("MainThread")}
+    except Exception as e:  # noqa: BLE001 - ddplab's diagnosis stands; torch's view is said to be missing
+        diagnosis.flight = None
+        diagnosis.summary += f" (torch's witnesses could not be read: {type(e).__name__}: {e})"
 
 
 def dead_ranks(run_dir: Path, launch_dir: Path, world_size: int, accounted: set[int],

@@ -143,19 +143,17 @@ def ask_witnesses(pids: dict[int, int], directory: Path, prefix: str = "", wait_
     command line is a ddplab rank is signalled (a recycled pid is left alone: the signal would end it)."""
     import os
 
-    import psutil
-
     asked = {}
     for r, pid in pids.items():
         try:
-            if "ddplab.rank.worker" in " ".join(psutil.Process(pid).cmdline()):
+            if rundir.is_live_rank(pid):
                 os.kill(pid, rundir.WITNESS_SIGNAL)
                 asked[r] = pid
-        except (psutil.Error, OSError):
+        except OSError:
             pass
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
-        if all(rundir.witness_file(directory, r, prefix).exists() or not psutil.pid_exists(pid)
+        if all(rundir.witness_file(directory, r, prefix).exists() or not rundir.is_live_rank(pid)
                for r, pid in asked.items()):
             break
         time.sleep(0.01)

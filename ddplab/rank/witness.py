@@ -24,7 +24,7 @@ import time
 import traceback
 from pathlib import Path
 
-from ..rundir import WITNESS_SIGNAL, witness_file
+from ..rundir import WITNESS_SIGNAL, is_live_rank, witness_file
 
 SIGNAL = signal.Signals(WITNESS_SIGNAL)
 WAIT_FOR_PEERS_S = 1.5   # how long a failing rank waits for its peers' testimony before it exits
@@ -34,7 +34,10 @@ _lock = threading.Lock()
 
 
 def block_signal() -> None:
-    """Block SIGNAL in this thread, and so in every thread it starts later (call it first in a rank)."""
+    """Block SIGNAL in this thread, and so in every thread it starts later (call it first in a rank); a
+    thread that unblocks it (a native library's own) gets a handler that does nothing, not the default
+    action, which would end the rank."""
+    signal.signal(SIGNAL, lambda *_: None)
     signal.pthread_sigmask(signal.SIG_BLOCK, {SIGNAL})
 
 
@@ -86,13 +89,17 @@ def write(why: str) -> Path | None:
     if where is None:
         return None
     path = witness_file(*where)
-    with _lock:
+    if not _lock.acquire(timeout=2.0):   # the other thread is writing it (a dump that blocks must not block this one)
+        return path
+    try:
         if path.exists():
             return path
         from ..rundir import write_json_atomic
 
         write_json_atomic(path, {"rank": where[1], "pid": os.getpid(), "t_ns": time.time_ns(), "why": why,
                                  "stacks": _stacks(), "flight": _flight()})
+    finally:
+        _lock.release()
     return path
 
 
@@ -105,23 +112,14 @@ def ask_peers(pids: dict[int, int], wait_s: float = WAIT_FOR_PEERS_S) -> None:
     asked = {}
     for rank, pid in pids.items():
         try:
-            os.kill(pid, SIGNAL)
-            asked[rank] = pid
+            if is_live_rank(pid):   # never a recycled pid, torchrun's agent or a zombie
+                os.kill(pid, SIGNAL)
+                asked[rank] = pid
         except (ProcessLookupError, PermissionError):
             pass
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
-        waiting = [r for r, pid in asked.items() if not witness_file(where[0], r, where[2]).exists() and _alive(pid)]
+        waiting = [r for r, pid in asked.items() if not witness_file(where[0], r, where[2]).exists() and is_live_rank(pid)]
         if not waiting:
             return
         time.sleep(0.01)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True

@@ -147,10 +147,13 @@ def run_experiments(spec_paths: list[Path], env, launch_id: str, warm: tuple | N
         code = 0
     except BaseException as e:  # noqa: BLE001 - every failure must reach the launcher as a file
         last = log.last if log else {"phase": "start", "step": -1}
-        if log:   # its own testimony, then its peers' on this host, before torchrun stops them
-            witness.write(f"{type(e).__name__} in {last['phase']}")
-            witness.ask_peers(_peers(log.run_dir, env.rank, env.world_size))
         write_rank_error(log.run_dir if log else spec_paths[0].parent, env.rank, last["phase"], last["step"], e)
+        if log:   # then its own testimony, and its peers' on this host, before torchrun stops them
+            try:
+                witness.write(f"{type(e).__name__} in {last['phase']}")
+                witness.ask_peers(_peers(log.run_dir, env.rank, env.world_size))
+            except Exception:  # noqa: BLE001 - the error file above is what the launcher needs
+                pass
         code = 1
     if log:
         log.close()

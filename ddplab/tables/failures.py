@@ -124,7 +124,7 @@ def witness_table(outcomes: list[Provoked]) -> pd.DataFrame:
         rows.append({"fault": o.fault_kind, "ddplab_names": d.ranks if d else [],
                      "torch_names": list(f.ranks) if f else [],
                      "collective": f"#{f.seq} {f.collective}" if f and f.ranks else "",
-                     "how": {"missing": "never joined", "mismatch": "called another"}.get(f.how, "") if f else "",
+                     "how": {"missing": "never joined", "mismatch": "differs from the lowest rank"}.get(f.how, "") if f else "",
                      "records_of": list(f.dumps) if f else [],
                      "agree": ("yes" if sorted(d.ranks) == sorted(f.ranks) else "NO") if f and f.ranks and d else
                               "not compared",

@@ -94,3 +94,57 @@ def test_the_diagnosis_prints_torchs_verdict_and_the_stacks_beside_its_own():
     text = str(d)
     assert "rank(s) 1 never joined collective #10 of group 0:default_pg (gloo:all_reduce)" in text
     assert "--- rank 1 when the launcher asked" in text and "inject_fault" in text
+
+
+def test_a_rank_that_called_another_collective_is_what_torch_calls_the_culprit():
+    t = copy.deepcopy(_stall())
+    other = copy.deepcopy(t[0]["flight"]["entries"][-1])   # rank 0's collective #10, an all_reduce
+    other["profiling_name"] = "gloo:broadcast"
+    t[1]["flight"]["entries"].append(other)               # rank 1 calls a broadcast there instead
+    v = witnesses.flight_verdict(t, 2)
+    assert v.ranks == [1] and v.how == "mismatch" and v.seq == 10, str(v)
+    assert "called something other than the lowest rank's gloo:all_reduce at collective #10" in str(v)
+    assert "COLLECTIVE_TYPE_MISMATCH" in v.said
+
+
+def test_the_witness_signal_reaches_only_living_ranks(tmp_path):
+    """A recycled pid, torchrun's agent and a zombie never get SIGUSR2 (its default action would end them)."""
+    import subprocess
+    import sys
+
+    from ddplab.launch.watch import ask_witnesses
+    from ddplab.rundir import is_live_rank
+
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    agent_like = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", "-m", "ddplab.rank.worker"])
+    zombie = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        zombie_deadline = __import__("time").monotonic() + 10
+        while Path(f"/proc/{zombie.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+            assert __import__("time").monotonic() < zombie_deadline
+        assert not is_live_rank(other.pid) and not is_live_rank(agent_like.pid) and not is_live_rank(zombie.pid)
+        assert ask_witnesses({0: other.pid, 1: agent_like.pid, 2: zombie.pid}, tmp_path, wait_s=0.2) == []
+        assert other.poll() is None and agent_like.poll() is None   # not signalled
+    finally:
+        for p in (other, agent_like, zombie):
+            p.kill()
+            p.wait()
+
+
+def test_a_rank_survives_the_witness_signal_in_any_thread():
+    """Blocked everywhere but the witness thread, and a do-nothing handler where a thread unblocks it."""
+    import subprocess
+    import sys
+
+    code = ("import os, signal, threading, time\n"
+            "from ddplab.rank import witness\n"
+            "witness.block_signal()\n"
+            "os.kill(os.getpid(), witness.SIGNAL)\n"             # before the witness thread exists: stays pending
+            "def loose():\n"
+            "    signal.pthread_sigmask(signal.SIG_UNBLOCK, {witness.SIGNAL})\n"
+            "    signal.pthread_kill(threading.get_ident(), witness.SIGNAL)\n"
+            "t = threading.Thread(target=loose); t.start(); t.join()\n"
+            "witness.start(); time.sleep(0.3)\n"
+            "print('alive')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "alive", out.stderr

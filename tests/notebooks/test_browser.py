@@ -46,11 +46,13 @@ NOTEBOOKS = {
     "memory_explorer.ipynb": ["import ddplab\nfrom ddplab import recipes, widgets\n"
                               "widgets.memory_explorer(recipes.memory_ledger(world_size=2, steps=2), measure=ddplab.run)"],
     "rank_weights.ipynb": ["from ddplab import widgets\nwidgets.rank_weights_explorer()"],
-    "ddp_magic.ipynb": ["%load_ext ddplab\n%ddp_start -n 2 --timeout 10",
+    "ddp_magic.ipynb": ["%load_ext ddplab\n%ddp_start -n 2 --timeout 5",
                         "%%ddp\nx = torch.tensor([rank + 1.0])\ndist.all_reduce(x)\nprint(f'rank {rank} says hello')\nx",
                         "%%ddp\nimport time\nfor i in range(8):\n    print(f'tick {i} of rank {rank}', flush=True)\n"
                         "    time.sleep(0.5)",
-                        "%%ddp\n1 / rank"],   # last: Run All stops at a failing cell; the ranks die with the kernel
+                        "%%ddp\n1 / rank",   # Run All stops at this failing cell; the test runs the two below itself
+                        "%%ddp --ranks 0\ndist.all_reduce(torch.ones(1))",   # hangs: rank 1 never joins
+                        "%%ddp\nrank"],   # the ranks came back: no %ddp_start, no kernel restart
     "bucket_slider.ipynb": ["import ddplab\nfrom ddplab import widgets\nfrom ddplab.predict.comm import AlphaBeta\n"
                             "from ddplab.spec import BucketSweep\n"
                             "exp = ddplab.Experiment(name='slider-sweep', task=BucketSweep(plans=('ddp:0.004',), rounds=1,\n"
@@ -148,15 +150,18 @@ def page(browser, lab, tmp_path):
         context.close()
 
 
-def open_and_run_all(page, lab: str, name: str) -> None:
+def open_and_run_all(page, lab: str, name: str, ran: int | None = None) -> None:
+    """Open the notebook and Run All; wait until every code cell ran (or the first `ran` did: Run All
+    stops at a cell that fails, and the cells after it keep an empty prompt)."""
     page.goto(f"{lab}lab/tree/{name}?reset")
     expect(page.locator(KERNEL_STATUS)).to_have_text(KERNEL_IDLE, timeout=90_000)  # the kernel really is up
     page.locator(RUN_MENU).click()
     page.locator(RUN_ALL).click()
     page.wait_for_function(
-        """sel => { const p = Array.from(document.querySelectorAll(sel), e => e.textContent.trim());
-                    return p.length > 0 && !p.includes('[*]:') && p.every(t => /^\\[\\d+\\]:$/.test(t)); }""",
-        arg=f"{PANEL} {CODE_PROMPTS}", timeout=UI_TIMEOUT_MS)
+        """([sel, ran]) => { const p = Array.from(document.querySelectorAll(sel), e => e.textContent.trim());
+                    const done = p.slice(0, ran ?? p.length);
+                    return p.length > 0 && !p.includes('[*]:') && done.every(t => /^\\[\\d+\\]:$/.test(t)); }""",
+        arg=[f"{PANEL} {CODE_PROMPTS}", ran], timeout=UI_TIMEOUT_MS)
 
 
 def record_progress(page, widget: str) -> None:
@@ -298,7 +303,7 @@ def test_the_ddp_magic_shows_every_rank_side_by_side(page, lab):
         new MutationObserver(() => { for (const t of document.querySelectorAll('table.ddplab-ddp-cell'))
             window.__seen.push(t.parentElement.textContent); })
         .observe(document, {subtree: true, childList: true, characterData: true});""")
-    open_and_run_all(page, lab, "ddp_magic.ipynb")
+    open_and_run_all(page, lab, "ddp_magic.ipynb", ran=5)   # to `1 / rank`, which fails
     tables = page.locator(f"{PANEL} table.ddplab-ddp-cell")
     expect(tables).to_have_count(3)
     first, loop, second = tables.nth(0), tables.nth(1), tables.nth(2)
@@ -306,6 +311,18 @@ def test_the_ddp_magic_shows_every_rank_side_by_side(page, lab):
     seen = page.evaluate("window.__seen")
     assert any("running..." in t and "tick 1 of rank 1" in t and "tick 7" not in t for t in seen), seen[-3:]
     expect(loop.locator("td").nth(1)).to_contain_text("tick 7 of rank 1")
+    # issue 33: a collective only rank 0 calls is named by torch's analyzer, in one line, and the ranks come back
+    cells = page.locator(f"{PANEL} .jp-CodeCell")
+    hung, after = cells.nth(5), cells.nth(6)
+    hung.locator(".jp-InputArea-editor").click()
+    page.keyboard.press("Shift+Enter")
+    failed = hung.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']")
+    expect(failed).to_contain_text("never joined collective #", timeout=60_000)
+    expect(failed).to_contain_text("The ranks were restarted")
+    expect(hung.locator("details summary")).to_contain_text(["where rank 1 was when the launcher asked"])
+    after.locator(".jp-InputArea-editor").click()
+    page.keyboard.press("Shift+Enter")
+    expect(after.locator("table.ddplab-ddp-cell td")).to_have_text(["0", "1"], timeout=60_000)
     expect(first.locator("th")).to_have_text(["rank 0", "rank 1"])
     expect(first.locator("td").nth(0)).to_contain_text("rank 0 says hello")
     expect(first.locator("td").nth(1)).to_contain_text("rank 1 says hello")
@@ -313,6 +330,7 @@ def test_the_ddp_magic_shows_every_rank_side_by_side(page, lab):
     # rank 0 divides by zero: its column has the traceback, rank 1 its value, and the cell fails in one line
     expect(second.locator("td").nth(0)).to_contain_text("ZeroDivisionError")
     expect(second.locator("td").nth(1)).to_contain_text("1.0")
-    expect(page.locator(f"{PANEL} .jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']")
-           .filter(has_text="CellFailed")).to_contain_text("rank 0: ZeroDivisionError")
+    expect(page.locator(f"{PANEL} .jp-CodeCell").nth(4)
+           .locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']")).to_contain_text(
+        "CellFailed: rank 0: ZeroDivisionError")
     page.screenshot(path=str(Path(os.environ.get("DDPLAB_SCREENSHOTS", "/tmp")) / "ddp_magic.png"), full_page=True)
