@@ -9,10 +9,11 @@ the launcher asked) and torch's flight-recorder analyzer run over them.
 Every file is read as JSON data and checked before use. torch's analyzer reads its dumps with pickle
 (`flight_recorder/components/loader.py`, code run on load) and passes a group's rank list through
 `eval` when it is a string (`builder.py`), so the lab never hands it a file: it builds the analyzer's
-input from checked JSON, rank lists written back from the integers it parsed. Found on torch 2.13 with
-gloo: ProcessGroupGloo records every collective (state "scheduled", never "completed"); the default
-group's configuration comes keyed "" while its entries name the group "0", on which the analyzer fails
-with KeyError ('0', 0), so that key is renamed here.
+input from checked JSON, with group tables it writes itself. Found on torch 2.13 with gloo:
+ProcessGroupGloo records every collective (state "scheduled", never "completed"); the dump's group
+table holds one row keyed "" (rank list "[0, 1]", or "[]" once other groups exist) while the entries
+name their groups "0", "2", ..., on which the analyzer fails with KeyError ('0', 0): the groups are
+rebuilt from the entries (`_groups`).
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ from . import verify
 from .rundir import witness_file
 
 MAX_BYTES = 32 * 2 ** 20   # a testimony larger than this is not read
-_RANKS = re.compile(r"^\[\s*(\d+(\s*,\s*\d+)*)?\s*\]$")
 _LIBRARY = ("site-packages", "dist-packages", "/lib/python3", "<frozen ")
 
 
@@ -47,21 +47,19 @@ def read(directory, world_size: int, prefix: str = "") -> dict[int, dict]:
     return out
 
 
-def _pg_config(raw) -> dict | None:
-    """A dump's process groups, checked: {name: {"desc", "name", "ranks": "[0, 1]"}} with the rank list
-    rewritten from the integers parsed here; None if anything is not what torch writes."""
-    if not isinstance(raw, dict):
-        return None
-    out = {}
-    for key, g in raw.items():
-        if not (isinstance(key, str) and isinstance(g, dict) and isinstance(g.get("ranks"), str)
-                and _RANKS.match(g["ranks"])):
-            return None
-        ranks = [int(x) for x in re.findall(r"\d+", g["ranks"])]
-        name = str(g.get("name") or key or "0")
-        desc = str(g.get("desc") or ("default_pg" if name == "0" else "undefined"))
-        out[key or name] = {"desc": desc, "name": name, "ranks": str(ranks)}
-    return out
+def _groups(entries: dict[int, list[dict]], world_size: int) -> dict:
+    """The process groups the records use, as torch's analyzer wants them ({name: {"desc", "name", "ranks"}}),
+    built from the entries, not from the dump's own table: on torch 2.13 with gloo that table holds one row
+    keyed "" (its rank list sometimes "[]") whatever groups the process made. The default group ("0") holds
+    every rank; another group, the ranks that recorded a collective in it. Rank lists are written here from
+    integers, never copied from a file."""
+    members: dict[tuple[str, str], set[int]] = {}
+    for rank, es in entries.items():
+        for e in es:
+            members.setdefault(tuple(e["process_group"]), set()).add(rank)
+    return {name: {"desc": desc, "name": name,
+                   "ranks": str(list(range(world_size)) if name == "0" else sorted(ranks))}
+            for (name, desc), ranks in members.items()}
 
 
 def _entries(raw) -> list[dict] | None:
@@ -107,16 +105,17 @@ class FlightVerdict:
 
 def flight_verdict(testimonies: dict[int, dict], world_size: int) -> FlightVerdict:
     """torch's analyzer (`torch.distributed.flight_recorder`) over the ranks' flight records."""
-    details, version, skipped = {}, None, []
+    kept, version, skipped = {}, None, []
     for rank, t in sorted(testimonies.items()):
         fl = t.get("flight") if isinstance(t.get("flight"), dict) else {}
-        pg, entries = _pg_config(fl.get("pg_config")), _entries(fl.get("entries"))
-        if pg is None or entries is None or not isinstance(fl.get("version"), str):
+        entries = _entries(fl.get("entries"))
+        if entries is None or not isinstance(fl.get("version"), str):
             skipped.append(f"rank {rank}: {fl.get('error') or 'no flight record in its testimony'}")
             continue
-        version = fl["version"]
-        details[f"rank{rank}"] = {"host_name": f"host_rank{rank}", "rank": rank, "entries": entries,
-                                  "version": version, "pg_config": pg}
+        version, kept[rank] = fl["version"], entries
+    groups = _groups(kept, world_size)   # (the dump's own group table is not read: see _groups)
+    details = {f"rank{r}": {"host_name": f"host_rank{r}", "rank": r, "entries": es, "version": version,
+                            "pg_config": groups} for r, es in kept.items()}
     dumps = sorted(d["rank"] for d in details.values())
     absent = [r for r in range(world_size) if r not in testimonies]
     if not details:

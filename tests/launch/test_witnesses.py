@@ -51,19 +51,32 @@ def test_a_rank_without_testimony_is_said_and_nothing_is_guessed():
 
 
 def test_a_rank_list_that_would_run_code_in_torchs_analyzer_is_never_handed_to_it(tmp_path):
-    """torch's builder `eval`s a group's rank list when it parses as a string: a record carrying one is
-    refused here, and no code runs."""
+    """torch's builder `eval`s a group's rank list when it parses as a string: the lab never passes the
+    dump's group table on (it writes its own from the entries), so no code runs and the verdict stands."""
     marker = tmp_path / "ran"
     t = copy.deepcopy(_stall())
     for rank in t:
         t[rank]["flight"]["pg_config"][""]["ranks"] = repr(f"__import__('pathlib').Path({str(marker)!r}).touch()")
     v = witnesses.flight_verdict(t, 2)
-    assert not marker.exists() and v.ranks == [] and "no rank left a flight record" in v.why_not
+    assert not marker.exists() and v.ranks == [1], str(v)
     from torch.distributed.flight_recorder.components.builder import build_groups_memberships
 
     with pytest.raises(Exception):   # what torch itself does with it: evaluates the string
         build_groups_memberships({0: t[0]["flight"]["pg_config"]})
     assert marker.exists()   # (the hazard is real)
+
+
+def test_groups_are_rebuilt_from_the_entries_not_from_the_dumps_table():
+    """torch 2.13 with gloo: once a process made other groups, its dump's table says {"": ranks "[]"};
+    the entries of the default group "0" and of a subgroup "2" are matched all the same."""
+    t = copy.deepcopy(_stall())
+    for rank in t:
+        t[rank]["flight"]["pg_config"] = {"": {"desc": "", "name": "", "ranks": "[]"}}
+        sub = copy.deepcopy(t[rank]["flight"]["entries"][0])
+        sub.update(process_group=["2", "undefined"], collective_seq_id=1, record_id=-1)
+        t[rank]["flight"]["entries"].insert(0, sub)
+    v = witnesses.flight_verdict(t, 2)
+    assert v.ranks == [1] and v.seq == 10 and v.group == "0:default_pg", str(v)
 
 
 def test_malformed_or_oversized_testimonies_are_skipped(tmp_path, monkeypatch):
