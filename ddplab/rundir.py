@@ -65,10 +65,13 @@ WITNESS_SIGNAL = 12   # SIGUSR2 on Linux: only a rank's witness thread takes it 
 WORKER = "ddplab.rank.worker"
 
 
-def is_live_rank(pid: int) -> bool:
-    """`pid` is a living ddplab rank on this host: the module it runs (its first `-m`) is the worker, and it is
-    not a zombie. torchrun's agent (whose own `-m` is the launcher, the worker coming later) and a process
-    that took over a recycled pid are not, so the witness signal never reaches them (it would end them)."""
+def is_live_rank(pid: int, start_ticks: int | None = None) -> bool:
+    """`pid` is a living ddplab rank on this host: the module it runs (its first `-m`) is the worker, it is
+    not a zombie, and (given the `start_ticks` its progress log recorded) it is that very process. torchrun's
+    agent (whose own `-m` is the launcher, the worker coming later) and a process that took over a recycled
+    pid are not, so the witness signal never reaches them (it would end them)."""
+    if start_ticks is not None and (_process_identity(pid) or {}).get("start_ticks") != start_ticks:
+        return False
     try:
         args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
@@ -267,6 +270,8 @@ class ProgressLog:
         self._f = open(progress_file(run_dir, rank), "a", buffering=1)
         self.pid = os.getpid()   # the launcher looks at this process's state when the ranks stop moving
         self.host = socket.gethostname()   # ... on this host only: on other nodes the pid means nothing here
+        me = _process_identity(self.pid)   # its start, so that a recycled pid is never taken for this rank
+        self.start_ticks = me["start_ticks"] if me else None
         self.last = {"phase": "start", "step": -1, "micro": 0}
 
     def enter(self, phase: str, step: int = -1, micro: int = 0, collective: str | None = None,
@@ -275,6 +280,7 @@ class ProgressLog:
         collective it will wait in (None: the phase's own, if any); `detail` names what it works on."""
         assert phase in self.phases, f"phase {phase!r} is not declared by the task"
         rec = {"t_ns": time.time_ns(), "phase": phase, "step": step, "micro": micro, "pid": self.pid,
+               "start_ticks": self.start_ticks,
                "host": self.host}
         collective = collective if collective is not None else self.phases[phase].collective
         if collective:

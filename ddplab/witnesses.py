@@ -136,7 +136,11 @@ def flight_verdict(testimonies: dict[int, dict], world_size: int) -> FlightVerdi
                                  why_not=f"it found collective #{c.collective_seq_id} wrong without naming a rank "
                                          f"(an all_to_all whose sizes do not add up?)")
     gone = f"; rank(s) {', '.join(map(str, absent))} left no testimony (killed before they could be asked?)" if absent else ""
-    return FlightVerdict(dumps, said=said, why_not=f"every collective it could match, every rank with a record joined{gone}")
+    empty = [r for r, es in kept.items() if not es]
+    blank = (f"; rank(s) {', '.join(map(str, empty))} recorded no collective at all, which the analyzer takes for a "
+             f"missing record" if empty else "")
+    return FlightVerdict(dumps, said=said,
+                         why_not=f"every collective it could match, every rank with a record joined{gone}{blank}")
 
 
 def _analyze(details: dict, version: str):

@@ -112,7 +112,7 @@ def _testimony(s, n: int):
 
     here = socket.gethostname()
     progress, _, _ = collect(s.dir, s.world_size)   # the session's start-up records carry each rank's pid
-    pids = {r: recs[-1]["pid"] for r, recs in progress.items()
+    pids = {r: (recs[-1]["pid"], recs[-1].get("start_ticks")) for r, recs in progress.items()
             if recs and isinstance(recs[-1].get("pid"), int) and recs[-1].get("host", here) == here}
     ask_witnesses(pids, s.dir, prefix=f"job{n}.")
     testimonies = witnesses.read(s.dir, s.world_size, prefix=f"job{n}.")

@@ -125,7 +125,7 @@ class Watch:
         `wait_s` to write it."""
         exp, run_dir = self.runs[self.current]
         here = socket.gethostname()
-        pids = {r: rec["pid"] for r, rec in self.last[self.current].items()
+        pids = {r: (rec["pid"], rec.get("start_ticks")) for r, rec in self.last[self.current].items()
                 if isinstance(rec.get("pid"), int) and rec.get("host", here) == here}
         ask_witnesses(pids, run_dir, wait_s=wait_s)
 
@@ -137,24 +137,24 @@ class Watch:
         return time.monotonic() - self.last_move > self.limit_s(startup_timeout_s)
 
 
-def ask_witnesses(pids: dict[int, int], directory: Path, prefix: str = "", wait_s: float = WITNESS_WAIT_S) -> list[int]:
-    """Send each rank process (rank -> pid, on this host) the witness signal, and wait until each living
-    one wrote its testimony into `directory` or `wait_s` passed; the ranks asked. Only a process whose
-    command line is a ddplab rank is signalled (a recycled pid is left alone: the signal would end it)."""
+def ask_witnesses(pids: dict[int, tuple], directory: Path, prefix: str = "", wait_s: float = WITNESS_WAIT_S) -> list[int]:
+    """Send each rank process (rank -> (pid, start ticks from its progress log), on this host) the witness
+    signal, and wait until each living one wrote its testimony into `directory` or `wait_s` passed; the ranks
+    asked. Only that very rank process is signalled (`rundir.is_live_rank`: the signal would end another)."""
     import os
 
     asked = {}
-    for r, pid in pids.items():
+    for r, (pid, ticks) in pids.items():
         try:
-            if rundir.is_live_rank(pid):
+            if rundir.is_live_rank(pid, ticks):
                 os.kill(pid, rundir.WITNESS_SIGNAL)
-                asked[r] = pid
+                asked[r] = (pid, ticks)
         except OSError:
             pass
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
-        if all(rundir.witness_file(directory, r, prefix).exists() or not rundir.is_live_rank(pid)
-               for r, pid in asked.items()):
+        if all(rundir.witness_file(directory, r, prefix).exists() or not rundir.is_live_rank(*who)
+               for r, who in asked.items()):
             break
         time.sleep(0.01)
     return sorted(asked)

@@ -34,7 +34,11 @@ def serve(session_dir: Path, env, run_experiments) -> int:
             runtime.pin_to_core(env.slot)
         device = runtime.setup(cfg["backend"], cfg["device"], env, cfg["timeout_s"])
         import torch
+        import torch.distributed as dist
 
+        # every rank up before the first job; and every rank's flight record then holds a collective of the
+        # default group, which torch's analyzer needs to tell "never joined" from "no record" (witnesses.py)
+        dist.barrier()
         _THREADS[0] = torch.get_num_threads()
         log.enter("done")   # ready for jobs
     except BaseException as e:  # noqa: BLE001

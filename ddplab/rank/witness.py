@@ -103,23 +103,23 @@ def write(why: str) -> Path | None:
     return path
 
 
-def ask_peers(pids: dict[int, int], wait_s: float = WAIT_FOR_PEERS_S) -> None:
-    """Signal the peers (rank -> pid, on this host) for their testimony, and wait until each living one
-    wrote it or `wait_s` passed."""
+def ask_peers(pids: dict[int, tuple], wait_s: float = WAIT_FOR_PEERS_S) -> None:
+    """Signal the peers (rank -> (pid, start ticks), on this host) for their testimony, and wait until each
+    living one wrote it or `wait_s` passed."""
     where = _where
     if where is None:
         return
     asked = {}
-    for rank, pid in pids.items():
+    for rank, (pid, ticks) in pids.items():
         try:
-            if is_live_rank(pid):   # never a recycled pid, torchrun's agent or a zombie
+            if is_live_rank(pid, ticks):   # never a recycled pid, torchrun's agent or a zombie
                 os.kill(pid, SIGNAL)
-                asked[rank] = pid
+                asked[rank] = (pid, ticks)
         except (ProcessLookupError, PermissionError):
             pass
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
-        waiting = [r for r, pid in asked.items() if not witness_file(where[0], r, where[2]).exists() and is_live_rank(pid)]
+        waiting = [r for r, who in asked.items() if not witness_file(where[0], r, where[2]).exists() and is_live_rank(*who)]
         if not waiting:
             return
         time.sleep(0.01)

@@ -161,13 +161,13 @@ def run_experiments(spec_paths: list[Path], env, launch_id: str, warm: tuple | N
     return code
 
 
-def _peers(run_dir: Path, rank: int, world_size: int) -> dict[int, int]:
-    """rank -> pid of the other ranks of this run on this host, from their progress logs."""
+def _peers(run_dir: Path, rank: int, world_size: int) -> dict[int, tuple]:
+    """rank -> (pid, start ticks) of the other ranks of this run on this host, from their progress logs."""
     here, out = socket.gethostname(), {}
     for r in range(world_size):
         recs = read_progress(run_dir, r) if r != rank else []
         if recs and recs[-1].get("host") == here and isinstance(recs[-1].get("pid"), int):
-            out[r] = recs[-1]["pid"]
+            out[r] = (recs[-1]["pid"], recs[-1].get("start_ticks"))
     return out
 
 

@@ -138,9 +138,7 @@ def test_a_collective_only_some_ranks_call_is_named_by_torch_and_the_ranks_come_
     recorder analyzer on the ranks' records), each rank's stack; the ranks restarted, the next cell runs."""
     session = _short_session(ip)
     ip.run_cell_magic("ddp", "", "x = torch.ones(2)\ndist.all_reduce(x)")   # one collective both ranks join
-    t0 = time.monotonic()
     out, error = _cell(ip, "dist.all_reduce(torch.ones(1))", line="--ranks 0")
-    named_s = time.monotonic() - t0
     text = str(error)
     assert error is not None and text.count("rank 0:") == 1, text
     assert re.search(r"rank\(s\) 1 never joined collective #\d+ of group \S+ \(gloo:all_reduce\)", text), text
@@ -151,8 +149,7 @@ def test_a_collective_only_some_ranks_call_is_named_by_torch_and_the_ranks_come_
     seq = flight.seq
     assert flight.ranks == [1] and seq >= 2, str(flight)   # after the collective both joined
     assert not session.alive() and sessions.current() is not session and sessions.current().alive()
-    restart_s = float(re.search(r"2 new ranks in ([\d.]+) s", text).group(1))
-    assert named_s - restart_s < session.timeout_s + 2, (named_s, restart_s)
+    assert re.search(r"2 new ranks in ([\d.]+) s", text), text   # (how soon it is named: bench/hang_witness.py)
     ip.run_cell_magic("ddp", "", "rank")   # the next cell runs, no %ddp_start, no kernel restart
     assert ip.user_ns["_ddp"].value(1) == "1"
     deadline = time.monotonic() + 5
@@ -229,16 +226,59 @@ def test_what_the_ranks_print_shows_while_the_cell_runs(ip):
     assert "tick 3 on rank 1" in shown[-1] and "running..." not in shown[-1]
 
 
-def test_an_interrupted_cell_keeps_what_the_ranks_printed(ip):
-    session = _short_session(ip)
-    shown, error = _shown_while_running(ip, "import time\nfor i in range(100):\n    print(f'step {i}')\n"
-                                            "    time.sleep(0.2)", interrupt_after_s=2.0)
-    assert error is not None and "interrupted" in str(error)
-    assert "interrupted: the ranks were stopped" in shown[-1] and "step 2" in shown[-1], shown[-1]
+def test_an_interrupted_cell_keeps_what_the_ranks_printed(tmp_path):
+    """Ctrl-C (Kernel > Interrupt) in a loop: what the ranks printed stays on the page, marked as stopped.
+    In a process of its own: the interrupt must reach the main thread (a pytest-xdist worker's is its own)."""
+    import json
+    import signal
+    import subprocess
+    import sys
+    import textwrap
+    from pathlib import Path
+
+    from tests.support import ctrl_c_reaches_it
+
+    script = textwrap.dedent(f"""
+        import json
+        from IPython.core.interactiveshell import InteractiveShell
+        from IPython.utils.capture import capture_output
+        from ddplab.failures import Interrupted
+        from ddplab.launch import session
+        ip = InteractiveShell.instance()
+        ip.run_line_magic("load_ext", "ddplab")
+        ip.run_line_magic("ddp_start", "-n 2 --timeout 30")
+        print("SESSION", session.current().dir, flush=True)
+        with capture_output() as cap:
+            try:
+                ip.run_cell_magic("ddp", "", "import time\\nfor i in range(600):\\n    print(f'step {{i}}')\\n    time.sleep(0.1)")
+            except Interrupted as e:
+                print("INTERRUPTED", e, flush=True)
+        shown = [o.data["text/html"] for o in cap.outputs if "text/html" in o.data]
+        print("LAST", json.dumps(shown[-1]), flush=True)
+        print(cap.stdout, flush=True)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                            preexec_fn=ctrl_c_reaches_it, cwd=tmp_path)
+    line = ""
+    while not line.startswith("SESSION"):   # (%ddp_start's display prints its repr first here)
+        line = proc.stdout.readline()
+        assert line or proc.poll() is None, "the session never started"
+    session_dir = Path(line.split()[1])
+    stream = session_dir / "job0.rank1.cell.stream"
+    deadline = time.monotonic() + 60
+    while not (stream.exists() and "step 3" in stream.read_text()):
+        assert time.monotonic() < deadline and proc.poll() is None, "the loop never printed"
+        time.sleep(0.05)
+    time.sleep(0.3)   # a few more lines, and one live update of the page
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    last = json.loads(next(line for line in out.splitlines() if line.startswith("LAST "))[5:])
+    assert "INTERRUPTED interrupted" in out, out
+    assert "interrupted: the ranks were stopped" in last and "step 3" in last, last
     deadline = time.monotonic() + 5
-    while leftovers(session.dir) and time.monotonic() < deadline:
+    while leftovers(session_dir) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert leftovers(session.dir) == []
+    assert leftovers(session_dir) == []
 
 
 def test_ddp_start_says_what_it_waits_for_from_the_first_second(ip):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -136,7 +137,12 @@ def test_the_witness_signal_reaches_only_living_ranks(tmp_path):
         while Path(f"/proc/{zombie.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
             assert __import__("time").monotonic() < zombie_deadline
         assert not is_live_rank(other.pid) and not is_live_rank(agent_like.pid) and not is_live_rank(zombie.pid)
-        assert ask_witnesses({0: other.pid, 1: agent_like.pid, 2: zombie.pid}, tmp_path, wait_s=0.2) == []
+        assert ask_witnesses({0: (other.pid, None), 1: (agent_like.pid, None), 2: (zombie.pid, None)}, tmp_path,
+                             wait_s=0.2) == []
+        from ddplab.rundir import _process_identity
+
+        ticks = _process_identity(os.getpid())["start_ticks"]
+        assert not is_live_rank(other.pid, ticks)   # a pid whose process started at another time is another process
         assert other.poll() is None and agent_like.poll() is None   # not signalled
     finally:
         for p in (other, agent_like, zombie):
@@ -161,3 +167,4 @@ def test_a_rank_survives_the_witness_signal_in_any_thread():
             "print('alive')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == "alive", out.stderr
+

@@ -53,6 +53,9 @@ NOTEBOOKS = {
                         "%%ddp\n1 / rank",   # Run All stops at this failing cell; the test runs the two below itself
                         "%%ddp --ranks 0\ndist.all_reduce(torch.ones(1))",   # hangs: rank 1 never joins
                         "%%ddp\nrank"],   # the ranks came back: no %ddp_start, no kernel restart
+    "ddp_live.ipynb": ["%load_ext ddplab\n%ddp_start -n 2 --timeout 30",
+                       "%%ddp\nimport time\nfor i in range(600):\n    print(f'step {i} on rank {rank}', flush=True)\n"
+                       "    time.sleep(0.1)"],   # interrupted by the test
     "bucket_slider.ipynb": ["import ddplab\nfrom ddplab import widgets\nfrom ddplab.predict.comm import AlphaBeta\n"
                             "from ddplab.spec import BucketSweep\n"
                             "exp = ddplab.Experiment(name='slider-sweep', task=BucketSweep(plans=('ddp:0.004',), rounds=1,\n"
@@ -334,3 +337,29 @@ def test_the_ddp_magic_shows_every_rank_side_by_side(page, lab):
            .locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']")).to_contain_text(
         "CellFailed: rank 0: ZeroDivisionError")
     page.screenshot(path=str(Path(os.environ.get("DDPLAB_SCREENSHOTS", "/tmp")) / "ddp_magic.png"), full_page=True)
+
+
+def test_live_ranks_say_what_they_wait_for_and_keep_their_prints_through_an_interrupt(page, lab):
+    """Issue 33 in a browser: %ddp_start says at once what it waits for; a %%ddp loop's prints show while it
+    runs, and Kernel > Interrupt keeps them on the page, saying the ranks were stopped."""
+    page.add_init_script("""window.__seen = [];   // every text the notebook's outputs showed, in order
+        new MutationObserver(() => { for (const o of document.querySelectorAll('.jp-OutputArea-output'))
+            window.__seen.push(o.textContent); })
+        .observe(document, {subtree: true, childList: true, characterData: true});""")
+    page.goto(f"{lab}lab/tree/ddp_live.ipynb?reset")
+    expect(page.locator(KERNEL_STATUS)).to_have_text(KERNEL_IDLE, timeout=90_000)
+    page.locator(RUN_MENU).click()
+    page.locator(RUN_ALL).click()
+    loop = page.locator(f"{PANEL} .jp-CodeCell").nth(2)
+    expect(loop.locator("table.ddplab-ddp-cell")).to_contain_text("step 5 on rank 1", timeout=90_000)
+    seen = page.evaluate("window.__seen")
+    starting = next(i for i, t in enumerate(seen) if "starting 2 ranks" in t)
+    ready = next(i for i, t in enumerate(seen) if "2 ranks ready on" in t)
+    assert starting < ready, seen[:5]   # said before the ranks were up, not only after
+    page.locator(".lm-MenuBar-itemLabel:text-is('Kernel')").click()
+    page.locator("#jp-mainmenu-kernel .lm-Menu-item[data-command='kernelmenu:interrupt']").click()
+    expect(loop.locator(".jp-OutputArea-output").first).to_contain_text("interrupted: the ranks were stopped",
+                                                                         timeout=60_000)
+    expect(loop.locator("table.ddplab-ddp-cell")).to_contain_text("step 5 on rank 0")   # what they printed stays
+    expect(page.locator(KERNEL_STATUS)).to_have_text(KERNEL_IDLE, timeout=60_000)
+    page.screenshot(path=str(Path(os.environ.get("DDPLAB_SCREENSHOTS", "/tmp")) / "ddp_live.png"), full_page=True)

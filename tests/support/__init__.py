@@ -97,7 +97,11 @@ def launch_shared(groups: dict[str, list], out: Path) -> SharedRuns:
     try:
         runs = dict(zip([e.hash for e in unique], ddplab.run_many(unique, out / "shared", progress=False)))
     except ddplab.RunFailed as e:
-        print(f"shared launch failed ({e.diagnosis.kind}); launching each of {len(groups)} keys on its own")
+        said = f"shared launch failed ({e.diagnosis.kind}); launching each of {len(groups)} keys on its own"
+        print(said)
+        import warnings
+
+        warnings.warn(f"{said}: {str(e.diagnosis)[:2000]}")   # in the run's warnings summary: it costs minutes
         done, failed = {}, {}
         for key, es in groups.items():
             try:
