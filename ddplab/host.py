@@ -3,7 +3,8 @@ torch is imported only to count GPUs).
 
 `choose_backend` lets the launcher refuse an impossible request (more NCCL ranks than GPUs) before
 any process starts; `die_with_parent` is the Linux hook that keeps a process from outliving the one
-that started it (torchrun under the launcher, each rank under torchrun): no orphans.
+that started it (torchrun under the launcher, each rank under torchrun): no orphans. `is_live_rank` and
+`ask_witnesses`: which process is a rank of ours, and asking ranks for their testimony (`rank/witness.py`).
 Used by the launcher and the worker of every notebook's runs.
 """
 
@@ -13,6 +14,8 @@ import ctypes
 import os
 import signal
 import sys
+import time
+from pathlib import Path
 
 PR_SET_PDEATHSIG = 1
 
@@ -97,3 +100,54 @@ def loopback_interface() -> str | None:
         if any(a.family == socket.AF_INET and a.address == LOOPBACK for a in addrs):
             return name
     return None
+
+
+WITNESS_SIGNAL = 12   # SIGUSR2 on Linux: only a rank's witness thread takes it (rank/witness.py)
+WORKER = "ddplab.rank.worker"
+WITNESS_WAIT_S = 1.5   # how long the ranks asked may take to write their testimony before they are stopped
+
+
+def is_live_rank(pid: int, start_ticks: int | None = None) -> bool:
+    """`pid` is a living ddplab rank on this host: the module it runs (its first `-m`) is the worker, it is
+    not a zombie, and (given the `start_ticks` its progress log recorded) it is that very process. torchrun's
+    agent (whose own `-m` is the launcher, the worker coming later) and a process that took over a recycled
+    pid are not, so the witness signal never reaches them (it would end them)."""
+    try:
+        args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        state, started = fields[0], int(fields[19])   # fields 3 and 22, after the command in parentheses
+    except (OSError, IndexError, ValueError):
+        return False
+    if start_ticks is not None and started != start_ticks:
+        return False
+    module = b""
+    for i, a in enumerate(args[1:-1], start=1):   # the interpreter's options, up to `-m module` (or -c, or a script)
+        if a == b"-m":
+            module = args[i + 1]
+        if a == b"-m" or a == b"-c" or not a.startswith(b"-"):
+            break
+    return module == WORKER.encode() and state not in ("Z", "X")
+
+
+def ask_witnesses(pids: dict[int, tuple], directory: Path, prefix: str = "",
+                  wait_s: float = WITNESS_WAIT_S) -> list[int]:
+    """Send each rank process (rank -> (pid, start ticks), `rundir.rank_processes`) the witness signal, and wait until
+    each living one wrote its testimony into `directory` or `wait_s` passed; the ranks asked. Only that very
+    rank process is signalled (`is_live_rank`: the signal would end another). Used by a failing rank for its
+    peers (`rank/witness.py`) and by the launcher (`launch/watch.py`, `launch/cells.py`)."""
+    from .rundir import witness_file
+
+    asked = {}
+    for r, (pid, ticks) in pids.items():
+        try:
+            if is_live_rank(pid, ticks):
+                os.kill(pid, WITNESS_SIGNAL)
+                asked[r] = (pid, ticks)
+        except OSError:
+            pass
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        if all(witness_file(directory, r, prefix).exists() or not is_live_rank(*who) for r, who in asked.items()):
+            break
+        time.sleep(0.01)
+    return sorted(asked)

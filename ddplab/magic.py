@@ -27,6 +27,8 @@ from __future__ import annotations
 import html
 import time
 
+from .witnesses import LIBRARY
+
 
 class CellFailed(Exception):
     """A `%%ddp` cell raised on some rank (or hung): one line in the notebook, the table says the rest."""
@@ -181,7 +183,7 @@ def folded(traceback_text: str) -> str:
     out, n = list(head), 0
     for b in blocks:
         frame = b[0].lstrip().startswith('File "')
-        if frame and any(m in b[0] for m in ("site-packages", "dist-packages", "/lib/python3", "<frozen ", "/ddplab/")):
+        if frame and any(m in b[0] for m in (*LIBRARY, "/ddplab/")):   # and the lab's own wrappers
             n += 1
             continue
         if n:

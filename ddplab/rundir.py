@@ -57,33 +57,15 @@ def error_file(run_dir: Path, rank: int) -> Path:
 
 def witness_file(directory: Path, rank: int, prefix: str = "") -> Path:
     """The rank's testimony (`rank/witness.py`: its stacks and torch's flight recorder, as JSON), written
-    when it failed or when the launcher sent it WITNESS_SIGNAL; a session's cell prefixes `job{n}.`."""
+    when it failed or when the launcher sent it `host.WITNESS_SIGNAL`; a session's cell prefixes `job{n}.`."""
     return Path(directory) / f"{prefix}rank{rank}.witness.json"
 
 
-WITNESS_SIGNAL = 12   # SIGUSR2 on Linux: only a rank's witness thread takes it (rank/witness.py)
-WORKER = "ddplab.rank.worker"
-
-
-def is_live_rank(pid: int, start_ticks: int | None = None) -> bool:
-    """`pid` is a living ddplab rank on this host: the module it runs (its first `-m`) is the worker, it is
-    not a zombie, and (given the `start_ticks` its progress log recorded) it is that very process. torchrun's
-    agent (whose own `-m` is the launcher, the worker coming later) and a process that took over a recycled
-    pid are not, so the witness signal never reaches them (it would end them)."""
-    if start_ticks is not None and (_process_identity(pid) or {}).get("start_ticks") != start_ticks:
-        return False
-    try:
-        args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    module = b""
-    for i, a in enumerate(args[1:-1], start=1):   # the interpreter's options, up to `-m module` (or -c, or a script)
-        if a == b"-m":
-            module = args[i + 1]
-        if a == b"-m" or a == b"-c" or not a.startswith(b"-"):
-            break
-    return module == WORKER.encode() and state not in ("Z", "X")
+def rank_processes(last: dict[int, dict]) -> dict[int, tuple]:
+    """rank -> (pid, start ticks) of the ranks on this host, from each rank's latest progress record."""
+    here = socket.gethostname()
+    return {r: (rec["pid"], rec.get("start_ticks")) for r, rec in last.items()
+            if rec and isinstance(rec.get("pid"), int) and rec.get("host", here) == here}
 
 
 def fatal_file(run_dir: Path, rank: int) -> Path:

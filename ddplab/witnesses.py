@@ -27,7 +27,7 @@ from . import verify
 from .rundir import witness_file
 
 MAX_BYTES = 32 * 2 ** 20   # a testimony larger than this is not read
-_LIBRARY = ("site-packages", "dist-packages", "/lib/python3", "<frozen ")
+LIBRARY = ("site-packages", "dist-packages", "/lib/python3", "<frozen ")   # where a frame is not the learner's
 
 
 def read(directory, world_size: int, prefix: str = "") -> dict[int, dict]:
@@ -177,6 +177,17 @@ def _analyze(details: dict, version: str):
     return db, "\n".join(ln for ln in lines if ln.strip() and "tabulate" not in ln)
 
 
+def testimony(directory, world_size: int, prefix: str = "") -> tuple[FlightVerdict, dict[int, str]] | None:
+    """What the ranks' testimonies in `directory` say, or None where none was left: torch's analyzer's
+    verdict, and where each rank the launcher asked was (rank -> `stack`)."""
+    testimonies = read(directory, world_size, prefix)
+    if not testimonies:
+        return None
+    return flight_verdict(testimonies, world_size), {
+        r: stack(t) for r, t in sorted(testimonies.items())
+        if t.get("why") == "asked" and isinstance(t.get("stacks"), dict) and t["stacks"].get("MainThread")}
+
+
 def verify_same_rank(ddplab_ranks, verdict: FlightVerdict) -> str:
     """ddplab's diagnosis and torch's analyzer name the same rank(s); raises `verify.CheckFailed` when
     they differ, and says so (without failing) when torch's records cannot name any."""
@@ -197,7 +208,7 @@ def stack(testimony: dict, thread: str = "MainThread", shown: int = 6) -> str:
         return f"(no stack of {thread}: its testimony was written by the failing thread itself; its traceback says where)"
     out, folded = [], 0
     for i, f in enumerate(frames):
-        library = any(m in str(f.get("file", "")) for m in _LIBRARY)
+        library = any(m in str(f.get("file", "")) for m in LIBRARY)
         if library and i != len(frames) - 1:
             folded += 1
             continue
@@ -208,4 +219,4 @@ def stack(testimony: dict, thread: str = "MainThread", shown: int = 6) -> str:
     return "\n".join(out[-shown * 2:])
 
 
-__all__ = ["FlightVerdict", "flight_verdict", "read", "stack", "verify_same_rank"]
+__all__ = ["FlightVerdict", "flight_verdict", "read", "stack", "testimony", "verify_same_rank"]

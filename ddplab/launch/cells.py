@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import time
 
-from .. import failures, rundir
+from .. import failures, host, rundir
 from .torchrun import interrupts_caught
 
 CELL_GRACE_S = 5.0   # beyond the default group's timeout, how long a cell may take before it counts as hung
@@ -105,18 +105,10 @@ def run_cell(s, code: str, ranks: list[int] | None, live=None) -> dict[int, dict
 def _testimony(s, n: int):
     """Ask every rank of the session for its testimony (`rank/witness.py`) about cell `n`, and read it:
     (torch's flight-recorder analyzer's verdict, rank -> where it was), or None if no rank answered."""
-    import socket
-
     from .. import witnesses
-    from .watch import ask_witnesses, collect
+    from .watch import collect
 
-    here = socket.gethostname()
     progress, _, _ = collect(s.dir, s.world_size)   # the session's start-up records carry each rank's pid
-    pids = {r: (recs[-1]["pid"], recs[-1].get("start_ticks")) for r, recs in progress.items()
-            if recs and isinstance(recs[-1].get("pid"), int) and recs[-1].get("host", here) == here}
-    ask_witnesses(pids, s.dir, prefix=f"job{n}.")
-    testimonies = witnesses.read(s.dir, s.world_size, prefix=f"job{n}.")
-    if not testimonies:
-        return None
-    return (witnesses.flight_verdict(testimonies, s.world_size),
-            {r: witnesses.stack(t) for r, t in sorted(testimonies.items())})
+    host.ask_witnesses(rundir.rank_processes({r: recs[-1] for r, recs in progress.items() if recs}), s.dir,
+                         prefix=f"job{n}.")
+    return witnesses.testimony(s.dir, s.world_size, prefix=f"job{n}.")

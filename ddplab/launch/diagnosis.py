@@ -55,12 +55,9 @@ def testify(diagnosis, directory: Path, world_size: int, prefix: str = "") -> No
     from .. import witnesses
 
     try:
-        testimonies = witnesses.read(directory, world_size, prefix)
-        if not testimonies:
-            return
-        diagnosis.flight = witnesses.flight_verdict(testimonies, world_size)
-        diagnosis.stacks = {r: witnesses.stack(t) for r, t in testimonies.items()
-                            if t.get("why") == "asked" and isinstance(t.get("stacks"), dict) and t["stacks"].get("MainThread")}
+        said = witnesses.testimony(directory, world_size, prefix)
+        if said is not None:
+            diagnosis.flight, diagnosis.stacks = said
     except Exception as e:  # noqa: BLE001 - ddplab's diagnosis stands; torch's view is said to be missing
         diagnosis.flight = None
         diagnosis.summary += f" (torch's witnesses could not be read: {type(e).__name__}: {e})"

@@ -10,12 +10,11 @@ import socket
 import time
 from pathlib import Path
 
-from .. import failures, rundir
+from .. import failures, host, rundir
 from ..spec import Experiment
 from .progress import describe
 
 STALL_GRACE_S = 10.0
-WITNESS_WAIT_S = 1.5   # how long the ranks may take to write their testimony before they are stopped
 STILL_S = 1.0   # how long nothing moves before the watch looks at the ranks' process states
 FROZEN = ("stopped", "tracing-stop")   # psutil's states of a process that SIGSTOP, Ctrl-Z or a debugger froze
 
@@ -119,15 +118,12 @@ class Watch:
             ranks[r] = (done.get(r, 0), phase + (f" ({self.frozen[r]})" if r in self.frozen else ""))
         return i, exp, ranks
 
-    def ask_witnesses(self, wait_s: float = WITNESS_WAIT_S) -> None:
+    def ask_witnesses(self, wait_s: float = host.WITNESS_WAIT_S) -> None:
         """Before the watchdog stops a stalled launch: ask every rank of the current experiment on this host
         for its testimony (its stacks and torch's flight recorder, `rank/witness.py`), and give them
         `wait_s` to write it."""
-        exp, run_dir = self.runs[self.current]
-        here = socket.gethostname()
-        pids = {r: (rec["pid"], rec.get("start_ticks")) for r, rec in self.last[self.current].items()
-                if isinstance(rec.get("pid"), int) and rec.get("host", here) == here}
-        ask_witnesses(pids, run_dir, wait_s=wait_s)
+        _, run_dir = self.runs[self.current]
+        host.ask_witnesses(rundir.rank_processes(self.last[self.current]), run_dir, wait_s=wait_s)
 
     def limit_s(self, startup_timeout_s: float) -> float:
         """How long the launch may stand still: a collective's timeout and a grace, or the start-up bound."""
@@ -135,29 +131,6 @@ class Watch:
 
     def stalled(self, startup_timeout_s: float) -> bool:
         return time.monotonic() - self.last_move > self.limit_s(startup_timeout_s)
-
-
-def ask_witnesses(pids: dict[int, tuple], directory: Path, prefix: str = "", wait_s: float = WITNESS_WAIT_S) -> list[int]:
-    """Send each rank process (rank -> (pid, start ticks from its progress log), on this host) the witness
-    signal, and wait until each living one wrote its testimony into `directory` or `wait_s` passed; the ranks
-    asked. Only that very rank process is signalled (`rundir.is_live_rank`: the signal would end another)."""
-    import os
-
-    asked = {}
-    for r, (pid, ticks) in pids.items():
-        try:
-            if rundir.is_live_rank(pid, ticks):
-                os.kill(pid, rundir.WITNESS_SIGNAL)
-                asked[r] = (pid, ticks)
-        except OSError:
-            pass
-    deadline = time.monotonic() + wait_s
-    while time.monotonic() < deadline:
-        if all(rundir.witness_file(directory, r, prefix).exists() or not rundir.is_live_rank(*who)
-               for r, who in asked.items()):
-            break
-        time.sleep(0.01)
-    return sorted(asked)
 
 
 def _phase(rec: dict) -> str:

@@ -24,10 +24,10 @@ import time
 import traceback
 from pathlib import Path
 
-from ..rundir import WITNESS_SIGNAL, is_live_rank, witness_file
+from ..host import WITNESS_SIGNAL, WITNESS_WAIT_S, ask_witnesses
+from ..rundir import witness_file
 
 SIGNAL = signal.Signals(WITNESS_SIGNAL)
-WAIT_FOR_PEERS_S = 1.5   # how long a failing rank waits for its peers' testimony before it exits
 FRAMES = 40              # innermost frames kept per thread
 _where: tuple[Path, int, str] | None = None   # (directory, rank, file name prefix)
 _lock = threading.Lock()
@@ -103,23 +103,9 @@ def write(why: str) -> Path | None:
     return path
 
 
-def ask_peers(pids: dict[int, tuple], wait_s: float = WAIT_FOR_PEERS_S) -> None:
+def ask_peers(pids: dict[int, tuple], wait_s: float = WITNESS_WAIT_S) -> None:
     """Signal the peers (rank -> (pid, start ticks), on this host) for their testimony, and wait until each
-    living one wrote it or `wait_s` passed."""
+    living one wrote it or `wait_s` passed (`host.ask_witnesses`)."""
     where = _where
-    if where is None:
-        return
-    asked = {}
-    for rank, (pid, ticks) in pids.items():
-        try:
-            if is_live_rank(pid, ticks):   # never a recycled pid, torchrun's agent or a zombie
-                os.kill(pid, SIGNAL)
-                asked[rank] = (pid, ticks)
-        except (ProcessLookupError, PermissionError):
-            pass
-    deadline = time.monotonic() + wait_s
-    while time.monotonic() < deadline:
-        waiting = [r for r, who in asked.items() if not witness_file(where[0], r, where[2]).exists() and is_live_rank(*who)]
-        if not waiting:
-            return
-        time.sleep(0.01)
+    if where is not None:
+        ask_witnesses(pids, where[0], where[2], wait_s)

@@ -33,8 +33,8 @@ import time
 from pathlib import Path
 
 from .. import host, record
-from ..rundir import (ProgressLog, fatal_file, rank_file, read_progress, save_tensors_atomic, tensor_file,
-                      write_json_atomic, write_rank_error)
+from ..rundir import (ProgressLog, fatal_file, rank_file, rank_processes, read_progress, save_tensors_atomic,
+                      tensor_file, write_json_atomic, write_rank_error)
 from ..spec import Experiment
 from . import clock, link, runtime, witness
 from . import session
@@ -163,12 +163,8 @@ def run_experiments(spec_paths: list[Path], env, launch_id: str, warm: tuple | N
 
 def _peers(run_dir: Path, rank: int, world_size: int) -> dict[int, tuple]:
     """rank -> (pid, start ticks) of the other ranks of this run on this host, from their progress logs."""
-    here, out = socket.gethostname(), {}
-    for r in range(world_size):
-        recs = read_progress(run_dir, r) if r != rank else []
-        if recs and recs[-1].get("host") == here and isinstance(recs[-1].get("pid"), int):
-            out[r] = (recs[-1]["pid"], recs[-1].get("start_ticks"))
-    return out
+    last = {r: recs[-1] for r in range(world_size) if r != rank and (recs := read_progress(run_dir, r))}
+    return rank_processes(last)
 
 
 class _Gate:

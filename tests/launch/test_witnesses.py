@@ -126,8 +126,7 @@ def test_the_witness_signal_reaches_only_living_ranks(tmp_path):
     import subprocess
     import sys
 
-    from ddplab.launch.watch import ask_witnesses
-    from ddplab.rundir import is_live_rank
+    from ddplab.host import ask_witnesses, is_live_rank
 
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     agent_like = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", "-m", "ddplab.rank.worker"])
