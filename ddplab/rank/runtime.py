@@ -93,8 +93,52 @@ def subgroups(world_sizes: list[int], world_size: int, timeout_s: float, fresh: 
     return groups
 
 
+_MESHES: dict = {}   # (device type, world size, dims) -> DeviceMesh: one per process, as torch expects
+
+
+def meshes(exps: list, device_type: str, timeout_s: float) -> dict:
+    """experiment index -> the torch `DeviceMesh` its task asks for (`mesh_dims`), over its ranks
+    0..world_size-1 with the task's dimension names, its groups bounded by `timeout_s`.
+    Every rank of the launch builds every mesh, in the experiments' order, before any experiment runs:
+    torch makes a mesh's groups with `new_group`, which every rank of the default group must call, also
+    the ranks outside a narrower experiment's mesh (they get a mesh without a coordinate). Each rank
+    making only its own groups (`use_local_synchronization`) names them after what that rank made
+    before, which torch 2.14 counts differently from 2.13 (docs/torch-versions.md).
+    A mesh is built once per process and kept: torch takes two meshes of the same layout and names for
+    the same mesh (DTensor caches its plans by mesh), so a session's later job gets the mesh an earlier
+    job built, with this job's timeout."""
+    import torch
+    from torch.distributed.device_mesh import DeviceMesh
+
+    built = {}
+    for i, exp in enumerate(exps):
+        dims = exp.task.mesh_dims(exp)
+        if not dims:
+            continue
+        key = (device_type, exp.world_size, tuple(dims))
+        if key not in _MESHES:
+            names, sizes = zip(*dims)
+            layout = torch.arange(exp.world_size, dtype=torch.int).view(*sizes)
+            _MESHES[key] = DeviceMesh(device_type, layout, mesh_dim_names=names,
+                                      backend_override=((None, _group_options(timeout_s)),) * len(dims))
+        if _MESHES[key].get_coordinate() is not None:   # a rank outside the mesh holds none of its groups
+            for group in _MESHES[key].get_all_groups():
+                group.set_timeout(timedelta(seconds=timeout_s))
+        built[i] = _MESHES[key]
+    return built
+
+
+def _group_options(timeout_s: float):
+    """Options for new groups of the default group's backend, bounded by `timeout_s`."""
+    import torch.distributed as dist
+
+    options = dist.ProcessGroupNCCL.Options() if dist.get_backend() == "nccl" else dist.ProcessGroupGloo._Options()
+    options._timeout = timedelta(seconds=timeout_s)
+    return options
+
+
 def destroy_groups(groups: dict) -> None:
-    """Destroy the groups `subgroups` made (a session's job is over; the default group stays)."""
+    """Destroy the groups `subgroups` made (a session's job is over; the default group and the meshes stay)."""
     import torch.distributed as dist
 
     gc.collect()

@@ -94,6 +94,12 @@ class TaskSpec:
         """How many `ends_step` phases a rank goes through (the progress line's denominator)."""
         return exp.steps
 
+    def mesh_dims(self, exp) -> tuple[tuple[str, int], ...] | None:
+        """The named dimensions of the device mesh this task computes on, over the experiment's ranks
+        (`(("dp", 2), ("tp", 2))`: 2 x 2, rows of consecutive ranks), or None for none. The worker builds it
+        on every rank of the launch before any experiment runs (`rank/runtime.py: meshes`)."""
+        return None
+
     def all_phases(self) -> dict[str, Phase]:
         return {p.name: p for p in (*COMMON_PHASES, *self.phases)}
 

@@ -62,6 +62,9 @@ class TensorParallel(TaskSpec):
     def tp_degree(self, exp) -> int:
         return exp.world_size // self.dp
 
+    def mesh_dims(self, exp) -> tuple[tuple[str, int], ...] | None:
+        return (("dp", self.dp), ("tp", self.tp_degree(exp))) if self.dp > 1 else None
+
     def check(self, exp) -> None:
         layers = list(self.layers) if isinstance(self.layers, tuple) else None
         if not layers or not all(x in LAYERS for x in layers) or len(set(layers)) != len(layers):

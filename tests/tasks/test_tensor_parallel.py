@@ -377,6 +377,21 @@ def test_a_mesh_runs_inside_a_wider_launch_and_after_another_mesh(runs_dir):
 
 
 @pytest.mark.slow
+def test_a_mesh_is_built_afresh_for_every_job_of_a_session(tmp_path):
+    # the session's ranks build the job's mesh, then destroy its groups with the job's other groups: the
+    # second job's mesh is new groups with new names, on ranks that made and destroyed the first
+    exp = dp_tp_mesh(layers=("mlp",))
+    with ddplab.Session(world_size=4, runs_dir=tmp_path / "runs") as s:
+        first = ddplab.run(exp, tmp_path / "first", progress=False)
+        second = ddplab.run(exp, tmp_path / "second", progress=False)
+        assert s.jobs == 2 and s.alive()
+    for run in (first, second):
+        assert run.launch["session"] == s.dir.name
+        views.verify_mesh_matches_dense(run)
+    assert [r.result.mesh_layers[0].losses for r in first.ranks] == [r.result.mesh_layers[0].losses for r in second.ranks]
+
+
+@pytest.mark.slow
 def test_the_tensor_parallel_launch_leaves_no_process_behind(tp_runs):
     for run in tp_runs.values():
         assert not launch_leftovers(run)

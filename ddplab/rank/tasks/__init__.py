@@ -17,8 +17,8 @@ from pathlib import Path
 
 @dataclass
 class TaskContext:
-    """Everything a task gets: the experiment, this rank, its device, its progress log and its
-    process group (None: all ranks of the launch)."""
+    """Everything a task gets: the experiment, this rank, its device, its progress log, its
+    process group (None: all ranks of the launch) and the device mesh its task asked for (`mesh_dims`)."""
 
     exp: object
     rank: int
@@ -26,6 +26,7 @@ class TaskContext:
     log: object
     group: object
     run_dir: Path
+    mesh: object = None
 
 
 def runner(task):

@@ -11,10 +11,10 @@ steps are timed, in an order that rotates every round: the dense layer alone (no
 split layer, the split layer with its collectives timed (`CollectiveLog`), and the dense layer under
 DDP on a 1/world_size slice of the batch, its gradient all-reduce timed from launch to done by a
 pass-through comm hook (`probes/buckets.BucketLog`).
-dp > 1: a dp x tp `DeviceMesh` over the experiment's ranks (its groups made by their members only, so
-it runs inside a wider launch or session): the layer split over each tp group, its local gradients
-averaged over the dp group in one all-reduce, SGD; the dense layer trained on the global batch
-beside it.
+dp > 1: on the dp x tp `DeviceMesh` named ("dp", "tp") that the worker built over the experiment's ranks
+(on every rank of the launch, so it runs inside a wider launch or session too): the layer split over each
+tp group, its local gradients averaged over the dp group in one all-reduce, SGD; the dense layer trained
+on the global batch beside it.
 Runs inside a rank.
 """
 
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import copy
 import os
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -260,41 +259,6 @@ def train_mesh(ctx, exp, task, layer: str, mesh) -> MeshLayerRecord:
     return MeshLayerRecord(layer, collectives, losses, dense_losses, scale, errors, moved)
 
 
-def _align_group_names(ctx, timeout) -> None:
-    """torch names a group made with `use_local_synchronization` after its ranks and how many groups
-    the rank holds, and its members meet in the store under that name: they must hold as many, and
-    the name must be new (a destroyed group's keys stay in the store, and a group reusing its name
-    would read them). Ranks of a wider launch that skipped an earlier mesh hold fewer: they make
-    one-rank groups up to the experiment's most, and no mesh group is ever destroyed before the
-    launch ends, so a rank's count only grows and every name is new."""
-    from torch.distributed.distributed_c10d import _world
-
-    held = torch.tensor([len(_world.pg_names)])
-    dist.all_reduce(held, dist.ReduceOp.MAX, group=ctx.group)
-    while len(_world.pg_names) < held.item():
-        _KEPT.append(dist.new_group([ctx.rank], timeout=timeout, use_local_synchronization=True))
-
-
-_KEPT: list = []   # the mesh groups (and padding) of this process: kept until the launch tears down
-
-
-def dp_tp_mesh(ctx, dp: int, tp: int) -> DeviceMesh:
-    """The dp x tp mesh over this experiment's ranks (`ctx.group`; every rank of the launch when it
-    is None), rows of tp consecutive ranks: this rank's tp group (its row) and dp group (its column),
-    each made by its own members only (`use_local_synchronization`), so the mesh runs as any
-    experiment of `run_many` or of a session, not only the widest. Every rank makes its tp group, then
-    its dp group: the same order everywhere, so no two groups wait on each other."""
-    ranks = dist.get_process_group_ranks(ctx.group or dist.group.WORLD)
-    layout = torch.tensor(ranks, dtype=torch.int).view(dp, tp)
-    row, col = next((i, row.index(ctx.rank)) for i, row in enumerate(layout.tolist()) if ctx.rank in row)
-    timeout = timedelta(seconds=ctx.exp.timeout_s)
-    _align_group_names(ctx, timeout)
-    tp_group = dist.new_group(layout[row].tolist(), timeout=timeout, use_local_synchronization=True)
-    dp_group = dist.new_group(layout[:, col].tolist(), timeout=timeout, use_local_synchronization=True)
-    _KEPT.extend([tp_group, dp_group])
-    return DeviceMesh.from_group([dp_group, tp_group], ctx.device.type, mesh=layout, mesh_dim_names=("dp", "tp"))
-
-
 def run(ctx):
     exp, task = ctx.exp, ctx.exp.task
     ctx.log.enter("build", 0)
@@ -312,7 +276,7 @@ def run(ctx):
         layers = [LayerRecord(**fields, **t.fields()) for fields, t in checked]
         del checked   # DDP references the process group: gone before teardown
     else:
-        mesh = dp_tp_mesh(ctx, dp, tp)
+        mesh = ctx.mesh   # the dp x tp mesh every rank of the launch built (`TensorParallel.mesh_dims`)
         tp_group = dist.get_process_group_ranks(mesh["tp"].get_group())
         dp_group = dist.get_process_group_ranks(mesh["dp"].get_group())
         rows = mesh.mesh.tolist()
