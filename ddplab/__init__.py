@@ -14,9 +14,13 @@ tasks, probes, parallelism wrappers) -> `record/` / `rundir.py` (the files ranks
 (cost formulas, the bucket simulator, the memory model) that notebooks put beside measurements.
 """
 
-from .failures import RunFailed
-from .spec import Experiment
-from .spec.model import ModelWithData
+from . import releases
+
+releases.require_supported(releases.installed_torch())   # an older torch is said here, not mid-lesson
+
+from .failures import RunFailed  # noqa: E402
+from .spec import Experiment  # noqa: E402
+from .spec.model import ModelWithData  # noqa: E402
 
 __version__ = "0.1.0"
 __all__ = ["Experiment", "ModelWithData", "RunFailed", "Session", "audit_model", "load_run", "run", "run_many",

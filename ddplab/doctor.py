@@ -1,7 +1,8 @@
 """`ddplab doctor`: can ranks talk on this machine, and over which backend?
 
-Reports versions, the backends torch was built with and the GPUs it sees, then starts real ranks with
-torchrun (`rank/smoke.py`); rank r all-reduces the tensor [r + 1], so every rank must end with
+Reports versions (whether the lab was verified on this torch, and which of torch's behaviours that the
+lab teaches differ here: `releases.py`), the backends torch was built with and the GPUs it sees, then
+starts real ranks with torchrun (`rank/smoke.py`); rank r all-reduces the tensor [r + 1], so every rank must end with
 1 + 2 + ... + world size: two ranks on one node (3), two per node on several (`--nodes`, or
 $DDPLAB_NODES): the check that the nodes can talk, each node's host named.
 Used by `ddplab doctor` and notebook 03 (the loopback ceiling).
@@ -18,6 +19,7 @@ import threading
 import time
 from pathlib import Path
 
+from . import releases
 from .units import MIB
 
 TIMEOUT_S = 120
@@ -72,6 +74,8 @@ def check(say=print, nodes=None) -> bool:
     nodes = Nodes.from_env() if nodes is None else nodes
     nodes.check_here()
     say(f"python {platform.python_version()}, torch {torch.__version__}, {platform.system()} {platform.machine()}")
+    for line in releases.report(torch.__version__):   # verified or not, and what behaves differently here
+        say(line)
     backends = [b for b, ok in (("gloo", dist.is_gloo_available()), ("nccl", dist.is_nccl_available()),
                                 ("mpi", dist.is_mpi_available())) if ok]
     say(f"distributed backends built in: {', '.join(backends) or 'none'}")

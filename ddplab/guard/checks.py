@@ -126,8 +126,8 @@ def buffers(reports: list[dict], static: dict, step: int) -> list[Problem]:
         return []
     names = [static["buffers"][i] for i in bad]
     owners = sorted({static["buffer_owners"][i] for i in bad})
-    fix = ("leave DDP's buffer sync on (drop broadcast_buffers=False; torch 2.13 names the setting "
-           "forward_sync_buffers=True): rank 0's buffers are then copied to every rank before each forward; "
+    fix = ("leave DDP's buffer sync on (drop broadcast_buffers=False; DDP's newer name for it "
+           "is forward_sync_buffers=True): rank 0's buffers are then copied to every rank before each forward; "
            "or convert the model with nn.SyncBatchNorm.convert_sync_batchnorm so the statistics cover the global batch"
            if any("BatchNorm" in o for o in owners) else
            "leave DDP's buffer sync on (drop broadcast_buffers=False), or update the buffers the same way on every rank")

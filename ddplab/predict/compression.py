@@ -46,7 +46,7 @@ def matrix_view(shape) -> tuple[int, int]:
     on a 0-d gradient (it views it as shape[0] x -1), so the rule refuses one too."""
     shape = [int(s) for s in shape]
     if not shape:
-        raise ValueError("shapes: PowerSGD (torch 2.13) cannot view a 0-d gradient as a matrix")
+        raise ValueError("shapes: torch's PowerSGD hook cannot view a 0-d gradient as a matrix")
     numel = 1
     for s in shape:
         numel *= s

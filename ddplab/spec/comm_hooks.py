@@ -10,9 +10,9 @@ from ..record.comm_hooks import CommHooksRecord
 from .checks import bad, int_in, is_int, is_number, same_work_on_every_rank
 from .tasks import GRADIENT_ALL_REDUCE, MODEL_FIELDS, RUN_FIELDS, Phase, TaskSpec, register
 
-# hooks torch ships that fail on torch 2.13 with gloo, and what happens (notes/ddp-internals.md)
-BROKEN_ON_213 = {
-    "batched_powersgd": "torch 2.13's batched_powerSGD_hook raises AssertionError at its first compressed step "
+# hooks torch ships that fail with gloo, and what happens (checked on every verified release: ddplab/releases.py)
+BROKEN_ON_GLOO = {
+    "batched_powersgd": "torch's batched_powerSGD_hook raises AssertionError at its first compressed step "
                         "(_orthogonalize asserts a 3-D batch of matrices; the batched hook passes one 2-D matrix)",
 }
 
@@ -49,8 +49,8 @@ class CommHooks(TaskSpec):
     def check(self, exp) -> None:
         hooks = list(self.hooks) if isinstance(self.hooks, tuple) else None
         for h in hooks or []:
-            if h in BROKEN_ON_213:
-                bad("task.hooks", f"{h!r} is left out: {BROKEN_ON_213[h]}")
+            if h in BROKEN_ON_GLOO:
+                bad("task.hooks", f"{h!r} is left out: {BROKEN_ON_GLOO[h]}")
         if not hooks or not all(h in HOOKS for h in hooks) or len(set(hooks)) != len(hooks):
             bad("task.hooks", f"distinct hook names from {', '.join(HOOKS)} (got {self.hooks!r})")
         if hooks[0] != "allreduce":

@@ -91,7 +91,7 @@ def _validate_unread_by_train(e: Experiment) -> None:
     without_ddp = "sync='none'" if e.sync != "ddp" else ("sharding='fsdp2'" if e.sharding == "fsdp2" else None)
     if e.distributed_debug == "detail":
         bad("distributed_debug", "'detail' wraps every process group in a collective checker, and DDP's constructor "
-                                 "crashes on such a group with gloo in torch 2.13 (a segfault): use 'info' with DDP; notebook 08 "
+                                 "crashes on such a group with gloo (a segfault, on every torch the lab verifies): use 'info' with DDP; notebook 08 "
                                  "shows DETAIL's checks on plain collectives in a %%ddp cell")
     if e.distributed_debug not in DISTRIBUTED_DEBUG:
         bad("distributed_debug", f"must be one of {', '.join(DISTRIBUTED_DEBUG)} (got {e.distributed_debug!r})")

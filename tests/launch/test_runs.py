@@ -209,6 +209,9 @@ def test_doctor_runs_a_two_rank_all_reduce():
     assert out.returncode == 0, out.stdout
     assert "expected on every rank: 3.0" in out.stdout
     assert "rank 0: 3.0" in out.stdout and "rank 1: 3.0" in out.stdout
+    import torch
+
+    assert f"torch {torch.__version__}: " in out.stdout   # the release, and whether the lab was verified on it
 
 
 def test_run_many_runs_each_experiment_on_its_own_ranks_and_stops_at_a_failure(tmp_path):

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ddplab import verify, witnesses
+from ddplab import releases, verify, witnesses
 from ddplab.failures import Diagnosis
 
 RECORDS = Path(__file__).parent.parent / "support" / "witness"
@@ -62,9 +62,10 @@ def test_a_rank_list_that_would_run_code_in_torchs_analyzer_is_never_handed_to_i
     assert not marker.exists() and v.ranks == [1], str(v)
     from torch.distributed.flight_recorder.components.builder import build_groups_memberships
 
-    with pytest.raises(Exception):   # what torch itself does with it: evaluates the string
+    with pytest.raises(Exception):   # what torch itself does with it: refuses it, having run it or not
         build_groups_memberships({0: t[0]["flight"]["pg_config"]})
-    assert marker.exists()   # (the hazard is real)
+    # the hazard is real exactly where the release probe says so (torch 2.13 evaluates, 2.14 does not)
+    assert marker.exists() == releases.fact("analyzer_evaluates_rank_lists")
 
 
 def test_groups_are_rebuilt_from_the_entries_not_from_the_dumps_table():

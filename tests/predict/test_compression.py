@@ -9,8 +9,6 @@ import subprocess
 import sys
 
 import pytest
-import torch
-from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
 
 from ddplab.predict import compression
 from ddplab.predict.compression import PowerSGD
@@ -74,13 +72,6 @@ def test_the_rule_matches_what_torchs_hook_allocates(torchs_hook, rank, rate):
 def test_a_0d_gradient_is_refused_as_torch_refuses_it():
     with pytest.raises(ValueError, match="0-d"):
         compression.hook_calls("powersgd", [[]], step=5)
-
-
-def test_the_reason_batched_powersgd_is_left_out_still_holds():
-    """torch 2.13's batched hook hands `_orthogonalize` one 2-D matrix, which it refuses; if a torch update
-    fixes this, this test fails and the spec's refusal (spec/comm_hooks.py) should go."""
-    with pytest.raises(AssertionError):
-        psgd._orthogonalize(torch.zeros(16, 2))
 
 
 def test_gpt2_shapes_are_gpt2_small():
