@@ -55,8 +55,17 @@ def require_supported(found: str | None) -> None:
 def analyzer_evaluates_rank_lists() -> bool:
     """Does torch's flight-recorder analyzer run a group's rank list as Python (`eval`) when it reads a
     dump? Probed with a harmless expression that only `eval` accepts."""
-    from torch.distributed.flight_recorder.components.builder import build_groups_memberships
+    import logging
 
+    from torch.distributed.flight_recorder.components.fr_logger import FlightRecorderLogger
+
+    log = FlightRecorderLogger().logger
+    level = log.level
+    log.setLevel(logging.ERROR)   # importing the builder warns that the optional `tabulate` is missing
+    try:
+        from torch.distributed.flight_recorder.components.builder import build_groups_memberships
+    finally:
+        log.setLevel(level)
     # the dump's rank list as a quoted string: torch reads it with literal_eval, then reads a string again
     table = {0: {"g": {"name": "g", "desc": "probe", "ranks": repr("list(range(2))")}}}
     try:
