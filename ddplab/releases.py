@@ -203,6 +203,30 @@ def dcp_metadata_format() -> str:
     return "pickle" if head[:1] == b"\x80" else f"not pickle ({head!r})"
 
 
+def schedules_refusing_fewer_microbatches_than_stages() -> tuple[str, ...]:
+    """Which of torch's pipeline schedules (GPipe, 1F1B) refuse fewer microbatches than stages: asked of
+    torch's own classes, for stage 0 of 2, on the fake process group (one process, no communication)."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if dist.is_initialized():
+        raise RuntimeError("the schedule probe makes its own process group: call it where none is joined")
+    dist.init_process_group("fake", rank=0, world_size=2, store=FakeStore())
+    refusing = []
+    try:
+        stage = PipelineStage(torch.nn.Linear(2, 2), stage_index=0, num_stages=2, device=torch.device("cpu"))
+        for schedule in (ScheduleGPipe, Schedule1F1B):
+            try:
+                schedule(stage, n_microbatches=1, loss_fn=lambda out, target: out.sum())
+            except ValueError:
+                refusing.append(schedule.__name__)
+    finally:
+        dist.destroy_process_group()
+    return tuple(refusing)
+
+
 @dataclass(frozen=True)
 class Fact:
     name: str
@@ -243,6 +267,9 @@ FACTS = (
          ddp_buffer_sync_setting, {"2.13.0": "forward_sync_buffers", "2.14.1": "forward_sync_buffers"}),
     Fact("batched_powersgd_takes_one_matrix", "PowerSGD's orthogonalization takes the batched hook's 2-D matrix",
          batched_powersgd_takes_one_matrix, {"2.13.0": False, "2.14.1": False}),
+    Fact("schedules_refusing_fewer_microbatches_than_stages",
+         "torch's pipeline schedules that refuse fewer microbatches than stages",
+         schedules_refusing_fewer_microbatches_than_stages, {v: ("Schedule1F1B",) for v in VERIFIED}),
     Fact("dcp_metadata_format", "a distributed checkpoint's .metadata file is written as",
          dcp_metadata_format, {"2.13.0": "pickle", "2.14.1": "pickle"}),
 )
