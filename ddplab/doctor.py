@@ -1,7 +1,7 @@
 """`ddplab doctor`: can ranks talk on this machine, and over which backend?
 
 Reports versions (whether the lab was verified on this torch, and which of torch's behaviours that the
-lab teaches differ here: `releases.py`), the backends torch was built with and the GPUs it sees, then
+lab teaches differ here: `releases/`), the backends torch was built with and the GPUs it sees, then
 starts real ranks with torchrun (`rank/smoke.py`); rank r all-reduces the tensor [r + 1], so every rank must end with
 1 + 2 + ... + world size: two ranks on one node (3), two per node on several (`--nodes`, or
 $DDPLAB_NODES): the check that the nodes can talk, each node's host named.

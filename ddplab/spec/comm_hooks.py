@@ -10,7 +10,7 @@ from ..record.comm_hooks import CommHooksRecord
 from .checks import bad, int_in, is_int, is_number, same_work_on_every_rank
 from .tasks import GRADIENT_ALL_REDUCE, MODEL_FIELDS, RUN_FIELDS, Phase, TaskSpec, register
 
-# hooks torch ships that fail with gloo, and what happens (checked on every verified release: ddplab/releases.py)
+# hooks torch ships that fail with gloo, and what happens (checked on every verified release: ddplab/releases)
 BROKEN_ON_GLOO = {
     "batched_powersgd": "torch's batched_powerSGD_hook raises AssertionError at its first compressed step "
                         "(_orthogonalize asserts a 3-D batch of matrices; the batched hook passes one 2-D matrix)",
