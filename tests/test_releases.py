@@ -59,14 +59,30 @@ def test_an_older_torch_is_refused_at_import_in_plain_words():
 
 
 def test_import_ddplab_with_an_older_torch_says_so_before_anything_else(tmp_path):
-    # a torch distribution whose metadata says 2.4.1, found first on the path
-    meta = tmp_path / "torch-2.4.1.dist-info"
-    meta.mkdir()
-    (meta / "METADATA").write_text("Metadata-Version: 2.1\nName: torch\nVersion: 2.4.1\n")
+    # a torch package that says it is 2.4.1, found first on the path (never imported: it would say so)
+    package = tmp_path / "torch"
+    package.mkdir()
+    (package / "__init__.py").write_text("raise SystemExit('torch was imported')\n")
+    (package / "version.py").write_text("__version__ = '2.4.1'\n")
     out = subprocess.run([sys.executable, "-c", "import ddplab"], capture_output=True, text=True,
                          env={"PYTHONPATH": str(tmp_path), "PATH": ""})
     assert out.returncode == 1 and "ImportError: ddplab needs torch >= 2.13.0; this environment has torch 2.4.1" \
         in out.stderr, out.stderr
+
+
+def test_a_probe_that_fails_is_said_not_raised(monkeypatch):
+    def gone():
+        raise AttributeError("module 'torch.distributed' has no attribute '_hash_ranks_to_str'")
+
+    broken = [releases.Fact(f.name, f.says, gone if f.name == "local_group_name_counts" else f.probe, f.expected)
+              for f in releases.FACTS]
+    monkeypatch.setattr(releases, "FACTS", tuple(broken))
+    said = releases.tell("local_group_name_counts")
+    assert said.endswith("could not ask (AttributeError: module 'torch.distributed' has no attribute "
+                         "'_hash_ranks_to_str')")
+    assert any(line.startswith("  DIFFERS") and "could not ask" in line for line in releases.report(torch.__version__))
+    with pytest.raises(ValueError, match="no fact named 'local_group_name_count'"):
+        releases.fact("local_group_name_count")
 
 
 def test_doctors_report_names_the_release_and_what_differs_from_a_verified_one(monkeypatch):
@@ -99,12 +115,21 @@ def test_ddps_constructor_still_crashes_on_a_gloo_group_checked_at_detail(tmp_pa
     # fixes the crash, this fails, and the refusal can go
     import os
 
+    import psutil
+
     script = tmp_path / "detail_ddp.py"
     script.write_text(_DETAIL_DDP)
-    env = {**os.environ, "TORCH_DISTRIBUTED_DEBUG": "DETAIL", "OMP_NUM_THREADS": "1"}
-    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                          str(script)], capture_output=True, text=True, env=env, timeout=120)
-    assert out.returncode != 0 and "SIGSEGV" in out.stderr, out.stderr[-2000:]
+    env = {**os.environ, "TORCH_DISTRIBUTED_DEBUG": "DETAIL", "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
+    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                             str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        _, err = proc.communicate(timeout=120)
+    finally:   # torchrun starts each rank in a session of its own: stop whatever still runs the script
+        for p in psutil.process_iter(["cmdline"]):
+            if str(script) in " ".join(p.info["cmdline"] or []):
+                p.kill()
+        proc.kill()
+    assert proc.returncode != 0 and "SIGSEGV" in err, err[-2000:]
 
 
 def test_a_notebook_tells_the_running_torchs_answer_in_a_plain_sentence():

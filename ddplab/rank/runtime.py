@@ -120,7 +120,7 @@ def meshes(exps: list, device_type: str, timeout_s: float) -> dict:
             names, sizes = zip(*dims)
             layout = torch.arange(exp.world_size, dtype=torch.int).view(*sizes)
             _MESHES[key] = DeviceMesh(device_type, layout, mesh_dim_names=names,
-                                      backend_override=((None, _group_options(timeout_s)),) * len(dims))
+                                      backend_override=tuple((None, _group_options(timeout_s)) for _ in dims))
         if _MESHES[key].get_coordinate() is not None:   # a rank outside the mesh holds none of its groups
             for group in _MESHES[key].get_all_groups():
                 group.set_timeout(timedelta(seconds=timeout_s))
@@ -129,7 +129,8 @@ def meshes(exps: list, device_type: str, timeout_s: float) -> dict:
 
 
 def _group_options(timeout_s: float):
-    """Options for new groups of the default group's backend, bounded by `timeout_s`."""
+    """Options for new groups of the default group's backend, bounded by `timeout_s`: one object a
+    group (torch writes a group's own ranks and name into the options it is given)."""
     import torch.distributed as dist
 
     options = dist.ProcessGroupNCCL.Options() if dist.get_backend() == "nccl" else dist.ProcessGroupGloo._Options()
@@ -152,6 +153,7 @@ def teardown() -> None:
     (the worker keeps them inside a function that has returned), or gloo threads outlive the group."""
     import torch.distributed as dist
 
+    _MESHES.clear()
     gc.collect()
     if dist.is_initialized():
         dist.destroy_process_group()

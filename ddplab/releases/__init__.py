@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 from .probes import (analyzer_evaluates_rank_lists, batched_powersgd_takes_one_matrix, dcp_metadata_format,
@@ -35,11 +36,20 @@ def release(version: str) -> tuple[int, ...]:
 
 
 def installed_torch() -> str | None:
-    """The torch release installed where ddplab runs, read from its package metadata (no import)."""
+    """The torch release that `import torch` would load here, without importing it: its package's own
+    `torch/version.py`, else its installed metadata (None: no torch)."""
     from importlib.metadata import PackageNotFoundError, version
+    from importlib.util import find_spec
 
+    spec = find_spec("torch")
+    if spec is not None and spec.origin:
+        written = Path(spec.origin).with_name("version.py")
+        said = re.search(r"^__version__\s*=\s*['\"]([^'\"]+)['\"]", written.read_text(), re.M) \
+            if written.is_file() else None
+        if said:
+            return said.group(1)
     try:
-        return version("torch")
+        return version("torch") if spec is not None else None
     except PackageNotFoundError:
         return None
 
@@ -102,18 +112,45 @@ FACTS = (
 )
 
 
+def _named(name: str) -> Fact:
+    found = [f for f in FACTS if f.name == name]
+    if not found:
+        raise ValueError(f"no fact named {name!r}; the facts: {', '.join(f.name for f in FACTS)}")
+    return found[0]
+
+
 def fact(name: str):
-    """The running torch's answer to the fact called `name`."""
-    return next(f for f in FACTS if f.name == name).probe()
+    """The running torch's answer to the fact called `name` (a probe that fails raises: tests want that)."""
+    return _named(name).probe()
+
+
+@dataclass(frozen=True)
+class Unanswered:
+    """A probe that raised: the torch it asked lacks what it asks about, or the process holds a group."""
+    error: str
+
+    def __repr__(self) -> str:
+        return f"could not ask ({self.error})"
+
+
+def ask(f: Fact):
+    """The probe's answer, or `Unanswered` where it raised: doctor and a notebook say so, not a traceback."""
+    try:
+        return f.probe()
+    except Exception as e:  # noqa: BLE001 - an unverified release may lack any private name a probe reads
+        return Unanswered(f"{type(e).__name__}: {e}")
 
 
 def tell(name: str) -> str:
     """The fact called `name` on the running torch, in one plain sentence."""
     import torch
 
-    f = next(f for f in FACTS if f.name == name)
-    answer = f.probe()
-    said = f.plain[answer] if f.plain and answer in f.plain else f"{f.says}: {answer!r}"
+    f = _named(name)
+    answer = ask(f)
+    if isinstance(answer, Unanswered):
+        said = f"{f.says}: {answer!r}"
+    else:
+        said = f.plain[answer] if f.plain and answer in f.plain else f"{f.says}: {answer!r}"
     return f"torch {torch.__version__}: {said}"
 
 
@@ -138,7 +175,7 @@ class Answer:
 def answers(found: str) -> list[Answer]:
     """Every fact on the running torch beside what it was on `baseline(found)`."""
     base = baseline(found)
-    return [Answer(f, f.probe(), f.expected[base]) for f in FACTS]
+    return [Answer(f, ask(f), f.expected[base]) for f in FACTS]
 
 
 def report(found: str) -> list[str]:

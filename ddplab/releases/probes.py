@@ -53,7 +53,8 @@ def local_group_name_counts() -> str:
 @functools.lru_cache(maxsize=1)
 def _gloo_dump() -> dict:
     """The flight-recorder dump of a one-rank gloo process group of this process (made here, on a file
-    store in a temporary folder, and destroyed again) after an all-reduce on it and one on a second group."""
+    store in a temporary folder, and destroyed again) after an all-reduce on it and one on a second group,
+    with torch's default buffer size."""
     import json
     import os
     import tempfile
@@ -63,6 +64,8 @@ def _gloo_dump() -> dict:
 
     if dist.is_initialized():
         raise RuntimeError("the gloo probe makes its own process group: call it where none is joined")
+    # torch's default, whatever this environment sets (a buffer size of 0 turns the recorder off)
+    saved = {k: os.environ.pop(k) for k in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE") if k in os.environ}
     with tempfile.TemporaryDirectory() as folder:
         dist.init_process_group("gloo", rank=0, world_size=1, store=dist.FileStore(os.path.join(folder, "store"), 1))
         try:
@@ -71,6 +74,7 @@ def _gloo_dump() -> dict:
             return json.loads(torch._C._distributed_c10d._dump_fr_trace_json())
         finally:
             dist.destroy_process_group()
+            os.environ.update(saved)
 
 
 def gloo_flight_record_states() -> tuple[str, ...]:
