@@ -138,13 +138,26 @@ def _group_options(timeout_s: float):
     return options
 
 
-def destroy_groups(groups: dict) -> None:
-    """Destroy the groups `subgroups` made (a session's job is over; the default group and the meshes stay)."""
+def extra_groups(exps: list, timeout_s: float) -> dict:
+    """experiment index -> the groups its task uses besides its own (`extra_groups`), in the task's order
+    (`GroupMember.NON_GROUP_MEMBER` on a rank outside one), each bounded by `timeout_s`. Made by every
+    rank of the launch, in the experiments' order, as `subgroups` are: then every process has made the
+    same groups in the same order, and torch gives every later group the same name on every rank."""
+    import torch.distributed as dist
+
+    return {i: [dist.new_group(list(ranks), timeout=timedelta(seconds=timeout_s), backend=backend)
+                for ranks, backend in exp.task.extra_groups(exp)]
+            for i, exp in enumerate(exps) if exp.task.extra_groups(exp)}
+
+
+def destroy_groups(groups: dict, extra: dict | None = None) -> None:
+    """Destroy the groups `subgroups` and `extra_groups` made (a session's job is over; the default group
+    and the meshes stay)."""
     import torch.distributed as dist
 
     gc.collect()
-    for g in groups.values():
-        if g is not None:
+    for g in [*groups.values(), *(g for made in (extra or {}).values() for g in made)]:
+        if g is not None and g != dist.GroupMember.NON_GROUP_MEMBER:
             dist.destroy_process_group(g)
 
 

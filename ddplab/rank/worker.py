@@ -74,7 +74,7 @@ def run_experiments(spec_paths: list[Path], env, launch_id: str, warm: tuple | N
     import torch
 
     log = None
-    groups = {}
+    groups, extra = {}, {}
     try:
         texts = [p.read_text() for p in spec_paths]
         if warm is not None:   # before parsing: a changed task class must be the one the spec is read with
@@ -106,6 +106,7 @@ def run_experiments(spec_paths: list[Path], env, launch_id: str, warm: tuple | N
         # a session makes every group anew, with this job's timeout; a cold launch uses its own world
         groups = runtime.subgroups([e.world_size for e in exps], env.world_size, timeout_s, fresh=warm is not None)
         meshes = runtime.meshes(exps, device.type, timeout_s)   # every rank, also those outside a mesh
+        extra = runtime.extra_groups(exps, timeout_s)            # the same
         # every rank's events from here on share one time base, on one host or several
         aligned_ns = clock.align(env.node, device if device.type == "cuda" else None)
         gate = _Gate(launch_id)
@@ -120,7 +121,8 @@ def run_experiments(spec_paths: list[Path], env, launch_id: str, warm: tuple | N
                 _FATAL.watch(run_dir, env.rank)
                 witness.at(run_dir, env.rank)
             t0 = time.time_ns()
-            ctx = TaskContext(exp, env.rank, device, log, groups[exp.world_size], run_dir, meshes.get(i))
+            ctx = TaskContext(exp, env.rank, device, log, groups[exp.world_size], run_dir, meshes.get(i),
+                              extra.get(i, []))
             link.activate(exp.link, exp.world_size, device)
             try:
                 result, tensors = runner(exp.task)(ctx)
@@ -141,7 +143,7 @@ def run_experiments(spec_paths: list[Path], env, launch_id: str, warm: tuple | N
                 log.enter("teardown")
             runtime.teardown()
         else:
-            runtime.destroy_groups(groups)
+            runtime.destroy_groups(groups, extra)
             session.clean(device)
         if log:
             log.enter("done")

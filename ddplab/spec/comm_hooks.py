@@ -46,6 +46,10 @@ class CommHooks(TaskSpec):
     steps_per_round: int = 2
     local: bool = True
 
+    def extra_groups(self, exp) -> tuple[tuple[tuple[int, ...], str | None], ...]:
+        # with `local`, a one-rank gloo group per rank, where each hook's communication is free
+        return tuple(((r,), "gloo") for r in range(exp.world_size)) if self.local else ()
+
     def check(self, exp) -> None:
         hooks = list(self.hooks) if isinstance(self.hooks, tuple) else None
         for h in hooks or []:

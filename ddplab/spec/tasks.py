@@ -100,6 +100,14 @@ class TaskSpec:
         on every rank of the launch before any experiment runs (`rank/runtime.py: meshes`)."""
         return None
 
+    def extra_groups(self, exp) -> tuple[tuple[tuple[int, ...], str | None], ...]:
+        """The process groups the task uses besides its own, each (its ranks among 0..world_size-1, its
+        backend; None: the launch's). The worker makes them on every rank of the launch before any
+        experiment runs, in this order (`rank/runtime.py: extra_groups`): torch names a new group after
+        how many groups each process made before, so a group that only some ranks make would shift the
+        names of every later group on those ranks, and the next group of a session would never meet."""
+        return ()
+
     def all_phases(self) -> dict[str, Phase]:
         return {p.name: p for p in (*COMMON_PHASES, *self.phases)}
 

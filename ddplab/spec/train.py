@@ -30,3 +30,9 @@ class Train(TaskSpec):
               Phase("profile-stop", 80, after_steps=True), Phase("profile-export-trace", 81, after_steps=True),
               Phase("profile-memory-timeline", 82, after_steps=True))
     reads = None          # every field
+
+    def extra_groups(self, exp) -> tuple[tuple[tuple[int, ...], str | None], ...]:
+        # the skip-backward fault's barrier on NCCL: a gloo group over the same ranks (a CPU barrier cannot
+        # pair with an NCCL bucket; it times out and raises like gloo's). Made on gloo too, unused there.
+        skips = exp.fault is not None and exp.fault.kind == "skip-backward"
+        return ((tuple(range(exp.world_size)), "gloo"),) if skips else ()

@@ -104,3 +104,21 @@ def test_the_timing_table_reads_the_run_and_needs_the_local_arms(runs):
                                                           sum(sorted(local)[len(local) // 2 - 1:][:2]) / 2)
     with pytest.raises(ValueError, match="task.local"):
         hooks.timing(runs["comm-hooks-w4"])
+
+
+def test_a_narrower_jobs_own_groups_leave_the_next_jobs_groups_meeting(tmp_path):
+    # a 2-rank comparison with its one-rank groups in a 4-rank session, then a 4-rank job. Were the
+    # one-rank groups made by ranks 0-1 alone, those two would have made two groups more than ranks 2-3,
+    # torch would name the next job's groups differently on the two pairs, and they would wait in the
+    # store until timeout_s: the worker makes every task's groups on every rank instead
+    import ddplab
+    from ddplab import Experiment
+
+    with ddplab.Session(world_size=4, runs_dir=tmp_path / "runs") as s:
+        small = ddplab.run(recipes.comm_hooks(hooks=("allreduce",), learn_steps=1, rounds=1, steps=1, pin_cpus=False),
+                           tmp_path / "narrow", progress=False)
+        after = ddplab.run(Experiment(name="after", world_size=4, steps=1, local_batch=4, seq_len=8, timeout_s=30),
+                           tmp_path / "after", progress=False)
+        assert s.jobs == 2 and s.alive()
+    assert [a.group for a in small.ranks[0].result.arms] == ["world", "local"]
+    assert len(after.ranks) == 4

@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import importlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 
 @dataclass
 class TaskContext:
     """Everything a task gets: the experiment, this rank, its device, its progress log, its
-    process group (None: all ranks of the launch) and the device mesh its task asked for (`mesh_dims`)."""
+    process group (None: all ranks of the launch), the device mesh its task asked for (`mesh_dims`) and
+    the other groups it asked for (`extra_groups`, in its order)."""
 
     exp: object
     rank: int
@@ -27,6 +28,7 @@ class TaskContext:
     group: object
     run_dir: Path
     mesh: object = None
+    extra_groups: list = field(default_factory=list)
 
 
 def runner(task):

@@ -155,9 +155,7 @@ def run(ctx):
     names = [n for n, _ in base.named_parameters()]
     grad_bytes = sum(p.numel() * p.element_size() for p in base.parameters())
     one_bucket_mb = grad_bytes / MIB + 1   # every gradient in one bucket (the first bucket's cap too)
-    world = dist.get_world_size(group)
-    ones = [dist.new_group([dist.get_global_rank(group, r) if group is not None else r], backend="gloo")
-            for r in range(world)] if task.local else []
+    ones = ctx.extra_groups   # with `local`: a one-rank gloo group per rank (`CommHooks.extra_groups`)
     log.enter("framing")
     framing = _framing(ctx, grad_bytes)
     refused: dict[str, str] = {}

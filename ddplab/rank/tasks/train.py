@@ -14,7 +14,6 @@ import os
 import signal
 import time
 from contextlib import contextmanager, nullcontext
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -164,15 +163,11 @@ def delay(slow, device, step: int = 0) -> None:
 
 
 def _side_group(ctx):
-    """For the skip-backward fault on NCCL: a gloo group over the same ranks, for the skipping rank's
-    barrier (a CPU barrier cannot pair with an NCCL bucket, and it times out and raises like gloo's).
-    Made by the experiment's ranks only (`use_local_synchronization`): a gloo group needs no split of
-    the parent's NCCL communicator, which every rank of the launch would have to join."""
+    """For the skip-backward fault on NCCL: the gloo group over the same ranks that `Train.extra_groups`
+    asked the worker for (a CPU barrier cannot pair with an NCCL bucket), else None."""
     if ctx.exp.fault is None or ctx.exp.fault.kind != "skip-backward" or dist.get_backend(ctx.group) != "nccl":
         return None
-    ranks = dist.get_process_group_ranks(ctx.group) if ctx.group is not None else list(range(dist.get_world_size()))
-    return dist.new_group(ranks, timeout=timedelta(seconds=ctx.exp.timeout_s), backend="gloo",
-                          use_local_synchronization=True)
+    return ctx.extra_groups[0]
 
 
 def _fault(exp, kind: str, rank: int, step: int) -> bool:
