@@ -145,9 +145,10 @@ def extra_groups(exps: list, timeout_s: float) -> dict:
     same groups in the same order, and torch gives every later group the same name on every rank."""
     import torch.distributed as dist
 
+    asked = {i: exp.task.extra_groups(exp) for i, exp in enumerate(exps)}
     return {i: [dist.new_group(list(ranks), timeout=timedelta(seconds=timeout_s), backend=backend)
-                for ranks, backend in exp.task.extra_groups(exp)]
-            for i, exp in enumerate(exps) if exp.task.extra_groups(exp)}
+                for ranks, backend in groups]
+            for i, groups in asked.items() if groups}
 
 
 def destroy_groups(groups: dict, extra: dict | None = None) -> None:

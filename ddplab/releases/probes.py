@@ -7,6 +7,7 @@ Used by `ddplab.releases`.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from pathlib import Path
 
@@ -50,6 +51,21 @@ def local_group_name_counts() -> str:
     return "groups made" if counts_made else "groups held"
 
 
+@contextlib.contextmanager
+def _own_group(probe: str, backend: str, world_size: int, store):
+    """This process as rank 0 of its own process group for the probe's body, destroyed after it; refused
+    where the process already joined one (a rank, a test that holds a group)."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        raise RuntimeError(f"the {probe} probe makes its own process group: call it where none is joined")
+    dist.init_process_group(backend, rank=0, world_size=world_size, store=store)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
 @functools.lru_cache(maxsize=1)
 def _gloo_dump() -> dict:
     """The flight-recorder dump of a one-rank gloo process group of this process (made here, on a file
@@ -62,19 +78,16 @@ def _gloo_dump() -> dict:
     import torch
     import torch.distributed as dist
 
-    if dist.is_initialized():
-        raise RuntimeError("the gloo probe makes its own process group: call it where none is joined")
     # torch's default, whatever this environment sets (a buffer size of 0 turns the recorder off)
     saved = {k: os.environ.pop(k) for k in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE") if k in os.environ}
-    with tempfile.TemporaryDirectory() as folder:
-        dist.init_process_group("gloo", rank=0, world_size=1, store=dist.FileStore(os.path.join(folder, "store"), 1))
-        try:
+    try:
+        with tempfile.TemporaryDirectory() as folder, \
+                _own_group("gloo", "gloo", 1, dist.FileStore(os.path.join(folder, "store"), 1)):
             dist.all_reduce(torch.ones(4))
             dist.all_reduce(torch.ones(4), group=dist.new_group([0]))
             return json.loads(torch._C._distributed_c10d._dump_fr_trace_json())
-        finally:
-            dist.destroy_process_group()
-            os.environ.update(saved)
+    finally:
+        os.environ.update(saved)
 
 
 def gloo_flight_record_states() -> tuple[str, ...]:
@@ -169,21 +182,15 @@ def schedules_refusing_fewer_microbatches_than_stages() -> tuple[str, ...]:
     """Which of torch's pipeline schedules (GPipe, 1F1B) refuse fewer microbatches than stages: asked of
     torch's own classes, for stage 0 of 2, on the fake process group (one process, no communication)."""
     import torch
-    import torch.distributed as dist
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    if dist.is_initialized():
-        raise RuntimeError("the schedule probe makes its own process group: call it where none is joined")
-    dist.init_process_group("fake", rank=0, world_size=2, store=FakeStore())
     refusing = []
-    try:
+    with _own_group("schedule", "fake", 2, FakeStore()):
         stage = PipelineStage(torch.nn.Linear(2, 2), stage_index=0, num_stages=2, device=torch.device("cpu"))
         for schedule in (ScheduleGPipe, Schedule1F1B):
             try:
                 schedule(stage, n_microbatches=1, loss_fn=lambda out, target: out.sum())
             except ValueError:
                 refusing.append(schedule.__name__)
-    finally:
-        dist.destroy_process_group()
     return tuple(refusing)
