@@ -28,6 +28,8 @@ class Deaths:
     flight: dict[int, dict] = field(default_factory=dict)
     # simulated nodes (launch/nodes.py): agent -> (the signal that ended its torchrun agent, its ranks)
     lost_nodes: dict[int, tuple[str, list[int]]] = field(default_factory=dict)
+    exits: dict[int, int] = field(default_factory=dict)      # rank -> its exit code (> 0: os._exit, sys.exit)
+    agent: str = ""   # torchrun itself ended by a signal, not by its ranks: "torchrun (pid 7) was killed by SIGKILL"
 
 
 _EXIT = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank[^\n]*\n\s*exitcode\s*:\s*(-?\d+)")
@@ -40,6 +42,8 @@ _NODE_LOST = re.compile(r"ddplab-nodes: node agent (\d+) was ended by (\S+); its
 # timeout: WorkNCCL(SeqNum=6, OpType=ALLREDUCE, NumelIn=1, ...) ran for 5002 milliseconds before timing out."
 _NCCL_TIMEOUT = re.compile(r"Rank (\d+)\][^\n]*?Watchdog caught collective operation timeout: "
                            r"WorkNCCL\(SeqNum=(\d+), OpType=(\w+)")
+# torchrun's agent caught SIGTERM, SIGINT, SIGHUP or SIGQUIT: it stops its ranks and raises this
+_AGENT_SIGNAL = re.compile(r"SignalException: Process (\d+) got signal: (\d+)")
 FLIGHT_PREFIX = "nccl_trace_rank_"   # TORCH_FR_DUMP_TEMP_FILE's prefix in a launch directory (launch.torchrun)
 
 
@@ -51,30 +55,43 @@ def exit_codes(log_text: str) -> dict[int, int]:
 def exit_said(code: int) -> str:
     """'was killed by SIGKILL' or 'exited with code 3' (pure)."""
     if code < 0:
-        try:
-            return f"was killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"was killed by signal {-code}"
+        return f"was killed by {signal_name(-code)}"
     return f"exited with code {code}"
 
 
 def deaths_from(log_text: str, stacks: dict[int, str] | None = None) -> Deaths:
     """`Deaths` from the text of launch.log (torchrun's failure report and what the ranks printed)
     and the faulthandler dumps the ranks left (pure). A negative exit code is a signal."""
-    signals = {}
-    for rank, code in _EXIT.findall(log_text):
-        if int(code) < 0:
-            try:
-                signals[int(rank)] = signal.Signals(-int(code)).name
-            except ValueError:
-                signals[int(rank)] = f"signal {-int(code)}"
+    signals = {int(rank): signal_name(-int(code)) for rank, code in _EXIT.findall(log_text) if int(code) < 0}
     native = list(dict.fromkeys(_BUILD_PREFIX.sub("", m.strip()) for m in _NATIVE.findall(log_text)))
     timeouts = {}
     for rank, seq, op in _NCCL_TIMEOUT.findall(log_text):
         timeouts.setdefault(int(rank), (int(seq), op))
     lost = {int(agent): (how, [int(r) for r in ranks.split(",") if r.strip().isdigit()])
             for agent, how, ranks in _NODE_LOST.findall(log_text)}
-    return Deaths(signals, dict(stacks or {}), native, timeouts, lost_nodes=lost)
+    exits = {r: c for r, c in exit_codes(log_text).items() if c > 0}
+    return Deaths(signals, dict(stacks or {}), native, timeouts, lost_nodes=lost, exits=exits)
+
+
+def agent_death(code: int | None, pid: int, log_text: str) -> str:
+    """How torchrun's agent itself died, if something outside the launch ended it (pure): killed by a
+    signal (its exit status `code` is negative: SIGKILL, or SIGUSR2 that it does not catch), or a
+    signal it caught (its log says "got signal": it stopped its ranks and exited); "" otherwise."""
+    if code is not None and code < 0:
+        return f"torchrun, the launch's agent (pid {pid}), {exit_said(code)}"
+    caught = _AGENT_SIGNAL.search(log_text)
+    if caught and code:
+        return (f"torchrun, the launch's agent (pid {caught.group(1)}), received "
+                f"{signal_name(int(caught.group(2)))}, stopped its ranks and exited with code {code}")
+    return ""
+
+
+def signal_name(number: int) -> str:
+    """'SIGTERM' for 15, 'signal 99' for a number no signal has (pure)."""
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 def flight_records(launch_dir, world_size: int) -> dict[int, dict]:
@@ -114,20 +131,28 @@ def flight_records(launch_dir, world_size: int) -> dict[int, dict]:
                 "state": str(d[pg].get("state", "?"))} for r, d in by_group.items()}
 
 
-def session_death(code: int, pid: int, log_text: str) -> str:
+def session_death(code: int, pid: int, log_text: str, lost_dir=None) -> str:
     """How a session's processes died, from torchrun's exit status `code` and its failure report in the
-    session's log: torchrun itself killed by a signal (its ranks go with it), or the rank(s) whose exit
-    took it down (pure)."""
+    session's log: its directory deleted under the ranks (`lost_dir`: they read their jobs there),
+    torchrun itself killed by a signal (its ranks go with it), or the rank(s) whose exit took it
+    down (pure)."""
     if code < 0:
         return f"torchrun, the session's launcher (pid {pid}), {exit_said(code)}, and its ranks went with it"
+    caught = _AGENT_SIGNAL.search(log_text)
+    if caught:
+        return (f"torchrun, the session's launcher (pid {caught.group(1)}), received "
+                f"{signal_name(int(caught.group(2)))} and stopped its ranks (exit code {code})")
     exits = exit_codes(log_text)
     # torchrun SIGTERMs the ranks still running once one fails: those are the consequence, not the cause
     first = {r: c for r, c in exits.items() if c != -signal.SIGTERM} or exits
+    gone = f"its directory {lost_dir} was deleted under its ranks, and " if lost_dir else ""
     if first:
         said = "; ".join(f"rank {r} {exit_said(c)}" for r, c in sorted(first.items()))
         rest = sorted(set(exits) - set(first))
-        return (f"{said}, so torchrun stopped " + (f"{rank_list(rest)} and " if rest else "")
+        return (f"{gone}{said}, so torchrun stopped " + (f"{rank_list(rest)} and " if rest else "")
                 + f"the session (exit code {code})")
+    if lost_dir:
+        return f"its directory {lost_dir} was deleted under its ranks, and torchrun exited with code {code}"
     return f"torchrun exited with code {code} (see the session's {LOG})"
 
 

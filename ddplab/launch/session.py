@@ -63,7 +63,7 @@ _last_end: str | None = None   # why the last current session ended, for "no ses
 def last_end() -> str | None:
     """Why the last session that was current ended (closed, idle, failed, its directory deleted), or None."""
     if _current is not None and not _current.alive() and _current.ended is None:
-        return f"its ranks exited (torchrun's exit code {_current.proc.returncode})"
+        return f"it died between cells: {_current.death()}"
     return _current.ended if _current is not None and not _current.alive() else _last_end
 
 
@@ -213,7 +213,8 @@ class Session:
     def death(self) -> str:
         """How the session's processes died (`deaths.session_death`); "" while it is alive."""
         code = None if self.proc is None else self.proc.poll()
-        return "" if code is None else deaths.session_death(code, self.proc.pid, self.log_since_submit())
+        return "" if code is None else deaths.session_death(code, self.proc.pid, self.log_since_submit(),
+                                                             None if self.dir.exists() else self.dir)
 
     def forget(self, why: str) -> None:
         """This session is no session to run in any more (`forget`)."""
