@@ -110,11 +110,11 @@ def diagnose_hang(progress: dict[int, list[dict]], world_size: int, timeout_s: f
     silent = [r for r in range(world_size) if r not in last]
     how = (f"nothing moved for {timeout_s:g} s and ddplab stopped the run" if watchdog
            else f"the collective timed out after timeout_s={timeout_s:g} s")
-    if not last:
-        return Diagnosis("hang", list(range(world_size)), f"No rank recorded any progress; {how}.")
     if frozen:
         lines = [f"Rank {r} was stopped (its process was in state '{state}': SIGSTOP, Ctrl-Z or a debugger)"
-                 + (f" in {_where(last[r])}." if r in last else ".") for r, state in sorted(frozen.items())]
+                 + (f" in {_where(last[r])}." if r in last else
+                    " while still starting (before its first progress record: importing torch or joining)")
+                 for r, state in sorted(frozen.items())]
         others = sorted(set(last) - set(frozen))
         if others:
             rec = last[others[0]]
@@ -124,6 +124,15 @@ def diagnose_hang(progress: dict[int, list[dict]], world_size: int, timeout_s: f
         else:
             lines.append(f"{how[0].upper()}{how[1:]}.")
         return Diagnosis("hang", sorted(frozen), " ".join(lines))
+    if not last:
+        return Diagnosis("hang", list(range(world_size)), f"No rank recorded any progress; {how}.")
+    compiling = sorted(r for r, rec in last.items() if rec.get("compiling"))
+    if compiling and watchdog and len(compiling) == len(last):
+        return Diagnosis("compile-timeout", compiling, f"{rank_list(compiling).capitalize()} {'was' if len(compiling) == 1 else 'were'} still compiling "
+                         f"(torch.compile) in {_where(last[compiling[0]])}, and {how}: compilation is progress, and "
+                         f"this is compile's own bound, not a hang in a collective. A compile this long is the "
+                         f"model's size on this machine's cores: raise the bound ($DDPLAB_COMPILE_LIMIT_S), or "
+                         f"compile a smaller model or with a lighter backend (aot_eager).")
     lead = max(phase_key(rec, phases) for rec in last.values())
     healthy = {name for name, p in phases.items() if not p.deviation}
     waiting = [r for r, rec in last.items() if phase_key(rec, phases) == lead and rec["phase"] in healthy]
@@ -141,6 +150,8 @@ def diagnose_hang(progress: dict[int, list[dict]], world_size: int, timeout_s: f
             continue
         other = last[r]
         doing = f"it was in {_the(other['collective'])}" if other.get("collective") else "it was outside any collective"
+        if other.get("compiling"):
+            doing = "it was still compiling (torch.compile), outside any collective"
         lines.append(f"Rank {r} never arrived: its last phase was {_where(other)}; {doing}.")
     return Diagnosis("hang", behind, " ".join(lines))
 
@@ -179,7 +190,8 @@ def _nccl_hang(d: "Diagnosis", deaths: Deaths, world_size: int, timeout_s: float
 def _culprits(ranks: list[int], deaths: Deaths | None) -> list[int]:
     """Of the ranks that left no file, those a signal other than SIGTERM ended, if any: when one worker
     dies, torchrun's agent stops the others with SIGTERM, and those are not the cause."""
-    hard = [r for r in ranks if deaths is not None and deaths.signals.get(r) not in (None, "SIGTERM")]
+    hard = [r for r in ranks if deaths is not None and (deaths.signals.get(r) not in (None, "SIGTERM")
+                                                         or r in deaths.exits)]
     return hard or ranks
 
 
@@ -194,6 +206,11 @@ def _died(ranks, progress: dict, deaths: Deaths | None) -> str:
         return ""
     out = []
     for r in ranks:
+        if r in deaths.exits:   # torchrun's report: it ended itself (os._exit, sys.exit, a native library's exit)
+            where = f" in {_where(progress[r][-1])}" if progress.get(r) else " before its first progress record"
+            out.append(f"Rank {r} exited with code {deaths.exits[r]}{where} (torchrun's report): its own code or a "
+                       f"library it called ended the process (os._exit, sys.exit, exit()), not a signal.")
+            continue
         sig = deaths.signals.get(r)
         if sig is None and r in deaths.stacks:
             sig = deaths.stacks[r].splitlines()[0].replace("Fatal Python error: ", "a fatal signal: ")
@@ -222,6 +239,8 @@ def diagnose(progress: dict[int, list[dict]], errors: dict[int, dict], finished:
                          f"{rank_list(ranks) if ranks else 'ranks'} with it; the others "
                          f"{f'({rank_list(others)}) ' if ranks else ''}then lost their peers and were stopped. On a cluster that is a node failing, or a limit "
                          f"of the job (time, memory) ending it there. See launch.log.")
+    if deaths is not None and deaths.agent and set(range(world_size)) - finished - set(errors):
+        return _agent_died(progress, errors, finished, world_size, deaths.agent)
     causes = sorted((e for e in errors.values() if not is_timeout(e) and not is_lost_peer(e)), key=lambda e: e["t_ns"])
     if causes:
         first = causes[0]
@@ -265,6 +284,18 @@ def diagnose(progress: dict[int, list[dict]], errors: dict[int, dict], finished:
                      f"{rank_list(missing).capitalize()} exited without writing a result or an error"
                      + (f". {died}" if died else f" (killed by a signal?).{' ' + detail + '.' if detail else ''}")
                      + " See launch.log.", _stacks(deaths, missing))
+
+
+def _agent_died(progress: dict, errors: dict, finished: set[int], world_size: int, agent: str) -> Diagnosis:
+    """torchrun itself was ended from outside: its ranks went with it (they die with their parent), and
+    none of them is to blame."""
+    silent = sorted(set(range(world_size)) - finished - set(errors))
+    started = [r for r in silent if progress.get(r)]
+    when = (f"mid-run ({_last_phases(progress, started)})" if started else
+            "at start-up, before any rank recorded progress")
+    return Diagnosis("agent-died", silent, f"{agent[0].upper()}{agent[1:]} {when}, and {rank_list(silent)} went "
+                     "with it (each rank dies with its torchrun). No rank failed: something outside the launch ended "
+                     "torchrun (a kill, the out-of-memory killer, a scheduler's limit). See launch.log.")
 
 
 @dataclass

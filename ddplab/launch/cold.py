@@ -32,7 +32,7 @@ from .preflight import check_launch
 from .progress import Reporter
 from .torchrun import interrupts_caught, kill_tree, start, sweep_dead, worker_argv, worker_env
 from .diagnosis import first_failure
-from .watch import Watch
+from .watch import Watch, compile_limit_s
 
 STARTUP_TIMEOUT_S = 120.0
 POLL_S = 0.1
@@ -125,6 +125,7 @@ def _launch(exps, final_dirs, final_launch_dir: Path, name: str, progress,
             startup_timeout_s: float, warm: bool | None = None) -> list[Run]:
     nodes = Nodes.from_env()
     backend, device = check_launch(exps, nodes)
+    compile_limit_s()   # a bad $DDPLAB_COMPILE_LIMIT_S is refused before anything starts
     _keeps_its_sources(exps, final_launch_dir)
     rundir.check_destination(final_launch_dir)
     sweep_dead(final_launch_dir.parent, ".*.partial")   # staging directories of launchers killed earlier
@@ -255,7 +256,8 @@ def _collect(launch: Launch, ran: Ran, spec_paths: list[Path]) -> list[Run]:
     rundir.check_writable(launch_dir)   # a run directory lost mid-run explains every missing file
     try:
         failure = first_failure(exps, run_dirs, launch_dir, ran.proc, timeout_s, ran.watchdog, spec_paths[0],
-                                 ran.watch.frozen, warm.dir if warm is not None else launch_dir)
+                                 ran.watch.frozen, warm.dir if warm is not None else launch_dir,
+                                 agent_watched=warm is None)
         if failure:
             raise failure
         runs = [load_run(d) for d in run_dirs]
@@ -303,11 +305,12 @@ def _torchrun(argv, env, log, watch: Watch, reporter: Reporter, t0: float, start
     watchdog = False
     with interrupts_caught() as interrupted:
         proc = start(argv, env, log)
+        watch.agent_pid = proc.pid   # its children are the ranks: a rank frozen before its first record is seen
         try:
             reporter.update(starting)
             while proc.poll() is None and not interrupted:
                 time.sleep(POLL_S)
-                if watch.poll():
+                if watch.poll() or watch.compile_news():
                     reporter.watch(watch, time.monotonic() - t0)
                 watch.look_at_processes()
                 if watch.stalled(startup_timeout_s):

@@ -14,7 +14,7 @@ LOG_TAIL_LINES = 25
 
 
 def first_failure(exps, run_dirs, launch_dir: Path, proc, timeout_s: float, watchdog: bool, spec_path: Path,
-                   frozen: dict, flight_dir: Path):
+                   frozen: dict, flight_dir: Path, agent_watched: bool = False):
     """RunFailed for the experiment where the launch went wrong first, else None: the one holding the
     earliest error of its own (an exception that is neither a collective's timeout nor a lost peer,
     which are consequences of another rank's trouble): a rank may fail in a later experiment while
@@ -22,7 +22,9 @@ def first_failure(exps, run_dirs, launch_dir: Path, proc, timeout_s: float, watc
     consequence, the error the cause. Else the first experiment some rank of which failed or left no
     result (a rank stuck in experiment A makes the others time out in B: A is blamed).
     `frozen`: the ranks the watch saw frozen, and their process state; `flight_dir`: where NCCL's
-    flight recorder dumped (the launch's directory, or its session's)."""
+    flight recorder dumped (the launch's directory, or its session's); `agent_watched`: `proc` is a cold
+    launch's torchrun, which only something outside the launch can have ended by a signal unless the
+    watchdog stopped it (a session's job stops its torchrun itself on a failure)."""
     failed = []
     for exp, run_dir in zip(exps, run_dirs):
         prog, errors, finished = collect(run_dir, exp.world_size)
@@ -32,6 +34,9 @@ def first_failure(exps, run_dirs, launch_dir: Path, proc, timeout_s: float, watc
         return None
     if proc.returncode not in (0, None):
         kill_tree(proc, spec_path)  # torchrun stopped its ranks; sweep for any that escaped
+    log = launch_dir / rundir.LOG
+    agent = (deaths.agent_death(proc.returncode, proc.pid, log.read_text(errors="replace") if log.exists() else "")
+             if agent_watched and not watchdog else "")
 
     def first_cause_ns(f) -> float:   # one host's clock: across nodes the order is approximate
         times = [e.get("t_ns") for e in f[3].values() if not failures.is_timeout(e) and not failures.is_lost_peer(e)]
@@ -42,9 +47,10 @@ def first_failure(exps, run_dirs, launch_dir: Path, proc, timeout_s: float, watc
     diagnosis = failures.diagnose(prog, errors, finished, exp.world_size, timeout_s, watchdog,
                                   exp.task.all_phases(),
                                   {r: state for r, state in frozen.items() if r < exp.world_size},
-                                  dead_ranks(run_dir, launch_dir, exp.world_size, finished | set(errors), flight_dir))
+                                  dead_ranks(run_dir, launch_dir, exp.world_size, finished | set(errors), flight_dir,
+                                             agent))
     testify(diagnosis, run_dir, exp.world_size)
-    if diagnosis.kind == "missing-result":  # no rank could explain itself: show what torchrun saw
+    if diagnosis.kind in ("missing-result", "agent-died"):  # no rank could explain itself: show what torchrun saw
         diagnosis.log_tail = "\n".join((launch_dir / rundir.LOG).read_text().splitlines()[-LOG_TAIL_LINES:])
     return failures.RunFailed(diagnosis, run_dir)
 
@@ -64,8 +70,9 @@ def testify(diagnosis, directory: Path, world_size: int, prefix: str = "") -> No
 
 
 def dead_ranks(run_dir: Path, launch_dir: Path, world_size: int, accounted: set[int],
-            flight_dir: Path | None = None) -> deaths.Deaths | None:
-    """What torchrun's report and the ranks' faulthandler dumps say of ranks that left no file."""
+               flight_dir: Path | None = None, agent: str = "") -> deaths.Deaths | None:
+    """What torchrun's report and the ranks' faulthandler dumps say of ranks that left no file, and how
+    torchrun itself died if something outside ended it (`agent`, `deaths.agent_death`)."""
     silent = set(range(world_size)) - accounted
     if not silent:
         return None
@@ -73,4 +80,5 @@ def dead_ranks(run_dir: Path, launch_dir: Path, world_size: int, accounted: set[
     stacks = {r: f.read_text() for r in silent if (f := rundir.fatal_file(run_dir, r)).exists() and f.stat().st_size}
     dead = deaths.deaths_from(log.read_text(errors="replace") if log.exists() else "", stacks)
     dead.flight = deaths.flight_records(flight_dir or launch_dir, world_size)
+    dead.agent = agent
     return dead

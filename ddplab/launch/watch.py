@@ -6,6 +6,7 @@ Used by every launch (every notebook).
 from __future__ import annotations
 
 import json
+import os
 import socket
 import time
 from pathlib import Path
@@ -17,6 +18,23 @@ from .progress import describe
 STALL_GRACE_S = 10.0
 STILL_S = 1.0   # how long nothing moves before the watch looks at the ranks' process states
 FROZEN = ("stopped", "tracing-stop")   # psutil's states of a process that SIGSTOP, Ctrl-Z or a debugger froze
+# torch.compile's own bound: a rank compiling (its progress log says so, `rank/compiling.py`) makes progress
+# however long nothing else moves; an inductor compile of a large model on a few cores takes minutes
+COMPILE_LIMIT_S = 900.0
+
+
+def compile_limit_s() -> float:
+    """How long one compile may run: $DDPLAB_COMPILE_LIMIT_S (seconds, > 0) if set, else COMPILE_LIMIT_S."""
+    given = os.environ.get("DDPLAB_COMPILE_LIMIT_S")
+    if not given:
+        return COMPILE_LIMIT_S
+    try:
+        limit = float(given)
+    except ValueError:
+        limit = float("nan")
+    if not limit > 0 or limit == float("inf"):
+        raise ValueError(f"DDPLAB_COMPILE_LIMIT_S: a number of seconds > 0 (got {given!r})")
+    return limit
 
 
 class Watch:
@@ -33,7 +51,10 @@ class Watch:
         self.last_move = time.monotonic()
         self.started = False
         self.frozen: dict[int, str] = {}   # rank -> process state (a rank is one process for the whole launch)
-        self._looked = 0.0
+        self.compiling: dict[int, float] = {}   # rank -> since when (monotonic) it compiles (torch.compile)
+        self.agent_pid: int | None = None   # torchrun's agent: its children are the ranks, even before their first record
+        self._looked = self._said = 0.0
+        self.compile_limit_s = compile_limit_s()
 
     def poll(self) -> bool:
         """Read what the ranks appended since the last poll; True if anything was."""
@@ -54,6 +75,10 @@ class Watch:
                     rec = json.loads(line)
                     self.last[i][r] = rec
                     self.frozen.pop(r, None)   # it moves again
+                    if rec.get("compiling"):
+                        self.compiling.setdefault(r, time.monotonic())
+                    else:
+                        self.compiling.pop(r, None)
                     phase = self.phases[i].get(rec["phase"])
                     done = rec.get("step", -1) + (1 if phase is not None and phase.ends_step else 0)
                     if rec["phase"] == "done":   # a finished rank did every step, whatever its last phase counted
@@ -78,6 +103,7 @@ class Watch:
         here = socket.gethostname()   # a rank on another node (srun) has a pid of that host's
         pids = {r: rec["pid"] for ranks in self.last.values() for r, rec in ranks.items()
                 if "pid" in rec and rec.get("host", here) == here}
+        pids.update({r: pid for r, pid in self._unrecorded_ranks().items() if r not in pids})
         for r, pid in pids.items():
             try:
                 state = psutil.Process(pid).status()
@@ -85,6 +111,44 @@ class Watch:
                 continue
             if state in FROZEN:
                 self.frozen[r] = state
+
+    def _unrecorded_ranks(self) -> dict[int, int]:
+        """rank -> pid of torchrun's children that have not written a progress record yet (still importing
+        torch, or joining): torchrun gives each its RANK in its environment."""
+        import psutil
+
+        if self.agent_pid is None:
+            return {}
+        found = {}
+        try:
+            children = psutil.Process(self.agent_pid).children(recursive=True)
+        except psutil.Error:
+            return {}
+        for p in children:
+            try:
+                rank = p.environ().get("RANK")
+            except psutil.Error:
+                continue
+            if rank is not None and rank.isdigit():
+                found[int(rank)] = p.pid
+        return found
+
+    def compile_news(self) -> bool:
+        """True at most once a second while a rank compiles: its line should say for how long."""
+        now = time.monotonic()
+        if not self.compiling or now - self._said < 1.0:
+            return False
+        self._said = now
+        return True
+
+    def _compiling_said(self, r: int) -> str:
+        """' (compiling 12 s)', or ' (still compiling 75 s; compile's bound 900 s)' once past the usual limit."""
+        if r not in self.compiling:
+            return ""
+        took = time.monotonic() - self.compiling[r]
+        if took > max(e.timeout_s for e, _ in self.runs) + STALL_GRACE_S:
+            return f" (still compiling {took:.0f} s; compile's bound {self.compile_limit_s:g} s)"
+        return f" (compiling {took:.0f} s)"
 
     def _current(self) -> int:
         """The experiment the launch is on: the first that has started and some rank of which has not
@@ -101,7 +165,8 @@ class Watch:
         last, done = self.last[self.current], self.steps_done[self.current]
         phase = "starting"
         if last:
-            phase = _phase(min(last.values(), key=lambda rec: failures.phase_key(rec, self.phases[self.current])))
+            r, rec = min(last.items(), key=lambda kv: failures.phase_key(kv[1], self.phases[self.current]))
+            phase = _phase(rec) + self._compiling_said(r)
         name = exp.name if len(self.runs) == 1 else f"{self.current + 1}/{len(self.runs)} {exp.name}"
         return describe(name, exp.world_size, [done.get(r, 0) for r in sorted(last)], exp.task.total_steps(exp),
                         phase, elapsed_s, exp.task.step_unit)
@@ -115,7 +180,8 @@ class Watch:
         ranks = {}
         for r in range(exp.world_size):
             phase = _phase(last[r]) if r in last else "starting"
-            ranks[r] = (done.get(r, 0), phase + (f" ({self.frozen[r]})" if r in self.frozen else ""))
+            ranks[r] = (done.get(r, 0), phase + (f" ({self.frozen[r]})" if r in self.frozen else "")
+                        + self._compiling_said(r))
         return i, exp, ranks
 
     def ask_witnesses(self, wait_s: float = host.WITNESS_WAIT_S) -> None:
@@ -126,8 +192,10 @@ class Watch:
         host.ask_witnesses(rundir.rank_processes(self.last[self.current]), run_dir, wait_s=wait_s)
 
     def limit_s(self, startup_timeout_s: float) -> float:
-        """How long the launch may stand still: a collective's timeout and a grace, or the start-up bound."""
-        return max(e.timeout_s for e, _ in self.runs) + STALL_GRACE_S if self.started else startup_timeout_s
+        """How long the launch may stand still: a collective's timeout and a grace, or the start-up bound;
+        while a rank compiles, compile's own bound (compilation is progress)."""
+        limit = max(e.timeout_s for e, _ in self.runs) + STALL_GRACE_S if self.started else startup_timeout_s
+        return max(limit, self.compile_limit_s) if self.compiling else limit
 
     def stalled(self, startup_timeout_s: float) -> bool:
         return time.monotonic() - self.last_move > self.limit_s(startup_timeout_s)

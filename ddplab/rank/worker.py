@@ -36,7 +36,7 @@ from .. import host, record
 from ..rundir import (ProgressLog, fatal_file, rank_file, rank_processes, read_progress, save_tensors_atomic,
                       tensor_file, write_json_atomic, write_rank_error)
 from ..spec import Experiment
-from . import clock, link, runtime, witness
+from . import clock, compiling, link, runtime, witness
 from . import session
 from .tasks import TaskContext, import_task_modules, runner
 
@@ -89,6 +89,7 @@ def run_experiments(spec_paths: list[Path], env, launch_id: str, warm: tuple | N
             log = ProgressLog(mine[0][0], env.rank, mine[0][1].task.all_phases())
             _FATAL.watch(log.run_dir, env.rank)
             witness.at(log.run_dir, env.rank)
+            compiling.at(log, env.rank)
         if warm is None:
             widest = max(exps, key=lambda e: e.world_size)  # the launcher checked they all agree
             # one GPU per rank on this host (several nodes: each host has its own GPUs)
@@ -120,6 +121,7 @@ def run_experiments(spec_paths: list[Path], env, launch_id: str, warm: tuple | N
                 log = ProgressLog(run_dir, env.rank, exp.task.all_phases())
                 _FATAL.watch(run_dir, env.rank)
                 witness.at(run_dir, env.rank)
+                compiling.at(log, env.rank)
             t0 = time.time_ns()
             ctx = TaskContext(exp, env.rank, device, log, groups[exp.world_size], run_dir, meshes.get(i),
                               extra.get(i, []))
@@ -158,6 +160,7 @@ def run_experiments(spec_paths: list[Path], env, launch_id: str, warm: tuple | N
             except Exception:  # noqa: BLE001 - the error file above is what the launcher needs
                 pass
         code = 1
+    compiling.stop()
     if log:
         log.close()
     _FATAL.stop()

@@ -1,0 +1,48 @@
+"""Compilation is progress: while torch.compile compiles on this rank (Dynamo tracing a frame, and the
+backend's work under it: Inductor's code generation, its C++ compiler, loading the generated module),
+the rank's progress log says so, so the launcher's watchdog gives compile its own bound
+(`launch/watch.py`) and never takes a long compile for a hang in a collective.
+
+Dynamo calls its compile callbacks once around the outermost compile (`torch._dynamo.callback`), also
+for a backward compiled lazily at its first run. Each call appends the phase the rank is in again,
+with "compiling": true at the start and false at the end. Runs inside a rank (`rank/worker.py`).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+from ..rundir import ProgressLog, progress_file
+
+_log: list = []   # the progress log of the experiment this rank is on
+_file: list = []  # this module's own handle on it (appending whole lines, as ProgressLog does)
+_registered: list = []   # Dynamo's callbacks are registered once per process
+
+
+def at(log: ProgressLog, rank: int) -> None:
+    """Mark compiles in `log` (a new experiment's log replaces the last); the callbacks are registered once."""
+    stop()
+    _log.append(log)
+    _file.append(open(progress_file(log.run_dir, rank), "a", buffering=1))
+    if not _registered:
+        import torch._dynamo.callback as callback
+
+        callback.callback_handler.register_start_callback(lambda args: _mark(True))
+        callback.callback_handler.register_end_callback(lambda args: _mark(False))
+        _registered.append(True)
+
+
+def stop() -> None:
+    """Stop marking (the experiment's log is closed)."""
+    if _file:
+        _file.pop().close()
+    _log.clear()
+
+
+def _mark(on: bool) -> None:
+    if not _log or not _file:
+        return
+    rec = {**_log[0].last, "t_ns": time.time_ns(), "compiling": on}
+    rec.setdefault("pid", _log[0].pid)
+    _file[0].write(json.dumps(rec) + "\n")
