@@ -1,6 +1,7 @@
 """Refuse what cannot run here before any process starts: one backend and device per launch, no NCCL
-rank without a GPU, CUDA-only probes on CUDA, a user's model that maps token ids to logits, and no more
-ranks or memory than this machine has (`DDPLAB_SKIP_SIZE_CHECKS=1` lifts the last two).
+rank without a GPU, CUDA-only probes on CUDA, a user's model that maps token ids to logits and whose
+backward reaches a parameter, and no more ranks or memory than this machine has
+(`DDPLAB_SKIP_SIZE_CHECKS=1` lifts the last two).
 Used by every launch (every notebook).
 """
 
@@ -51,9 +52,9 @@ def check_launch(exps: list[Experiment], nodes: Nodes | None = None) -> tuple[st
 
 
 def check_user_model(exp: Experiment, gradients: bool = False):
-    """Build `exp`'s user model here and check what it returns (spec/model.py); with `gradients`,
-    also that one backward reaches every trainable parameter (DDP waits for each of them, and the
-    audit and tune tools read every bucket). Returns the module; a ValueError says what to fix."""
+    """Build `exp`'s user model here and check what it returns (spec/model.py) and that one backward
+    gives some trainable parameter a gradient; with `gradients`, every one (DDP waits for each of them,
+    and the audit and tune tools read every bucket). Returns the module; a ValueError says what to fix."""
     return _checked_build(exp, gradients)[0]
 
 
@@ -85,14 +86,35 @@ def _checked_build(exp: Experiment, gradients: bool = False):
             raise ValueError(f"Experiment.loss_norm: 'global-token' counts seq_len targets per example, and "
                              f"{exp.model} brings its own targets (ModelWithData); use 'rank-mean' or 'global-sample'")
         models.check_model(model, exp, own)
+        unused = _without_gradient(model, exp, built.batch if built else models.build_with_data(exp).batch)
         if gradients:
-            unused = models.unused_parameters(model, exp, built.batch if built else models.build_with_data(exp).batch)
             if unused and not exp.find_unused_parameters:
                 shown = ", ".join(unused[:8]) + (f" and {len(unused) - 8} more" if len(unused) > 8 else "")
                 raise ValueError(f"Experiment.model: {exp.model} leaves {len(unused)} trainable parameter(s) without a "
                                  f"gradient after one forward and backward: {shown}. DDP would never reduce the bucket "
                                  f"that holds them: freeze them (requires_grad_(False)) or leave them out of the model")
     return model, built
+
+
+def _without_gradient(model, exp: Experiment, batch) -> list[str]:
+    """The trainable parameters one forward and backward leaves without a gradient (`rank.models.
+    unused_parameters`); a ValueError when that is every one of them: such a run would end "complete"
+    with every parameter where it started (DDP syncs nothing, the optimizer skips what has no grad)."""
+    from ..rank import models
+
+    trainable = sum(1 for p in model.parameters() if p.requires_grad)
+    try:
+        unused = models.unused_parameters(model, exp, batch)
+    except Exception as e:   # said once, with its type, and chained, as a failing build is
+        if "does not require grad" not in str(e):
+            raise ValueError(f"Experiment.model: {exp.model}'s backward raised {type(e).__name__}: {e}") from e
+        unused = [n for n, p in model.named_parameters() if p.requires_grad]   # its loss has no graph at all
+    if trainable and len(unused) == trainable:
+        raise ValueError(f"Experiment.model: {exp.model}'s forward gives no trainable parameter a gradient: one "
+                         f"forward and backward on two examples left all {trainable} without one (does forward "
+                         f"detach its output, or run under torch.no_grad()?). Training would leave every parameter "
+                         f"where it started")
+    return unused
 
 
 class _ProcessExit(BaseException):
