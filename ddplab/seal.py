@@ -81,6 +81,20 @@ def _key(create: bool) -> bytes:
     return _read_key(path)
 
 
+def check_key() -> None:
+    """ValueError now if the key that will seal a checkpoint is there but unusable (another account's, readable
+    by others, not a key): a saving run checks it before it trains, not when it seals. A missing key is
+    made when first used."""
+    path = key_file()
+    try:
+        if path.is_file():
+            _read_key(path)
+        elif path.exists() or path.is_symlink():
+            raise ValueError(f"{path}, the checkpoint key, is not a file")
+    except OSError as e:
+        raise ValueError(f"{path}, the checkpoint key, cannot be read ({e.strerror or e})") from None
+
+
 def seal_file(run_dir) -> Path:
     return Path(run_dir) / SEAL
 

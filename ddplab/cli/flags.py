@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import sys
 
 from ..spec import Experiment, Fault, Straggler, experiment
@@ -113,7 +114,14 @@ def experiment_for(args) -> Experiment:
         text = sys.stdin.read() if args.spec == "-" else Path(args.spec).read_text()
     except (OSError, UnicodeDecodeError) as e:
         raise ValueError(f"spec: cannot read {args.spec} ({getattr(e, 'strerror', None) or e})") from None
-    return Experiment.from_json(text)
+    where = "stdin" if args.spec == "-" else args.spec
+    try:
+        return Experiment.from_json(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"spec: {where} is not JSON ({e}); give the spec.json of a run, or "
+                         f"Experiment.to_json()'s text") from None
+    except ValueError as e:   # a field the spec gets wrong: the message names it; say which file held it
+        raise ValueError(f"spec: {where}: {e}") from None
 
 
 def add_run_flags(p, spec: bool = True) -> None:

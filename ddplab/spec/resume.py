@@ -139,6 +139,11 @@ class Resume(TaskSpec):
         if self.sampler_position not in SAMPLER_POSITIONS:
             bad("task.sampler_position", f"must be one of {', '.join(SAMPLER_POSITIONS)} "
                                          f"(got {self.sampler_position!r})")
+        if self.save_at is not None and not reading() and "LOCAL_RANK" not in os.environ:
+            try:   # rank 0 seals the checkpoint after training: a key it cannot use must stop the run before
+                seal.check_key()
+            except ValueError as e:
+                bad("task.save_at", f"the checkpoint it saves is sealed with this account's key, and {e}")
         if self.resume_from is None:
             for name, default in (("restore", RESTORABLE), ("sampler_position", "global")):
                 if getattr(self, name) != default:
@@ -196,7 +201,12 @@ class Resume(TaskSpec):
         from .experiment import Experiment   # the module that imports this one
 
         f = Path(self.resume_from) / "spec.json"
-        if not f.is_file():
+        try:   # a path the system cannot look up (too long, a NUL in it) is one more wrong directory
+            found = f.is_file()
+        except (OSError, ValueError) as e:
+            why = getattr(e, "strerror", None) or e
+            bad("task.resume_from", f"{self.resume_from[:80]!r} is not a path this system can open ({why})")
+        if not found:
             bad("task.resume_from", f"{self.resume_from!r} is not a run directory (no spec.json there)")
         try:
             saved = Experiment.from_json(f.read_text())
