@@ -65,15 +65,26 @@ class Run:
     def world_size(self) -> int:
         return self.spec.world_size
 
+    def _steps(self, method: str, fields: tuple[str, ...]) -> int:
+        """How many steps every rank recorded; ValueError naming `method` if this task records no steps
+        with `fields` (a sweep, a study: its chapter's tables read it)."""
+        steps = [getattr(r.result, "steps", None) for r in self.ranks]
+        if not steps or any(not isinstance(s, list) or not all(hasattr(st, f) for st in s for f in fields)
+                            for s in steps):
+            raise ValueError(f"Run.{method}: {self.spec.name!r} is a {self.spec.task.kind} run, whose ranks record "
+                             f"no training steps with {' and '.join(fields)}; the tables of its chapter read it")
+        return min(len(s) for s in steps)
+
     def step_ms(self, warmup: int = 0) -> list[float]:
         """Wall time of each step the ranks recorded, after `warmup` of them: the slowest rank's, since a
         synchronous step is done only when every rank is (a resume records only the steps it ran)."""
-        return [max(r.steps[i].step_ms for r in self.ranks) for i in range(warmup, len(self.ranks[0].steps))]
+        recorded = self._steps("step_ms", ("step_ms",))
+        return [max(r.steps[i].step_ms for r in self.ranks) for i in range(warmup, recorded)]
 
     def global_loss(self) -> list[float]:
         """Per recorded step, the mean token loss over the whole global batch (all ranks' tokens)."""
         return [sum(r.steps[i].loss_sum for r in self.ranks) / sum(r.steps[i].tokens for r in self.ranks)
-                for i in range(len(self.ranks[0].steps))]
+                for i in range(self._steps("global_loss", ("loss_sum", "tokens")))]
 
     def diverged(self) -> str | None:
         """Where the loss first stopped being a finite number (the first step and the ranks whose loss
@@ -145,12 +156,33 @@ def load_rank(path: Path, rank: int, spec: Experiment) -> RankResult:
     steps = getattr(rec.result, "steps", None)
     if isinstance(rec.result, record.TrainRecord) and len(steps) != spec.steps:
         raise _invalid(rank, f"has {len(steps)} steps, expected {spec.steps}", path)
+    for st in steps if isinstance(steps, list) else []:
+        if not _loss_agrees(st):
+            raise _invalid(rank, f"says step {st.step}'s loss is {st.loss!r}, and its loss_sum / tokens is "
+                                 f"{st.loss_sum!r} / {st.tokens!r}: the rank wrote both from one sum", path)
     return RankResult(env, rec.result)
+
+
+def _loss_agrees(step) -> bool:
+    """A step's loss is its loss_sum over its tokens, as the rank computed both (a diverged run's are
+    NaN or infinite together); a step of a task that records no loss agrees trivially."""
+    import math
+
+    loss, total, tokens = (getattr(step, f, None) for f in ("loss", "loss_sum", "tokens"))
+    if loss is None or total is None or not tokens:
+        return True
+    mean = total / tokens
+    if math.isnan(loss) or math.isnan(mean):
+        return math.isnan(loss) and math.isnan(mean)
+    return math.isclose(loss, mean, rel_tol=1e-4, abs_tol=1e-6) or loss == mean
 
 
 def load_run(path) -> Run:
     """Reload a finished run directory; RunFailed unless every rank's result is present, valid, from
     one and the same launch, and no rank reported an error."""
+    if not isinstance(path, (str, Path)) or isinstance(path, str) and not path:
+        raise ValueError(f"path: a run directory (a str or a Path, as ddplab.run returns in Run.path), "
+                         f"not {type(path).__name__} {str(path)[:60]!r}")
     path = Path(path)
     spec_file = path / rundir.SPEC
     if not spec_file.exists():

@@ -205,7 +205,11 @@ def judge_bandwidth_term(allreduce_run, n_bytes: int, times: float = 5.0) -> cla
     the same as t(n) / t(smallest) > times + 1 (up to the smallest message's own bytes), judged on the
     sweep's repeats, paired (the largest size at most `n_bytes`)."""
     ms = _repeat_ms(allreduce_run)
-    small, big = min(ms), max(n for n in ms if n <= n_bytes)
+    small = min(ms)
+    if not small <= n_bytes:
+        raise ValueError(f"n_bytes: {n_bytes} is below the sweep's smallest message ({small} B); its sizes: "
+                         f"{_sizes_said(ms)}")
+    big = max(n for n in ms if n <= n_bytes)
     return claims.paired(f"the bandwidth term n*beta of {big / MIB:g} MiB is more than {times:g} x alpha (its all-reduce "
                          f"over one of {small // 1024} KiB, per repeat, above {times + 1:g})", ms[big], ms[small],
                          ratio=True, above=times + 1)
@@ -221,9 +225,18 @@ def judge_startup_term(allreduce_run, k: int = 16) -> claims.Verdict:
     k = 4 (threshold 2.5) a quiet machine resolved it in 4 of 10 runs."""
     ms = _repeat_ms(allreduce_run)
     small = min(ms)
+    if k * small not in ms:
+        raise ValueError(f"allreduce_run: the claim compares {k * small} B (k={k} x the smallest message) with "
+                         f"{small} B, and this sweep measured no {k * small} B; its sizes: {_sizes_said(ms)}. "
+                         f"Give a sweep with max_bytes of at least {k * small} (recipes.allreduce_sweep), or a k "
+                         f"it measured")
     return claims.paired(f"for {small // 1024} KiB the bandwidth term n*beta is below alpha ({k * small // 1024} KiB "
                          f"over {small // 1024} KiB, per repeat, below {(1 + k) / 2:g})", ms[k * small], ms[small],
                          ratio=True, below=(1 + k) / 2)
+
+
+def _sizes_said(ms: dict) -> str:
+    return ", ".join(f"{n} B" for n in sorted(ms))
 
 
 def is_last_split(split: list[list[str]], plan: list[list[str]]) -> bool:

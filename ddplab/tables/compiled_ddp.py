@@ -24,6 +24,18 @@ def _cap(cap) -> str:
     return "default" if cap is None else f"{cap:g}"
 
 
+def _arm(run, kind: str, cap):
+    """The run's `kind` ("eager" or "compiled") arm at `cap` in torch's default mode; ValueError naming
+    `cap` and the arms the run has if it has none."""
+    arms = _arms(run)
+    name = f"{kind}:{_cap(cap)}"
+    if name not in arms:
+        raise ValueError(f"cap: {run.spec.name!r} has no {kind} arm at cap {_cap(cap)} in torch's default mode "
+                         f"(ddp_optimizer); its arms: {', '.join(arms) or 'none'}. Pass a cap it ran, or the run "
+                         f"of recipes.eager_and_compiled")
+    return arms[name]
+
+
 def split(run) -> pd.DataFrame:
     """Per cap: the graphs the backend compiled (the lab's count) and those DDPOptimizer's records account
     for, the buckets of its split (and any parameter name in it that is not the model's), its first
@@ -41,6 +53,10 @@ def split(run) -> pd.DataFrame:
                      "split_first_mib": a.split[0].bytes / 2 ** 20 if a.split else 0.0,
                      "ddp_buckets": len(ddp), "ddp_first_mib": sum(sizes[p] for p in ddp[0]) / 2 ** 20 if ddp else 0.0,
                      "params_in_same_bucket": f"{same} of {len(where)}"})
+    if not rows:
+        raise ValueError(f"run: {run.spec.name!r} has no compiled arm in torch's default mode (ddp_optimizer), "
+                         f"whose split this table shows; its arms: {', '.join(_arms(run)) or 'none'}. Pass the run "
+                         f"of recipes.eager_and_compiled")
     return pd.DataFrame(rows).set_index("cap_mb")
 
 
@@ -69,10 +85,9 @@ def split_matches_ddp(table: pd.DataFrame) -> list[str]:
 def ready_order(run, cap=None) -> pd.DataFrame:
     """At one cap, every parameter's gradient: its position in the ready order and its ready time after
     backward started (ms), eager and compiled (the last warm-up step, rank 0)."""
-    arms = _arms(run)
     cols = {}
     for kind in ("eager", "compiled"):
-        a = arms[f"{kind}:{_cap(cap)}"]
+        a = _arm(run, kind, cap)
         cols[f"{kind}_position"] = {e.param: i for i, e in enumerate(a.ready)}
         cols[f"{kind}_ms"] = {e.param: (e.t_ns - a.backward_start_ns) / 1e6 for e in a.ready}
     return pd.DataFrame(cols)
@@ -108,9 +123,9 @@ def verify_same_training(run, rel: float = SAME_TRAINING_REL) -> None:
 def bursts(run, cap=None) -> pd.DataFrame:
     """At one cap, per compiled piece (DDPOptimizer's bucket, in DDP's order): its parameters, and how
     long their gradients took to become ready from the first to the last, eager and compiled (ms)."""
-    arms, order = _arms(run), ready_order(run, cap)
+    order = ready_order(run, cap)
     rows = []
-    for i, b in enumerate(arms[f"compiled:{_cap(cap)}"].split):
+    for i, b in enumerate(_arm(run, "compiled", cap).split):
         part = order.loc[[p for p in b.params if p in order.index]]
         rows.append({"piece": i, "parameters": len(part), "eager_spread_ms": part["eager_ms"].max() - part["eager_ms"].min(),
                      "compiled_spread_ms": part["compiled_ms"].max() - part["compiled_ms"].min()})
