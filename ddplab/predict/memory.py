@@ -149,3 +149,17 @@ def rank_bytes_estimate(exp, parameter_bytes: int | None = None) -> int:
     # model state (parameters, gradients, buckets, two optimizer moments) and twice the activations,
     # for the temporaries of backward
     return RANK_BASELINE_BYTES + 5 * parameter_bytes + 2 * acts
+
+
+FIT_SHARE = 0.8   # of the available memory, what the ranks of a launch may use (launch/preflight.py)
+
+
+def largest_local_batch(exp, parameter_bytes: int, activations_per_example: int, available_bytes: int,
+                        ranks: int) -> int:
+    """The largest local batch whose `ranks` ranks fit in FIT_SHARE of `available_bytes` by the launch's own
+    estimate: `rank_bytes_estimate` (model state) plus twice the activations, `activations_per_example`
+    (measured, for a model the lab cannot count) times the local batch; 0 if not even model state fits."""
+    room = FIT_SHARE * available_bytes / ranks - rank_bytes_estimate(exp, parameter_bytes)
+    if room <= 0:
+        return 0
+    return int(room // (2 * activations_per_example)) if activations_per_example > 0 else 2 ** 62

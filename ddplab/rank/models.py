@@ -209,12 +209,17 @@ def check_model(model: nn.Module, exp, batch: Callable | None = None) -> None:
 def saved_bytes_per_example(model: nn.Module, exp, batch: Callable | None = None) -> int:
     """Bytes autograd saves for backward, per example, measured on one forward of two examples (the
     lab's tokens at the longest seq_len, or the factory's own `batch`): what a rank's activations grow
-    by per example, for a model whose shapes the lab cannot count. Parameters saved for backward are
-    not activations and are left out; a tensor saved twice counts once."""
+    by per example, for a model whose shapes the lab cannot count. The loss counts too (cross-entropy
+    saves its log-softmax, the logits' size: for a small model with a wide head, as much as the model
+    saves). Parameters saved for backward are not activations and are left out; a tensor saved twice
+    counts once."""
+    from .training import token_losses
+
     if batch is None:
         x = torch.zeros(2, max(exp.seq_lens), dtype=torch.long)
+        y = torch.zeros_like(x)
     else:
-        x, _ = _user_batch(batch, exp, max(exp.seq_lens))
+        x, y = _user_batch(batch, exp, max(exp.seq_lens))
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     seen, total = set(), 0
 
@@ -227,8 +232,8 @@ def saved_bytes_per_example(model: nn.Module, exp, batch: Callable | None = None
         return t
 
     with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = model(x)
-        del out
+        losses = token_losses(model(x), y)
+        del losses
     return total // 2
 
 

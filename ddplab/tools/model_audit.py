@@ -55,6 +55,7 @@ def audit_model(model, world_size: int = 4, optimizer: str = "sgd", local_batch=
     exp = experiment(model, "audit", fields, world_size=world_size, optimizer=optimizer, local_batch=local_batch,
                       steps=STEPS, probes=PROBES)
     counted = checked(exp)
+    check_memory(exp, counted)
     payload = counted.gradient_bytes
     alone = exp.replace(name=f"{exp.name}-compute", sync="none", probes=(), steps=COMPUTE_STEPS, bucket_cap_mb=None,
                         gradient_as_bucket_view=False)   # no DDP: its settings stay at their defaults
@@ -76,6 +77,38 @@ def audit_model(model, world_size: int = 4, optimizer: str = "sgd", local_batch=
         report.compiled = CompiledReport.of(compiled[0], counted.trainable_tensors)
         report.paths["compiled"] = str(compiled[0].path)
     return report
+
+
+def check_memory(exp, counted: Counted) -> None:
+    """ValueError naming local_batch if the audit's ranks cannot hold `exp` in this machine's available
+    memory (psutil, or a cgroup's limit): the launch's own estimate (model state: parameters, gradients,
+    buckets, optimizer state; activations measured per example on one forward and loss of two), said
+    as the largest local batch that fits. On a GPU, or with DDPLAB_SKIP_SIZE_CHECKS=1, nothing is checked."""
+    import os
+
+    from .. import host
+    from ..launch.nodes import Nodes
+    from ..launch.preflight import measured_activations, memory_available
+    from ..units import DTYPE_BYTES
+
+    ranks = Nodes.from_env().ranks_here(exp.world_size)
+    if os.environ.get("DDPLAB_SKIP_SIZE_CHECKS") or \
+            host.choose_backend(exp.backend, exp.device, ranks, host.cuda_device_count())[1] != "cpu":
+        return
+    per_example = measured_activations(exp)
+    parameter_bytes = counted.parameters * DTYPE_BYTES[exp.dtype]
+    have, where = memory_available()
+    fits = predict.memory.largest_local_batch(exp, parameter_bytes, per_example, have, ranks)
+    asked = max(exp.local_batches)
+    if asked > fits:
+        state = predict.memory.rank_bytes_estimate(exp, parameter_bytes)
+        need = ranks * (state + 2 * per_example * asked)
+        raise ValueError(f"local_batch: {ranks} ranks of {exp.model} at a local batch of {asked} would need about "
+                         f"{need / 2 ** 30:.1f} GiB ({state / 2 ** 30:.2f} GiB of model state and start-up per rank, "
+                         f"and twice {per_example / 1024:.1f} KiB of activations per example, measured), and {where} "
+                         f"{have / 2 ** 30:.1f} GiB available: "
+                         + (f"use --local-batch {fits} or less" if fits else "not even model state fits; use fewer "
+                            "ranks or a smaller model") + " (or set DDPLAB_SKIP_SIZE_CHECKS=1)")
 
 
 @dataclass
