@@ -272,7 +272,9 @@ def load(ip) -> None:
                 print("no session is running")
                 return
             s.close()
-            print(f"stopped {s.world_size} ranks")
+            print(f"stopped {s.world_size} ranks" + (f", and {len(s.stopped)} process(es) the cells started and left "
+                                                       f"running: " + "; ".join(c[:120] for c in s.stopped)
+                                                       if s.stopped else ""))
 
         @magic_arguments()
         @argument("--ranks", default=None, help="run on these ranks only, e.g. 0 or 0,2 (default: all)")

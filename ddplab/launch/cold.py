@@ -27,6 +27,7 @@ from ..rundir import default_runs_dir
 from ..results import Run, load_run
 from ..spec import Experiment
 from . import reuse, session
+from .keeper import REPORT, children_stopped, warn_left
 from .nodes import Nodes
 from .preflight import check_launch
 from .progress import Reporter
@@ -124,7 +125,8 @@ class Ran:
 def _launch(exps, final_dirs, final_launch_dir: Path, name: str, progress,
             startup_timeout_s: float, warm: bool | None = None) -> list[Run]:
     nodes = Nodes.from_env()
-    backend, device = check_launch(exps, nodes)
+    with children_stopped("a user's model factory, built here"):   # what it starts in this process goes
+        backend, device = check_launch(exps, nodes)
     compile_limit_s()   # a bad $DDPLAB_COMPILE_LIMIT_S is refused before anything starts
     _keeps_its_sources(exps, final_launch_dir)
     rundir.check_destination(final_launch_dir)
@@ -224,8 +226,9 @@ def _start(launch: Launch, spec_paths: list[Path]) -> Ran:
     if warm is None:
         with open(launch.launch_dir / rundir.LOG, "w") as log:
             env = {**worker_env(nodes=nodes, flight_dir=launch.launch_dir), "DDPLAB_LAUNCH_ID": launch.launch_id}
-            proc, watchdog, interrupted = _torchrun(argv, env, log, watch, launch.reporter, t0,
-                                                    launch.startup_timeout_s, spec_paths[0], starting)
+            proc, watchdog, interrupted = _torchrun(argv, env, log, watch, launch.reporter, t0, launch.startup_timeout_s,
+                                                    spec_paths[0], starting, launch.launch_dir / REPORT)
+        warn_left(launch.launch_dir / REPORT, f"{launch.name}: a rank", stacklevel=5)   # the keeper stopped them
     return Ran(proc, watchdog, interrupted, time.monotonic() - t0, argv, warm, watch)
 
 
@@ -298,13 +301,13 @@ def _what(exps, world_size: int) -> str:
 
 
 def _torchrun(argv, env, log, watch: Watch, reporter: Reporter, t0: float, startup_timeout_s: float,
-              spec_path: Path, starting: str):
+              spec_path: Path, starting: str, report: Path | None = None):
     """Start torchrun and follow its ranks until it exits, the launch stalls, or Ctrl-C; then kill the
-    tree unless it exited by itself. Ctrl-C only raises a flag here, so neither a first nor a second
-    one can cut the kill short. Returns (torchrun's process, stopped by the watchdog, interrupted)."""
+    tree unless it exited by itself (`report`: what the ranks left running, stopped). Ctrl-C only raises
+    a flag: no Ctrl-C can cut the kill short. Returns (torchrun's process, stopped by the watchdog, interrupted)."""
     watchdog = False
     with interrupts_caught() as interrupted:
-        proc = start(argv, env, log)
+        proc = start(argv, env, log, report=report)
         watch.agent_pid = proc.pid   # its children are the ranks: a rank frozen before its first record is seen
         try:
             reporter.update(starting)

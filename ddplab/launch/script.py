@@ -8,7 +8,10 @@
 torchrun with its stores on 127.0.0.1 (`launch.loopback`), the ranks' environment as for a lab run
 (`torchrun.worker_env`: one OpenMP thread per rank, gloo on loopback), bounded by `timeout_s`, and the
 whole process tree killed on timeout, error or interrupt. A script that exits non-zero is returned, not
-raised: its output says why (a `ddplab.guard.GuardError` on every rank, say).
+raised: its output says why (a `ddplab.guard.GuardError` on every rank, say). Nothing it starts outlives
+the run, nor the caller (`launch/keeper.py`): if the caller is killed, the ranks and everything they
+started are killed at once, and the run's log folder goes too; processes a script that ended
+left running are stopped, named in `ScriptRun.stopped` and in a warning.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from .keeper import REPORT, warn_left
 from .nodes import Nodes
 from .torchrun import kill_tree, start, torchrun_argv, worker_env
 
@@ -30,6 +34,7 @@ class ScriptRun:
     output: str            # what torchrun printed, each rank's lines prefixed "[rank{r}]:" (torchrun's --tee)
     ranks: dict            # rank -> everything it printed (stdout and stderr), from torchrun's --log-dir
     seconds: float
+    stopped: tuple = ()    # command lines of the processes the script left running when it ended (stopped)
 
     def json_lines(self) -> list[dict]:
         """Every line a rank printed that is a JSON object, parsed, rank by rank."""
@@ -61,7 +66,9 @@ def run_script(script, *args, world_size: int = 2, timeout_s: float = 300.0) -> 
         argv = torchrun_argv(world_size, [str(a) for a in args], script=target, nodes=Nodes())
         at = argv.index(target)   # each rank's output in its own file, and teed line by line, rank-prefixed
         argv[at:at] = [f"--log-dir={logs}", "--redirects=3", "--tee=3"]
-        proc = start(argv, worker_env(nodes=Nodes()), subprocess.PIPE, text=True)
+        report = Path(logs) / REPORT
+        proc = start(argv, worker_env(nodes=Nodes()), subprocess.PIPE, text=True, report=report,
+                     orphaned_remove=(logs,))
         try:
             output, _ = proc.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired as late:
@@ -78,4 +85,5 @@ def run_script(script, *args, world_size: int = 2, timeout_s: float = 300.0) -> 
             err = f.with_name("stderr.log")
             ranks[int(f.parent.name)] = f.read_text(errors="replace") + (err.read_text(errors="replace")
                                                                           if err.exists() else "")
-    return ScriptRun(proc.returncode, output, ranks, time.perf_counter() - t0)
+        stopped = tuple(warn_left(report, path.name, stacklevel=4))   # the keeper stopped them
+    return ScriptRun(proc.returncode, output, ranks, time.perf_counter() - t0, stopped)

@@ -10,12 +10,10 @@ A session pays them once: its ranks (`rank.worker --serve`) join the process gro
 job the launcher writes into the session directory, on process groups made fresh for the job, and
 write the same run directories a cold launch writes, so `load_run` and every view are unchanged.
 
-Failure is diagnosed exactly as in a cold run (the same files, the same `failures.diagnose`); then
-the session is torn down, since a rank that crashed or hung leaves the process group unusable, and
-the next run starts a new session (or launches cold). Ctrl-C, a hang past the watchdog, or the
-launcher's death stop the whole process tree as for a cold launch (torchrun dies with the launcher,
-each rank with torchrun). Only one session is current at a time; `run` uses it when it fits the
-experiments (enough ranks, the same backend, device and CPU pinning).
+Failure is diagnosed as in a cold run (the same files, `failures.diagnose`); then the session is torn
+down (a rank that crashed or hung leaves the process group unusable) and the next run starts another
+(or launches cold). Ctrl-C, a hang, closing it or the launcher's death stop the whole tree and all its
+cells started (`launch/keeper.py`). One session is current at a time; `run` uses it when it `fits`.
 
 When none fits, `run(exp, warm=...)` decides (`reuse.for_launch`): True starts a session sized to the
 launch and keeps it for the next runs, False launches cold, None (the default) starts one in a
@@ -43,6 +41,7 @@ from ..spec.train import Train
 from .nodes import Nodes
 from .preflight import check_launch
 from .cells import run_cell
+from .keeper import REPORT, left_running
 from .torchrun import interrupts_caught, kill_tree, start, sweep_dead, torchrun_argv, worker_env
 from .watch import collect
 
@@ -74,9 +73,8 @@ def current() -> "Session | None":
 
 def close_current() -> None:
     """Close the current session, if any (at exit, its ranks would die with this process anyway)."""
-    s = _current
-    if s is not None:
-        s.close()
+    if _current is not None:
+        _current.close()
 
 
 atexit.register(close_current)
@@ -125,11 +123,13 @@ class Session:
         self.cell_witness = None   # after a cell that hung: (torch's flight verdict, rank -> its stack), launch/cells.py
         self.cells = 0   # %%ddp cells run: they may change a rank's global torch state, so runs then go cold
         self.proc = None
+        self.stopped: list[str] = []   # what its cells and jobs started and left running, stopped at close
         close_current()   # one session at a time: the old one's ranks leave before the new ones start
         self._log = open(self.dir / rundir.LOG, "w")
         with interrupts_caught() as interrupted:   # a Ctrl-C now is a flag: the kill below cannot be cut short
             try:
-                self.proc = start(self.argv, worker_env(nodes=self.nodes, flight_dir=self.dir), self._log, outlive_thread=True)
+                env = worker_env(nodes=self.nodes, flight_dir=self.dir)
+                self.proc = start(self.argv, env, self._log, outlive_thread=True, report=self.dir / REPORT)
                 self._wait_until_ready(startup_timeout_s, interrupted, on_start)
             except BaseException:   # a failed start: no rank may wait on for jobs
                 self.kill()
@@ -208,6 +208,7 @@ class Session:
         finally:
             self.kill()
         if self.proc is None or self.proc.poll() is not None:   # its ranks are gone: so is what they read
+            self.stopped = left_running(self.dir / REPORT)   # what the keeper stopped (launch/keeper.py)
             shutil.rmtree(self.dir, ignore_errors=True)
 
     def death(self) -> str:

@@ -11,8 +11,9 @@ that is torchrun (`torch.distributed.run`, every flag of it) with its rendezvous
 hard-codes one. The ranks' gloo and NCCL sockets stay on the loopback interface too (`worker_env`).
 On several nodes (`launch.nodes`: simulated on this host, or `srun` on a SLURM allocation) the same
 flags carry `--nnodes=N` and a c10d rendezvous every agent meets at.
-torchrun dies with the launcher (PR_SET_PDEATHSIG, `host.die_with_parent`) and each rank with
-torchrun, and `kill_tree` reaps every process of a launch: no orphans. Used by the cold launch and
+torchrun runs under a keeper (`launch/keeper.py`) that dies with the launcher (PR_SET_PDEATHSIG,
+`host.die_with_parent`) and takes every process the run started with it, each rank dies with torchrun,
+and `kill_tree` reaps every process of a launch: no orphans. Used by the cold launch and
 `ddplab doctor`.
 """
 
@@ -29,6 +30,7 @@ from pathlib import Path
 
 from .. import host, rundir
 from ..deaths import FLIGHT_PREFIX
+from .keeper import KILL_ROUNDS, OWNER_ENV, alive, marked
 from .nodes import DEFAULT_JOIN_TIMEOUT_S, Nodes, first_node
 
 WORKER = "ddplab.rank.worker"
@@ -109,24 +111,35 @@ def worker_env(base: dict | None = None, nodes: Nodes | None = None, flight_dir:
     return env
 
 
-def start(argv: list[str], env: dict, stdout, text: bool = False, outlive_thread: bool = False) -> subprocess.Popen:
-    """Start torchrun in its own session, to die with this process (Linux).
+def start(argv: list[str], env: dict, stdout, text: bool = False, outlive_thread: bool = False,
+          report: Path | None = None, orphaned_remove: tuple = ()) -> subprocess.Popen:
+    """Start torchrun in its own session, under a keeper (`launch/keeper.py`) that dies with this process
+    (Linux) and takes everything the run started with it; `report`: where the keeper names what a run
+    that ended by itself left running (it stops those), `orphaned_remove`: folders it removes if this
+    process dies first. srun's launch is started as it is (its processes on other nodes are srun's).
 
     Linux's parent-death signal fires when the *thread* that started the child ends, not the process.
     A launch waits for its torchrun on the thread that started it, but a session's ranks must outlive
     the call that started them, which may run on a short-lived thread (a widget's click handler):
     `outlive_thread` starts it from one long-lived thread of this module instead."""
     srun = _is_srun(argv)
+    token = uuid.uuid4().hex
+    if not srun:
+        argv = [sys.executable, "-I", str(Path(__file__).with_name("keeper.py")), "--owner", str(os.getpid()),
+                *(["--report", str(report)] if report else []),
+                *[a for d in orphaned_remove for a in ("--orphaned-remove", str(d))], "--", *argv]
+        env = {**env, OWNER_ENV: token}
 
     def popen():
         return subprocess.Popen(argv, stdout=stdout, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                                 start_new_session=True, text=text,
-                                preexec_fn=(lambda: host.die_with_parent(signal.SIGTERM if srun else signal.SIGKILL))
+                                preexec_fn=(lambda: host.die_with_parent(signal.SIGTERM))
                                 if sys.platform.startswith("linux") else None)
 
-    if not outlive_thread or threading.current_thread() is threading.main_thread():
-        return popen()
-    return _spawner().call(popen)
+    proc = popen() if not outlive_thread or threading.current_thread() is threading.main_thread() \
+        else _spawner().call(popen)
+    proc.ddplab_owner = None if srun else token   # kill_tree finds the run's processes by it
+    return proc
 
 
 class _Spawner:
@@ -200,6 +213,8 @@ def _procs_of(proc: subprocess.Popen, spec_path: Path) -> list:
                 found[p.pid] = p
         except psutil.Error:
             pass
+    for p in marked(proc.ddplab_owner) if getattr(proc, "ddplab_owner", None) else []:
+        found.setdefault(p.pid, p)   # what the run started and that left the tree (the keeper was killed)
     needle = str(Path(spec_path).resolve())
     for p in psutil.process_iter(["cmdline"]):
         try:
@@ -261,13 +276,16 @@ def kill_tree(proc: subprocess.Popen, spec_path: Path) -> None:
             proc.wait(timeout=SRUN_GRACE_S)
         except subprocess.TimeoutExpired:
             pass
-    procs = _procs_of(proc, spec_path)
-    for p in procs:
-        try:
-            p.kill()
-        except psutil.Error:
-            pass
-    psutil.wait_procs(procs, timeout=10)
+    for _ in range(KILL_ROUNDS):   # again while the tree forks under the kill (a user's process may)
+        procs = [p for p in _procs_of(proc, spec_path) if alive(p)]   # a zombie is dead: its parent reaps it
+        if not procs:
+            break
+        for p in procs:
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+        psutil.wait_procs(procs, timeout=10)
     try:
         proc.wait(timeout=10)
     except subprocess.TimeoutExpired:

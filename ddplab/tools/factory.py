@@ -69,9 +69,11 @@ class Counted:
 
 def checked(exp: Experiment) -> Counted:
     """Build `exp`'s model here, refuse what cannot be audited (ValueError naming the fix), and count it."""
+    from ..launch.keeper import children_stopped
     from ..launch.preflight import check_user_model
 
-    model = check_user_model(exp, gradients=True)
+    with children_stopped(f"Experiment.model {exp.model}"):   # nothing it starts here outlives the check
+        model = check_user_model(exp, gradients=True)
     params = list(model.named_parameters())
     trainable = [(n, p) for n, p in params if p.requires_grad]
     if not trainable:

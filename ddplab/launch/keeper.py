@@ -1,0 +1,272 @@
+"""The keeper: the one process between the launcher and torchrun, that no process of the run outlives.
+
+    python -I ddplab/launch/keeper.py --owner <launcher pid> [--report FILE] [--orphaned-remove DIR] -- <torchrun argv>
+
+The lab's own ranks die with torchrun (`host.die_with_parent`), but what else a run starts does not: a
+user's script's ranks (torchrun starts each in a session of its own), and whatever a `%%ddp` cell, a
+script or a model factory starts, in a new session or not. The keeper is their subreaper
+(PR_SET_CHILD_SUBREAPER): a process of the run that loses its parent is re-parented to the keeper, not
+to init, so everything the run started stays beneath it. It dies with the launcher (PR_SET_PDEATHSIG,
+as SIGTERM so it can act) and then kills everything beneath it; when torchrun ends by itself, it kills
+what is still left and names those processes in `--report` (JSON) and on stderr, and exits with
+torchrun's status. Every process of the run carries `DDPLAB_OWNER` (a token of this launch) in its
+environment, which finds one that a subreaper of its own took out of the tree.
+
+torchrun and the ranks get a temporary folder of the keeper's own ($TMPDIR: torchrun's `torchelastic_*`
+log folder, a compiler's temp files) that it removes when it ends; inductor's cache stays where it was.
+It imports no ddplab module and no torch (stdlib and psutil), so it starts in a fraction of a second.
+Started by `launch.torchrun.start` for every local launch: cold runs, sessions, `run_script`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import getpass
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+import warnings
+
+OWNER_ENV = "DDPLAB_OWNER"   # the launch's token, inherited by every process the run starts
+PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER = 1, 36
+KILL_ROUNDS = 20            # a tree that forks while it is being killed is killed again, up to this often
+POLL_S = 0.05
+REPORT = "left-running.json"   # the usual name of `--report` in a run's folder
+
+
+def _prctl(option: int, value: int) -> None:
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(option, value)
+
+
+def marked(token: str) -> list:
+    """This user's live processes, other than this one, whose environment carries `token`."""
+    import psutil
+
+    found, uid, me = [], os.getuid(), os.getpid()
+    for p in psutil.process_iter(["uids"]):
+        try:
+            if p.pid != me and p.info["uids"] is not None and p.info["uids"].real == uid \
+                    and p.environ().get(OWNER_ENV) == token and alive(p):
+                found.append(p)
+        except psutil.Error:
+            pass
+    return found
+
+
+def owned(token: str) -> list:
+    """Every live process beneath this one, and every process `marked` with `token`."""
+    import psutil
+
+    found = {p.pid: p for p in psutil.Process().children(recursive=True) if alive(p)}
+    for p in marked(token):
+        found.setdefault(p.pid, p)
+    return list(found.values())
+
+
+def alive(p) -> bool:
+    import psutil
+
+    try:
+        return p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _describe(procs) -> list[dict]:
+    import psutil
+
+    said = []
+    for p in procs:
+        try:
+            said.append({"pid": p.pid, "cmdline": " ".join(p.cmdline()) or p.name()})
+        except psutil.Error:
+            pass
+    return said
+
+
+def kill_all(token: str) -> list[dict]:
+    """SIGKILL every process `owned` by this run, again until none is left (a process that forked
+    meanwhile, a child re-parented to this subreaper), and reap them; what was found first, described."""
+    import psutil
+
+    first = None
+    for _ in range(KILL_ROUNDS):
+        procs = owned(token)
+        if first is None:
+            first = _describe(procs)
+        if not procs:
+            break
+        for p in procs:
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+        psutil.wait_procs(procs, timeout=2)
+        _reap()
+    return first or []
+
+
+def _reap() -> None:
+    """Collect the exit status of every dead child (re-parented ones included): no zombie stays."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def run_env(env: dict, tmp: str) -> dict:
+    """torchrun's environment: the temporary folder is the keeper's; inductor's cache stays where torch
+    would put it without that (it is worth keeping from run to run)."""
+    env = dict(env)
+    if "TORCHINDUCTOR_CACHE_DIR" not in env:
+        try:
+            user = getpass.getuser()
+        except (KeyError, OSError):
+            user = f"uid_{os.getuid()}"
+        env["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(tempfile.gettempdir(), "torchinductor_" + user.replace("/", "_"))
+    env["TMPDIR"] = tmp
+    return env
+
+
+def _reap_others(keep: int) -> None:
+    """Collect every dead child but `keep` (torchrun, whose status `Popen` reads): a process of the run
+    that ended after its parent did was re-parented here, and would stay a zombie until the run ends."""
+    while True:
+        try:
+            seen = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return
+        if seen is None or seen.si_pid in (0, keep):
+            return
+        os.waitpid(seen.si_pid, 0)
+
+
+@contextlib.contextmanager
+def children_stopped(what: str):
+    """Run the block (a user's factory building and running its model in the launcher's own process,
+    `launch.preflight`), then stop every process it started and left running, and warn naming them.
+    What it started carries a token in its environment while the block runs; a launch that another
+    thread starts meanwhile carries its own (`launch.torchrun.start`) and is left alone."""
+    import psutil
+
+    me = psutil.Process()
+    before = {p.pid for p in me.children(recursive=True)}
+    token, outer = f"preflight-{uuid.uuid4().hex}", os.environ.get(OWNER_ENV)
+    os.environ[OWNER_ENV] = token
+    try:
+        yield
+    finally:
+        if outer is None:
+            os.environ.pop(OWNER_ENV, None)
+        else:
+            os.environ[OWNER_ENV] = outer
+        new = {p.pid: p for p in me.children(recursive=True) if p.pid not in before and _not_another_launch(p, token)}
+        new.update({p.pid: p for p in marked(token)})
+        left = _describe([p for p in new.values() if alive(p)])
+        for p in new.values():
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+        psutil.wait_procs(list(new.values()), timeout=2)
+        if left:
+            warnings.warn(f"{what} started {len(left)} process(es) that were still running after it was built and "
+                          f"checked here; they were stopped: " + "; ".join(d["cmdline"][:200] for d in left),
+                          stacklevel=3)
+
+
+def _not_another_launch(p, token: str) -> bool:
+    import psutil
+
+    try:
+        return p.environ().get(OWNER_ENV) in (None, token)
+    except psutil.Error:
+        return True
+
+
+def left_running(report) -> list[str]:
+    """The command lines a keeper's `--report` names (what a run that ended left running), or []."""
+    try:
+        return [d["cmdline"] for d in json.loads(open(report).read())]
+    except (OSError, ValueError, TypeError, KeyError):
+        return []
+
+
+def warn_left(report, who: str, stacklevel: int = 3) -> list[str]:
+    """`left_running(report)`, said in a warning when there is any: `who` ended with them still running."""
+    left = left_running(report)
+    if left:
+        warnings.warn(f"{who} ended with {len(left)} process(es) it started still running; they were stopped: "
+                      + "; ".join(c[:200] for c in left), stacklevel=stacklevel)
+    return left
+
+
+def _parse(argv: list[str]) -> dict:
+    at = argv.index("--")
+    opts = {"owner": None, "report": None, "orphaned-remove": [], "command": argv[at + 1:]}
+    flags = argv[:at]
+    for i in range(0, len(flags), 2):
+        name = flags[i].removeprefix("--")
+        if name == "orphaned-remove":
+            opts[name].append(flags[i + 1])
+        else:
+            opts[name] = flags[i + 1]
+    return opts
+
+
+def main(argv: list[str]) -> int:
+    opts = _parse(argv)
+    stopping: list[int] = []
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):   # before anything starts: no signal is lost
+        signal.signal(sig, lambda signum, frame: stopping.append(signum))
+    _prctl(PR_SET_CHILD_SUBREAPER, 1)
+    owner = int(opts["owner"]) if opts["owner"] else None
+    token = os.environ.get(OWNER_ENV) or f"keeper-{os.getpid()}"
+    tmp = tempfile.mkdtemp(prefix="ddplab-run-")
+    child = None
+    try:
+        if owner is None or os.getppid() == owner:   # the launcher may have died before the death signal was armed
+            child = subprocess.Popen(opts["command"], env=run_env({**os.environ, OWNER_ENV: token}, tmp),
+                                     preexec_fn=lambda: _prctl(PR_SET_PDEATHSIG, signal.SIGKILL))
+        while child is not None and not stopping and (owner is None or os.getppid() == owner):
+            try:
+                child.wait(timeout=POLL_S)
+                break
+            except subprocess.TimeoutExpired:
+                _reap_others(child.pid)
+        orphaned = child is None or child.returncode is None
+        left = kill_all(token)
+        code = child.returncode if child is not None and child.returncode is not None else 128 + signal.SIGTERM
+        if left and not orphaned:   # torchrun ended by itself and left these running: say so
+            print(f"ddplab: the run ended with {len(left)} process(es) it started still running; they were "
+                  f"stopped: " + "; ".join(f"pid {d['pid']}: {d['cmdline'][:200]}" for d in left),
+                  file=sys.stderr, flush=True)
+            if opts["report"]:
+                with open(opts["report"], "w") as f:
+                    json.dump(left, f)
+        if orphaned:
+            for d in opts["orphaned-remove"]:
+                shutil.rmtree(d, ignore_errors=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    if code < 0:   # torchrun killed by a signal: so is the keeper, and the launcher sees the same status
+        if -code in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):   # the ones it catches
+            signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+        time.sleep(1)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,235 @@
+"""No process a run starts outlives its owner (issue 51, items 1-4): a user's script's ranks and what
+they start when `run_script`'s caller is killed, what `%%ddp` cells start at `%ddp_stop` or when the
+kernel is killed, what a script or a model factory leaves running when it ends (stopped, and said),
+and no `torchelastic_*` or run folder left in $TMPDIR (`launch/keeper.py`).
+
+Each process a case starts carries a tag of the test in its command line, so counting them needs
+nothing from the lab; a broken path leaves them sleeping for minutes, far past every bound here."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+import warnings
+
+import psutil
+import pytest
+
+import ddplab
+from ddplab.launch import keeper
+
+SLEEPER = "import time, sys; time.sleep(300)"   # started with the test's tag as its argument
+BOUND_S = 15.0   # a busy 2-core machine stops a tree in well under this; a broken path leaves it for 300 s
+
+
+def tagged(tag: str) -> list[str]:
+    """Command lines of live processes whose command line carries `tag` (none of the lab's own do)."""
+    found = []
+    for p in psutil.process_iter(["cmdline", "status"]):
+        try:
+            cmd = " ".join(p.info["cmdline"] or [])
+        except psutil.Error:
+            continue
+        if tag in cmd and p.info["status"] != psutil.STATUS_ZOMBIE and p.pid != os.getpid():
+            found.append(cmd)
+    return found
+
+
+def gone_within(tag: str, bound_s: float = BOUND_S) -> tuple[list[str], float]:
+    """(what still carries `tag` after `bound_s` or as soon as nothing does, the seconds that took)."""
+    t0 = time.monotonic()
+    while tagged(tag) and time.monotonic() - t0 < bound_s:
+        time.sleep(0.1)
+    return tagged(tag), time.monotonic() - t0
+
+
+def wait_for(tag: str, count: int, bound_s: float = 120.0) -> None:
+    deadline = time.monotonic() + bound_s
+    while len(tagged(tag)) < count:
+        assert time.monotonic() < deadline, f"only {tagged(tag)} started"
+        time.sleep(0.2)
+
+
+def spawns(tag: str, new_session: bool) -> str:
+    """Python source that starts one sleeper carrying `tag` (in a session of its own, or not)."""
+    return (f"__import__('subprocess').Popen([__import__('sys').executable, '-c', {SLEEPER!r}, {tag!r}], "
+            f"start_new_session={new_session})")
+
+
+# ---- the keeper alone: no torch, fast -------------------------------------------------------------------
+def test_the_keeper_stops_and_names_what_a_command_that_ended_left_running(tmp_path):
+    tag = f"kept-{uuid.uuid4().hex}"
+    report = tmp_path / keeper.REPORT
+    # a command whose child detaches twice (a new session, then its parent exits): only a subreaper keeps it
+    child = f"import subprocess, sys; {spawns(tag, True)}; {spawns(tag, False)}"
+    command = [sys.executable, "-c", f"import subprocess, sys; subprocess.run([sys.executable, '-c', {child!r}])"]
+    done = subprocess.run([sys.executable, "-I", keeper.__file__, "--report", str(report), "--", *command],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert tagged(tag) == [], "the keeper exited with the command's children still running"
+    named = keeper.left_running(report)
+    assert len(named) == 2 and all(tag in c for c in named), named
+    assert "2 process(es) it started still running; they were stopped" in done.stderr
+
+
+def test_the_keeper_exits_with_its_commands_status_or_signal(tmp_path):
+    for code, command in ((7, "import os; os._exit(7)"), (-signal.SIGKILL, "import os; os.kill(os.getpid(), 9)")):
+        done = subprocess.run([sys.executable, "-I", keeper.__file__, "--", sys.executable, "-c", command], timeout=60)
+        assert done.returncode == code
+
+
+def test_a_factory_built_in_this_process_leaves_nothing_running():
+    tag = f"preflight-{uuid.uuid4().hex}"
+    with pytest.warns(UserWarning, match=r"started 2 process\(es\) that were still running .* they were stopped"):
+        with keeper.children_stopped("a factory"):
+            exec(f"import subprocess, sys; {spawns(tag, True)}; {spawns(tag, False)}")
+    assert tagged(tag) == []
+
+
+# ---- 1. run_script's caller killed ------------------------------------------------------------------------
+CALLER = textwrap.dedent("""
+    import sys, ddplab
+    ddplab.run_script(sys.argv[1], sys.argv[2], timeout_s=120)   # the tag: on the ranks' command lines too
+""")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_killing_run_scripts_caller_stops_the_ranks_and_what_they_started(tmp_path, sig):
+    tag = f"script-{uuid.uuid4().hex}"
+    script = tmp_path / "fork_hang.py"
+    script.write_text(f"import subprocess, sys, time\n{spawns(tag, True)}\ntime.sleep(300)  # {tag}\n")
+    private = tmp_path / "tmp"
+    private.mkdir()
+    caller = subprocess.Popen([sys.executable, "-c", CALLER, str(script), tag], env={**os.environ, "TMPDIR": str(private)},
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(tag, 7)   # the caller, the keeper, torchrun, 2 ranks, each with its child
+        caller.send_signal(sig)
+        caller.wait(timeout=30)
+        left, took = gone_within(tag)
+        assert left == [], f"{sig.name} of run_script's caller left {len(left)} process(es) after {took:.1f} s: {left}"
+        t0 = time.monotonic()
+        while list(private.iterdir()) and time.monotonic() - t0 < BOUND_S:
+            time.sleep(0.1)
+        assert list(private.iterdir()) == [], "the run's folders stayed in $TMPDIR"
+    finally:
+        caller.kill()
+        caller.wait()
+
+
+# ---- 3. a script that ends with a child still running; 4. its temporary folder --------------------------
+@pytest.mark.slow
+def test_a_script_that_ends_leaving_a_child_has_it_stopped_and_named(tmp_path):
+    tag = f"leaves-{uuid.uuid4().hex}"
+    script = tmp_path / "leaves_child.py"
+    script.write_text(f"import os, subprocess, sys\n{spawns(tag, True)}\nprint('TMPDIR=' + os.environ['TMPDIR'])\n")
+    with pytest.warns(UserWarning, match=r"leaves_child.py ended with 2 process\(es\) it started still running"):
+        result = ddplab.run_script(script, world_size=2, timeout_s=120)
+    assert result.returncode == 0, result.output
+    assert tagged(tag) == [], "run_script returned with the script's children still running"
+    assert len(result.stopped) == 2 and all(tag in c for c in result.stopped), result.stopped
+    rank_tmp = {line.split("=", 1)[1] for text in result.ranks.values() for line in text.splitlines()
+                if line.startswith("TMPDIR=")}
+    assert len(rank_tmp) == 1 and "ddplab-run-" in next(iter(rank_tmp)), rank_tmp
+    assert not os.path.exists(next(iter(rank_tmp))), "the ranks' temporary folder outlived the run"
+
+
+# ---- 2. what %%ddp cells start ------------------------------------------------------------------------------
+def _cells_spawn(tag: str) -> str:
+    return f"import subprocess, sys\n{spawns(tag, False)}\n{spawns(tag, True)}\nrank"
+
+
+@pytest.mark.slow
+def test_ddp_stop_stops_what_the_cells_started(capsys):
+    from IPython.core.interactiveshell import InteractiveShell
+    from IPython.utils.capture import capture_output
+
+    tag = f"cell-{uuid.uuid4().hex}"
+    ip = InteractiveShell.instance()
+    ip.run_line_magic("load_ext", "ddplab")
+    with capture_output():
+        ip.run_line_magic("ddp_start", "-n 2 --timeout 10")
+        ip.run_cell_magic("ddp", "", _cells_spawn(tag))
+    assert len(tagged(tag)) == 4   # plain and new-session children, on both ranks
+    ip.run_line_magic("ddp_stop", "")
+    said = capsys.readouterr().out
+    assert tagged(tag) == [], "%ddp_stop returned with what the cells started still running"
+    assert "stopped 2 ranks, and 4 process(es) the cells started and left running" in said, said
+
+
+KERNEL = textwrap.dedent("""
+    import sys, time
+    from IPython.core.interactiveshell import InteractiveShell
+    ip = InteractiveShell.instance()
+    ip.run_line_magic("load_ext", "ddplab")
+    ip.run_line_magic("ddp_start", "-n 2 --timeout 10")
+    ip.run_cell_magic("ddp", "", sys.argv[1])
+    time.sleep(300)
+""")
+
+
+@pytest.mark.slow
+def test_killing_the_kernel_stops_what_the_cells_started():
+    tag = f"kernel-{uuid.uuid4().hex}"
+    kernel = subprocess.Popen([sys.executable, "-c", KERNEL, _cells_spawn(tag)], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    try:
+        wait_for(tag, 5)   # the kernel itself (the cell is its argument) and the 4 children
+        kernel.kill()
+        kernel.wait()
+        left, took = gone_within(tag)
+        assert left == [], f"a killed kernel left {len(left)} process(es) after {took:.1f} s: {left}"
+    finally:
+        kernel.kill()
+        kernel.wait()
+
+
+# ---- 3. a model factory whose forward starts a child; 4. no torchelastic_* folder -------------------------
+_STARTED: list = []
+
+
+def spawning_factory(vocab_size: int, d_model: int):
+    """A model whose first forward in each process starts a child that never ends (the test's tag in
+    $OWNED_TAG), as a factory that launches a helper server might."""
+    import torch.nn as nn
+
+    class Spawning(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(vocab_size, d_model)
+            self.head = nn.Linear(d_model, vocab_size)
+
+        def forward(self, idx):
+            if not _STARTED:
+                _STARTED.append(subprocess.Popen([sys.executable, "-c", SLEEPER, os.environ["OWNED_TAG"]],
+                                                 start_new_session=True))
+            return self.head(self.emb(idx))
+
+    return Spawning()
+
+
+@pytest.mark.slow
+def test_a_factory_that_starts_a_child_leaves_nothing_running_and_no_temp_folder(tmp_path, monkeypatch):
+    tag = f"factory-{uuid.uuid4().hex}"
+    private = tmp_path / "tmp"
+    private.mkdir()
+    monkeypatch.setenv("OWNED_TAG", tag)
+    monkeypatch.setenv("TMPDIR", str(private))   # torchrun's agent and the ranks inherit it
+    monkeypatch.setattr(sys.modules[__name__], "_STARTED", [])
+    exp = ddplab.Experiment(name="spawning", world_size=2, steps=1, local_batch=2, seq_len=8,
+                            model=f"{__name__}:spawning_factory")
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        ddplab.run(exp, tmp_path / "run", progress=False, warm=False)
+    assert tagged(tag) == [], "the launch returned with what the factory started still running"
+    said = [str(w.message) for w in said]
+    assert any("started 1 process(es) that were still running after it was built" in s for s in said), said
+    assert any("spawning: a rank ended with 2 process(es) it started still running" in s for s in said), said
+    left = [p.name for p in private.iterdir() if not p.name.startswith("torchinductor_")]
+    assert left == [], f"the launch left {left} in $TMPDIR"
