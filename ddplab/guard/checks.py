@@ -15,7 +15,8 @@ up). A report is a dict (`hooks.Guard` builds it):
     sampler           the sampler's epochs started since the last check: {epoch, order, n, padded, dropped}
 
 `static` describes the model the same way on every rank: parameter names, which of them DDP does not
-hold (the optimizer updates them, DDP never reduces their gradients), buffer names and their modules.
+hold (the optimizer updates them, DDP never reduces their gradients), which of those the module gained
+after DDP wrapped it (`late`), buffer names and their modules.
 """
 
 from __future__ import annotations
@@ -86,8 +87,15 @@ def unsynced_gradients(reports: list[dict], static: dict, step: int) -> list[Pro
     if not bad:
         return []
     names = [static["params"][i] for i in bad]
-    outside = [static["params"][i] for i in bad if static["outside"][i]]
-    if outside:
+    late = [static["params"][i] for i in bad if static.get("late", [False] * len(static["params"]))[i]]
+    outside = [static["params"][i] for i in bad if static["outside"][i] and static["params"][i] not in late]
+    if late:
+        one = len(late) == 1
+        why = (f"{_names(late)} {'was' if one else 'were'} registered on the model after DDP wrapped it: DDP reduces "
+               "the parameters the module held when DDP was built, so it does not reduce "
+               f"{'this one' if one else 'these'}. Register every parameter before wrapping the module in DDP "
+               "(or wrap it again).")
+    elif outside:
         one = len(outside) == 1
         why = (f"{'it is' if one else f'{len(outside)} of them are'} in the optimizer but not among the parameters "
                f"DDP averages ({_names(outside)}: outside the DDP model, or in its parameters_to_ignore), so nothing "

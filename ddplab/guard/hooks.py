@@ -13,7 +13,8 @@ It hooks what the training loop already calls, so the loop itself stays as it is
 
 The ranks exchange their reports through the process group's store (the rendezvous key-value store),
 never through a collective: a rank that stops calling the guard cannot hang the others, which wait for
-its report at most `timeout_s` and then name it.
+its report at most `timeout_s` and then name it. A rank that stops between steps leaves the others inside
+a collective, where no hook runs: there a thread per rank (`watcher.py`) names it after `timeout_s`.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import math
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -29,6 +31,7 @@ from . import checks
 from .exchange import Exchange, RankMissing
 from .fingerprint import batch_fingerprint, loss_reduction, tensor_fingerprint
 from .sampler import watch
+from .watcher import Watcher
 
 _guards_made = 0
 
@@ -84,8 +87,11 @@ class Guard:
         self.inner, self._optimizer = inner, optimizer
         self._track(optimizer)
         self.step = 0   # optimizer steps taken
+        self.forwards, self._backward_of = 0, -1   # training forwards in this step; the one whose backward began
+        self._moved_at = time.monotonic()
         self.problems: list[checks.Problem] = []
         self._said: set[str] = set()
+        self._raised = False   # the watcher's verdict, raised once on this rank
         self.sampler_events: list[dict] = []   # filled by sampler.watch
         self._fresh()
         self._handles = [
@@ -117,8 +123,12 @@ class Guard:
                     self._after_step(opt, args, kwargs)
 
             self._handles += [register_optimizer_step_pre_hook(pre), register_optimizer_step_post_hook(post)]
+        trained = [p for p in inner.parameters() if p.requires_grad]
+        for p in {id(p): p for p in trained[:1] + trained[-1:]}.values():   # both ends of the backward pass
+            self._handles.append(p.register_post_accumulate_grad_hook(self._on_backward))
         if sampler is not None:
             watch(sampler, self)
+        self.watcher = Watcher(self, self.exchange.store, self.group_ranks, self.exchange.index, self.timeout_s)
 
     def _track(self, optimizer) -> None:
         """The tensors a report covers: the optimizer's parameters (those outside the model named by
@@ -134,12 +144,27 @@ class Guard:
             names, self.params = [n for n, _ in trained], [p for _, p in trained]
         owners = {id(b): type(m).__name__ for m in inner.modules() for b in m.buffers(recurse=False)}
         self.buffers = [(n, b) for n, b in inner.named_buffers()]
-        ignored = set(getattr(self.model, "parameters_to_ignore", ()) or ())   # DDP(..)'s own ignore list
-        self.static = {"params": names, "outside": [id(p) not in named or named[id(p)] in ignored for p in self.params],
-                       "buffers": [n for n, _ in self.buffers],
+        self.static = {"params": names, "buffers": [n for n, _ in self.buffers],
                        "buffer_owners": [owners.get(id(b), "?") for _, b in self.buffers], "ddp": self.ddp}
+        self._held()
         layout = [(n, tuple(p.shape)) for n, p in zip(names, self.params)] + [(n, tuple(b.shape)) for n, b in self.buffers]
         self.layout = hashlib.sha1(repr(layout).encode()).hexdigest()
+
+    def _held(self) -> None:
+        """Which tracked parameters DDP does not reduce (`outside`), and which of those the module gained after
+        DDP wrapped it (`late`), read from the running DDP object at each check: DDP builds its buckets from
+        the module's parameters once, in its constructor (`_module_parameters`, less `parameters_to_ignore`),
+        so a parameter registered later is the module's but never reduced."""
+        named = {id(p): n for n, p in self.inner.named_parameters()}
+        ignored = set(getattr(self.model, "parameters_to_ignore", ()) or ())   # DDP(..)'s own ignore list
+        record = getattr(self.model, "_module_parameters", None) if self.ddp else None
+        held = None if record is None else {id(p) for p in record}
+        outside, late = [], []
+        for p in self.params:
+            mine = id(p) in named and named[id(p)] not in ignored
+            outside.append(not mine or (held is not None and id(p) not in held))
+            late.append(mine and held is not None and id(p) not in held)
+        self.static.update(outside=outside, late=late)
 
     # ---- what the hooks record ---------------------------------------------------------------------------
     def due(self) -> bool:
@@ -154,7 +179,28 @@ class Guard:
         (under no_grad, or in eval mode) reads the same data on every rank by design, and is no step's batch."""
         return self.model.training and torch.is_grad_enabled()
 
+    @property
+    def position(self) -> tuple[int, int, int]:
+        """Where this rank's loop is: (optimizer steps taken, training forwards of this step, 1 once backward
+        of the last of them has begun), which `watcher.py` compares across ranks."""
+        return self.step, self.forwards, int(self.forwards > 0 and self._backward_of == self.forwards)
+
+    def _moved(self) -> None:
+        """After a pause of timeout_s, the watcher may have named this rank: raise it here, in the loop."""
+        now = time.monotonic()
+        paused, self._moved_at = now - self._moved_at >= self.timeout_s, now
+        problem = self.watcher.verdict() if paused or self.watcher.problem else None
+        if problem is not None and self.on_problem == "raise" and not self._raised:
+            self._raised = True
+            raise GuardError([problem])
+
+    def _on_backward(self, param) -> None:
+        self._backward_of = self.forwards
+
     def _on_forward(self, module, args, kwargs):
+        if self._training():
+            self._moved()
+            self.forwards += 1
         if self.due() and self._training():
             fp = batch_fingerprint(args, kwargs)
             if fp is not None:
@@ -185,6 +231,7 @@ class Guard:
                       "scale": scale}
 
     def _before_step(self, optimizer, args, kwargs):
+        self._moved()
         if self._optimizer is None:   # attached without an optimizer: the first one stepping these parameters
             self._optimizer = optimizer
             self._track(optimizer)
@@ -196,7 +243,7 @@ class Guard:
             if self.due():
                 self._check()
         finally:
-            self.step += 1
+            self.step, self.forwards, self._backward_of = self.step + 1, 0, -1
             self._fresh()
 
     # ---- the check -------------------------------------------------------------------------------------
@@ -217,6 +264,7 @@ class Guard:
             self.stopped = True   # the ranks no longer step together: no later check could be matched
             print(f"{missing.problem} The guard stops checking.", file=sys.stderr, flush=True)
             return
+        self._held()
         found = checks.find_problems(reports, self.static)
         self.problems += found
         errors = [p for p in found if p.severity == checks.ERROR]
@@ -232,3 +280,4 @@ class Guard:
         for h in self._handles:
             h.remove()
         self._handles = []
+        self.watcher.close()

@@ -220,3 +220,12 @@ def test_run_script_refuses_bad_input_before_starting_anything(args, kwargs, fie
 
     with pytest.raises(ValueError, match=f"^{field}"):
         ddplab.run_script(*args, **kwargs)
+
+
+def test_a_parameter_registered_after_ddp_wrapped_the_model_is_blamed_on_that_not_on_a_hook():
+    static = dict(STATIC, outside=[False, False, True], late=[False, False, True])
+    reports = healthy()
+    reports[1]["grads"][2] = [1, 6, 6]
+    (p,) = [p for p in checks.find_problems(reports, static) if p.kind == "unsynced-gradients"]
+    assert "head.w was registered on the model after DDP wrapped it" in p.message and "does not reduce" in p.message
+    assert "a hook, clipping" not in p.message and "outside the DDP model" not in p.message

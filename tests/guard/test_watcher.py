@@ -1,0 +1,66 @@
+"""The guard's watcher (`ddplab/guard/watcher.py`) on one store, with stand-in guards whose positions the
+test moves: it names a rank that sits behind a blocked one, and stays quiet while ranks are level or the
+ahead rank keeps stepping (DDP's join())."""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+
+import torch.distributed as dist
+
+from ddplab.guard.watcher import Watcher
+
+TIMEOUT_S = 1.5
+
+
+def watchers(*positions):
+    store = dist.HashStore()
+    guards = [SimpleNamespace(position=p, stopped=False, problems=[], rank=r, on_problem="warn")
+              for r, p in enumerate(positions)]
+    return guards, [Watcher(g, store, list(range(len(guards))), g.rank, TIMEOUT_S) for g in guards]
+
+
+def wait_for(predicate, limit_s: float) -> bool:
+    end = time.monotonic() + limit_s
+    while time.monotonic() < end:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return predicate()
+
+
+def test_a_rank_behind_a_blocked_one_is_named_by_every_rank_with_the_same_words():
+    guards, ws = watchers((5, 1, 1), (5, 0, 0))
+    try:
+        assert wait_for(lambda: all(w.problem for w in ws), 60), "no rank named the one that stopped"
+        assert ws[0].problem == ws[1].problem and ws[0].problem.ranks == (1,) and ws[0].problem.step == 5
+        assert ws[0].problem.message.startswith("rank 1 stopped stepping: rank 1 has not begun step 5")
+        assert all(g.stopped and g.problems == [ws[0].problem] for g in guards)
+    finally:
+        for w in ws:
+            w.close()
+
+
+def test_ranks_standing_level_are_not_named():
+    guards, ws = watchers((3, 1, 1), (3, 1, 1))   # both in the same collective, or both in a long pause
+    try:
+        time.sleep(3 * TIMEOUT_S)
+        assert [w.problem for w in ws] == [None, None] and not any(g.stopped for g in guards)
+    finally:
+        for w in ws:
+            w.close()
+
+
+def test_a_rank_that_left_the_loop_is_not_named_while_the_others_keep_stepping():
+    guards, ws = watchers((3, 1, 1), (3, 1, 1), (2, 0, 0))
+    try:
+        end = time.monotonic() + 3 * TIMEOUT_S
+        while time.monotonic() < end:   # ranks 0 and 1 keep stepping; rank 2 ran out of data (DDP's join())
+            for g in guards[:2]:
+                g.position = (g.position[0] + 1, 1, 1)
+            time.sleep(0.05)
+        assert [w.problem for w in ws] == [None, None, None]
+    finally:
+        for w in ws:
+            w.close()
