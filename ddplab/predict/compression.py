@@ -12,8 +12,12 @@ ranks and may change what travels (torch.distributed.algorithms.ddp_comm_hooks).
   (n + m) r x min_compression_rate < n m. A 1-D tensor (a bias, a norm's scale) never passes.
 - `noop`: no call at all; the local gradient is used as it is (the headroom of free communication).
 
-A ring all-reduce of N bytes has each rank send 2(D - 1)/D N (`comm.ring_bytes_per_rank`); gloo adds a
-fixed number of framing bytes per non-empty call, which the comm-hooks task measures in the same launch.
+The bucket holds only the parameters that require a gradient (DDP leaves frozen ones out of every
+bucket), so `shapes` are theirs. A ring all-reduce of N bytes has each rank send 2(D - 1)/D N
+(`comm.ring_bytes_per_rank`); gloo adds framing bytes per non-empty call, which grow with N (2 ranks,
+torch 2.13: 576 B up to 4 MiB, 2,304 B at 15-16 MiB: `gloo_framing`, docs/gloo-framing.md), so the
+comm-hooks task measures them in the same launch at every size its hooks send. The payload rule is
+exact (the bytes each call carries); what a rank writes is exact given the framing at each call's size.
 
 The step model (`step_ms`): with the whole gradient in one bucket, DDP launches the hook after the last
 gradient and nothing overlaps, so a step is its work on one rank, with communication free (the hook
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..units import MIB
 from .comm import ring_bytes_per_rank
 
 HOOKS = ("allreduce", "fp16", "bf16", "powersgd", "noop")
@@ -96,13 +101,33 @@ def payload_bytes(hook: str, shapes, step: int = 0, psgd: PowerSGD = PowerSGD())
     return sum(hook_calls(hook, shapes, step, psgd))
 
 
-def written_bytes(hook: str, shapes, world_size: int, framing_per_call: float, step: int = 0,
+def written_bytes(hook: str, shapes, world_size: int, framing_per_call, step: int = 0,
                   psgd: PowerSGD = PowerSGD()) -> float:
-    """Bytes one rank writes for the bucket: each call's ring share plus gloo's framing per call. An empty
-    call (PowerSGD's uncompressed tensors, when it compresses every one) writes nothing at all on torch
-    2.13's gloo (measured; it used to fail there, pytorch#58467)."""
+    """Bytes one rank writes for the bucket: each call's ring share plus gloo's framing for that call,
+    `framing_per_call` bytes, or `framing_per_call(call_bytes)` where it is a function of the size. An
+    empty call (PowerSGD's uncompressed tensors, when it compresses every one) writes nothing at all on
+    torch 2.13's gloo (measured; it used to fail there, pytorch#58467)."""
+    frame = framing_per_call if callable(framing_per_call) else (lambda _: framing_per_call)
     calls = hook_calls(hook, shapes, step, psgd)
-    return sum(ring_bytes_per_rank(c, world_size) for c in calls) + framing_per_call * sum(1 for c in calls if c)
+    return sum(ring_bytes_per_rank(c, world_size) + frame(c) for c in calls if c)
+
+
+GLOO_HEADER_BYTES = 144     # per piece of a message a rank sends (torch 2.13's gloo, measured)
+GLOO_SEGMENT_BYTES = MIB    # the largest piece
+
+
+def gloo_framing(n_bytes: int, world_size: int, element_bytes: int = 4) -> int:
+    """gloo's framing bytes one rank writes for an all-reduce of `n_bytes` on `world_size` ranks, as
+    measured on torch 2.13 (bench/gloo_framing.py): its ring cuts the message into S pieces of at most
+    1 MiB, at least 2 per rank and a multiple of the ranks, and each rank sends 2(D - 1)/D x S of them,
+    each behind a 144-byte header. For messages of at least 2D elements (smaller ones leave pieces
+    empty, and send fewer)."""
+    d = world_size
+    if n_bytes < 2 * d * element_bytes:
+        raise ValueError(f"n_bytes: the framing rule holds from 2 x world_size elements "
+                         f"({2 * d * element_bytes} bytes) on (got {n_bytes})")
+    pieces = -(-max(2 * d, -(-n_bytes // GLOO_SEGMENT_BYTES)) // d) * d
+    return GLOO_HEADER_BYTES * 2 * (d - 1) * pieces // d
 
 
 def compression_ratio(hook: str, shapes, step: int = 0, psgd: PowerSGD = PowerSGD()) -> float:

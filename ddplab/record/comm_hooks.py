@@ -3,7 +3,8 @@
 Per hook arm, what one rank saw: the learning steps (loss, the reduced gradient's error against the
 exact float32 average of the same local gradients, the bytes written during backward) and the timed
 steps (step, backward, bytes); plus gloo's framing measured in the same launch (all-reduces of known
-sizes, `SizeCalls`) and what torch refused, in its own words.
+sizes, `SizeCalls`, every size a hook sends among them), what torch refused, in its own words, and
+which parameters require a gradient (the bucket holds only those).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ class HookArm:
     steps: list[HookStep]
     param_gap: float | None   # |theta - theta_fp32| / |theta_fp32 - theta_0| after the learning steps
     first_step: int = 0       # the 0-based step index (PowerSGD's iteration) of the first timed step
+    bucket_bytes: int = 0     # bytes of the bucket DDP handed the hook (its gradients that require grad)
 
 
 @dataclass(frozen=True)
@@ -47,3 +49,4 @@ class CommHooksRecord:
     framing: list[SizeCalls]                  # all-reduces of known sizes on the world group
     arms: list[HookArm]
     refused: dict[str, str] = field(default_factory=dict)   # hook -> torch's error when registered as is
+    requires_grad: list[bool] | None = None   # per parameter; DDP's bucket holds those that do (None: all)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import statistics
 
+import numpy as np
 import pandas as pd
 
 from .. import claims, verify
@@ -49,6 +50,22 @@ def framing_per_call(run) -> float:
     return float(statistics.median(framing(run)[["framing_min", "framing_max"]].to_numpy().ravel()))
 
 
+def framing_at(run):
+    """gloo's framing as a function of a call's bytes: the median measured at that size (the task
+    measures every size its hooks send), linear between the measured sizes for any other."""
+    table = framing(run)
+    sizes, measured = list(table.index), list(table["written"] - table["ring_share"])
+    return lambda n: float(np.interp(n, sizes, measured))   # the end sizes' framing beyond them
+
+
+def bucket_shapes(run) -> list[list[int]]:
+    """The shapes of the gradients in the hooks' one bucket: the parameters that require a gradient
+    (DDP leaves frozen ones out of its buckets)."""
+    result = run.ranks[0].result
+    keep = result.requires_grad or [True] * len(result.parameter_shapes)
+    return [s for s, k in zip(result.parameter_shapes, keep) if k]
+
+
 def _step_indices(arm) -> list[tuple[str, int, int]]:
     """(phase, 0-based step index, bytes written) for every step of `arm` that wrote bytes."""
     out = [("learn", t, s.write_bytes) for t, s in enumerate(arm.learn)]
@@ -57,11 +74,13 @@ def _step_indices(arm) -> list[tuple[str, int, int]]:
 
 def bytes_table(run, rule=compression.written_bytes) -> pd.DataFrame:
     """Per hook and per kind of step (PowerSGD's plain steps apart from its compressed ones): the bytes
-    the hook all-reduces (its payload rule), what `rule` predicts each rank writes (ring share + framing
-    per call), what the ranks wrote (median, min, max over every rank and step) and the worst relative
-    error. `rule(hook, shapes, world_size, framing, step, psgd)` is the prediction under test."""
-    w, psgd, frame = run.world_size, _psgd(run), framing_per_call(run)
-    shapes = run.ranks[0].result.parameter_shapes
+    the hook all-reduces (its payload rule, on the gradients that require grad: `bucket_shapes`), what
+    `rule` predicts each rank writes (ring share + gloo's framing at each call's size, `framing_at`),
+    what the ranks wrote (median, min, max over every rank and step) and the worst relative error.
+    `rule(hook, shapes, world_size, framing, step, psgd)` is the prediction under test (`framing`: bytes
+    as a function of a call's size)."""
+    w, psgd, frame = run.world_size, _psgd(run), framing_at(run)
+    shapes = bucket_shapes(run)
     rows = {}
     for r in run.ranks:
         for arm in (a for a in r.result.arms if a.group == "world"):
@@ -137,7 +156,7 @@ def timing(run) -> pd.DataFrame:
     gradient, so nothing of backward's own compute runs beside it)."""
     if not run.spec.task.local:
         raise ValueError("task.local: the step model needs each hook on a one-rank group; run with local=True")
-    psgd, shapes, w, fit = _psgd(run), run.ranks[0].result.parameter_shapes, run.world_size, model_fit(run)
+    psgd, shapes, w, fit = _psgd(run), bucket_shapes(run), run.world_size, model_fit(run)
     link = run.spec.link
     link_s = (lambda c: link.wire_s(c, w)) if link is not None else None
     local_base = paired_ms(run, "allreduce", "local")

@@ -26,6 +26,18 @@ def test_payload_rule_by_hand():
     assert compression.written_bytes("fp16", shapes, world_size=4, framing_per_call=100) == 80 * 1.5 + 100
     # every tensor compressed: the uncompressed call is empty and writes nothing, framing included
     assert compression.written_bytes("powersgd", [[8, 4]], 2, 100, step=2, psgd=one) == (32 + 16) + 2 * 100
+    # gloo's framing as a function of each call's size: every call pays its own
+    assert compression.written_bytes("powersgd", shapes, 2, lambda n: n, step=2, psgd=one) == 2 * (32 + 32 + 16)
+
+
+def test_gloos_framing_grows_with_its_1_mib_pieces():
+    """The rule's arithmetic (the slow test tests/tasks/test_comm_hooks.py checks it on real ranks)."""
+    mib = 2 ** 20
+    assert compression.gloo_framing(16, 2) == compression.gloo_framing(4 * mib, 2) == 4 * 144
+    assert [compression.gloo_framing(n * mib, 2) for n in (6, 15, 16)] == [6 * 144, 16 * 144, 16 * 144]
+    assert compression.gloo_framing(8 * mib, 4) == 12 * 144 and compression.gloo_framing(14 * mib, 4) == 24 * 144
+    with pytest.raises(ValueError, match="n_bytes"):
+        compression.gloo_framing(8, 2)   # 2 elements on 2 ranks: pieces left empty, outside the rule
 
 
 ORACLE = """

@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 from ddplab import recipes, verify
-from ddplab.predict import compression
+from ddplab.predict import comm, compression
 from ddplab.tables import compression as hooks
 from tests.support import share
 
@@ -21,7 +21,14 @@ def _exps():
     return [recipes.comm_hooks(**SMALL),
             recipes.comm_hooks(world_size=4, local=False, learn_steps=3, rounds=1, steps=1),
             recipes.comm_hooks(model="ddplab.examples.matrices:matrices_only", hooks=("allreduce", "powersgd"),
-                               name="comm-hooks-matrices", learn_steps=4, rounds=1, steps=1)]
+                               name="comm-hooks-matrices", learn_steps=4, rounds=1, steps=1),
+            recipes.comm_hooks(model="tests.support.gradient_models:frozen_matrix", hooks=("allreduce", "fp16", "powersgd"),
+                               name="comm-hooks-frozen", local=False, learn_steps=3, rounds=1, steps=1),
+            recipes.allreduce_sweep(2, min_bytes=4096, max_bytes=4096, repeats=2, extra_bytes=FRAMING_SIZES,
+                                    name="gloo-framing")]
+
+
+FRAMING_SIZES = (64, 4 * 2 ** 20, 6 * 2 ** 20, 15 * 2 ** 20)   # one header's count, and where gloo adds pieces
 
 
 share("comm-hooks", _exps)
@@ -33,7 +40,7 @@ def runs(shared_runs):
     return {r.spec.name: r for r in shared_runs["comm-hooks"]}
 
 
-@pytest.mark.parametrize("name", ["comm-hooks-w2", "comm-hooks-w4", "comm-hooks-matrices"])
+@pytest.mark.parametrize("name", ["comm-hooks-w2", "comm-hooks-w4", "comm-hooks-matrices", "comm-hooks-frozen"])
 def test_every_rank_writes_the_payload_rules_bytes_in_every_step(runs, name):
     table = hooks.bytes_table(runs[name])
     hooks.verify_bytes(table)
@@ -53,7 +60,7 @@ def _forgets_q(hook, shapes, w, framing, step, psgd):
     """PowerSGD sending only its P factors (the uncompressed tensors and P, no Q)."""
     calls = compression.hook_calls(hook, shapes, step, psgd)
     if hook == "powersgd" and len(calls) == 3:
-        return sum(calls[:2]) * 2 * (w - 1) / w + 2 * framing
+        return sum(calls[:2]) * 2 * (w - 1) / w + framing(calls[0]) + framing(calls[1])
     return compression.written_bytes(hook, shapes, w, framing, step, psgd)
 
 
@@ -61,8 +68,14 @@ def _no_framing(hook, shapes, w, framing, step, psgd):
     return compression.written_bytes(hook, shapes, w, 0, step, psgd)
 
 
+def _counts_the_frozen_matrix(hook, shapes, w, framing, step, psgd):
+    """The rule on every parameter's shape, the frozen matrix's too (what the table did before)."""
+    return compression.written_bytes(hook, [*shapes, [128, 128]], w, framing, step, psgd)
+
+
 @pytest.mark.parametrize("rule,name", [(_ignores_start, "comm-hooks-w2"), (_fp16_at_four_bytes, "comm-hooks-w2"),
-                                       (_forgets_q, "comm-hooks-w2"), (_no_framing, "comm-hooks-w4")])
+                                       (_forgets_q, "comm-hooks-w2"), (_no_framing, "comm-hooks-w4"),
+                                       (_counts_the_frozen_matrix, "comm-hooks-frozen")])
 def test_a_wrong_payload_rule_fails_the_check(runs, rule, name):
     with pytest.raises(verify.CheckFailed, match="payload rule"):
         hooks.verify_bytes(hooks.bytes_table(runs[name], rule=rule))
@@ -122,3 +135,38 @@ def test_a_narrower_jobs_own_groups_leave_the_next_jobs_groups_meeting(tmp_path)
         assert s.jobs == 2 and s.alive()
     assert [a.group for a in small.ranks[0].result.arms] == ["world", "local"]
     assert len(after.ranks) == 4
+
+
+def test_a_frozen_matrix_is_in_no_bucket_and_in_no_payload(runs):
+    run = runs["comm-hooks-frozen"]
+    result = run.ranks[0].result
+    assert result.parameter_names == ["emb.weight", "mix.weight", "head.weight", "head.bias"]
+    assert result.requires_grad == [True, False, True, True]
+    payload = compression.payload_bytes("allreduce", hooks.bucket_shapes(run))
+    carried = {a.bucket_bytes for r in run.ranks for a in r.result.arms}   # what DDP handed every hook, every rank
+    assert carried == {payload}
+    assert compression.payload_bytes("allreduce", result.parameter_shapes) - payload == 4 * 128 * 128
+    table = hooks.bytes_table(run)
+    assert table.loc[("allreduce", "every step"), "payload_bytes"] == payload
+    assert (table["worst_rel_error"] == 0).all(), table   # exact: the payload, and gloo's framing at each size
+
+
+def test_gloos_framing_is_measured_at_every_size_a_hook_sends(runs):
+    for name in ("comm-hooks-w2", "comm-hooks-frozen"):
+        run, psgd = runs[name], hooks._psgd(runs[name])
+        measured = set(hooks.framing(run).index)
+        sent = {c for h in run.spec.task.hooks for step in (0, psgd.start_iter)
+                for c in compression.hook_calls(h, hooks.bucket_shapes(run), step, psgd) if c}
+        assert sent <= measured, sent - measured
+        frame = hooks.framing_at(run)
+        assert all(frame(n) == hooks.framing(run).loc[n, "written"] - hooks.framing(run).loc[n, "ring_share"]
+                   for n in sent)
+
+
+def test_gloos_framing_grows_by_its_pieces_as_the_rule_says(runs):
+    run = runs["gloo-framing"]
+    for per_rank in zip(*[r.result.sizes for r in run.ranks]):
+        n = per_rank[0].bytes
+        framing = {b - comm.ring_bytes_per_rank(n, 2) for c in per_rank for b in c.write_bytes}
+        assert framing == {compression.gloo_framing(n, 2)}, (n, framing)
+    assert compression.gloo_framing(15 * 2 ** 20, 2) == 4 * compression.gloo_framing(4 * 2 ** 20, 2)

@@ -8,7 +8,8 @@ needs and changes nothing they do:
   hook's all-reduces (`predict.compression.hook_calls`, one latency per call);
 - in the learning steps it keeps the bucket's local gradient before the hook runs, and its result.
 
-1. framing: all-reduces of known sizes, every rank writing its bytes (gloo's framing per call);
+1. framing: all-reduces of known sizes, every rank writing its bytes (gloo's framing per call, which
+   grows with the size: bench/gloo_framing.py), among them every size a hook's call sends;
 2. learning: `learn_steps` steps from the common start, the same batches for every hook: the global
    loss, the reduced gradient against the exact average of the same local gradients (one extra
    all-reduce after backward, outside the hook), the bytes written during backward;
@@ -66,7 +67,7 @@ class _Arm:
             except (TypeError, RuntimeError) as e:
                 refused["bf16"] = f"{type(e).__name__}: {e}"
         self.world_size = dist.get_world_size(group)
-        self.calls = self.iteration = 0
+        self.calls = self.iteration = self.bucket_bytes = 0
         self.keep: dict | None = None
         self.learn: list[LearnStep] = []
         self.steps: list[HookStep] = []
@@ -77,6 +78,7 @@ class _Arm:
         if self.keep is not None:
             self.keep["local"] = bucket.buffer().clone()   # before the hook: PowerSGD adds its error in place
         calls = hook_calls(self.hook, [g.shape for g in bucket.gradients()], self.iteration, self.psgd)
+        self.bucket_bytes = bucket.buffer().numel() * bucket.buffer().element_size()   # what DDP hands the hook
         fut = TORCH_HOOKS[self.hook](state, bucket)
         sent = [c for c in calls if c]   # an empty all-reduce sends nothing (predict.compression)
         if not self.local and sent:
@@ -129,11 +131,14 @@ class _Arm:
         self.steps.append(HookStep(round_, ms_after(t3, t0), ms_after(t2, t1), written))
 
 
-def _framing(ctx, grad_bytes: int) -> list[SizeCalls]:
-    """All-reduces of a few sizes up to the whole gradient, each after a barrier: the time and the bytes
-    this rank wrote (what a call costs beyond its ring share: gloo's framing)."""
-    sizes = sorted({4096, 65536, grad_bytes // 8 * 4, grad_bytes // 4 * 4})   # gloo frames a 4-byte call apart
-    buffers = {n: torch.ones(n // 4, device=ctx.device) for n in sizes}
+def _framing(ctx, calls: set[int]) -> list[SizeCalls]:
+    """All-reduces of two small sizes and of every size in `calls` (what the hooks send), each after a
+    barrier: the time and the bytes this rank wrote (what a call costs beyond its ring share: gloo's
+    framing, which depends on the size)."""
+    sizes = sorted({4096, 65536} | {n for n in calls if n > 4})   # gloo frames a 4-byte call apart
+    # fp16's call of an odd number of elements is no whole number of float32s: it goes as float16
+    buffers = {n: torch.ones(n // 4 if n % 4 == 0 else n // 2, device=ctx.device,
+                             dtype=torch.float32 if n % 4 == 0 else torch.float16) for n in sizes}
     ms, written = {n: [] for n in sizes}, {n: [] for n in sizes}
     for rep in range(FRAMING_REPEATS + 1):
         for n in sizes if rep % 2 == 0 else reversed(sizes):
@@ -153,11 +158,14 @@ def run(ctx):
     built = models.build_with_data(exp)
     base = built.module.to(device=ctx.device)
     names = [n for n, _ in base.named_parameters()]
-    grad_bytes = sum(p.numel() * p.element_size() for p in base.parameters())
+    trainable = [p for p in base.parameters() if p.requires_grad]   # DDP's buckets hold only these
+    grad_bytes = sum(p.numel() * p.element_size() for p in trainable)
     one_bucket_mb = grad_bytes / MIB + 1   # every gradient in one bucket (the first bucket's cap too)
     ones = ctx.extra_groups   # with `local`: a one-rank gloo group per rank (`CommHooks.extra_groups`)
     log.enter("framing")
-    framing = _framing(ctx, grad_bytes)
+    psgd = PowerSGD(task.matrix_approximation_rank, task.start_powerSGD_iter, task.min_compression_rate)
+    framing = _framing(ctx, {c for h in task.hooks for step in (0, task.start_powerSGD_iter)
+                             for c in hook_calls(h, [p.shape for p in trainable], step, psgd)})
     refused: dict[str, str] = {}
     arms = []
     for i, hook in enumerate(task.hooks):
@@ -194,6 +202,6 @@ def run(ctx):
             for a in order:
                 a.timed_step(x, y, group, r)
     out = [HookArm(a.hook, "local" if a.local else "world", a.calls, a.learn, a.steps,
-                   gaps[k] if k < len(arms) else None, first[k]) for k, a in enumerate(everyone)]
+                   gaps[k] if k < len(arms) else None, first[k], a.bucket_bytes) for k, a in enumerate(everyone)]
     shapes = [list(p.shape) for p in base.parameters()]
-    return CommHooksRecord(names, shapes, framing, out, refused), {}
+    return CommHooksRecord(names, shapes, framing, out, refused, [p.requires_grad for p in base.parameters()]), {}
