@@ -42,7 +42,7 @@ _NODE_LOST = re.compile(r"ddplab-nodes: node agent (\d+) was ended by (\S+); its
 # timeout: WorkNCCL(SeqNum=6, OpType=ALLREDUCE, NumelIn=1, ...) ran for 5002 milliseconds before timing out."
 _NCCL_TIMEOUT = re.compile(r"Rank (\d+)\][^\n]*?Watchdog caught collective operation timeout: "
                            r"WorkNCCL\(SeqNum=(\d+), OpType=(\w+)")
-# torchrun's agent caught SIGTERM, SIGINT, SIGHUP or SIGQUIT: it stops its ranks and raises this
+# torchrun's agent caught SIGTERM, SIGINT, SIGHUP or SIGQUIT: it stops its ranks and raises this (and may log it)
 _AGENT_SIGNAL = re.compile(r"SignalException: Process (\d+) got signal: (\d+)")
 FLIGHT_PREFIX = "nccl_trace_rank_"   # TORCH_FR_DUMP_TEMP_FILE's prefix in a launch directory (launch.torchrun)
 
@@ -79,10 +79,21 @@ def agent_death(code: int | None, pid: int, log_text: str) -> str:
     signal it caught (its log says "got signal": it stopped its ranks and exited); "" otherwise."""
     if code is not None and code < 0:
         return f"torchrun, the launch's agent (pid {pid}), {exit_said(code)}"
-    caught = _AGENT_SIGNAL.search(log_text)
-    if caught and code:
-        return (f"torchrun, the launch's agent (pid {caught.group(1)}), received "
-                f"{signal_name(int(caught.group(2)))}, stopped its ranks and exited with code {code}")
+    caught = caught_signal(code, log_text)
+    if caught:
+        return f"torchrun, the launch's agent (pid {pid}), received {caught}, stopped its ranks and exited with code {code}"
+    return ""
+
+
+def caught_signal(code: int | None, log_text: str) -> str:
+    """The signal torchrun's agent caught before it exited with `code` (pure): its log says "got signal",
+    or it exited with 128 + the signal's number as a shell does (torch 2.13 exits 143 on SIGTERM, logging
+    nothing); "" if neither."""
+    said = _AGENT_SIGNAL.search(log_text)
+    if said and code:
+        return signal_name(int(said.group(2)))
+    if code is not None and 128 < code < 128 + 65 and signal_name(code - 128).startswith("SIG"):
+        return signal_name(code - 128)
     return ""
 
 
@@ -138,10 +149,9 @@ def session_death(code: int, pid: int, log_text: str, lost_dir=None) -> str:
     down (pure)."""
     if code < 0:
         return f"torchrun, the session's launcher (pid {pid}), {exit_said(code)}, and its ranks went with it"
-    caught = _AGENT_SIGNAL.search(log_text)
+    caught = caught_signal(code, log_text)
     if caught:
-        return (f"torchrun, the session's launcher (pid {caught.group(1)}), received "
-                f"{signal_name(int(caught.group(2)))} and stopped its ranks (exit code {code})")
+        return f"torchrun, the session's launcher (pid {pid}), received {caught} and stopped its ranks (exit code {code})"
     exits = exit_codes(log_text)
     # torchrun SIGTERMs the ranks still running once one fails: those are the consequence, not the cause
     first = {r: c for r, c in exits.items() if c != -signal.SIGTERM} or exits

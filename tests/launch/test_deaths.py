@@ -17,7 +17,7 @@ import pytest
 
 import ddplab
 from ddplab import Experiment, RunFailed, rundir
-from ddplab.deaths import Deaths, deaths_from, session_death
+from ddplab.deaths import Deaths, agent_death, deaths_from, session_death
 from ddplab.failures import diagnose
 from ddplab.launch import session as sessions
 from ddplab.launch.watch import Watch
@@ -59,6 +59,9 @@ def test_torchrun_killed_from_outside_is_said_and_no_rank_is_blamed_for_it():
     assert d.kind == "agent-died" and "was killed by SIGKILL mid-run" in d.summary and "No rank failed" in d.summary
     d = diagnose({}, {}, set(), 2, 60, False, PHASES, deaths=dead)
     assert "at start-up" in d.summary
+    assert agent_death(-12, 9, "").endswith("was killed by SIGUSR2")
+    assert "received SIGTERM" in agent_death(143, 9, "")   # caught: it stops its ranks, exits 128 + 15
+    assert agent_death(1, 9, "") == ""   # a rank failed: torchrun's own exit, no outside signal
 
 
 def test_a_rank_frozen_before_its_first_record_is_said_stopped_not_never_started():
@@ -107,6 +110,7 @@ def test_a_session_that_died_names_the_rank_the_signal_or_its_deleted_directory(
     assert session_death(1, 5, log) == "rank 1 was killed by SIGKILL, so torchrun stopped the session (exit code 1)"
     caught = "SignalException: Process 77 got signal: 15\n"
     assert "received SIGTERM" in session_death(1, 5, caught)
+    assert "received SIGTERM" in session_death(143, 5, "")   # torch 2.13's agent exits 128 + 15, saying nothing
     assert "its directory /s was deleted" in session_death(0, 5, "", Path("/s"))
 
 
