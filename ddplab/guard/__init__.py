@@ -24,7 +24,14 @@ fingerprints (through the rendezvous store, never a collective), and every rank 
   counts), DDP then averaging the ranks;
 - a sampler that repeats the previous epoch's order (`set_epoch` forgotten); and, as a note, the
   examples a DistributedSampler pads (read twice) or drops each epoch;
-- a rank that stopped calling the guard: the others wait `timeout_s` for it, then name it.
+- gradients of a parameter registered on the model after DDP wrapped it (DDP never reduces it);
+- a rank that stopped stepping, after `timeout_s`: at a check, the others name it when its report does
+  not come; between checks (the others then wait inside DDP's collectives, where no hook runs), a thread
+  per rank (`watcher.py`) names it. A rank blocked in a collective cannot raise: with on_problem="raise"
+  it prints the verdict and ends its process (exit code 1), so torchrun stops the job; the rank that
+  stopped raises the verdict if it comes back. What the watcher cannot tell apart: a rank that stops where
+  the others wait too (inside backward, in a collective), a rank slow in every step but never still for
+  `timeout_s`, and a hang of the whole group.
 
 A Hugging Face model's `output.loss` is picked up without `guard.loss`. `on_problem="warn"` prints each
 kind of problem once (from the lowest rank involved) and keeps training; `guard.problems` lists them all.
@@ -36,7 +43,8 @@ Without an optimizer, the guard hooks every optimizer that updates the model's p
 bounded by `every` (`python bench/guard_overhead.py`).
 
 `fingerprint.py`: exact tensor fingerprints and the loss's reduction; `checks.py`: the verdicts (pure);
-`hooks.py`: what the hooks record (`Guard`); `exchange.py`: the reports through the store; `sampler.py`:
+`hooks.py`: what the hooks record (`Guard`); `exchange.py`: the reports through the store; `watcher.py`: the
+thread that names a rank which stopped between checks; `sampler.py`:
 each epoch's order; `__main__.py`: `torchrun ... -m ddplab.guard train.py`, a script left unchanged.
 """
 

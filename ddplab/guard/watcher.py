@@ -6,20 +6,20 @@ broadcast in forward, its gradient all-reduce at the end of backward), and a thr
 never reaches the hook where the ranks swap reports (`exchange.py`). So each rank's hooks keep its
 position, (optimizer steps taken, training forwards of this step, whether backward has begun since the
 last forward), and the watcher posts it to the store when it changes (`beat/<index>`) and reads every
-other rank's, every `period_s`. A rank whose own position has not moved for `timeout_s` while another's sits
-behind it, as long unchanged, is waiting for that rank: its watcher writes one verdict for the group
-(`stall`, by compare-and-set, so every rank has the same words). Ranks at the same position never trigger it
-(they are in the same collective, or the exchange is waiting for them), nor does a rank that keeps stepping
-while another has left the loop (DDP's join()).
+other rank's, every `period_s` (a tenth of `timeout_s`, at most 5 s). A rank whose own position has not
+moved for `timeout_s` while another's sits behind it, as long unchanged, is waiting for that rank: its
+watcher writes one verdict for the group (`stall`, by compare-and-set, so every rank has the same words).
+Ranks at the same position never trigger it (they are in the same collective, or the exchange is waiting
+for them), nor does a rank that keeps stepping while another has left the loop (DDP's join()).
 
 Then each waiting rank prints the verdict on stderr. It cannot raise it: its main thread is inside a gloo
-collective, which Python cannot interrupt and ProcessGroupGloo.abort() does not release (torch 2.13). With
-on_problem="raise" the waiting rank then ends its own process (exit code 1, after flushing its output), as
-torch's NCCL watchdog does on a collective timeout, so torchrun stops the job now rather than after the
-process group's own timeout (30 minutes by default); with "warn" it keeps waiting. The rank that stopped
-raises the same words as a GuardError at its next forward or optimizer step ("raise"), or prints them
-("warn"). The watcher shares the rendezvous store's connection with the exchange, so while the exchange
-waits for reports (and names a missing rank itself) the watcher's calls wait too.
+collective, which Python cannot interrupt and ProcessGroupGloo.abort() does not release (torch 2.13.0
+and 2.14.1). With on_problem="raise" the waiting rank then ends its own process (exit code 1, after
+flushing its output), as torch's NCCL watchdog does on a collective timeout, so torchrun stops the job now
+rather than after the process group's own timeout (30 minutes by default); with "warn" it keeps waiting.
+The rank that stopped raises the same words as a GuardError at its next forward or optimizer step
+("raise"), or prints them ("warn"). The watcher shares the rendezvous store's connection with the
+exchange, so while the exchange waits for reports (and names a missing rank itself) the watcher waits too.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ class Watcher:
     def __init__(self, guard, store, ranks: list[int], index: int, timeout_s: float):
         self.guard, self.store, self.ranks, self.index = guard, store, list(ranks), index
         self.timeout_s = float(timeout_s)
-        self.period_s = min(1.0, self.timeout_s / 5)
+        self.period_s = min(5.0, self.timeout_s / 10)   # a verdict comes at most a tenth of timeout_s late
         self.problem: checks.Problem | None = None   # the group's verdict, once this rank has read it
         self._posted = None
         self._seen: dict[int, tuple] = {}   # index -> (position, monotonic time it was first seen there)
@@ -51,7 +51,7 @@ class Watcher:
     def close(self) -> None:
         self._stop.set()
         if self._thread is not threading.current_thread():
-            self._thread.join(timeout=5 * self.period_s + 1)
+            self._thread.join(timeout=self.period_s + 2)
 
     def verdict(self) -> checks.Problem | None:
         """The group's verdict, read from the store now (the main thread calls it after a long pause)."""
@@ -82,9 +82,13 @@ class Watcher:
         """The group's verdict, if there is one now (this rank's, if it finds a rank it waits for)."""
         now, mine = time.monotonic(), tuple(self.guard.position)
         self._post(mine)
-        for i in range(len(self.ranks)):
-            key = f"beat/{i}"
-            position = tuple(json.loads(self.store.get(key))) if self.store.check([key]) else (0, 0, 0)
+        keys = [f"beat/{i}" for i in range(len(self.ranks))]
+        if self.store.check(keys):   # two calls to the store, however many ranks
+            raws = self.store.multi_get(keys)
+        else:   # a rank that has not attached its guard yet: not begun
+            raws = [self.store.get(k) if self.store.check([k]) else b"[0, 0, 0]" for k in keys]
+        for i, raw in enumerate(raws):
+            position = tuple(json.loads(raw))
             if self._seen.get(i, (None,))[0] != position:
                 self._seen[i] = (position, now)
         if self.store.check(["stall"]):
@@ -132,7 +136,8 @@ class Watcher:
         if self.guard.on_problem == "warn":
             return
         print(f"{self.problem}\nddplab.guard ends rank {self.guard.rank} (exit code {EXIT_CODE}): it waits inside a "
-              "collective, which cannot be interrupted, and on_problem='raise' stops the run.", file=sys.stderr, flush=True)
+              "collective, which cannot be interrupted, and on_problem='raise' stops the run.",
+              file=sys.stderr, flush=True)
         sys.stdout.flush()
         os._exit(EXIT_CODE)
 

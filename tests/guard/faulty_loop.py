@@ -1,14 +1,16 @@
 """A plain DDP loop with ddplab.guard (every=1) and one fault, for tests/guard/test_guard_faults.py:
 
-    torchrun --nproc-per-node 2 faulty_loop.py stops-before-forward --sleep 600 --timeout 5
+    torchrun --nproc-per-node 2 faulty_loop.py stops --at forward --sleep 600 --timeout 5
     torchrun --nproc-per-node 2 faulty_loop.py late-parameter
 
-stops-before-forward  rank 1 sleeps `--sleep` s before step 5's forward, so the others wait in DDP's
-                      collectives and never reach the guard's optimizer hook
-late-parameter        `net.late`, registered after DDP wrapped `net`, used in the forward and optimized
+stops           rank 1 sleeps `--sleep` s in step 5: before its forward or its backward (the others then
+                wait inside DDP's collectives and never reach the guard's optimizer hook), or before its
+                optimizer step (the others wait in the guard's own check)
+late-parameter  `net.late`, registered after DDP wrapped `net`, used in the forward and optimized
 
 Each rank prints one JSON line at the end: {"rank", "steps", "error": the GuardError's text or null,
-"kinds": the problems' kinds, "problems": every problem the guard recorded}.
+"kinds": the problems' kinds, "problems": every problem the guard recorded}. After a GuardError in
+`stops` it exits 1, as an uncaught one would, so torchrun stops the rank still asleep.
 """
 
 from __future__ import annotations
@@ -40,7 +42,8 @@ class Net(nn.Module):
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("fault", choices=("stops-before-forward", "late-parameter"))
+    parser.add_argument("fault", choices=("stops", "late-parameter"))
+    parser.add_argument("--at", choices=("forward", "backward", "step"), default="forward")
     parser.add_argument("--sleep", type=float, default=600.0)
     parser.add_argument("--timeout", type=float, default=5.0)
     parser.add_argument("--on-problem", default="raise")
@@ -58,10 +61,16 @@ def main() -> None:
     steps, error, kinds = 0, None, []
     try:
         for step in range(args.steps):
-            if args.fault == "stops-before-forward" and rank == 1 and step == 5:
+            stops = args.fault == "stops" and rank == 1 and step == 5
+            if stops and args.at == "forward":
                 time.sleep(args.sleep)
             x, y = torch.randn(16, 8, generator=g), torch.randint(0, 4, (16,), generator=g)
-            F.cross_entropy(model(x), y).backward()
+            loss = F.cross_entropy(model(x), y)
+            if stops and args.at == "backward":
+                time.sleep(args.sleep)
+            loss.backward()
+            if stops and args.at == "step":
+                time.sleep(args.sleep)
             optimizer.step()
             optimizer.zero_grad()
             steps += 1
@@ -70,6 +79,8 @@ def main() -> None:
     problems = [{"kind": p.kind, "step": p.step, "ranks": list(p.ranks), "message": p.message} for p in guard.problems]
     guard.close()
     print(json.dumps({"rank": rank, "steps": steps, "error": error, "kinds": kinds, "problems": problems}), flush=True)
+    if error is not None and args.fault == "stops":
+        raise SystemExit(1)
     dist.destroy_process_group()
 
 
