@@ -29,7 +29,7 @@ class Deaths:
     # simulated nodes (launch/nodes.py): agent -> (the signal that ended its torchrun agent, its ranks)
     lost_nodes: dict[int, tuple[str, list[int]]] = field(default_factory=dict)
     exits: dict[int, int] = field(default_factory=dict)      # rank -> its exit code (> 0: os._exit, sys.exit)
-    agent: str = ""   # torchrun itself ended by a signal, not by its ranks: "torchrun (pid 7) was killed by SIGKILL"
+    agent: str = ""   # torchrun itself ended by a signal, not by its ranks: "torchrun, the launch's agent, was killed by SIGKILL"
 
 
 _EXIT = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank[^\n]*\n\s*exitcode\s*:\s*(-?\d+)")
@@ -73,15 +73,15 @@ def deaths_from(log_text: str, stacks: dict[int, str] | None = None) -> Deaths:
     return Deaths(signals, dict(stacks or {}), native, timeouts, lost_nodes=lost, exits=exits)
 
 
-def agent_death(code: int | None, pid: int, log_text: str) -> str:
+def agent_death(code: int | None, log_text: str) -> str:
     """How torchrun's agent itself died, if something outside the launch ended it (pure): killed by a
     signal (its exit status `code` is negative: SIGKILL, or SIGUSR2 that it does not catch), or a
     signal it caught (its log says "got signal": it stopped its ranks and exited); "" otherwise."""
     if code is not None and code < 0:
-        return f"torchrun, the launch's agent (pid {pid}), {exit_said(code)}"
+        return f"torchrun, the launch's agent, {exit_said(code)}"
     caught = caught_signal(code, log_text)
     if caught:
-        return f"torchrun, the launch's agent (pid {pid}), received {caught}, stopped its ranks and exited with code {code}"
+        return f"torchrun, the launch's agent, received {caught}, stopped its ranks and exited with code {code}"
     return ""
 
 

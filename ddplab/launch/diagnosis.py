@@ -35,7 +35,7 @@ def first_failure(exps, run_dirs, launch_dir: Path, proc, timeout_s: float, watc
     if proc.returncode not in (0, None):
         kill_tree(proc, spec_path)  # torchrun stopped its ranks; sweep for any that escaped
     log = launch_dir / rundir.LOG
-    agent = (deaths.agent_death(proc.returncode, proc.pid, log.read_text(errors="replace") if log.exists() else "")
+    agent = (deaths.agent_death(proc.returncode, log.read_text(errors="replace") if log.exists() else "")
              if agent_watched and not watchdog else "")
 
     def first_cause_ns(f) -> float:   # one host's clock: across nodes the order is approximate

@@ -113,8 +113,8 @@ class Watch:
                 self.frozen[r] = state
 
     def _unrecorded_ranks(self) -> dict[int, int]:
-        """rank -> pid of torchrun's children that have not written a progress record yet (still importing
-        torch, or joining): torchrun gives each its RANK in its environment."""
+        """rank -> pid of the rank processes under torchrun (`agent_pid`: it, or the process above it), found
+        before their first progress record (still importing torch, or joining): torchrun gives each its RANK."""
         import psutil
 
         if self.agent_pid is None:
@@ -126,6 +126,8 @@ class Watch:
             return {}
         for p in children:
             try:
+                if host.WORKER not in " ".join(p.cmdline()):   # torchrun's own helpers, the keeper's
+                    continue
                 rank = p.environ().get("RANK")
             except psutil.Error:
                 continue
