@@ -26,11 +26,13 @@ def at(log: ProgressLog, rank: int) -> None:
     _log.append(log)
     _file.append(open(progress_file(log.run_dir, rank), "a", buffering=1))
     if not _registered:
-        import torch._dynamo.callback as callback
-
-        callback.callback_handler.register_start_callback(lambda args: _mark(True))
-        callback.callback_handler.register_end_callback(lambda args: _mark(False))
         _registered.append(True)
+        try:
+            from torch._dynamo.callback import callback_handler
+        except ImportError:   # a torch without Dynamo's callbacks: compiles get the usual stall limit
+            return
+        callback_handler.register_start_callback(lambda args: _mark(True))
+        callback_handler.register_end_callback(lambda args: _mark(False))
 
 
 def stop() -> None:
