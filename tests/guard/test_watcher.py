@@ -4,11 +4,15 @@ ahead rank keeps stepping (DDP's join())."""
 
 from __future__ import annotations
 
+import json
 import time
 from types import SimpleNamespace
 
+import pytest
+import torch
 import torch.distributed as dist
 
+import ddplab.guard
 from ddplab.guard.watcher import Watcher
 
 TIMEOUT_S = 1.5
@@ -64,3 +68,20 @@ def test_a_rank_that_left_the_loop_is_not_named_while_the_others_keep_stepping()
     finally:
         for w in ws:
             w.close()
+
+
+def test_a_rank_named_while_it_was_away_raises_the_verdict_at_its_next_forward():
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2))
+        guard = ddplab.guard.attach(model, torch.optim.SGD(model.parameters(), lr=0.1), timeout_s=TIMEOUT_S)
+        model(torch.ones(1, 2))   # no verdict yet: the forward goes on
+        guard.exchange.store.set("stall", json.dumps({"missing": [0], "step": 0, "text": "rank 0 stopped stepping"}))
+        guard._moved_at -= 2 * TIMEOUT_S   # as if this rank had been away longer than timeout_s
+        with pytest.raises(ddplab.guard.GuardError, match="step 0: rank 0 stopped stepping"):
+            model(torch.ones(1, 2))
+        model(torch.ones(1, 2))   # raised once; the guard has stopped checking
+        assert guard.stopped and [p.kind for p in guard.problems] == ["rank-stopped"]
+        guard.close()
+    finally:
+        dist.destroy_process_group()
