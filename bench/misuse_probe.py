@@ -4,6 +4,7 @@ and signals, and count the outcomes per category.
     python bench/misuse_probe.py                    # every category (about 10 minutes on 2 cores)
     python bench/misuse_probe.py --only fuzz files  # some of them
     python bench/misuse_probe.py --fuzz-examples 500
+    python bench/misuse_probe.py --only owned guard deaths gradients refusals   # issue 51's round
 
 Each case ends in one of:
 - clear: a ValueError (naming the field, for the constructor fuzz), a `RunFailed` diagnosis, a
@@ -365,7 +366,8 @@ CLI = [
     ["run", "--seq-len", "0"], ["run", "--dtype", "float8"], ["run", "--sync", "maybe"], ["run", "--fault", "x"],
     ["run", "--link", "nonsense"], ["run", "--bucket-cap-mb", "nan"], ["run", "--timeout-s", "-1"],
     ["run", "--out", "/etc"], ["run", "--out", "."], ["run", "--import", "no_such_module_xyz"],
-    ["audit", "--local-batch", "100000"], ["audit", "--factory", "os:system"], ["audit", "--factory", "nope"],
+    ["audit", "--model", "tests.support.user_models:counted", "--local-batch", "100000", "--seq-len", "1024"],
+    ["audit", "--factory", "os:system"], ["audit", "--factory", "nope"],
     ["slurm", "--nodes", "0"], ["doctor", "--world-size", "-2"], ["nonsense-command"],
 ]
 
@@ -494,7 +496,8 @@ def idle_deadline(t: Tally, tmp: Path) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    cats = ["fuzz", "results", "files", "malicious", "cli", "faults", "cells", "idle"]
+    cats = ["fuzz", "results", "files", "malicious", "cli", "faults", "cells", "idle",
+            "owned", "guard", "deaths", "gradients", "refusals"]   # the last five: misuse_round4.py (issue 51)
     ap.add_argument("--only", nargs="+", choices=cats, default=cats)
     ap.add_argument("--fuzz-examples", type=int, default=6000)
     ap.add_argument("--log", default=str(ROOT / "bench" / "misuse_probe.jsonl"))
@@ -513,6 +516,11 @@ def main() -> int:
                  ("malicious", lambda: malicious(t, runs, tmp)), ("cli", lambda: cli(t)),
                  ("faults", lambda: faults(t, tmp)), ("cells", lambda: cells(t)),
                  ("idle", lambda: idle_deadline(t, tmp))]
+        import misuse_round4 as r4   # beside this file; it imports this one's helpers
+
+        steps += [("owned", lambda: r4.owned_processes(t, tmp)), ("guard", lambda: r4.guard(t, tmp)),
+                  ("deaths", lambda: r4.deaths(t, tmp)), ("gradients", lambda: r4.gradients(t, tmp)),
+                  ("refusals", lambda: r4.refusals(t, tmp))]
         for name, step in steps:
             if name in a.only:
                 try:

@@ -6,11 +6,11 @@ starts as many ranks as the largest experiment needs, and the ranks work through
 experiment on ranks 0..world_size-1 of its own process group, each into its own run directory (the
 command is in `launch/torchrun.py`).
 
-Every run is bounded twice: each rank's process group times out a collective after `timeout_s`,
-and the launcher stops a run whose ranks record no progress for `timeout_s + STALL_GRACE_S`
-(or that does not start within `startup_timeout_s`). On timeout, error or KeyboardInterrupt it
-kills the whole process tree, torchrun and every rank, and turns the ranks' files into a diagnosis
-naming the rank (`failures.py`). Used by every notebook and by `ddplab run`.
+Every run is bounded twice: each rank's process group times out a collective after `timeout_s`, and
+the launcher stops a run whose ranks record no progress for `timeout_s + STALL_GRACE_S` (or that does
+not start within `startup_timeout_s`; a compiling rank has compile's own bound). On timeout, error or
+KeyboardInterrupt it kills the whole process tree under the keeper (`launch/keeper.py`), torchrun, every
+rank and what they started, and turns the ranks' files into a diagnosis naming the rank (`failures.py`).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import time
 import uuid
 from pathlib import Path
 
-from .. import failures, rundir
+from .. import failures, rundir, seal
 from ..rundir import default_runs_dir
 from ..results import Run, load_run
 from ..spec import Experiment
@@ -50,8 +50,7 @@ def run(exp: Experiment, out=None, *, progress=True, startup_timeout_s: float = 
     `out` is the run directory (default `runs/<name>-<hash>`, under $DDPLAB_RUNS if set). `progress`:
     True shows per-rank progress bars, False nothing, a callable gets each status line (a widget's label).
     `warm`: run on the current session if it fits, else True starts a session and keeps it, False
-    launches cold, None (default) starts one in a Jupyter kernel only (`launch/session.py`).
-    """
+    launches cold, None (default) starts one in a Jupyter kernel only (`launch/session.py`)."""
     if not isinstance(exp, Experiment):
         raise TypeError(f"run() takes an Experiment, got {type(exp).__name__}")
     run_dir = Path(out) if out is not None else run_dir_for(exp)
@@ -64,10 +63,9 @@ def run_many(exps: list[Experiment], out=None, *, name: str = "sweep", progress=
 
     `out` is the launch directory (default `runs/<name>-<hash of all specs>`); each experiment gets
     the run directory `<out>/<exp.name>-<exp.hash>` inside it. The first failure raises `RunFailed`.
-    Every process group of the launch uses the largest `timeout_s`; a rank outside a smaller
-    experiment waits for it at a gate in the store, outside any collective (`rank/worker.py`), so a
-    smaller experiment may take as long as it needs.
-    """
+    Every process group of the launch uses the largest `timeout_s`; a rank outside a smaller experiment
+    waits for it at a gate in the store, outside any collective (`rank/worker.py`), so it may take as long
+    as it needs."""
     exps = list(exps)
     if not exps or not all(isinstance(e, Experiment) for e in exps):
         raise ValueError("experiments: give a non-empty list of Experiment objects")
@@ -149,13 +147,15 @@ def _launch(exps, final_dirs, final_launch_dir: Path, name: str, progress,
 
 def _keeps_its_sources(exps, final_launch_dir: Path) -> None:
     """A launch replaces its directory when it ends: refuse one that would replace a run it resumes from.
-    And the checkpoint is checked again here, sealed and fitting, whenever the Experiment was built (a
-    spec rebuilt by `load_run` skipped it; the files may have changed since)."""
+    The checkpoint (sealed, fitting) and a saving run's key are checked again here: they may have changed
+    since the Experiment was built, and a spec rebuilt by `load_run` skipped the checks."""
     out = final_launch_dir.resolve()
     for exp in exps:
         source = getattr(exp.task, "resume_from", None)
         if source:
             exp.task.check_checkpoint(exp)
+        if getattr(exp.task, "save_at", None) is not None:
+            seal.check_key()
         if source and (Path(source).resolve() == out or out in Path(source).resolve().parents):
             raise ValueError(f"out: {final_launch_dir} holds the saving run {source} that {exp.name} resumes "
                              f"from, and the launch replaces it when it ends, checkpoint included; write the "

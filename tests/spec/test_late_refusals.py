@@ -37,6 +37,21 @@ def test_a_checkpoint_key_others_can_read_is_refused_before_the_saving_run_train
     assert stat.S_IMODE(key.stat().st_mode) == 0o644   # said, not silently changed
 
 
+def test_a_key_opened_to_others_after_the_experiment_was_built_is_refused_at_launch(tmp_path, monkeypatch):
+    """The launcher checks the key again: nothing starts, no run directory is made."""
+    import ddplab
+
+    key = tmp_path / "shared.key"
+    key.write_text("ab" * 32)
+    key.chmod(0o600)
+    monkeypatch.setenv("DDPLAB_KEY_FILE", str(key))
+    exp = Experiment(task=Resume(save_at=2), **SAVING)
+    key.chmod(0o644)
+    with pytest.raises(ValueError, match=r"shared\.key, the checkpoint key, must belong to this account"):
+        ddplab.run(exp, tmp_path / "out", progress=False, warm=False)
+    assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out.*"))
+
+
 def test_a_checkpoint_key_that_is_a_folder_is_refused_before_the_saving_run_trains(tmp_path, monkeypatch):
     monkeypatch.setenv("DDPLAB_KEY_FILE", str(tmp_path))
     with pytest.raises(ValueError, match=r"^Experiment\.task\.save_at: .*the checkpoint key, is not a file"):
