@@ -6,6 +6,9 @@ the rank's progress log says so, so the launcher's watchdog gives compile its ow
 Dynamo calls its compile callbacks once around the outermost compile (`torch._dynamo.callback`), also
 for a backward compiled lazily at its first run. Each call appends the phase the rank is in again,
 with "compiling": true at the start and false at the end. Runs inside a rank (`rank/worker.py`).
+
+torch._dynamo.reset() clears every registered callback (the compiled_ddp task resets before each block),
+so `at` and `again` register ours whenever they are no longer among Dynamo's.
 """
 
 from __future__ import annotations
@@ -17,22 +20,26 @@ from ..rundir import ProgressLog, progress_file
 
 _log: list = []   # the progress log of the experiment this rank is on
 _file: list = []  # this module's own handle on it (appending whole lines, as ProgressLog does)
-_registered: list = []   # Dynamo's callbacks are registered once per process
 
 
 def at(log: ProgressLog, rank: int) -> None:
-    """Mark compiles in `log` (a new experiment's log replaces the last); the callbacks are registered once."""
+    """Mark compiles in `log` (a new experiment's log replaces the last)."""
     stop()
     _log.append(log)
     _file.append(open(progress_file(log.run_dir, rank), "a", buffering=1))
-    if not _registered:
-        _registered.append(True)
-        try:
-            from torch._dynamo.callback import callback_handler
-        except ImportError:   # a torch without Dynamo's callbacks: compiles get the usual stall limit
-            return
-        callback_handler.register_start_callback(lambda args: _mark(True))
-        callback_handler.register_end_callback(lambda args: _mark(False))
+    again()
+
+
+def again() -> None:
+    """Register the callbacks unless Dynamo still has them: call after torch._dynamo.reset(), which clears them."""
+    try:
+        from torch._dynamo.callback import callback_handler
+    except ImportError:   # a torch without Dynamo's callbacks: compiles get the usual stall limit
+        return
+    if _started not in callback_handler.start_callbacks:
+        callback_handler.register_start_callback(_started)
+    if _ended not in callback_handler.end_callbacks:
+        callback_handler.register_end_callback(_ended)
 
 
 def stop() -> None:
@@ -40,6 +47,14 @@ def stop() -> None:
     if _file:
         _file.pop().close()
     _log.clear()
+
+
+def _started(args) -> None:
+    _mark(True)
+
+
+def _ended(args) -> None:
+    _mark(False)
 
 
 def _mark(on: bool) -> None:

@@ -32,7 +32,7 @@ from ...record.compiled_ddp import CompiledArm, CompiledDdpRecord, CompiledStep,
 from ...spec.sharding import shard_ids
 from ...tensors import rel_max_diff
 from ...units import ms_after
-from .. import clock, models
+from .. import clock, compiling, models
 from ..parallel.ddp import wrap_in_ddp
 from ..probes.buckets import BucketLog
 from ..probes.readiness import ReadyLog
@@ -182,6 +182,7 @@ def run(ctx):
     blocks = [(cap, mode) for cap in task.caps_mb for mode in task.modes]
     for i, (cap, mode) in enumerate(blocks):
         torch._dynamo.reset()   # a fresh cache: this block's DDP gets its own graph and its own split
+        compiling.again()       # reset() cleared the callbacks that mark compiles as progress
         log.enter("construct", micro=i, detail=f"cap {cap}, {mode}")
         with contextlib.ExitStack() as block:
             if mode == "python_reducer":
