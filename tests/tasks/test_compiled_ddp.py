@@ -10,7 +10,7 @@ import dataclasses
 import pandas as pd
 import pytest
 
-from ddplab import recipes, verify
+from ddplab import recipes, rundir, verify
 from ddplab.predict import buckets
 from ddplab.spec import CompiledDdp, Experiment
 from ddplab.tables import compiled_ddp as compiled
@@ -65,6 +65,15 @@ def test_every_gradient_is_seen_ready_under_compile(runs):
         for r in runs["compiled-lab"].ranks])
     with pytest.raises(verify.CheckFailed):
         compiled.verify_ready_under_compile(broken)
+
+
+@pytest.mark.slow
+def test_every_blocks_compiles_are_marked_as_progress_despite_dynamos_reset(runs):
+    # the task resets Dynamo before each block, which clears its compile callbacks; the marks must come back
+    run = runs["compiled-lab"]
+    for rank in range(run.spec.world_size):
+        starts = [r for r in rundir.read_progress(run.path, rank) if r.get("compiling") is True]
+        assert {r["micro"] for r in starts if r["phase"] in ("warm-up", "round")} == {0, 1}, starts
 
 
 @pytest.mark.slow
