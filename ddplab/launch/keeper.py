@@ -1,6 +1,6 @@
 """The keeper: the one process between the launcher and torchrun, that no process of the run outlives.
 
-    python -I ddplab/launch/keeper.py --owner <launcher pid> [--report FILE] [--orphaned-remove DIR] -- <torchrun argv>
+    python ddplab/launch/keeper.py --owner <launcher pid> [--tmp DIR] [--report FILE] [--orphaned-remove DIR] -- <argv>
 
 The lab's own ranks die with torchrun (`host.die_with_parent`), but what else a run starts does not: a
 user's script's ranks (torchrun starts each in a session of its own), and whatever a `%%ddp` cell, a
@@ -9,11 +9,14 @@ script or a model factory starts, in a new session or not. The keeper is their s
 to init, so everything the run started stays beneath it. It dies with the launcher (PR_SET_PDEATHSIG,
 as SIGTERM so it can act) and then kills everything beneath it; when torchrun ends by itself, it kills
 what is still left and names those processes in `--report` (JSON) and on stderr, and exits with
-torchrun's status. Every process of the run carries `DDPLAB_OWNER` (a token of this launch) in its
+torchrun's status. The launcher stops a run (`torchrun.kill_tree`) with STOP_SIGNAL: the keeper kills
+torchrun and its ranks, then what they started (named in `--report`), removes its folder, and ends as
+SIGKILL ends a process. Every process of the run carries `DDPLAB_OWNER` (a token of this launch) in its
 environment, which finds one that a subreaper of its own took out of the tree.
 
-torchrun and the ranks get a temporary folder of the keeper's own ($TMPDIR: torchrun's `torchelastic_*`
-log folder, a compiler's temp files) that it removes when it ends; inductor's cache stays where it was.
+torchrun and the ranks get a temporary folder of the run's own (`--tmp`, which the launcher made and
+removes too if the keeper could not; $TMPDIR: torchrun's `torchelastic_*` log folder, a compiler's temp
+files) that the keeper removes when it ends; inductor's cache stays where it was.
 It imports no ddplab module and no torch (stdlib and psutil), so it starts in a fraction of a second.
 Started by `launch.torchrun.start` for every local launch: cold runs, sessions, `run_script`.
 """
@@ -36,7 +39,8 @@ import warnings
 
 OWNER_ENV = "DDPLAB_OWNER"   # the launch's token, inherited by every process the run starts
 PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER = 1, 36
-KILL_ROUNDS = 20            # a tree that forks while it is being killed is killed again, up to this often
+KILL_DEADLINE_S = 15.0   # a tree that forks while it is being killed is killed again, for at most this long
+STOP_SIGNAL = signal.SIGUSR1   # the launcher's "stop the run now" (`torchrun.kill_tree`)
 POLL_S = 0.05
 REPORT = "left-running.json"   # the usual name of `--report` in a run's folder
 
@@ -93,36 +97,44 @@ def _describe(procs) -> list[dict]:
 
 
 def kill_all(token: str) -> list[dict]:
-    """SIGKILL every process `owned` by this run, again until none is left (a process that forked
-    meanwhile, a child re-parented to this subreaper), and reap them; what was found first, described."""
+    """SIGKILL every process `owned` by this run until none is left, and reap them; what was found first."""
+    return kill_until_gone(lambda: owned(token), reap)
+
+
+def kill_until_gone(find, reaped=None, deadline_s: float = KILL_DEADLINE_S) -> list[dict]:
+    """SIGKILL the live processes `find()` returns, and again what it finds next (a process that forked
+    meanwhile, a child re-parented to a subreaper) until it finds none or `deadline_s` passed (a process
+    in uninterruptible sleep dies only when its I/O ends); `reaped()` after each round. What it found
+    first, described (pid, command line) before it was killed."""
     import psutil
 
-    first = None
-    for _ in range(KILL_ROUNDS):
-        procs = owned(token)
-        if first is None:
-            first = _describe(procs)
-        if not procs:
-            break
+    first, end = None, time.monotonic() + deadline_s
+    while True:
+        procs = [p for p in find() if alive(p)]   # a zombie is dead: its parent reaps it
+        first = _describe(procs) if first is None else first
+        if not procs or time.monotonic() >= end:
+            return first
         for p in procs:
             try:
                 p.kill()
             except psutil.Error:
                 pass
-        psutil.wait_procs(procs, timeout=2)
-        _reap()
-    return first or []
+        psutil.wait_procs(procs, timeout=max(0.1, min(2.0, end - time.monotonic())))
+        if reaped is not None:
+            reaped()
 
 
-def _reap() -> None:
-    """Collect the exit status of every dead child (re-parented ones included): no zombie stays."""
+def reap(keep: int | None = None) -> None:
+    """Collect the exit status of every dead child but `keep` (torchrun, whose status `Popen` reads): a
+    process of the run that ended after its parent did was re-parented here, and stays a zombie until then."""
     while True:
         try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
+            seen = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
         except ChildProcessError:
             return
-        if pid == 0:
+        if seen is None or seen.si_pid in (0, keep):
             return
+        os.waitpid(seen.si_pid, 0)
 
 
 def run_env(env: dict, tmp: str) -> dict:
@@ -139,29 +151,18 @@ def run_env(env: dict, tmp: str) -> dict:
     return env
 
 
-def _reap_others(keep: int) -> None:
-    """Collect every dead child but `keep` (torchrun, whose status `Popen` reads): a process of the run
-    that ended after its parent did was re-parented here, and would stay a zombie until the run ends."""
-    while True:
-        try:
-            seen = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-        except ChildProcessError:
-            return
-        if seen is None or seen.si_pid in (0, keep):
-            return
-        os.waitpid(seen.si_pid, 0)
-
-
 @contextlib.contextmanager
 def children_stopped(what: str):
     """Run the block (a user's factory building and running its model in the launcher's own process,
-    `launch.preflight`), then stop every process it started and left running, and warn naming them.
-    What it started carries a token in its environment while the block runs; a launch that another
-    thread starts meanwhile carries its own (`launch.torchrun.start`) and is left alone."""
+    `launch.preflight`), then stop every process it started and left running, and warn naming them:
+    the new children of this process and their descendants, and what carries a token that this
+    process's environment holds while the block runs. Processes that already ran (a pool's workers)
+    and what they start stay; a launch that another thread starts meanwhile carries its own token
+    (`launch.torchrun.start`) and is left alone."""
     import psutil
 
     me = psutil.Process()
-    before = {p.pid for p in me.children(recursive=True)}
+    before = {_identity(p) for p in me.children()}
     token, outer = f"preflight-{uuid.uuid4().hex}", os.environ.get(OWNER_ENV)
     os.environ[OWNER_ENV] = token
     try:
@@ -171,19 +172,31 @@ def children_stopped(what: str):
             os.environ.pop(OWNER_ENV, None)
         else:
             os.environ[OWNER_ENV] = outer
-        new = {p.pid: p for p in me.children(recursive=True) if p.pid not in before and _not_another_launch(p, token)}
-        new.update({p.pid: p for p in marked(token)})
-        left = _describe([p for p in new.values() if alive(p)])
-        for p in new.values():
-            try:
-                p.kill()
-            except psutil.Error:
-                pass
-        psutil.wait_procs(list(new.values()), timeout=2)
+
+        def started() -> list:
+            found = {}
+            for child in me.children():
+                if _identity(child) not in before and _not_another_launch(child, token):
+                    found[child.pid] = child
+                    with contextlib.suppress(psutil.Error):
+                        found.update({p.pid: p for p in child.children(recursive=True)})
+            found.update({p.pid: p for p in marked(token)})
+            return list(found.values())
+
+        left = [d["cmdline"] for d in kill_until_gone(started)]
         if left:
             warnings.warn(f"{what} started {len(left)} process(es) that were still running after it was built and "
-                          f"checked here; they were stopped: " + "; ".join(d["cmdline"][:200] for d in left),
-                          stacklevel=3)
+                          f"checked here; " + stopped(left), stacklevel=3)
+
+
+def _identity(p) -> tuple:
+    """(pid, start time): a pid the kernel gave again to a new process is another process."""
+    import psutil
+
+    try:
+        return p.pid, p.create_time()
+    except psutil.Error:
+        return p.pid, None
 
 
 def _not_another_launch(p, token: str) -> bool:
@@ -193,6 +206,11 @@ def _not_another_launch(p, token: str) -> bool:
         return p.environ().get(OWNER_ENV) in (None, token)
     except psutil.Error:
         return True
+
+
+def stopped(cmdlines) -> str:
+    """'they were stopped: ' and the command lines, each cut at 200 characters (every such message's end)."""
+    return "they were stopped: " + "; ".join(c[:200] for c in cmdlines)
 
 
 def left_running(report) -> list[str]:
@@ -207,14 +225,14 @@ def warn_left(report, who: str, stacklevel: int = 3) -> list[str]:
     """`left_running(report)`, said in a warning when there is any: `who` ended with them still running."""
     left = left_running(report)
     if left:
-        warnings.warn(f"{who} ended with {len(left)} process(es) it started still running; they were stopped: "
-                      + "; ".join(c[:200] for c in left), stacklevel=stacklevel)
+        warnings.warn(f"{who} ended with {len(left)} process(es) it started still running; " + stopped(left),
+                      stacklevel=stacklevel)
     return left
 
 
 def _parse(argv: list[str]) -> dict:
     at = argv.index("--")
-    opts = {"owner": None, "report": None, "orphaned-remove": [], "command": argv[at + 1:]}
+    opts = {"owner": None, "tmp": None, "report": None, "orphaned-remove": [], "command": argv[at + 1:]}
     flags = argv[:at]
     for i in range(0, len(flags), 2):
         name = flags[i].removeprefix("--")
@@ -225,16 +243,27 @@ def _parse(argv: list[str]) -> dict:
     return opts
 
 
+def _torchrun_and_ranks(child) -> list:
+    """torchrun and its children (the ranks): what a stopped run is expected to have running."""
+    import psutil
+
+    try:
+        root = psutil.Process(child.pid)
+        return [root, *root.children()]
+    except psutil.Error:
+        return []
+
+
 def main(argv: list[str]) -> int:
     opts = _parse(argv)
     stopping: list[int] = []
-    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):   # before anything starts: no signal is lost
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT, STOP_SIGNAL):   # before anything starts: none is lost
         signal.signal(sig, lambda signum, frame: stopping.append(signum))
     _prctl(PR_SET_CHILD_SUBREAPER, 1)
     owner = int(opts["owner"]) if opts["owner"] else None
     token = os.environ.get(OWNER_ENV) or f"keeper-{os.getpid()}"
-    tmp = tempfile.mkdtemp(prefix="ddplab-run-")
-    child = None
+    tmp = opts["tmp"] or tempfile.mkdtemp(prefix="ddplab-run-")
+    child, code = None, 128 + signal.SIGTERM
     try:
         if owner is None or os.getppid() == owner:   # the launcher may have died before the death signal was armed
             child = subprocess.Popen(opts["command"], env=run_env({**os.environ, OWNER_ENV: token}, tmp),
@@ -244,22 +273,29 @@ def main(argv: list[str]) -> int:
                 child.wait(timeout=POLL_S)
                 break
             except subprocess.TimeoutExpired:
-                _reap_others(child.pid)
-        orphaned = child is None or child.returncode is None
+                reap(keep=child.pid)
+        orphaned = owner is not None and os.getppid() != owner   # the launcher is gone (not just a signal here)
+        if child is not None and child.returncode is None:   # stopped: the run itself first, then what it started
+            kill_until_gone(lambda: _torchrun_and_ranks(child), reap)
+        elif child is not None:
+            code = child.returncode
         left = kill_all(token)
-        code = child.returncode if child is not None and child.returncode is not None else 128 + signal.SIGTERM
-        if left and not orphaned:   # torchrun ended by itself and left these running: say so
-            print(f"ddplab: the run ended with {len(left)} process(es) it started still running; they were "
-                  f"stopped: " + "; ".join(f"pid {d['pid']}: {d['cmdline'][:200]}" for d in left),
-                  file=sys.stderr, flush=True)
-            if opts["report"]:
-                with open(opts["report"], "w") as f:
-                    json.dump(left, f)
+        if left and not orphaned:   # the run left these running: say so (its owner reads `--report`)
+            print(f"ddplab: the run ended with {len(left)} process(es) it started still running; "
+                  + stopped(f"pid {d['pid']}: {d['cmdline']}" for d in left), file=sys.stderr, flush=True)
+            try:
+                if opts["report"]:
+                    with open(opts["report"], "w") as f:
+                        json.dump(left, f)
+            except OSError:   # the run's folder is gone: torchrun's status still says how it ended
+                pass
         if orphaned:
             for d in opts["orphaned-remove"]:
                 shutil.rmtree(d, ignore_errors=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    if STOP_SIGNAL in stopping:   # the launcher stopped the run: it reads the status a SIGKILL gives, as it always has
+        os.kill(os.getpid(), signal.SIGKILL)
     if code < 0:   # torchrun killed by a signal: so is the keeper, and the launcher sees the same status
         if -code in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):   # the ones it catches
             signal.signal(-code, signal.SIG_DFL)

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from .. import host, rundir
 from ..deaths import FLIGHT_PREFIX
-from .keeper import KILL_ROUNDS, OWNER_ENV, alive, marked
+from .keeper import OWNER_ENV, STOP_SIGNAL, kill_until_gone, marked
 from .nodes import DEFAULT_JOIN_TIMEOUT_S, Nodes, first_node
 
 WORKER = "ddplab.rank.worker"
@@ -123,10 +123,12 @@ def start(argv: list[str], env: dict, stdout, text: bool = False, outlive_thread
     the call that started them, which may run on a short-lived thread (a widget's click handler):
     `outlive_thread` starts it from one long-lived thread of this module instead."""
     srun = _is_srun(argv)
-    token = uuid.uuid4().hex
-    if not srun:
-        argv = [sys.executable, "-I", str(Path(__file__).with_name("keeper.py")), "--owner", str(os.getpid()),
-                *(["--report", str(report)] if report else []),
+    token, tmp = uuid.uuid4().hex, None
+    if not srun:   # not -I: it finds a psutil in the user's site or on PYTHONPATH (-P: launch/ stays off sys.path)
+        tmp = _run_tmp(env)
+        safe_path = ["-P"] if sys.version_info >= (3, 11) else []
+        argv = [sys.executable, *safe_path, str(Path(__file__).with_name("keeper.py")), "--owner", str(os.getpid()),
+                "--tmp", tmp, *(["--report", str(report)] if report else []),
                 *[a for d in orphaned_remove for a in ("--orphaned-remove", str(d))], "--", *argv]
         env = {**env, OWNER_ENV: token}
 
@@ -136,10 +138,26 @@ def start(argv: list[str], env: dict, stdout, text: bool = False, outlive_thread
                                 preexec_fn=(lambda: host.die_with_parent(signal.SIGTERM))
                                 if sys.platform.startswith("linux") else None)
 
-    proc = popen() if not outlive_thread or threading.current_thread() is threading.main_thread() \
-        else _spawner().call(popen)
+    try:
+        proc = popen() if not outlive_thread or threading.current_thread() is threading.main_thread() \
+            else _spawner().call(popen)
+    except BaseException:
+        if tmp:
+            os.rmdir(tmp)
+        raise
     proc.ddplab_owner = None if srun else token   # kill_tree finds the run's processes by it
+    proc.ddplab_tmp = tmp   # the keeper's temporary folder, which kill_tree removes if the keeper could not
     return proc
+
+
+def _run_tmp(env: dict) -> str:
+    """A new temporary folder for a run, in the $TMPDIR the run would see (else where Python puts them)."""
+    import tempfile
+
+    try:
+        return tempfile.mkdtemp(prefix="ddplab-run-", dir=env.get("TMPDIR") or None)
+    except OSError:   # $TMPDIR names no folder this user can write to
+        return tempfile.mkdtemp(prefix="ddplab-run-")
 
 
 class _Spawner:
@@ -264,29 +282,27 @@ def sweep_dead(parent: Path, pattern: str) -> list[Path]:
     return removed
 
 
-def kill_tree(proc: subprocess.Popen, spec_path: Path) -> None:
-    """SIGKILL torchrun and every rank of this run, and reap them: no orphans survive. Under srun the
-    agents on other nodes are not this host's processes: srun is asked first (SIGTERM, which it
-    forwards to every task, and torchrun's agents stop their ranks on it), then everything here is killed."""
-    import psutil
+KEEPER_GRACE_S = 5.0   # how long the keeper may take to stop the run, remove its folder and write its report
 
-    if proc.returncode is None and _is_srun(proc.args) and proc.poll() is None:
-        proc.terminate()
+
+def kill_tree(proc: subprocess.Popen, spec_path: Path) -> None:
+    """Stop torchrun and every process of this run, and reap them: no orphans survive. The keeper is
+    asked first (STOP_SIGNAL: it kills the run, names in its report what the ranks started, removes its
+    temporary folder), then everything left is SIGKILLed, and the folder removed if the keeper could not.
+    Under srun the agents on other nodes are not this host's processes: srun is asked first (SIGTERM,
+    which it forwards to every task, and torchrun's agents stop their ranks on it)."""
+    import shutil
+
+    if proc.returncode is None and proc.poll() is None and (_is_srun(proc.args) or getattr(proc, "ddplab_owner", None)):
+        proc.send_signal(signal.SIGTERM if _is_srun(proc.args) else STOP_SIGNAL)
         try:
-            proc.wait(timeout=SRUN_GRACE_S)
+            proc.wait(timeout=SRUN_GRACE_S if _is_srun(proc.args) else KEEPER_GRACE_S)
         except subprocess.TimeoutExpired:
             pass
-    for _ in range(KILL_ROUNDS):   # again while the tree forks under the kill (a user's process may)
-        procs = [p for p in _procs_of(proc, spec_path) if alive(p)]   # a zombie is dead: its parent reaps it
-        if not procs:
-            break
-        for p in procs:
-            try:
-                p.kill()
-            except psutil.Error:
-                pass
-        psutil.wait_procs(procs, timeout=10)
+    kill_until_gone(lambda: _procs_of(proc, spec_path))   # again while the tree forks under the kill
     try:
         proc.wait(timeout=10)
     except subprocess.TimeoutExpired:
         pass
+    if getattr(proc, "ddplab_tmp", None):
+        shutil.rmtree(proc.ddplab_tmp, ignore_errors=True)

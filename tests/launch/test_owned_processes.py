@@ -233,3 +233,104 @@ def test_a_factory_that_starts_a_child_leaves_nothing_running_and_no_temp_folder
     assert any("spawning: a rank ended with 2 process(es) it started still running" in s for s in said), said
     left = [p.name for p in private.iterdir() if not p.name.startswith("torchinductor_")]
     assert left == [], f"the launch left {left} in $TMPDIR"
+
+
+# ---- review of issue 51: what stopping a run leaves, and what is not the run's ---------------------------
+def test_a_child_that_ran_before_the_block_keeps_what_it_starts_during_it(tmp_path):
+    """A pool's worker that existed before the factory ran, and that starts a process of its own while
+    it runs, is not the factory's: neither is stopped."""
+    tag = f"pool-{uuid.uuid4().hex}"
+    go = tmp_path / "go"
+    worker = subprocess.Popen([sys.executable, "-c", "import os, subprocess, sys, time\n"
+                               f"while not os.path.exists({str(go)!r}): time.sleep(0.05)\n"
+                               f"{spawns(tag, False)}\ntime.sleep(300)", tag])
+    try:
+        wait_for(tag, 1)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")   # a warning here would say it stopped them
+            with keeper.children_stopped("a factory"):
+                go.touch()
+                wait_for(tag, 2, bound_s=60)
+        assert len(tagged(tag)) == 2, tagged(tag)
+    finally:
+        for p in psutil.Process(worker.pid).children(recursive=True):
+            p.kill()
+        worker.kill()
+        worker.wait()
+
+
+def _keeper(tmp_path, command: str, *flags: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, keeper.__file__, "--owner", str(os.getpid()), *flags, "--",
+                             sys.executable, "-c", command], stderr=subprocess.PIPE, text=True)
+
+
+def test_a_signal_to_the_keeper_while_its_owner_lives_removes_none_of_the_owners_folders(tmp_path):
+    tag = f"signalled-{uuid.uuid4().hex}"
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    proc = _keeper(tmp_path, f"import time; time.sleep(300)  # {tag}", "--orphaned-remove", str(logs))
+    wait_for(tag, 2)   # the keeper (the command is its argument) and the command
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+    assert tagged(tag) == []
+    assert logs.is_dir(), "a SIGTERM to the keeper, its owner alive, deleted the owner's folder"
+
+
+def test_a_keeper_whose_report_folder_is_gone_still_exits_with_its_commands_status(tmp_path):
+    tag = f"noreport-{uuid.uuid4().hex}"
+    report = tmp_path / "gone" / keeper.REPORT
+    proc = _keeper(tmp_path, f"import os, subprocess, sys\n{spawns(tag, True)}\nos._exit(3)", "--report", str(report))
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 3 and "Traceback" not in err, err
+    assert tagged(tag) == []
+
+
+def test_the_launchers_stop_signal_stops_the_run_names_what_it_started_and_removes_its_folder(tmp_path):
+    tag = f"stopped-{uuid.uuid4().hex}"
+    run_tmp, report = tmp_path / "ddplab-run-x", tmp_path / keeper.REPORT
+    run_tmp.mkdir()
+    rank = f"import subprocess, sys, time\n{spawns(tag, True)}\ntime.sleep(300)"   # a rank that starts a process
+    torchrun = f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {rank!r}, {tag!r}]); time.sleep(300)"
+    proc = _keeper(tmp_path, torchrun, "--tmp", str(run_tmp), "--report", str(report))
+    wait_for(tag, 3)   # the keeper (the whole program is its argument), the rank and what it started
+    proc.send_signal(keeper.STOP_SIGNAL)
+    assert proc.wait(timeout=60) == -signal.SIGKILL   # as the launcher's SIGKILL always ended it
+    assert tagged(tag) == []
+    assert not run_tmp.exists(), "the keeper left its temporary folder"
+    named = keeper.left_running(report)
+    assert len(named) == 1 and SLEEPER in named[0], named   # what the rank started, not torchrun or the rank
+
+
+def _tmp_left(private) -> list[str]:
+    return [p.name for p in private.iterdir() if not p.name.startswith("torchinductor_")]
+
+
+@pytest.mark.slow
+def test_a_run_script_that_times_out_leaves_nothing_in_tmpdir(tmp_path, monkeypatch):
+    tag = f"timeout-{uuid.uuid4().hex}"
+    private = tmp_path / "tmp"
+    private.mkdir()
+    monkeypatch.setenv("TMPDIR", str(private))
+    script = tmp_path / "hangs.py"
+    script.write_text(f"import subprocess, sys, tempfile, time\ntempfile.mkstemp()\n{spawns(tag, True)}\n"
+                      f"time.sleep(300)  # {tag}\n")
+    with pytest.raises(TimeoutError):
+        ddplab.run_script(script, world_size=1, timeout_s=25)
+    left, took = gone_within(tag)
+    assert left == [], f"{len(left)} process(es) left after {took:.1f} s: {left}"
+    assert _tmp_left(private) == [], "a run stopped at its timeout left its folders in $TMPDIR"
+
+
+@pytest.mark.slow
+def test_a_cold_launch_the_watchdog_stops_leaves_nothing_in_tmpdir(tmp_path, monkeypatch):
+    from ddplab.launch import watch
+    from ddplab.spec import Fault
+
+    private = tmp_path / "tmp"
+    private.mkdir()
+    monkeypatch.setenv("TMPDIR", str(private))
+    monkeypatch.setattr(watch, "STALL_GRACE_S", 1.0)
+    exp = ddplab.Experiment(name="stall", world_size=1, steps=2, fault=Fault("stall", step=1), timeout_s=2)
+    with pytest.raises(ddplab.RunFailed, match="ddplab stopped the run"):
+        ddplab.run(exp, tmp_path / "stall", progress=False, warm=False)
+    assert _tmp_left(private) == [], "a launch the watchdog stopped left its folders in $TMPDIR"
