@@ -142,16 +142,16 @@ def flight_records(launch_dir, world_size: int) -> dict[int, dict]:
                 "state": str(d[pg].get("state", "?"))} for r, d in by_group.items()}
 
 
-def session_death(code: int, pid: int, log_text: str, lost_dir=None) -> str:
+def session_death(code: int, log_text: str, lost_dir=None) -> str:
     """How a session's processes died, from torchrun's exit status `code` and its failure report in the
     session's log: its directory deleted under the ranks (`lost_dir`: they read their jobs there),
     torchrun itself killed by a signal (its ranks go with it), or the rank(s) whose exit took it
     down (pure)."""
     if code < 0:
-        return f"torchrun, the session's launcher (pid {pid}), {exit_said(code)}, and its ranks went with it"
+        return f"torchrun, the session's launcher, {exit_said(code)}, and its ranks went with it"
     caught = caught_signal(code, log_text)
     if caught:
-        return f"torchrun, the session's launcher (pid {pid}), received {caught} and stopped its ranks (exit code {code})"
+        return f"torchrun, the session's launcher, received {caught} and stopped its ranks (exit code {code})"
     exits = exit_codes(log_text)
     # torchrun SIGTERMs the ranks still running once one fails: those are the consequence, not the cause
     first = {r: c for r, c in exits.items() if c != -signal.SIGTERM} or exits

@@ -260,7 +260,7 @@ def _collect(launch: Launch, ran: Ran, spec_paths: list[Path]) -> list[Run]:
     try:
         failure = first_failure(exps, run_dirs, launch_dir, ran.proc, timeout_s, ran.watchdog, spec_paths[0],
                                  ran.watch.frozen, warm.dir if warm is not None else launch_dir,
-                                 agent_watched=warm is None)
+                                 agent_watched=warm is None or bool(warm.died))   # a session's torchrun died mid-job
         if failure:
             raise failure
         runs = [load_run(d) for d in run_dirs]

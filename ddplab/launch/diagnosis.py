@@ -24,7 +24,8 @@ def first_failure(exps, run_dirs, launch_dir: Path, proc, timeout_s: float, watc
     `frozen`: the ranks the watch saw frozen, and their process state; `flight_dir`: where NCCL's
     flight recorder dumped (the launch's directory, or its session's); `agent_watched`: `proc` is a cold
     launch's torchrun, which only something outside the launch can have ended by a signal unless the
-    watchdog stopped it (a session's job stops its torchrun itself on a failure)."""
+    watchdog stopped it, or a session's that ended by itself during the job (`Session.died`; a session's
+    job stops its torchrun itself on a failure, which says nothing of torchrun's own death)."""
     failed = []
     for exp, run_dir in zip(exps, run_dirs):
         prog, errors, finished = collect(run_dir, exp.world_size)

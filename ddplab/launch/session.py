@@ -37,13 +37,13 @@ from pathlib import Path
 
 from .. import deaths, failures, rundir
 from ..spec import Experiment
-from ..spec.train import Train
 from .nodes import Nodes
 from .preflight import check_launch
 from .cells import run_cell
 from .keeper import REPORT, left_running
 from .torchrun import interrupts_caught, kill_tree, start, sweep_dead, torchrun_argv, worker_env
-from .watch import collect
+from .diagnosis import dead_ranks
+from .watch import Watch, collect
 
 STARTUP_TIMEOUT_S = 120.0
 SESSION_TIMEOUT_S = 60.0   # the default group's bound: the start, new_group of each job, and %%ddp cells' collectives
@@ -113,11 +113,10 @@ class Session:
             "world_size": self.world_size, "nodes": self.nodes.record, "backend": self.backend, "device": self.device,
             "pin_cpus": pin_cpus, "timeout_s": timeout_s, "idle_s": RANK_IDLE_BACKSTOP(IDLE_S)})
         self.argv = torchrun_argv(self.world_size, ["--serve", self.dir], nodes=self.nodes)
-        self.died = ""   # once a %%ddp cell's ranks died: how (`death()`), else ""
+        self.died = ""   # once its ranks died under a %%ddp cell or a job: how (`death()`), else ""
         self.ended: str | None = None   # why it ended, once it has
         self._idle_timer: threading.Timer | None = None
-        self.implicit = implicit
-        self.jobs = 0
+        self.implicit, self.jobs = implicit, 0
         self.log_offset = 0   # where the current job's part of the session's log starts
         self.cell_status: dict[int, dict] = {}
         self.cell_witness = None   # after a cell that hung: (torch's flight verdict, rank -> its stack), launch/cells.py
@@ -155,8 +154,7 @@ class Session:
         with LOCK:   # no job or cell is running or can start while the ranks leave
             if not self.alive() or self.ended is not None:
                 return
-            left = IDLE_S - (time.monotonic() - self.last_active)
-            if left > 0:   # a job ran meanwhile and re-armed the clock
+            if time.monotonic() - self.last_active < IDLE_S:   # a job ran meanwhile and re-armed the clock
                 return
             self.close(why=f"it closed itself after {IDLE_S:g} s without a job")
 
@@ -176,9 +174,11 @@ class Session:
         """Until every rank says it is ready; `on_start(line)`, if given, hears where each rank is, twice a second."""
         t0 = time.monotonic()
         deadline, said = t0 + timeout_s, 0.0
-        phases = Train().all_phases()
+        watch = Watch([(Experiment(world_size=self.world_size), self.dir)])   # sees a rank frozen while importing
+        watch.agent_pid = self.proc.pid
         while not interrupted:
             progress, errors, _ = collect(self.dir, self.world_size)
+            watch.poll(), watch.look_at_processes()
             if all(p and p[-1]["phase"] == "done" for p in progress.values()):
                 return
             if on_start is not None and time.monotonic() - said >= 0.5:
@@ -189,7 +189,8 @@ class Session:
             if errors or self.proc.poll() is not None or time.monotonic() > deadline:
                 self.kill()
                 diagnosis = failures.diagnose(progress, errors, set(), self.world_size, timeout_s,
-                                              time.monotonic() > deadline, phases)
+                                              time.monotonic() > deadline, watch.phases[0], watch.frozen,
+                                              dead_ranks(self.dir, self.dir, self.world_size, set(errors)))
                 diagnosis.summary = "The session's ranks could not start. " + diagnosis.summary
                 raise failures.RunFailed(diagnosis, self.dir)
             time.sleep(0.05)
@@ -214,7 +215,7 @@ class Session:
     def death(self) -> str:
         """How the session's processes died (`deaths.session_death`); "" while it is alive."""
         code = None if self.proc is None else self.proc.poll()
-        return "" if code is None else deaths.session_death(code, self.proc.pid, self.log_since_submit(),
+        return "" if code is None else deaths.session_death(code, self.log_since_submit(),
                                                              None if self.dir.exists() else self.dir)
 
     def forget(self, why: str) -> None:
@@ -241,8 +242,7 @@ class Session:
             pass
 
     def __repr__(self) -> str:
-        state = "alive" if self.alive() else "closed"
-        return f"Session({self.world_size} ranks on {self.backend}/{self.device}, {self.jobs} jobs, {state})"
+        return f"Session({self.world_size} ranks on {self.backend}/{self.device}, {self.jobs} jobs, {'alive' if self.alive() else 'closed'})"
 
     # -- jobs ------------------------------------------------------------------------------------
     def submit(self, spec_paths: list[Path], launch_id: str) -> int:
@@ -291,15 +291,15 @@ class Session:
             finally:
                 if finished:
                     self._arm_idle()
-                else:
+                else:   # `died`: how torchrun died if it ended by itself, not stopped here (cold.py asks)
+                    self.died = "" if self.alive() else self.death()
                     self.kill()
                     forget(self, "its directory was deleted during a job" if not self.dir.exists() else
-                                 "it was stopped after a failed, hung or interrupted job")
+                                 self.died or "it was stopped after a failed, hung or interrupted job")
         if not interrupted and not finished:   # said as a cold launch says it, naming the directory that went
             if not self.dir.exists():
                 raise failures.RunFailed(failures.session_dir_lost(self.dir), None)
-            gone = [p for p in spec_paths if not p.exists()]
-            if gone:
+            if gone := [p for p in spec_paths if not p.exists()]:
                 raise FileNotFoundError(errno.ENOENT, "the run directory disappeared during the run", str(gone[0].parent))
         return self.proc, watchdog, bool(interrupted)
 

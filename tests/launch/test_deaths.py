@@ -107,22 +107,27 @@ def test_a_compile_mark_gives_the_watch_compiles_own_bound(tmp_path, monkeypatch
 
 def test_a_session_that_died_names_the_rank_the_signal_or_its_deleted_directory():
     log = REPORT_EXIT_7.replace("exitcode  : 7", "exitcode  : -9")
-    assert session_death(1, 5, log) == "rank 1 was killed by SIGKILL, so torchrun stopped the session (exit code 1)"
+    assert session_death(1, log) == "rank 1 was killed by SIGKILL, so torchrun stopped the session (exit code 1)"
     caught = "SignalException: Process 77 got signal: 15\n"
-    assert "received SIGTERM" in session_death(1, 5, caught)
-    assert "received SIGTERM" in session_death(143, 5, "")   # torch 2.13's agent exits 128 + 15, saying nothing
-    assert "its directory /s was deleted" in session_death(0, 5, "", Path("/s"))
+    assert "received SIGTERM" in session_death(1, caught)
+    assert "received SIGTERM" in session_death(143, "")   # torch 2.13's agent exits 128 + 15, saying nothing
+    assert "its directory /s was deleted" in session_death(0, "", Path("/s"))
+    # the launcher's process is the keeper above torchrun: no pid is said as torchrun's
+    assert session_death(-9, "") == "torchrun, the session's launcher, was killed by SIGKILL, and its ranks went with it"
+    assert "pid" not in session_death(143, "")
 
 
 # ---- real launches ---------------------------------------------------------------------------------
 
 def _agent_of(where: Path, within_s: float = 120):
-    """torchrun's agent of the launch writing under `where`, as soon as it exists."""
+    """torchrun's agent of the launch writing under `where`, as soon as it exists (not the keeper above
+    it, whose command line carries the agent's after its own `--`)."""
     deadline = time.monotonic() + within_s
     while time.monotonic() < deadline:
         for p in psutil.process_iter(["cmdline"]):
-            cmd = " ".join(p.info["cmdline"] or [])
-            if "ddplab.launch.loopback" in cmd and str(where) in cmd:
+            args = p.info["cmdline"] or []
+            own = args[: args.index("--")] if "--" in args else args
+            if "ddplab.launch.loopback" in own and str(where) in " ".join(args):
                 return p
         time.sleep(0.02)
     raise AssertionError(f"no torchrun agent under {where} within {within_s} s")
@@ -279,3 +284,71 @@ def test_a_session_whose_directory_was_deleted_between_cells_says_so(tmp_path):
         assert why is not None and f"its directory {s.dir} was deleted" in why, why
     finally:
         s.close()
+
+
+@pytest.mark.slow
+def test_a_warm_jobs_torchrun_killed_mid_job_is_said_with_its_signal(tmp_path):
+    s = ddplab.Session(world_size=2, runs_dir=tmp_path / "runs")
+    try:
+        out = tmp_path / "run"
+        exp = Experiment(name="agent", world_size=2, task=Dying(wait_s=120), timeout_s=200)
+
+        def kill_agent():
+            agent = _agent_of(tmp_path)
+            for r in (0, 1):
+                _progress_has(tmp_path, r, "dying wait")
+            agent.kill()
+
+        raised = _in_background(kill_agent)
+        t0 = time.monotonic()
+        with pytest.raises(RunFailed) as e:
+            ddplab.run(exp, out, progress=False)
+        assert not raised, raised
+        d = e.value.diagnosis
+        assert d.kind == "agent-died" and d.ranks == [0, 1], d
+        assert "was killed by SIGKILL" in d.summary and "dying wait" in d.summary, d.summary
+        assert time.monotonic() - t0 < 100   # said when torchrun died, not when the ranks' 120 s wait would end
+        why = sessions.last_end()
+        assert why is not None and "torchrun, the session's launcher, was killed by SIGKILL" in why, why
+        assert leftovers(out) == []
+    finally:
+        s.close()
+
+
+def _start_session_doing(tmp_path, to_rank_1, startup_timeout_s: float = 120):
+    """Start a 2-rank session while `to_rank_1(process)` is done to rank 1 as soon as it runs, before its
+    first record (it still imports torch); the RunFailed the start raised."""
+    runs = tmp_path / "runs"
+
+    def act():
+        agent = _agent_of(tmp_path)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            for p in agent.children(recursive=True):
+                try:
+                    if p.environ().get("RANK") == "1" and not list(runs.glob(".sessions/*/rank1.progress")):
+                        to_rank_1(p)
+                        return
+                except psutil.Error:
+                    pass
+            time.sleep(0.005)
+        raise AssertionError("rank 1 never appeared")
+
+    raised = _in_background(act)
+    with pytest.raises(RunFailed) as e:
+        ddplab.Session(world_size=2, runs_dir=runs, startup_timeout_s=startup_timeout_s)
+    assert not raised, raised
+    return e.value
+
+
+@pytest.mark.slow
+def test_a_rank_killed_while_a_session_starts_is_named_with_its_signal(tmp_path):
+    d = _start_session_doing(tmp_path, psutil.Process.kill).diagnosis
+    assert "could not start" in d.summary and d.ranks == [1], d
+    assert "Rank 1 was killed by SIGKILL" in d.summary, d.summary
+
+
+@pytest.mark.slow
+def test_a_rank_stopped_while_a_session_starts_is_said_stopped(tmp_path):
+    d = _start_session_doing(tmp_path, psutil.Process.suspend, startup_timeout_s=20).diagnosis
+    assert d.kind == "hang" and d.ranks == [1] and "Rank 1 was stopped" in d.summary, d.summary
