@@ -64,19 +64,25 @@ def choose_backend(backend: str, device: str, world_size: int, cuda_devices: int
     return backend, device
 
 
+AGENTS = ("torch.distributed.run", "ddplab.launch.loopback")   # the modules a torchrun agent runs as (`-m`)
+
+
 def parent_is_torchrun() -> bool:
-    """Is this process still the child of a torchrun agent? False once it was re-parented to init or to
-    a subreaper (the agent died before `die_with_parent` was armed). True where /proc cannot tell."""
+    """Is this process still the child of a torchrun agent (torchrun, `python -m torch.distributed.run`, or
+    ddplab's entry to it, `launch.loopback`)? False once it was re-parented to init or to a subreaper (the
+    agent died before `die_with_parent` was armed): the keeper (`launch/keeper.py`) is one, and its own
+    command line carries the agent's after `--`, which is not read. True where the parent cannot be read."""
+    import psutil
+
     ppid = os.getppid()
     if ppid == 1:
         return False
     try:
-        with open(f"/proc/{ppid}/cmdline", "rb") as f:
-            cmdline = f.read()
-        # torchrun itself, or torchrun through ddplab's loopback entry (launch.loopback)
-        return b"torch" in cmdline or b"ddplab.launch.loopback" in cmdline
-    except OSError:
+        args = psutil.Process(ppid).cmdline()
+    except psutil.Error:
         return True
+    own = args[: args.index("--")] if "--" in args else args   # the program the parent itself runs
+    return any(a in AGENTS or Path(a).name == "torchrun" for a in own)
 
 
 def die_with_parent(sig: int = signal.SIGKILL) -> None:
