@@ -65,19 +65,22 @@ class Counted:
     trainable_parameters: int
     gradient_bytes: int            # what DDP all-reduces each step: the trainable parameters' gradients
     sizes: dict                    # trainable parameter name -> its gradient's bytes, in parameters() order
+    activations_per_example: int | None = None   # bytes, measured on the same model (`checked(activations=True)`)
 
 
-def checked(exp: Experiment) -> Counted:
-    """Build `exp`'s model here, refuse what cannot be audited (ValueError naming the fix), and count it."""
+def checked(exp: Experiment, activations: bool = False) -> Counted:
+    """Build `exp`'s model here, refuse what cannot be audited (ValueError naming the fix), and count it;
+    with `activations`, measure its activations per example on the same model (`preflight.measured_activations`)."""
     from ..launch.keeper import children_stopped
-    from ..launch.preflight import check_user_model
+    from ..launch.preflight import _checked_build, measured_activations
 
     with children_stopped(f"Experiment.model {exp.model}"):   # nothing it starts here outlives the check
-        model = check_user_model(exp, gradients=True)
+        model, built = _checked_build(exp, gradients=True)
+        per_example = measured_activations(exp, built) if activations else None
     params = list(model.named_parameters())
     trainable = [(n, p) for n, p in params if p.requires_grad]
     if not trainable:
         raise ValueError(f"Experiment.model: {exp.model} has no trainable parameter: DDP has nothing to synchronize")
     return Counted(len(params), sum(p.numel() for _, p in params), len(trainable),
                    sum(p.numel() for _, p in trainable), sum(p.numel() for _, p in trainable) * DTYPE_BYTES[exp.dtype],
-                   {n: p.numel() * DTYPE_BYTES[exp.dtype] for n, p in trainable})
+                   {n: p.numel() * DTYPE_BYTES[exp.dtype] for n, p in trainable}, per_example)

@@ -54,7 +54,7 @@ def audit_model(model, world_size: int = 4, optimizer: str = "sgd", local_batch=
                          f"ranks (got {world_size!r})")
     exp = experiment(model, "audit", fields, world_size=world_size, optimizer=optimizer, local_batch=local_batch,
                       steps=STEPS, probes=PROBES)
-    counted = checked(exp)
+    counted = checked(exp, activations=memory_checked(exp))   # one build, every process it starts stopped
     check_memory(exp, counted)
     payload = counted.gradient_bytes
     alone = exp.replace(name=f"{exp.name}-compute", sync="none", probes=(), steps=COMPUTE_STEPS, bucket_cap_mb=None,
@@ -79,23 +79,35 @@ def audit_model(model, world_size: int = 4, optimizer: str = "sgd", local_batch=
     return report
 
 
+def memory_checked(exp) -> bool:
+    """Does `check_memory` check `exp`: its ranks on the CPU, and DDPLAB_SKIP_SIZE_CHECKS unset."""
+    import os
+
+    from .. import host
+    from ..launch.nodes import Nodes
+
+    ranks = Nodes.from_env().ranks_here(exp.world_size)
+    return not os.environ.get("DDPLAB_SKIP_SIZE_CHECKS") and \
+        host.choose_backend(exp.backend, exp.device, ranks, host.cuda_device_count())[1] == "cpu"
+
+
 def check_memory(exp, counted: Counted) -> None:
     """ValueError naming local_batch if the audit's ranks cannot hold `exp` in this machine's available
     memory (psutil, or a cgroup's limit): the launch's own estimate (model state: parameters, gradients,
     buckets, optimizer state; activations measured per example on one forward and loss of two), said
     as the largest local batch that fits. On a GPU, or with DDPLAB_SKIP_SIZE_CHECKS=1, nothing is checked."""
-    import os
-
-    from .. import host
+    from ..launch.keeper import children_stopped
     from ..launch.nodes import Nodes
     from ..launch.preflight import measured_activations, memory_available
     from ..units import DTYPE_BYTES
 
-    ranks = Nodes.from_env().ranks_here(exp.world_size)
-    if os.environ.get("DDPLAB_SKIP_SIZE_CHECKS") or \
-            host.choose_backend(exp.backend, exp.device, ranks, host.cuda_device_count())[1] != "cpu":
+    if not memory_checked(exp):
         return
-    per_example = measured_activations(exp)
+    ranks = Nodes.from_env().ranks_here(exp.world_size)
+    per_example = counted.activations_per_example
+    if per_example is None:   # counted without it: measured here, and what the factory starts is stopped
+        with children_stopped(f"Experiment.model {exp.model}"):
+            per_example = measured_activations(exp)
     parameter_bytes = counted.parameters * DTYPE_BYTES[exp.dtype]
     have, where = memory_available()
     fits = predict.memory.largest_local_batch(exp, parameter_bytes, per_example, have, ranks)

@@ -334,3 +334,37 @@ def test_a_cold_launch_the_watchdog_stops_leaves_nothing_in_tmpdir(tmp_path, mon
     with pytest.raises(ddplab.RunFailed, match="ddplab stopped the run"):
         ddplab.run(exp, tmp_path / "stall", progress=False, warm=False)
     assert _tmp_left(private) == [], "a launch the watchdog stopped left its folders in $TMPDIR"
+
+
+_BUILT: list = []
+
+
+def built_counted_spawning_factory(vocab_size: int, d_model: int):
+    """`spawning_factory`, counted in `_BUILT` each time it is built, and starting a child at every forward."""
+    model = spawning_factory(vocab_size, d_model)
+    _BUILT.append(1)
+    forward = model.forward
+
+    def spawning_forward(idx):
+        _STARTED.clear()
+        return forward(idx)
+
+    model.forward = spawning_forward
+    return model
+
+
+def test_the_audits_checks_build_the_factory_once_and_leave_nothing_running(monkeypatch):
+    from ddplab.launch import preflight
+
+    tag = f"audit-{uuid.uuid4().hex}"
+    monkeypatch.setenv("OWNED_TAG", tag)
+    monkeypatch.delenv("DDPLAB_SKIP_SIZE_CHECKS", raising=False)
+    monkeypatch.setattr(preflight, "memory_available", lambda: (2 ** 30, "this machine has"))   # refused: no launch
+    monkeypatch.setattr(sys.modules[__name__], "_BUILT", [])
+    monkeypatch.setattr(sys.modules[__name__], "_STARTED", [])
+    with pytest.warns(UserWarning, match=r"started \d+ process\(es\) that were still running"):
+        with pytest.raises(ValueError, match="^local_batch: .* use --local-batch"):
+            ddplab.audit_model(f"{__name__}:built_counted_spawning_factory", world_size=2, local_batch=100_000,
+                               seq_len=1024, device="cpu")
+    assert tagged(tag) == [], "the audit's checks left what the factory started running"
+    assert len(_BUILT) == 1, f"the factory was built {len(_BUILT)} times before the launch"
