@@ -54,7 +54,11 @@ from __future__ import annotations
 def attach(model, optimizer=None, *, sampler=None, every: int = 10, on_problem: str = "raise",
            timeout_s: float = 300.0):
     """A `Guard` on `model` (DDP-wrapped, or a plain module whose gradients the loop averages itself),
-    checked at every `every`-th step of `optimizer`; ValueError naming the argument if one cannot work."""
+    checked at every `every`-th step of `optimizer`; ValueError naming the argument if one cannot work.
+
+    `timeout_s` bounds how long one rank may stand still while the others wait for it: a rank that works
+    alone between steps for longer (`if rank == 0: evaluate()`, a long torch.save) is taken for a stopped
+    one, and with on_problem="raise" the waiting ranks are ended. Raise `timeout_s` above that time."""
     from .hooks import Guard
 
     return Guard(model, optimizer, sampler=sampler, every=every, on_problem=on_problem, timeout_s=timeout_s)

@@ -38,6 +38,10 @@ class Problem:
         return f"ddplab.guard, step {self.step}: {self.message}"
 
 
+# said with every verdict that a rank stopped stepping: a rank working alone between steps looks the same
+ALONE_HINT = "if a rank works alone between steps (evaluation, saving), raise timeout_s above that time"
+
+
 def ranks_text(rs) -> str:
     """"rank 1", "ranks 0 and 2", "ranks 0, 2 and 3"."""
     rs = sorted(rs)

@@ -65,7 +65,7 @@ class Exchange:
         return (f"{checks.ranks_text(missing)} did not reach the guard's check within {self.timeout_s:g} s while "
                 f"{checks.ranks_text(waited)} waited: {'it' if len(missing) == 1 else 'they'} stopped taking "
                 "optimizer steps (left the loop early with fewer batches than the others, as under DDP's join(); "
-                "or stuck in its own code)")
+                f"or stuck in its own code); {checks.ALONE_HINT}")
 
     @staticmethod
     def _problem(raw) -> checks.Problem:

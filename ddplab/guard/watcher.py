@@ -20,6 +20,12 @@ rather than after the process group's own timeout (30 minutes by default); with 
 The rank that stopped raises the same words as a GuardError at its next forward or optimizer step
 ("raise"), or prints them ("warn"). The watcher shares the rendezvous store's connection with the
 exchange, so while the exchange waits for reports (and names a missing rank itself) the watcher waits too.
+
+A rank that works alone between steps for longer than `timeout_s` (`if rank == 0: evaluate()`, a long
+torch.save) looks the same from outside: the others wait in the next step's collective, and they are
+ended too (as the next check would end them). The verdict says to raise `timeout_s` above that time.
+A store error is retried (STORE_TRIES looks in a row); after that the watcher stops and says so once on
+its rank, as a RuntimeWarning (the next check still names a missing rank).
 """
 
 from __future__ import annotations
@@ -29,10 +35,12 @@ import os
 import sys
 import threading
 import time
+import warnings
 
 from . import checks
 
 EXIT_CODE = 1
+STORE_TRIES = 3   # store errors in a row before the watcher gives up, and says so
 
 
 class Watcher:
@@ -65,13 +73,22 @@ class Watcher:
             self._posted = position
 
     def _run(self) -> None:
+        errors = 0
         while not self._stop.wait(self.period_s):
             if self.guard.stopped and self.problem is None:
                 return   # the guard stopped for another reason (a check some rank never reached)
             try:
                 raw = self._look()
-            except Exception:  # noqa: BLE001 - the store went away (the job is ending): nothing left to watch
+            except Exception as e:  # noqa: BLE001 - a passing store error, or the store is gone (the job ends)
+                errors += 1
+                if errors < STORE_TRIES:
+                    continue
+                if not self._stop.is_set():
+                    warnings.warn(f"ddplab.guard: rank {self.guard.rank}'s watcher stopped after {errors} store errors "
+                                  f"in a row ({type(e).__name__}: {e}); a rank that stops stepping is named only at "
+                                  "the guard's next check", RuntimeWarning, stacklevel=1)
                 return
+            errors = 0
             if raw is not None:
                 self._adopt(raw)
                 if self._blocked() and self.guard.rank not in self.problem.ranks:
@@ -117,7 +134,7 @@ class Watcher:
                 f"DDP's collectives need every rank). {'It' if one else 'They'} left the training loop early (fewer "
                 "batches than the others; DDP's join() lets such a rank shadow the others' collectives) or "
                 f"{'is' if one else 'are'} stuck in {'its' if one else 'their'} own code (a sleep, a lock, I/O, "
-                "a collective only some ranks call).")
+                f"a collective only some ranks call); {checks.ALONE_HINT}.")
 
     def _adopt(self, raw: str) -> None:
         """Record the verdict once (from either thread); in warn mode, say it."""
