@@ -42,6 +42,9 @@ PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER = 1, 36
 KILL_DEADLINE_S = 15.0   # a tree that forks while it is being killed is killed again, for at most this long
 STOP_SIGNAL = signal.SIGUSR1   # the launcher's "stop the run now" (`torchrun.kill_tree`)
 POLL_S = 0.05
+# inductor's compile-worker sidecar (and its pool) of a rank that ended with os._exit, skipping torch's
+# atexit shutdown: it ends by itself once it reads the end of its pipe, maybe after the sweep; not named
+COMPILE_WORKER = "torch._inductor.compile_worker"
 REPORT = "left-running.json"   # the usual name of `--report` in a run's folder
 
 
@@ -90,10 +93,24 @@ def _describe(procs) -> list[dict]:
     said = []
     for p in procs:
         try:
-            said.append({"pid": p.pid, "cmdline": " ".join(p.cmdline()) or p.name()})
+            said.append({"pid": p.pid, "cmdline": " ".join(p.cmdline()) or p.name(), "lineage": _lineage(p)})
         except psutil.Error:
             pass
     return said
+
+
+def _lineage(p) -> str:
+    """The command lines of `p` and its ancestors below this process, as far as they can be read."""
+    import psutil
+
+    said = []
+    with contextlib.suppress(psutil.Error):
+        for q in [p, *p.parents()]:
+            if q.pid == os.getpid():
+                break
+            with contextlib.suppress(psutil.Error):
+                said.append(" ".join(q.cmdline()))
+    return " ".join(said)
 
 
 def kill_all(token: str) -> list[dict]:
@@ -279,14 +296,14 @@ def main(argv: list[str]) -> int:
             kill_until_gone(lambda: _torchrun_and_ranks(child), reap)
         elif child is not None:
             code = child.returncode
-        left = kill_all(token)
+        left = [d for d in kill_all(token) if COMPILE_WORKER not in d["lineage"]]   # a pool's, ending on its own
         if left and not orphaned:   # the run left these running: say so (its owner reads `--report`)
             print(f"ddplab: the run ended with {len(left)} process(es) it started still running; "
                   + stopped(f"pid {d['pid']}: {d['cmdline']}" for d in left), file=sys.stderr, flush=True)
             try:
                 if opts["report"]:
                     with open(opts["report"], "w") as f:
-                        json.dump(left, f)
+                        json.dump([{"pid": d["pid"], "cmdline": d["cmdline"]} for d in left], f)
             except OSError:   # the run's folder is gone: torchrun's status still says how it ended
                 pass
         if orphaned:

@@ -368,3 +368,16 @@ def test_the_audits_checks_build_the_factory_once_and_leave_nothing_running(monk
                                seq_len=1024, device="cpu")
     assert tagged(tag) == [], "the audit's checks left what the factory started running"
     assert len(_BUILT) == 1, f"the factory was built {len(_BUILT)} times before the launch"
+
+
+def test_an_ended_ranks_inductor_compile_workers_are_stopped_without_a_word(tmp_path):
+    tag = f"pool-{uuid.uuid4().hex}"
+    report = tmp_path / keeper.REPORT
+    sidecar = f"[sys.executable, '-c', {SLEEPER!r}, {tag!r}, '-m', 'torch._inductor.' + 'compile_worker']"
+    command = (f"import subprocess, sys; subprocess.Popen({sidecar}, start_new_session=True); "
+               f"{spawns(tag, True)}")   # a sidecar (by its command line), and a process that is no one's
+    proc = _keeper(tmp_path, command, "--report", str(report))
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and tagged(tag) == [], err
+    named = keeper.left_running(report)
+    assert len(named) == 1 and "compile_worker" not in named[0], named
