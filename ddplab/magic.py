@@ -272,8 +272,8 @@ def load(ip) -> None:
                 print("no session is running")
                 return
             s.close()
-            print(f"stopped {s.world_size} ranks" + (f", and {len(s.stopped)} process(es) the cells started and left "
-                                                       f"running: " + "; ".join(c[:120] for c in s.stopped)
+            print(f"stopped {s.world_size} ranks" + (f", and {len(s.stopped)} process(es) the session's ranks started "
+                                                       f"and left running: " + "; ".join(c[:120] for c in s.stopped)
                                                        if s.stopped else ""))
 
         @magic_arguments()

@@ -160,7 +160,7 @@ def test_ddp_stop_stops_what_the_cells_started(capsys):
     ip.run_line_magic("ddp_stop", "")
     said = capsys.readouterr().out
     assert tagged(tag) == [], "%ddp_stop returned with what the cells started still running"
-    assert "stopped 2 ranks, and 4 process(es) the cells started and left running" in said, said
+    assert "stopped 2 ranks, and 4 process(es) the session's ranks started and left running" in said, said
 
 
 KERNEL = textwrap.dedent("""
