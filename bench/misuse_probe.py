@@ -4,7 +4,7 @@ and signals, and count the outcomes per category.
     python bench/misuse_probe.py                    # every category (about 10 minutes on 2 cores)
     python bench/misuse_probe.py --only fuzz files  # some of them
     python bench/misuse_probe.py --fuzz-examples 500
-    python bench/misuse_probe.py --only owned guard deaths gradients refusals   # issue 51's round
+    python bench/misuse_probe.py --only owned guard deaths sessions gradients refusals   # issue 51's round
 
 Each case ends in one of:
 - clear: a ValueError (naming the field, for the constructor fuzz), a `RunFailed` diagnosis, a
@@ -430,14 +430,25 @@ def _signalled(script: str, out: Path, sig, delay: float, again_after: float | N
     raise ValueError(f"stopped by {sig.name}, rc {p.returncode}")
 
 
+PROBE_MARK = "DDPLAB_MISUSE_PROBE"   # set in this process, inherited by all it starts: other work is not counted
+
+
 def _lab_processes() -> list[str]:
+    """The lab's processes (torchrun agents, keepers, ranks) that this probe started, wherever they were
+    reparented to: found by the variable every descendant inherits, so a test suite or another probe
+    running beside this one is not counted."""
     import psutil
 
-    out = []
+    mark, out = os.environ.get(PROBE_MARK), []
     for p in psutil.process_iter(["pid", "cmdline"]):
         cmd = " ".join(p.info["cmdline"] or [])
-        if ("ddplab.rank" in cmd or "torch.distributed.run" in cmd or "torchrun" in cmd) and p.pid != os.getpid():
-            out.append(f"{p.pid}: {cmd[:100]}")
+        if not any(k in cmd for k in ("ddplab.rank", "torch.distributed.run", "torchrun", "ddplab.launch")):
+            continue
+        try:
+            if p.pid != os.getpid() and (mark is None or p.environ().get(PROBE_MARK) == mark):
+                out.append(f"{p.pid}: {cmd[:100]}")
+        except (psutil.Error, OSError):
+            pass
     return out
 
 
@@ -497,13 +508,14 @@ def idle_deadline(t: Tally, tmp: Path) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     cats = ["fuzz", "results", "files", "malicious", "cli", "faults", "cells", "idle",
-            "owned", "guard", "deaths", "gradients", "refusals"]   # the last five: misuse_round4.py (issue 51)
+            "owned", "guard", "deaths", "sessions", "gradients", "refusals"]   # the last six: misuse_round4.py
     ap.add_argument("--only", nargs="+", choices=cats, default=cats)
     ap.add_argument("--fuzz-examples", type=int, default=6000)
     ap.add_argument("--log", default=str(ROOT / "bench" / "misuse_probe.jsonl"))
     a = ap.parse_args()
     t = Tally()
     t0 = time.monotonic()
+    os.environ[PROBE_MARK] = f"{os.getpid()}-{time.time_ns()}"
     before = _lab_processes()
     with tempfile.TemporaryDirectory(prefix="ddplab-probe-") as d:
         tmp = Path(d)
@@ -518,8 +530,9 @@ def main() -> int:
                  ("idle", lambda: idle_deadline(t, tmp))]
         import misuse_round4 as r4   # beside this file; it imports this one's helpers
 
-        steps += [("owned", lambda: r4.owned_processes(t, tmp)), ("guard", lambda: r4.guard(t, tmp)),
-                  ("deaths", lambda: r4.deaths(t, tmp)), ("gradients", lambda: r4.gradients(t, tmp)),
+        steps += [("owned", lambda: r4.owned_processes(t, tmp)), ("owned", lambda: r4.owned_stops(t, tmp)),
+                  ("guard", lambda: r4.guard(t, tmp)), ("deaths", lambda: r4.deaths(t, tmp)),
+                  ("sessions", lambda: r4.session_deaths(t, tmp)), ("gradients", lambda: r4.gradients(t, tmp)),
                   ("refusals", lambda: r4.refusals(t, tmp))]
         for name, step in steps:
             if name in a.only:

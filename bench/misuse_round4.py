@@ -477,3 +477,139 @@ def refusals(t: Tally, tmp: Path) -> None:
         cmd = " ".join(p.info["cmdline"] or [])
         if str(tmp / "audit") in cmd:
             t.add(cat, "left a process", "the audit's refusal", f"{p.pid}: {cmd[:200]}")
+
+
+# ---- the review's cases: a stopped run's temp folder, a signalled keeper, a pre-existing child's process ----
+def owned_stops(t: Tally, tmp: Path) -> None:
+    """A run_script stopped at its timeout leaves nothing in $TMPDIR and nothing running; a SIGTERM to the
+    keeper while its owner lives keeps the owner's folders; children_stopped spares what a child that was
+    already running starts during the block."""
+    import uuid
+
+    import psutil
+
+    from ddplab.launch import keeper
+
+    def tagged(tag):
+        return [p for p in psutil.process_iter(["cmdline"])
+                if tag in " ".join(p.info["cmdline"] or []) and p.pid != os.getpid()]
+
+    private = tmp / "owned-stops-tmp"
+    private.mkdir(exist_ok=True)
+    tag = f"probe-{uuid.uuid4().hex}"
+    script = tmp / "owned_hang.py"
+    script.write_text(f"import subprocess, sys, time\nsubprocess.Popen([sys.executable, '-c', 'import time; "
+                      f"time.sleep(300)', {tag!r}], start_new_session=True)\ntime.sleep(300)\n")
+    old = os.environ.get("TMPDIR")
+    os.environ["TMPDIR"] = str(private)
+    try:
+        t.call("owned processes", "run_script past its timeout",
+               lambda: ddplab.run_script(script, world_size=1, timeout_s=20), clear=(TimeoutError,))
+    finally:
+        os.environ.pop("TMPDIR") if old is None else os.environ.__setitem__("TMPDIR", old)
+    time.sleep(1.5)
+    left = [p.name for p in private.iterdir() if not p.name.startswith("torchinductor_")]
+    t.add("owned processes", "left a process" if tagged(tag) else "clear", "run_script timeout: its processes")
+    t.add("owned processes", "wrong" if left else "clear", "run_script timeout: $TMPDIR", str(left))
+
+    logs = tmp / "owned-logs"
+    logs.mkdir(exist_ok=True)
+    tag = f"probe-{uuid.uuid4().hex}"
+    k = subprocess.Popen([sys.executable, keeper.__file__, "--owner", str(os.getpid()), "--orphaned-remove", str(logs),
+                          "--", sys.executable, "-c", f"import time; time.sleep(300)  # {tag}"])
+    time.sleep(2)
+    k.send_signal(signal.SIGTERM)
+    k.wait(timeout=60)
+    time.sleep(1.5)
+    t.add("owned processes", "left a process" if tagged(tag) else "clear", "SIGTERM to the keeper: its processes")
+    t.add("owned processes", "clear" if logs.is_dir() else "wrong",
+          "SIGTERM to the keeper, owner alive: owner's folder kept")
+
+    tag = f"probe-{uuid.uuid4().hex}"
+    go = tmp / "owned-go"
+    go.unlink(missing_ok=True)
+    w = subprocess.Popen([sys.executable, "-c", f"import os, subprocess, sys, time\nwhile not os.path.exists({str(go)!r}): "
+                          f"time.sleep(0.05)\nsubprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)', "
+                          f"{tag!r}])\ntime.sleep(300)", tag])
+    time.sleep(1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with keeper.children_stopped("probe"):
+            go.touch()
+            time.sleep(3)
+    t.add("owned processes", "clear" if len(tagged(tag)) == 2 else "wrong",
+          "children_stopped spares a pre-existing child's new process")
+    for p in psutil.Process(w.pid).children(recursive=True):
+        p.kill()
+    w.kill()
+    w.wait()
+
+
+# ---- a session's deaths: a warm job's torchrun killed, a rank killed while a session starts --------------
+def session_deaths(t: Tally, tmp: Path) -> None:
+    """Issue 51, items 9/10 after round 4: a warm job whose torchrun is killed, a rank killed while a session
+    starts. Clear: RunFailed naming the signal; raw: anything else; left a process: one under tmp survives."""
+    import threading
+
+    import psutil
+
+    from ddplab.launch import session as sessions
+    from tests.support.dying_task import Dying
+
+    def agent_of(where):
+        for _ in range(6000):
+            for p in psutil.process_iter(["cmdline"]):
+                a = p.info["cmdline"] or []
+                own = a[: a.index("--")] if "--" in a else a
+                if "ddplab.launch.loopback" in own and str(where) in " ".join(a):
+                    return p
+            time.sleep(0.02)
+
+    def left(where) -> list:
+        return [p.pid for p in psutil.process_iter(["cmdline"]) if str(where) in " ".join(p.info["cmdline"] or [])]
+
+    def case(name, start, act, said):
+        where = tmp / name
+        threading.Thread(target=act, args=(where,), daemon=True).start()
+        try:
+            start(where)
+            t.add("session deaths", "raw", name, "no RunFailed")
+        except RunFailed as e:
+            ok = said in e.diagnosis.summary and "pid" not in e.diagnosis.summary
+            t.add("session deaths", "clear" if ok else "raw", name, e.diagnosis.summary[:300])
+        except Exception as e:  # noqa: BLE001
+            t.add("session deaths", "raw", name, f"{type(e).__name__}: {e}")
+        finally:
+            cur = sessions.current()
+            if cur is not None:
+                cur.close()
+        time.sleep(2)
+        if left(where):
+            t.add("session deaths", "left a process", name, str(left(where)))
+
+    def warm_job(where):
+        with ddplab.Session(world_size=2, runs_dir=where / "runs"):
+            ddplab.run(Experiment(name="agent", world_size=2, task=Dying(wait_s=120), timeout_s=200),
+                       where / "run", progress=False)
+
+    def kill_agent_later(where):
+        a = agent_of(where)
+        time.sleep(25)   # the session has started and the job is in its wait
+        a.kill()
+
+    def kill_rank_1(where):
+        a = agent_of(where)
+        for _ in range(6000):
+            for p in a.children(recursive=True):
+                try:
+                    if p.environ().get("RANK") == "1":
+                        p.kill()
+                        return
+                except psutil.Error:
+                    pass
+            time.sleep(0.005)
+
+    case("warm job, torchrun SIGKILLed", warm_job, kill_agent_later, "was killed by SIGKILL")
+    case("session start, rank 1 SIGKILLed",
+         lambda where: ddplab.Session(world_size=2, runs_dir=where / "runs"), kill_rank_1,
+         "Rank 1 was killed by SIGKILL")
