@@ -239,7 +239,8 @@ def diagnose(progress: dict[int, list[dict]], errors: dict[int, dict], finished:
                          f"{rank_list(ranks) if ranks else 'ranks'} with it; the others "
                          f"{f'({rank_list(others)}) ' if ranks else ''}then lost their peers and were stopped. On a cluster that is a node failing, or a limit "
                          f"of the job (time, memory) ending it there. See launch.log.")
-    if deaths is not None and deaths.agent and set(range(world_size)) - finished - set(errors):
+    if (deaths is not None and deaths.agent and set(range(world_size)) - finished - set(errors)
+            and all(is_lost_peer(e) for e in errors.values())):   # a rank's own error or timeout came first
         return _agent_died(progress, errors, finished, world_size, deaths.agent)
     causes = sorted((e for e in errors.values() if not is_timeout(e) and not is_lost_peer(e)), key=lambda e: e["t_ns"])
     if causes:

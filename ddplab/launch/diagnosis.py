@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .. import deaths, failures, rundir
-from .torchrun import kill_tree
+from .torchrun import _is_srun, kill_tree
 from .watch import collect
 
 LOG_TAIL_LINES = 25
@@ -37,7 +37,7 @@ def first_failure(exps, run_dirs, launch_dir: Path, proc, timeout_s: float, watc
         kill_tree(proc, spec_path)  # torchrun stopped its ranks; sweep for any that escaped
     log = launch_dir / rundir.LOG
     agent = (deaths.agent_death(proc.returncode, log.read_text(errors="replace") if log.exists() else "")
-             if agent_watched and not watchdog else "")
+             if agent_watched and not watchdog and not _is_srun(proc.args) else "")   # srun's code: its tasks' codes
 
     def first_cause_ns(f) -> float:   # one host's clock: across nodes the order is approximate
         times = [e.get("t_ns") for e in f[3].values() if not failures.is_timeout(e) and not failures.is_lost_peer(e)]

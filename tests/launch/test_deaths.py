@@ -62,6 +62,13 @@ def test_torchrun_killed_from_outside_is_said_and_no_rank_is_blamed_for_it():
     assert agent_death(-12, "").endswith("was killed by SIGUSR2")
     assert "received SIGTERM" in agent_death(143, "")   # caught: it stops its ranks, exits 128 + 15
     assert agent_death(1, "") == ""   # a rank failed: torchrun's own exit, no outside signal
+    # a rank's own timeout came first (a hang): torchrun ending after it is a consequence (srun's SIGTERM to
+    # the other nodes' agents), so the hang is said, naming the rank that never arrived
+    timeout = {"rank": 0, "t_ns": 2, "type": "DistBackendError", "message": "Timed out waiting 3000ms for recv",
+               "phase": "all-reduce", "step": 0, "traceback": "", "collective": "all_reduce"}
+    progress = {0: [_rec("dying all-reduce", collective="the dying task's all_reduce")], 1: [_rec("dying wait")]}
+    d = diagnose(progress, {0: timeout}, set(), 2, 3, False, PHASES, deaths=dead)
+    assert d.kind != "agent-died" and d.ranks == [1], d
 
 
 def test_a_rank_frozen_before_its_first_record_is_said_stopped_not_never_started():
