@@ -29,17 +29,9 @@ from misuse_probe import CLEAR, ROOT, Tally, _cli_ok, _lab_processes, _Wrong  # 
 
 # ---- processes a run starts: none outlives its owner (issue 51, items 1-4) ------------------------------
 def _tagged(tag: str) -> list[str]:
-    import psutil
+    from ddplab.launch.torchrun import live_processes
 
-    out = []
-    for p in psutil.process_iter(["cmdline", "status"]):
-        try:
-            cmd = " ".join(p.info["cmdline"] or [])
-        except psutil.Error:
-            continue
-        if tag in cmd and p.info["status"] != psutil.STATUS_ZOMBIE and p.pid != os.getpid():
-            out.append(f"{p.pid}: {cmd[:100]}")
-    return out
+    return [f"{pid}: {cmd[:100]}" for pid, cmd in live_processes((tag,)) if pid != os.getpid()]
 
 
 def owned_processes(t: Tally, tmp: Path) -> None:

@@ -253,10 +253,14 @@ SRUN_GRACE_S = 15.0   # how long srun may take to stop the agents on the other n
 
 def processes_for(run_dir: Path) -> list[str]:
     """Command lines of live processes started for this run directory (or a launch staged beside it)."""
+    run_dir = Path(run_dir)
+    return [cmd for _, cmd in live_processes((str(run_dir), f"{run_dir.parent}/.{run_dir.name}."))]
+
+
+def live_processes(needles) -> list[tuple[int, str]]:
+    """(pid, command line) of every live process, zombies aside, whose command line holds one of `needles`."""
     import psutil
 
-    run_dir = Path(run_dir)
-    needles = (str(run_dir), f"{run_dir.parent}/.{run_dir.name}.")
     found = []
     for p in psutil.process_iter(["cmdline", "status"]):
         try:
@@ -264,7 +268,7 @@ def processes_for(run_dir: Path) -> list[str]:
         except psutil.Error:
             continue
         if any(n in cmd for n in needles) and p.info["status"] != psutil.STATUS_ZOMBIE:
-            found.append(cmd)
+            found.append((p.pid, cmd))
     return found
 
 

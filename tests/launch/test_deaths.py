@@ -213,24 +213,31 @@ def test_a_rank_that_exits_with_code_7_is_reported_with_code_7(tmp_path):
     assert "signal" not in d.summary.split("See launch.log")[0].replace("not a signal", ""), d.summary
 
 
+def _to_rank_1_before_its_first_record(tmp_path, recorded, act) -> None:
+    """Find rank 1 under the torchrun agent of the launch in `tmp_path` and do `act(process)` to it while
+    `recorded()` is still False (it still imports torch)."""
+    agent = _agent_of(tmp_path)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        for p in agent.children(recursive=True):
+            try:
+                if p.environ().get("RANK") == "1" and not recorded():
+                    act(p)
+                    return
+            except psutil.Error:
+                pass
+        time.sleep(0.005)
+    raise AssertionError("rank 1 never appeared")
+
+
 @pytest.mark.slow
 def test_a_rank_stopped_while_importing_is_said_stopped(tmp_path):
     out = tmp_path / "run"
     exp = Experiment(name="stopped", world_size=2, task=Dying(), timeout_s=3)
 
-    def stop_rank_1():
-        agent = _agent_of(tmp_path)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            for p in agent.children(recursive=True):
-                try:
-                    if p.environ().get("RANK") == "1" and not rundir.progress_file(out, 1).exists():
-                        p.suspend()   # SIGSTOP, while it still imports torch
-                        return
-                except psutil.Error:
-                    pass
-            time.sleep(0.005)
-        raise AssertionError("rank 1 never appeared")
+    def stop_rank_1():   # SIGSTOP, while it still imports torch
+        _to_rank_1_before_its_first_record(tmp_path, lambda: rundir.progress_file(out, 1).exists(),
+                                           lambda p: p.suspend())
 
     raised = _in_background(stop_rank_1)
     with pytest.raises(RunFailed) as e:
@@ -328,18 +335,8 @@ def _start_session_doing(tmp_path, to_rank_1, startup_timeout_s: float = 120):
     runs = tmp_path / "runs"
 
     def act():
-        agent = _agent_of(tmp_path)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            for p in agent.children(recursive=True):
-                try:
-                    if p.environ().get("RANK") == "1" and not list(runs.glob(".sessions/*/rank1.progress")):
-                        to_rank_1(p)
-                        return
-                except psutil.Error:
-                    pass
-            time.sleep(0.005)
-        raise AssertionError("rank 1 never appeared")
+        _to_rank_1_before_its_first_record(tmp_path, lambda: bool(list(runs.glob(".sessions/*/rank1.progress"))),
+                                           to_rank_1)
 
     raised = _in_background(act)
     with pytest.raises(RunFailed) as e:

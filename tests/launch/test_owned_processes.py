@@ -22,6 +22,7 @@ import pytest
 
 import ddplab
 from ddplab.launch import keeper
+from ddplab.launch.torchrun import live_processes
 
 SLEEPER = "import time, sys; time.sleep(300)"   # started with the test's tag as its argument
 BOUND_S = 15.0   # a busy 2-core machine stops a tree in well under this; a broken path leaves it for 300 s
@@ -29,15 +30,7 @@ BOUND_S = 15.0   # a busy 2-core machine stops a tree in well under this; a brok
 
 def tagged(tag: str) -> list[str]:
     """Command lines of live processes whose command line carries `tag` (none of the lab's own do)."""
-    found = []
-    for p in psutil.process_iter(["cmdline", "status"]):
-        try:
-            cmd = " ".join(p.info["cmdline"] or [])
-        except psutil.Error:
-            continue
-        if tag in cmd and p.info["status"] != psutil.STATUS_ZOMBIE and p.pid != os.getpid():
-            found.append(cmd)
-    return found
+    return [cmd for pid, cmd in live_processes((tag,)) if pid != os.getpid()]
 
 
 def gone_within(tag: str, bound_s: float = BOUND_S) -> tuple[list[str], float]:
