@@ -192,14 +192,18 @@ def _ranks_of(agent: subprocess.Popen) -> list[int]:
     """The global ranks an agent runs now (its children's RANK), read from their environment."""
     import psutil
 
-    ranks = []
     try:
-        for child in psutil.Process(agent.pid).children(recursive=True):
-            rank = child.environ().get("RANK")
-            if rank is not None and rank.isdigit():
-                ranks.append(int(rank))
+        children = psutil.Process(agent.pid).children(recursive=True)
     except psutil.Error:
-        pass
+        return []
+    ranks = set()
+    for child in children:   # one at a time: a short-lived grandchild (a compiler, ldconfig) may be gone already
+        try:
+            rank = child.environ().get("RANK")
+        except psutil.Error:
+            continue
+        if rank is not None and rank.isdigit():
+            ranks.add(int(rank))
     return sorted(ranks)
 
 
@@ -209,7 +213,7 @@ def _wait_all(procs: list[subprocess.Popen]) -> int:
     while True:
         codes = [p.poll() for p in procs]
         failed = [c for c in codes if c not in (None, 0)]
-        if time.monotonic() - looked > 1.0 and not failed:
+        if time.monotonic() - looked > 0.25 and not failed:
             looked = time.monotonic()
             for i, p in enumerate(procs):
                 ranks[i] = _ranks_of(p) or ranks.get(i, [])

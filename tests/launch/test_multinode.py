@@ -395,6 +395,39 @@ def test_a_lost_node_is_diagnosed_as_a_node_with_its_ranks():
     assert str(d).startswith("Node 1 was lost: its torchrun agent was ended by SIGKILL, and its ranks 2, 3 with it")
 
 
+def test_an_agents_ranks_are_read_past_a_child_that_is_already_gone(monkeypatch):
+    """A rank's import may run short-lived helpers (ldconfig, a compiler): one that ends between listing
+    the agent's children and reading its environment must not hide the ranks beside it (CI on torch
+    2.14.1 once saw a lost node's ranks as unknown)."""
+    import psutil
+
+    agent = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
+        import os, subprocess, sys, time
+        helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        rank = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=dict(os.environ, RANK="3"))
+        print(helper.pid, flush=True)
+        time.sleep(60)
+    """)], stdout=subprocess.PIPE, text=True)
+    try:
+        helper = int(agent.stdout.readline())
+        real = psutil.Process.environ
+
+        def environ(proc):   # the helper ends just after the agent's children were listed
+            if proc.pid == helper:
+                raise psutil.NoSuchProcess(helper)
+            return real(proc)
+        monkeypatch.setattr(psutil.Process, "environ", environ)
+        deadline = time.monotonic() + 10
+        while len(psutil.Process(agent.pid).children()) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert nodes_mod._ranks_of(agent) == [3]
+    finally:
+        for k in psutil.Process(agent.pid).children(recursive=True):
+            k.kill()
+        agent.kill()
+        agent.wait()
+
+
 @pytest.mark.slow
 def test_killing_a_node_agent_names_that_node_and_its_ranks(tmp_path, monkeypatch):
     import signal
@@ -408,13 +441,14 @@ def test_killing_a_node_agent_names_that_node_and_its_ranks(tmp_path, monkeypatc
     out = tmp_path / "node-lost"
 
     def kill_agent_1():   # the torchrun agent started with DDPLAB_AGENT=1, once its rank has run 2 s
+        # (a child whose environment has RANK: a rank, not a helper it runs or a fork not yet exec'd)
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             for p in psutil.process_iter(["cmdline"]):
                 try:
                     if "ddplab.launch.loopback" in " ".join(p.info["cmdline"] or []) and \
                             p.environ().get("DDPLAB_AGENT") == "1" and str(tmp_path) in " ".join(p.info["cmdline"]) \
-                            and len(p.children(recursive=True)) >= 1:
+                            and any(c.environ().get("RANK") for c in p.children(recursive=True)):
                         time.sleep(2.0)
                         p.send_signal(signal.SIGKILL)
                         return
