@@ -6,7 +6,7 @@ reads those records, orders them by the phases the task declared (`spec/tasks.py
 between
 - a crash: a rank raised; the earliest error that is not a lost peer or a timeout is the cause;
 - a hang: ranks timed out in a collective, or stopped making progress; the ranks that never
-  reached the collective the others wait in are named (notes/ddp-internals.md, section 5);
+  reached the collective the others wait in are named (docs/ddp-internals.md, "Hangs and debug modes");
 - a missing result: a rank exited without writing its file (a signal, an os._exit, a kill);
 - a lost run directory: the files of the run could not be written or read (`run_dir_lost`).
 Used by `launch.run` and `results.load_run`; notebook 00 ends with a crash and a hang.

@@ -3,7 +3,7 @@
 MiB and KiB are powers of 1024. Every event a rank records (a gradient ready, a bucket launched or
 done, backward's start and end) is an integer number of nanoseconds on the rank's monotonic clock,
 counted from the launch's alignment barrier (`rank/clock.py`), so events of different ranks compare
-directly, on one host or across hosts (notes/ddp-internals.md, section 2). Views turn them into
+directly, on one host or across hosts (docs/ddp-internals.md, "Clocks"). Views turn them into
 milliseconds after some origin with `ms_after`.
 Used by every stage, so by every notebook.
 """

@@ -81,7 +81,8 @@ def step_comm(layer: str, local_batch: int, seq_len: int, d_model: int, tp: int,
 def predicted_all_reduce_ms(n_bytes: float, ranks: int, busbw_bytes_per_s: float, latency_ms: float = 0.0) -> float:
     """A model's prediction, not a measurement: an all-reduce of n_bytes over `ranks` at bus bandwidth
     `busbw_bytes_per_s` (nccl-tests' definition: every rank's link carries 2(p-1)/p x n), plus a fixed
-    latency. With a published GPU figure (notes/performance-anchors.md) it says what the link would do."""
+    latency. With a published GPU figure (docs/performance-anchors.md, "Published GPU figures") it says
+    what the link would do."""
     if busbw_bytes_per_s <= 0 or ranks < 2:
         raise ValueError("busbw_bytes_per_s must be > 0 and ranks >= 2")
     return latency_ms + ring_bytes_per_rank(n_bytes, ranks) / busbw_bytes_per_s * 1e3

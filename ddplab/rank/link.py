@@ -10,7 +10,7 @@ completes the held future once
 
 has passed: the wire is serialized, as a real one is. With no active link `hold` returns the future
 as it is. The hook body runs on the thread that called backward and the delivery on this module's
-thread, so DDP's wait at the end of backward is what blocks (notes/ddp-internals.md, section 2).
+thread, so DDP's wait at the end of backward is what blocks (docs/ddp-internals.md, "Communication hooks").
 """
 
 from __future__ import annotations

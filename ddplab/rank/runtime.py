@@ -1,7 +1,7 @@
 """Where a rank runs: its identity from torchrun's environment, its device, setup and teardown, and
 the clock that times a step's phases. The backend choice is `host.choose_backend`, shared with the
 launcher. `teardown` holds the fix for the gloo exit-time SIGABRT
-(notes/ddp-internals.md, section 0): drop every object that references the process group, collect,
+(docs/ddp-internals.md, "Teardown at exit"): drop every object that references the process group, collect,
 destroy the group; the worker then leaves with `os._exit` so no interpreter finalization can race
 gloo's threads.
 Used by every notebook's runs.
@@ -56,7 +56,8 @@ def cores() -> list[int] | None:
 
 def pin_to_core(slot: int) -> None:
     """Run this rank (and the threads it starts later, gloo's included) on one core, its slot on this host mod
-    the cores available: fewer migrations, steadier timings (notes/performance-anchors.md, 2.4)."""
+    the cores available: fewer migrations, steadier timings (docs/performance-anchors.md, "Pinning ranks
+    to cores")."""
     if hasattr(os, "sched_setaffinity"):
         cores = sorted(os.sched_getaffinity(0))
         os.sched_setaffinity(0, {cores[slot % len(cores)]})

@@ -64,7 +64,8 @@ def main(argv=None) -> None:
         code = run_experiments([Path(p) for p in args.spec], env, os.environ.get("DDPLAB_LAUNCH_ID", ""))
     sys.stdout.flush()
     sys.stderr.flush()
-    # skip interpreter finalization: gloo worker threads racing it abort a good run (notes, section 0)
+    # skip interpreter finalization: gloo worker threads racing it abort a good run
+    # (docs/ddp-internals.md, "Teardown at exit")
     os._exit(code)
 
 

@@ -35,7 +35,7 @@ def unused_parameter_fixes(**overrides) -> dict[str, Experiment]:
 
 def find_unused_cost(steps: int = 12, **overrides) -> list[Experiment]:
     """The same healthy DDP run with find_unused_parameters off and on: the graph walk it adds to every
-    step, and the bucket rebuild it prevents (notes/ddp-internals.md, section 1)."""
+    step, and the bucket rebuild it prevents (docs/ddp-internals.md, "The bucket rebuild")."""
     base = dict(world_size=2, local_batch=8, seq_len=32, d_model=64, steps=steps, bucket_cap_mb=0.05,
                 probes=("buckets",))
     base.update(overrides)

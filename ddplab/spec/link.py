@@ -11,7 +11,7 @@ queued one behind the other in the order they finished, as one wire serializes t
 so the link's time comes on top of loopback's own (`rank/link.py` holds it; the buckets probe's hook is
 where). `wire_s` is the ring all-reduce's cost: 2(p - 1) hops of `latency_us`, and every rank sends
 2(p - 1)/p of the bucket's bytes at `gbit_s` (the bus bandwidth of nccl-tests,
-notes/performance-anchors.md section 1.2).
+docs/performance-anchors.md, "Bus bandwidth").
 
     Experiment(probes=("buckets",), link=Link.named("1GbE"))     # or Link(latency_us=100, gbit_s=2)
 

@@ -255,8 +255,8 @@ def timing_sentences(runs) -> list[str]:
 def gpu_prediction(runs, busbw_gb_s: float = 370.0, latency_us: float = 20.0) -> pd.DataFrame:
     """A model's prediction, not a measurement: per run and layer, the all-reduce time of a step at a
     GPU link's bus bandwidth (default: 8 x H100 NVLink ring, about 370 GB/s; NCCL's small-message
-    latency is about 6-50 us, notes/performance-anchors.md), tensor parallelism's on the critical
-    path beside DDP's, which can hide behind backward. The shapes are the runs' own."""
+    latency is about 6-50 us, docs/performance-anchors.md, "Published GPU figures"), tensor
+    parallelism's on the critical path beside DDP's, which can hide behind backward. The shapes are the runs' own."""
     rows = []
     for run in _layer_runs(runs):
         e, tp = run.spec, run.ranks[0].result.tp

@@ -8,7 +8,7 @@ barrier labelled `ddplab:barrier`: every rank leaves it at the same moment, so o
 t = 0 of that step. The ranks of one host share a clock and this changes little; across hosts it is
 what makes the lanes of one step comparable. The memory timeline's times are Unix-epoch microseconds,
 which is `ts + baseTimeNanoseconds / 1000` of the same rank's trace (checked against the ops that
-allocate, notes/ddp-internals.md, section 7).
+allocate, docs/ddp-internals.md, "Profiler names").
 
 What the memory timeline's categories hold, against the chapter-02 model (`predict.memory`; checked
 in tests/tasks/test_profile.py on a DDP run with Adam): the parameters held throughout, the gradients at

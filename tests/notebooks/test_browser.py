@@ -3,7 +3,7 @@
 A private JupyterLab server (free port, no token, its own config folders) serves a throw-away root
 with a small notebook per widget; the test runs all cells through the Run menu, moves the controls
 and checks that the output redraws. Needs Debian's chromium (`apt-get install chromium`); the test
-skips without it unless DDPLAB_REQUIRE_BROWSER=1 (as in .ci/run). Recipe: notes/browser-testing.md.
+skips without it unless DDPLAB_REQUIRE_BROWSER=1 (as in .ci/run). How they run: docs/browser-tests.md.
 """
 
 from __future__ import annotations

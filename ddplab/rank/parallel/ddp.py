@@ -1,5 +1,5 @@
 """torch DDP, built one way for every task: rank 0's parameters broadcast at construction, gradients
-averaged bucket by bucket during backward (notes/ddp-internals.md, sections 1-2).
+averaged bucket by bucket during backward (docs/ddp-internals.md, "Buckets" and "The bucket rebuild").
 
 `bucket_cap_mb=None` keeps DDP's default (25 MiB, and a 1 MiB first bucket after the rebuild); any
 explicit value sets the first bucket too. `bucket_cap_mb_list` gives each bucket its own cap (torch

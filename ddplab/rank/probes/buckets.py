@@ -4,8 +4,9 @@
 from the future's callback on a gloo thread, when the all-reduce finished; it reduces the bucket
 exactly as DDP's default hook does (divide by the world size, sum). The bucket layout is therefore
 DDP's real one, observed: one bucket for everything in the first iteration, then buckets rebuilt from
-the order gradients became ready (notes/ddp-internals.md, sections 1-3; the hook's parameters must be
-named `state` and `bucket`). It also keeps each bucket's flat buffer, which the memory probe counts.
+the order gradients became ready (docs/ddp-internals.md, "Buckets", "The bucket rebuild" and
+"Communication hooks": the hook's parameters must be named `state` and `bucket`). It also keeps each
+bucket's flat buffer, which the memory probe counts.
 Used by notebooks 02, 04, 05 and 06.
 """
 

@@ -3,7 +3,7 @@ the optimizer step (where ZeRO-1's `ZeroRedundancyOptimizer` broadcasts each ran
 
 Linux `/proc/self/io` `wchar` counts every byte written by every thread of the process, gloo's
 `writev` to the other ranks included; on one host that is the traffic the ring all-reduce formula
-2(D-1)/D x payload predicts (notes/ddp-internals.md, section 2). Used by notebooks 02 and 03.
+2(D-1)/D x payload predicts (docs/ddp-internals.md, "Bytes on the wire"). Used by notebooks 02 and 03.
 """
 
 from __future__ import annotations

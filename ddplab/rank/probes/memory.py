@@ -10,7 +10,7 @@ The ledger counts bytes from tensor metadata, each storage once:
 the phases miss: gradients of activations during backward, gathered FSDP layers, temporaries. Process
 RSS is a rough cross-check only (the allocator keeps freed memory). On CUDA the caching allocator's own
 figures are recorded beside the ledger, and the memory-snapshot probe dumps the allocator's history.
-See notes/ddp-internals.md, section 6. Used by notebook 02.
+See docs/ddp-internals.md, "Model state memory". Used by notebook 02.
 """
 
 from __future__ import annotations

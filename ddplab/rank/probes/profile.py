@@ -20,7 +20,7 @@ everything profiled is slower than without the profiler, so compare phases withi
 At the end each rank writes traces/rank{r}.pt.trace.json (every rank's in one folder, which Holistic
 Trace Analysis reads: `TraceAnalysis(trace_dir=...)`, the rank from the trace's `distributedInfo`) and
 rank{r}.memory-timeline.json (bytes per category over the profiled steps, categories named as the lab
-names them). See https://pytorch.org/docs/stable/profiler.html and notes/ddp-internals.md, section 7.
+names them). See https://pytorch.org/docs/stable/profiler.html and docs/ddp-internals.md, "Profiler names".
 Used by notebook 07.
 """
 

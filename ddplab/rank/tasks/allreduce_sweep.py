@@ -2,7 +2,7 @@
 
 Sizes alternate in order from repeat to repeat (so drift on a shared machine affects every size
 alike), each call starts after a barrier, and each records the bytes this process wrote (gloo's
-traffic: `probes/bytes.py`). Runs inside a rank; notebooks 03 and 05 fit the alpha-beta model to it.
+traffic: `rank/probes/bytes.py`). Runs inside a rank; notebooks 03 and 05 fit the alpha-beta model to it.
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@
 Per cap, two arms from the same parameters: DDP eager, and `torch.compile(ddp, backend=...)` with
 torch's default `optimize_ddp="ddp_optimizer"`, where Dynamo's DDPOptimizer splits the compiled graph
 where it expects DDP's buckets to end. Both carry the lab's probes: the gradients' ready times
-(post-accumulate-grad hooks, `probes/readiness.py`) and DDP's own buckets as its Reducer all-reduces
-them (a comm hook, `probes/buckets.py`). What the lab does not re-derive, it reads from torch:
+(post-accumulate-grad hooks, `rank/probes/readiness.py`) and DDP's own buckets as its Reducer all-reduces
+them (a comm hook, `rank/probes/buckets.py`). What the lab does not re-derive, it reads from torch:
 - the split: DDPOptimizer logs "used bucket cap ... and created N buckets" from `pretty_print_buckets`;
   a logging handler reads that call's `buckets` (their byte sizes and parameters) as torch made them;
 - the graphs compiled: the backend is wrapped, and each graph it is handed is counted.

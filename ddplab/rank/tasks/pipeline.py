@@ -11,7 +11,7 @@ GPipe and 1F1B schedules push the same global batch through the stages as m micr
    parameters.
 4. Time: `rounds` rounds, the (schedule, m) pairs in alternating order, one step each: a barrier
    (every stage starts together), then the schedule's step with every forward, loss and backward
-   timed and the saved activations metered (`probes/pipeline.py`: `StageRecorder`, `LiveSavedBytes`).
+   timed and the saved activations metered (`rank/probes/pipeline.py`: `StageRecorder`, `LiveSavedBytes`).
 Runs inside a rank.
 """
 
