@@ -3,10 +3,10 @@
     python bench/audit_check.py [--world-size 4]
 
 For each network: the learner's two runs (the audit run and the gradient check case, one launch),
-the reference evidence filled from them (exercises/instructor/reference.py), then `audit.check`
+the reference evidence filled from them (exercises/instructor/reference.py), then `exercise.check`
 timed twice: launching its own ranks (a script, `warm=False`) and as a notebook runs it, a job for
 the warm ranks of a session. Prints the seconds and whether each check passed every finding.
-Target (issue 14): `audit.check` on 4 ranks in at most 60 s on this 2-core machine.
+Target (issue 14): `exercise.check` on 4 ranks in at most 60 s on this 2-core machine.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import ddplab
-from ddplab import Experiment, audit
+from ddplab import Experiment, exercise
 from ddplab.launch import session as sessions
 
 TARGET_S = 60.0
@@ -51,20 +51,20 @@ def main() -> None:
         for label, sizes in NETWORKS.items():
             exp = Experiment(name="bench-audit", world_size=d, local_batch=4, accum_steps=2, steps=2,
                              optimizer="adam", bucket_cap_mb=0.25, **sizes)
-            run, case = ddplab.run_many([audit.audit_run(exp), audit.check_case(exp, range(1, d + 1))],
+            run, case = ddplab.run_many([exercise.evidence_run(exp), exercise.check_case(exp, range(1, d + 1))],
                                         Path(tmp) / label.split()[0], progress=False, warm=False)
             ev = ref.fill(exp, run, case)
             t0 = time.monotonic()
-            cold = audit.check(ev, progress=False)        # no session open: its own torchrun launch
+            cold = exercise.check(ev, progress=False)        # no session open: its own torchrun launch
             cold_s = time.monotonic() - t0
             with ddplab.Session(world_size=d, runs_dir=Path(tmp) / "runs"):
                 t0 = time.monotonic()
-                warm = audit.check(ev, progress=False)
+                warm = exercise.check(ev, progress=False)
                 warm_s = time.monotonic() - t0
             sessions.close_current()
             ok = cold.passed() and warm.passed()
             met &= ok and cold_s <= TARGET_S
-            print(f"{label}, {d} ranks, {run.ranks[0].model.parameter_count:,} parameters: audit.check "
+            print(f"{label}, {d} ranks, {run.ranks[0].model.parameter_count:,} parameters: exercise.check "
                   f"{cold_s:.1f} s launching its own ranks, {warm_s:.1f} s on a warm session "
                   f"({len(cold.findings)} checks, all passed: {ok}); target <= {TARGET_S:.0f} s: "
                   f"{'met' if ok and cold_s <= TARGET_S else 'NOT met'}")

@@ -8,7 +8,7 @@ every call (`/proc/self/io` wchar, `rank/probes/bytes.py`). Prints, per size, th
 2(D-1)/D x N, the framing (written minus that share: median, min and max over ranks and repeats) and
 the rule `predict.compression.gloo_framing` (1 MiB pieces, a 144-byte header each) with whether every
 call matched it exactly.
-The comm-hooks task's byte check (`tables.compression.bytes_table`) reads the framing of the sizes its
+The compression task's byte check (`tables.compression.bytes_table`) reads the framing of the sizes its
 hooks send from its own launch, interpolated between the sizes it measured (`framing_at`); this
 script shows why one constant per call is not enough: gloo splits a large message into more pieces,
 each with its own header.

@@ -309,12 +309,12 @@ def _refused(fn, out: Path) -> None:
 
 
 def _frozen_bytes_exact(tmp: Path) -> None:
-    """The comm-hooks comparison on a model with a frozen matrix: DDP's bucket, the payload rule and every
+    """The hook comparison on a model with a frozen matrix: DDP's bucket, the payload rule and every
     rank's bytes in every step must agree exactly (a CheckFailed here is the bug, not a clear refusal)."""
     from ddplab.predict import compression
     from ddplab.tables import compression as hooks
 
-    exp = recipes.comm_hooks(model="tests.support.gradient_models:frozen_matrix", hooks=("allreduce", "fp16", "powersgd"),
+    exp = recipes.hook_comparison(model="tests.support.gradient_models:frozen_matrix", hooks=("allreduce", "fp16", "powersgd"),
                              name="probe-frozen", local=False, learn_steps=3, rounds=1, steps=1)
     run = ddplab.run(exp, tmp / "probe-frozen", progress=False, warm=False)
     rule = compression.payload_bytes("allreduce", hooks.bucket_shapes(run))
@@ -382,7 +382,7 @@ def gradients(t: Tally, tmp: Path) -> None:
     try:
         for case, out, fn in cases:
             _case(t, cat, case, lambda: _refused(lambda: fn(out), out))
-        _case(t, cat, "comm-hooks bytes on a model with a frozen matrix: exact", lambda: _frozen_bytes_exact(tmp))
+        _case(t, cat, "compression bytes on a model with a frozen matrix: exact", lambda: _frozen_bytes_exact(tmp))
     finally:
         sys.path.remove(str(tmp))
 

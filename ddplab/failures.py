@@ -301,7 +301,7 @@ def _agent_died(progress: dict, errors: dict, finished: set[int], world_size: in
 
 @dataclass
 class Provoked:
-    """One failure provoked on purpose (`launch.failure_lab.provoke`): the fault injected, what the
+    """One failure provoked on purpose (`launch.provoked.provoke`): the fault injected, what the
     launcher said (None: the run did not fail), seconds from the launch to the error, the
     collective timeout it ran with, any process of the run still alive afterwards (orphans), and how
     much of `seconds` was start-up (processes, imports, the process group), which a loaded machine

@@ -16,7 +16,7 @@ The bucket holds only the parameters that require a gradient (DDP leaves frozen 
 bucket), so `shapes` are theirs. A ring all-reduce of N bytes has each rank send 2(D - 1)/D N
 (`comm.ring_bytes_per_rank`); gloo adds framing bytes per non-empty call, which grow with N (2 ranks,
 torch 2.13: 576 B up to 4 MiB, 2,304 B at 15-16 MiB: `gloo_framing`, docs/gloo-framing.md), so the
-comm-hooks task measures them in the same launch at every size its hooks send. The payload rule is
+compression task measures them in the same launch at every size its hooks send. The payload rule is
 exact (the bytes each call carries); what a rank writes is exact given the framing at each call's size.
 
 The step model (`step_ms`): with the whole gradient in one bucket, DDP launches the hook after the last

@@ -7,7 +7,7 @@ One home for every task's data on the reading side, one module per task beside t
     train.py             TrainRecord          allreduce_sweep.py   AllReduceSweepRecord
     bucket_sweep.py      BucketSweepRecord    balance.py           BalanceRecord
     coverage.py          CoverageRecord       fsdp_memory.py       FsdpMemoryRecord
-    comm_hooks.py        CommHooksRecord      compiled_ddp.py      CompiledDdpRecord
+    compression.py       CompressionRecord    compiled_ddp.py      CompiledDdpRecord
     pipeline.py          PipelineRecord       resume.py            ResumeRecord
     tensor_parallel.py   TensorParallelRecord
 
@@ -18,7 +18,7 @@ fills it (`rank/tasks/<task>.py`), `results.load_run` parses it, and the views r
 from .allreduce_sweep import AllReduceSweepRecord, SizeCalls
 from .balance import BalanceArm, BalanceRecord, BalanceStep, CalibrationPoint, CostFit
 from .bucket_sweep import BucketSweepRecord, PlanCheck, SweepArm, SweepStep
-from .comm_hooks import CommHooksRecord, HookArm, HookStep, LearnStep
+from .compression import CompressionRecord, HookArm, HookStep, LearnStep
 from .compiled_ddp import CompiledArm, CompiledDdpRecord, CompiledStep, SplitBucket
 from .coverage import CoverageRecord, EpochBatches
 from .envelope import SCHEMA_VERSION, Envelope, RankRecord, RecordError, dump, load, parse
@@ -31,7 +31,7 @@ from .train import (Checksums, Distance, MemoryRecord, MemoryStep, ModelInfo, Pr
                     TrainRecord, TrainStep)
 
 __all__ = ["AllReduceSweepRecord", "SizeCalls", "BalanceArm", "BalanceRecord", "BalanceStep",
-           "CalibrationPoint", "CostFit", "CommHooksRecord", "HookArm", "HookStep", "LearnStep", "CompiledArm", "CompiledDdpRecord", "CompiledStep", "SplitBucket", "BucketSweepRecord", "PlanCheck", "SweepArm", "SweepStep",
+           "CalibrationPoint", "CostFit", "CompressionRecord", "HookArm", "HookStep", "LearnStep", "CompiledArm", "CompiledDdpRecord", "CompiledStep", "SplitBucket", "BucketSweepRecord", "PlanCheck", "SweepArm", "SweepStep",
            "CoverageRecord", "EpochBatches", "SCHEMA_VERSION", "Envelope", "RankRecord", "RecordError",
            "dump", "load", "parse", "FsdpConfigRecord", "FsdpMemoryRecord", "FsdpUnit", "MemorySample",
            "PipelineRecord", "PipelineStep", "StageOp", "UnsplitCheck", "CheckpointInfo", "ResumeRecord",

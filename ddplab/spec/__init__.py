@@ -16,10 +16,10 @@ from .tensor_parallel import TensorParallel
 from .allreduce_sweep import AllReduceSweep
 from .balance import BalanceStudy
 from .bucket_sweep import BucketSweep, Plan
-from .comm_hooks import CommHooks
+from .compression import Compression
 from .compiled_ddp import CompiledDdp
 from .tasks import Phase, TaskSpec, register
 from .train import Train
 
-__all__ = ["AllReduceSweep", "BalanceStudy", "BucketSweep", "CommHooks", "CompiledDdp", "DataCoverage", "Resume", "Experiment", "Fault", "FsdpMemory", "LINKS", "Link", "Phase", "Pipeline", "Straggler", "TaskSpec", "TensorParallel", "Train", "Plan",
+__all__ = ["AllReduceSweep", "BalanceStudy", "BucketSweep", "Compression", "CompiledDdp", "DataCoverage", "Resume", "Experiment", "Fault", "FsdpMemory", "LINKS", "Link", "Phase", "Pipeline", "Straggler", "TaskSpec", "TensorParallel", "Train", "Plan",
            "register"]

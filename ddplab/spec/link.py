@@ -16,7 +16,7 @@ docs/performance-anchors.md, "Bus bandwidth").
     Experiment(probes=("buckets",), link=Link.named("1GbE"))     # or Link(latency_us=100, gbit_s=2)
 
 Read by the train task (with the buckets probe: its hook is where the hold happens), the bucket
-sweep and the comm-hooks comparison (its hooks hold every call). Every table and figure of a run on a link says which (`describe`). Used by notebook 05.
+sweep and the hook comparison (its hooks hold every call). Every table and figure of a run on a link says which (`describe`). Used by notebook 05.
 """
 
 from __future__ import annotations
@@ -102,6 +102,6 @@ def _check_with(link: Link, exp) -> None:
             bad("link", "holds DDP's bucket all-reduces: it needs sync='ddp' and sharding 'none' or 'zero1'")
         if "buckets" not in exp.probes:
             bad("link", "is held in the buckets probe's communication hook: add 'buckets' to probes")
-    elif exp.task.kind not in ("bucket-sweep", "comm-hooks"):
-        bad("link", f"only the train task, the bucket sweep and the comm-hooks comparison put DDP's all-reduces on a "
+    elif exp.task.kind not in ("bucket-sweep", "compression"):
+        bad("link", f"only the train task, the bucket sweep and the hook comparison put DDP's all-reduces on a "
                     f"link (task is {exp.task.kind!r})")

@@ -3,7 +3,7 @@ rule (`predict/compression.py`), what compression did to learning, and whether i
 measured.
 
 Steps pair across hooks by (round, step in the round): every hook ran its step i of round r within one
-pass over the arms, after an untimed barrier (`rank/tasks/comm_hooks.py`); a step is timed by its
+pass over the arms, after an untimed barrier (`rank/tasks/compression.py`); a step is timed by its
 slowest rank. Timing claims go through `claims` on those pairs."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from ..predict import comm, compression
 from ..units import rel_error
 from .stats import slowest_rank
 
-READS = "comm-hooks"
+READS = "compression"
 
 
 def _arms(run, group: str = "world", rank: int = 0) -> dict:
@@ -117,7 +117,7 @@ def learning(run) -> pd.DataFrame:
     arms = _arms(run)
     psgd, base = _psgd(run), arms["allreduce"]
     if not base.learn:
-        raise ValueError("run: its learn_steps is 0; use recipes.comm_hooks(learn_steps=12)")
+        raise ValueError("run: its learn_steps is 0; use recipes.hook_comparison(learn_steps=12)")
     rows = []
     for hook, a in arms.items():
         gaps = [s.loss - b.loss for s, b in zip(a.learn, base.learn)]

@@ -2,10 +2,10 @@
 purpose, how long it took, and what DDP's find_unused_parameters changes in a healthy run (its
 buckets; the step times of the two separate runs are shown, not judged).
 
-`failure_table(outcomes)` takes `launch.failure_lab.provoke` outcomes (`failures.Provoked`);
+`failure_table(outcomes)` takes `launch.provoked.provoke` outcomes (`failures.Provoked`);
 `verify_failures_diagnosed` raises `verify.CheckFailed` unless every one named exactly its faulty rank
 (a crash or a death before any collective could time out), left no process behind, and was diagnosed as
-the kind of failure it is, in the words `SIGNS` lists (tests/launch/test_failure_lab.py feeds it wrong outcomes; notebook 08 feeds it real ones).
+the kind of failure it is, in the words `SIGNS` lists (tests/launch/test_provoked.py feeds it wrong outcomes; notebook 08 feeds it real ones).
 """
 
 from __future__ import annotations

@@ -24,13 +24,13 @@ MAKES = {
     "train": "ddplab.run(ddplab.Experiment(...)) or a chapter's recipe",
     "allreduce-sweep": "recipes.allreduce_sweep()",
     "bucket-sweep": "recipes.bucket_sweep (notebook 05)",
-    "balance-study": "recipes.slowest_rank's balance study (notebook 07)",
+    "balance-study": "recipes.balance_study (notebook 07)",
     "data-coverage": "recipes.coverage (notebook 08)",
     "resume": "recipes.resume (notebook 08)",
     "fsdp-memory": "recipes.fsdp_configs (notebook 09)",
     "pipeline": "recipes.pipeline (notebook 09)",
     "tensor-parallel": "recipes.tensor_parallel (notebook 09)",
-    "comm-hooks": "recipes.comm_hooks (notebook 10)",
+    "compression": "recipes.hook_comparison (notebook 10)",
     "compiled-ddp": "recipes.eager_and_compiled (notebook 11)",
 }
 DEFAULT_ARGS = ("run", "runs")   # what a module's READS applies to

@@ -9,11 +9,11 @@
 The model is a factory (spec/model.py: its contract, with Hugging Face, torchvision and plain
 examples). Both tools check it here first (it builds, its logits have the right shape, one backward
 reaches every trainable parameter) and refuse it with a ValueError that says what to fix before any
-rank starts. `model_audit.py`: one launch; `bucket_tuning.py`: a capture and a measurement on one set
+rank starts. `audit.py`: one launch; `bucket_tuning.py`: a capture and a measurement on one set
 of warm ranks. Parent side: they launch, then read the runs through the views.
 """
 
-from .model_audit import ModelAudit, audit_model
+from .audit import ModelAudit, audit_model
 from .bucket_tuning import BucketTuning, tune_buckets
 
 __all__ = ["BucketTuning", "ModelAudit", "audit_model", "tune_buckets"]

@@ -3,7 +3,7 @@ exercise's source notebook fills the same evidence piece by piece). Learners: so
 
 from __future__ import annotations
 
-from ddplab import audit
+from ddplab import exercise
 
 
 def weighted(values, batches):
@@ -12,12 +12,12 @@ def weighted(values, batches):
 
 
 def fill(exp, run, case) -> dict:
-    """Every piece of the evidence, read off the learner's run (`audit.audit_run(exp)`) and check
-    case (`audit.check_case(exp, batches)`)."""
-    ev = audit.template(exp)
+    """Every piece of the evidence, read off the learner's run (`exercise.evidence_run(exp)`) and check
+    case (`exercise.check_case(exp, batches)`)."""
+    ev = exercise.template(exp)
     ev["batch"] = {"local_batch": exp.local_batches, "accum_steps": exp.accum_steps,
                    "global_batch": sum(exp.local_batches) * exp.accum_steps}
-    ev["memory"] = {r.rank: {**{c: r.memory.steps[1].phases["step"][c] for c in audit.MODEL_STATE},
+    ev["memory"] = {r.rank: {**{c: r.memory.steps[1].phases["step"][c] for c in exercise.MODEL_STATE},
                              "activations": r.memory.steps[1].phases["forward"]["activations"]} for r in run.ranks}
     t = [case.tensors(r.rank) for r in case.ranks]
     name = max(t[0]["reference"], key=lambda n: min(abs(float(x["local"][n].flatten()[0])) for x in t))  # clearly non-zero everywhere

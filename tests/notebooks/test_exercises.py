@@ -83,6 +83,6 @@ def test_the_blank_notebook_fails_every_test_with_one_helpful_line(course):
     assert all(got == 0 for got, _ in scores.values()), scores
     for grade_id, errs in errors(course, "blank").items():
         piece = grade_id.removeprefix("test_")
-        assert len(errs) == 1 and errs[0]["ename"] == "AuditFailed", (grade_id, errs)
+        assert len(errs) == 1 and errs[0]["ename"] == "EvidenceFailed", (grade_id, errs)
         assert errs[0]["evalue"].startswith(f"{piece}: not filled in yet"), errs[0]["evalue"]
         assert len(errs[0]["traceback"]) == 1, errs[0]["traceback"]   # one line, no traceback into ddplab

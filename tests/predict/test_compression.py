@@ -1,4 +1,4 @@
-"""The communication hooks' payload rule and step model (`predict/compression.py`), and the comm-hooks
+"""The communication hooks' payload rule and step model (`predict/compression.py`), and the compression
 spec's refusals: pure, no launch. The rule is checked against torch's own `_should_compress`; the
 reasons the spec gives for leaving a hook out are checked against torch as installed."""
 
@@ -12,7 +12,7 @@ import pytest
 
 from ddplab.predict import compression
 from ddplab.predict.compression import PowerSGD
-from ddplab.spec import CommHooks, Experiment, Link
+from ddplab.spec import Compression, Experiment, Link
 
 
 def test_payload_rule_by_hand():
@@ -31,7 +31,7 @@ def test_payload_rule_by_hand():
 
 
 def test_gloos_framing_grows_with_its_1_mib_pieces():
-    """The rule's arithmetic (the slow test tests/tasks/test_comm_hooks.py checks it on real ranks)."""
+    """The rule's arithmetic (the slow test tests/tasks/test_compression.py checks it on real ranks)."""
     mib = 2 ** 20
     assert compression.gloo_framing(16, 2) == compression.gloo_framing(4 * mib, 2) == 4 * 144
     assert [compression.gloo_framing(n * mib, 2) for n in (6, 15, 16)] == [6 * 144, 16 * 144, 16 * 144]
@@ -99,17 +99,17 @@ def test_the_step_model_adds_each_calls_wire_time_to_the_local_step():
 
 
 @pytest.mark.parametrize("fields,named", [
-    (dict(task=CommHooks(hooks=("fp16", "allreduce"))), "task.hooks"),
-    (dict(task=CommHooks(hooks=("allreduce", "batched_powersgd"))), "task.hooks"),
-    (dict(task=CommHooks(hooks=("allreduce", "int8"))), "task.hooks"),
-    (dict(task=CommHooks(start_powerSGD_iter=1)), "task.start_powerSGD_iter"),
-    (dict(task=CommHooks(matrix_approximation_rank=0)), "task.matrix_approximation_rank"),
-    (dict(task=CommHooks(learn_steps=-1)), "task.learn_steps"),
-    (dict(task=CommHooks(), world_size=1), "world_size"),
-    (dict(task=CommHooks(), dtype="float64"), "dtype"),
-    (dict(task=CommHooks(), local_batch=(4, 8)), "local_batch"),
-    (dict(task=CommHooks(learn_steps=2)), "task.learn_steps"),
-    (dict(task=CommHooks(), backend="nccl"), "backend"),
+    (dict(task=Compression(hooks=("fp16", "allreduce"))), "task.hooks"),
+    (dict(task=Compression(hooks=("allreduce", "batched_powersgd"))), "task.hooks"),
+    (dict(task=Compression(hooks=("allreduce", "int8"))), "task.hooks"),
+    (dict(task=Compression(start_powerSGD_iter=1)), "task.start_powerSGD_iter"),
+    (dict(task=Compression(matrix_approximation_rank=0)), "task.matrix_approximation_rank"),
+    (dict(task=Compression(learn_steps=-1)), "task.learn_steps"),
+    (dict(task=Compression(), world_size=1), "world_size"),
+    (dict(task=Compression(), dtype="float64"), "dtype"),
+    (dict(task=Compression(), local_batch=(4, 8)), "local_batch"),
+    (dict(task=Compression(learn_steps=2)), "task.learn_steps"),
+    (dict(task=Compression(), backend="nccl"), "backend"),
 ])
 def test_a_bad_setting_is_refused_before_launch_naming_its_field(fields, named):
     with pytest.raises(ValueError, match=named.replace(".", r"\.")):
@@ -117,6 +117,6 @@ def test_a_bad_setting_is_refused_before_launch_naming_its_field(fields, named):
 
 
 def test_the_comparison_runs_on_an_emulated_link_and_round_trips():
-    exp = Experiment(world_size=2, task=CommHooks(), link=Link.named("1GbE"))
+    exp = Experiment(world_size=2, task=Compression(), link=Link.named("1GbE"))
     assert Experiment.from_json(exp.to_json()) == exp
     assert Link.named("1GbE").wire_s(1000, 2, calls=3) == pytest.approx(3 * 2 * 50e-6 + 1000 * 8 / 1e9)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import ddplab
-from ddplab.launch.failure_lab import orphans
+from ddplab.launch.provoked import orphans
 
 # ---- one launch for the healthy runs every selected test needs ------------------------------------
 # A cold launch costs seconds of its own (torchrun, `import torch` on every rank, the process group), so

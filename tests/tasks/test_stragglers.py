@@ -12,8 +12,8 @@ import pytest
 
 import ddplab
 from ddplab import claims, verify
-from ddplab.recipes.slowest_rank import delay_sweep
-from ddplab.recipes.slowest_rank import stragglers as straggler_runs
+from ddplab.recipes.stragglers import delay_sweep
+from ddplab.recipes.stragglers import straggler_runs
 from ddplab.tables import stragglers
 from tests.support import leftovers
 

@@ -1,4 +1,4 @@
-"""The practice audit's checker (issue 14): correct evidence passes every check, and each classic
+"""The practice exercise's checker (issue 14): correct evidence passes every check, and each classic
 mistake is caught with its own message, against real 4-rank runs (the checker's own, hidden seed)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import copy
 import pytest
 
 import ddplab
-from ddplab import Experiment, audit
+from ddplab import Experiment, exercise
 from ddplab.launch import session as sessions
 from tests.tools.test_audit_shape import notebook_templates, shows
 
@@ -40,10 +40,10 @@ def audited(tmp_path_factory):
     mp = pytest.MonkeyPatch()
     mp.setenv("DDPLAB_RUNS", str(out / "runs"))   # the checker's own runs
     try:
-        run, case = ddplab.run_many([audit.audit_run(EXP), audit.check_case(EXP, CASE_BATCHES)], out / "mine",
+        run, case = ddplab.run_many([exercise.evidence_run(EXP), exercise.check_case(EXP, CASE_BATCHES)], out / "mine",
                                     progress=False, warm=True)
         ev = reference.fill(EXP, run, case)
-        yield ev, audit.hidden_runs(ev, progress=False)
+        yield ev, exercise.hidden_runs(ev, progress=False)
     finally:
         sessions.close_current()
         mp.undo()
@@ -55,7 +55,7 @@ def _messages(report, piece):
 
 def test_the_reference_evidence_passes_every_check(audited):
     ev, runs = audited
-    report = audit.judge(ev, runs)
+    report = exercise.judge(ev, runs)
     assert report.passed(), repr(report)
     assert len(report.findings) >= 15
     report.assert_passed()
@@ -66,9 +66,9 @@ def test_an_empty_template_is_all_todo_and_launches_nothing(monkeypatch):
         raise AssertionError("an empty template launched ranks")
 
     monkeypatch.setattr(ddplab, "run_many", no_launch)
-    report = audit.check(audit.template(EXP), progress=False)
-    assert {f.ok for f in report.findings} == {None} and len(report.findings) == len(audit.PIECES)
-    with pytest.raises(audit.AuditFailed, match="memory: not filled in yet"):
+    report = exercise.check(exercise.template(EXP), progress=False)
+    assert {f.ok for f in report.findings} == {None} and len(report.findings) == len(exercise.PIECES)
+    with pytest.raises(exercise.EvidenceFailed, match="memory: not filled in yet"):
         report.assert_passed("memory")
 
 
@@ -79,7 +79,7 @@ def test_an_empty_template_is_all_todo_and_launches_nothing(monkeypatch):
                                         ({"experiment": EXP, "memroy": {}}, "memroy")])
 def test_bad_evidence_structure_is_a_value_error_naming_the_field(bad, field):
     with pytest.raises(ValueError, match=field):
-        audit.check(bad, progress=False)
+        exercise.check(bad, progress=False)
 
 
 def _mutated(ev, piece, change):
@@ -128,12 +128,12 @@ MISTAKES = {   # mistake -> (piece, the change, words of its message, the right 
 def test_each_classic_mistake_is_caught_with_its_own_message(audited, mistake):
     ev, runs = audited
     piece, change, words, right = MISTAKES[mistake]
-    assert audit.MISTAKES[mistake] == piece
-    report = audit.judge(_mutated(ev, piece, change), runs)
+    assert exercise.MISTAKES[mistake] == piece
+    report = exercise.judge(_mutated(ev, piece, change), runs)
     said = _messages(report, piece)
     assert not report.passed(piece) and words in said, said
     assert not shows(said, *_written(right(ev))), said   # what is wrong and why, never the value to copy
-    others = [p for p in audit.PIECES if p != piece]
+    others = [p for p in exercise.PIECES if p != piece]
     assert report.passed(*others), repr(report)   # the mistake is pinned on its own piece
 
 
@@ -141,7 +141,7 @@ def test_the_notebooks_templates_filled_as_the_prose_reads_get_feedback_on_value
     """A first attempt: every `...` of the learner's templates replaced by a plausible misreading of its
     section. Each piece fails on its values, with the classic mistake's message, not on its keys."""
     ev, runs = audited
-    run = runs["audit-hidden"]
+    run = runs["exercise-hidden"]
     first = notebook_templates(EXP)
     first["batch"].update(local_batch=EXP.local_batches, accum_steps=EXP.accum_steps,
                           global_batch=sum(EXP.local_batches))   # one micro-step's examples
@@ -156,7 +156,7 @@ def test_the_notebooks_templates_filled_as_the_prose_reads_get_feedback_on_value
                             exposed_ms=ev["buckets"]["summed_ms"])
     first["comm"]["payload_bytes"] = ev["comm"]["payload_bytes"]
     first["comm"]["bytes_per_rank"] = {d: ev["comm"]["payload_bytes"] for d in first["comm"]["bytes_per_rank"]}
-    report = audit.judge(first, runs)
+    report = exercise.judge(first, runs)
     assert all(f.ok is not None and f.check != "shape" for f in report.findings), repr(report)
     for piece, words in [("batch", "counts every micro-step"), ("memory", "looks like MiB"),
                          ("gradients", "unweighted mean"), ("readiness", "the order the parameters are declared in"),
@@ -166,28 +166,28 @@ def test_the_notebooks_templates_filled_as_the_prose_reads_get_feedback_on_value
 
 def test_source_order_reported_as_ready_order_is_caught(audited):
     ev, runs = audited
-    names = list(runs["audit-hidden"].ranks[0].parameter_names)
-    report = audit.judge(_mutated(ev, "readiness", lambda r: r.__setitem__("ready_order", names)), runs)
+    names = list(runs["exercise-hidden"].ranks[0].parameter_names)
+    report = exercise.judge(_mutated(ev, "readiness", lambda r: r.__setitem__("ready_order", names)), runs)
     assert "the order the parameters are declared in" in _messages(report, "readiness")
-    assert audit.MISTAKES["source order reported as ready order"] == "readiness"
+    assert exercise.MISTAKES["source order reported as ready order"] == "readiness"
 
 
 def test_a_convention_that_ignores_the_batches_fails_on_the_hidden_case(audited):
     ev, runs = audited
-    report = audit.judge(_mutated(ev, "gradients", lambda g: g.__setitem__("convention", lambda v, b: sum(v) / len(v))),
+    report = exercise.judge(_mutated(ev, "gradients", lambda g: g.__setitem__("convention", lambda v, b: sum(v) / len(v))),
                          runs)
     assert "that is the unweighted mean" in _messages(report, "gradients"), repr(report)
 
 
 def test_equal_check_case_batches_cannot_tell_the_conventions_apart(audited):
     ev, runs = audited
-    report = audit.judge(_mutated(ev, "gradients", lambda g: g.__setitem__("local_batch", [2, 2, 2, 2])), runs)
+    report = exercise.judge(_mutated(ev, "gradients", lambda g: g.__setitem__("local_batch", [2, 2, 2, 2])), runs)
     assert "cannot tell the conventions apart" in _messages(report, "gradients")
 
 
 def test_a_local_gradient_off_by_a_thousandth_does_not_pass(audited):
     ev, runs = audited
-    report = audit.judge(_mutated(ev, "gradients", lambda g: g["local"].__setitem__(1, g["local"][1] * 1.001)), runs)
+    report = exercise.judge(_mutated(ev, "gradients", lambda g: g["local"].__setitem__(1, g["local"][1] * 1.001)), runs)
     assert "rank 1's local gradient" in _messages(report, "gradients")
 
 
@@ -200,7 +200,7 @@ def test_correct_evidence_in_other_shapes_passes(audited):
     ev["memory"] = {str(r): {k: np.int64(v) for k, v in row.items()} for r, row in ev["memory"].items()}
     ev["gradients"]["local"] = np.array(ev["gradients"]["local"], dtype=np.float64)
     ev["comm"]["bytes_per_rank"] = {str(d): v for d, v in ev["comm"]["bytes_per_rank"].items()}
-    report = audit.judge(ev, runs)
+    report = exercise.judge(ev, runs)
     assert report.passed(), repr(report)
 
 
@@ -211,7 +211,7 @@ def test_memory_written_in_mib_is_told_to_write_bytes(audited):
         for row in m.values():
             row["parameters"] = round(row["parameters"] / 2 ** 20, 3)
 
-    report = audit.judge(_mutated(ev, "memory", in_mib), runs)
+    report = exercise.judge(_mutated(ev, "memory", in_mib), runs)
     assert "looks like MiB" in _messages(report, "memory")
 
 
@@ -221,7 +221,7 @@ def test_an_invented_trace_with_other_bucket_sizes_does_not_pass(audited):
     def invented(b):
         b["trace"] = [{**t, "bytes": t["bytes"] + 4} for t in b["trace"]]
 
-    report = audit.judge(_mutated(ev, "buckets", invented), runs)
+    report = exercise.judge(_mutated(ev, "buckets", invented), runs)
     said = _messages(report, "buckets")
     assert "DDP's buckets do not hold" in said and not shows(said, *_written(ev["buckets"]["trace"][0]["bytes"])), said
 
@@ -232,7 +232,7 @@ def test_malformed_evidence_is_a_finding_naming_the_field_not_a_traceback(audite
                                  ("gradients", lambda g: g.__setitem__("local", 0.5), "gradients['local']"),
                                  ("comm", lambda c: c.__setitem__("payload_bytes", "lots"), "comm['payload_bytes']"),
                                  ("buckets", lambda b: b.__setitem__("trace", []), "buckets['trace']")]:
-        report = audit.judge(_mutated(ev, piece, change), runs)
+        report = exercise.judge(_mutated(ev, piece, change), runs)
         assert field in _messages(report, piece), (piece, repr(report))
 
 
@@ -245,9 +245,9 @@ def test_a_passing_row_never_shows_a_failing_rows_answer(audited):
     def every_row(report):   # passing rows too
         return " | ".join(f.message for f in report.findings if f.piece == "gradients")
 
-    report = audit.judge(_mutated(ev, "gradients", lambda g: g.__setitem__("reduced", 2 * right + 1.0)), runs)
+    report = exercise.judge(_mutated(ev, "gradients", lambda g: g.__setitem__("reduced", 2 * right + 1.0)), runs)
     assert not report.passed("gradients") and not shows(every_row(report), *_written(right)), every_row(report)
-    assert shows(every_row(audit.judge(ev, runs)), *_written(right))   # shown once the learner has it right
+    assert shows(every_row(exercise.judge(ev, runs)), *_written(right))   # shown once the learner has it right
 
 
 def test_a_last_ready_time_taken_at_backwards_return_is_caught(audited):
@@ -259,5 +259,5 @@ def test_a_last_ready_time_taken_at_backwards_return_is_caught(audited):
         b["last_ready_ms"] = max(r["done_ms"] for r in b["trace"]) + 0.5
         b["exposed_ms"] = 0.0
 
-    report = audit.judge(_mutated(ev, "buckets", at_return), runs)
+    report = exercise.judge(_mutated(ev, "buckets", at_return), runs)
     assert not report.passed("buckets") and "not backward()'s return" in _messages(report, "buckets")

@@ -11,7 +11,7 @@ import pytest
 
 from ddplab import cli
 from ddplab.launch import preflight
-from ddplab.tools import model_audit
+from ddplab.tools import audit
 from ddplab.tools.factory import checked, experiment
 
 SMALL = "tests.support.user_models:counted"
@@ -27,7 +27,7 @@ def four_gib(monkeypatch):
 
 def _exp(local_batch, seq_len=1024):
     return experiment(SMALL, "audit", {"seq_len": seq_len}, world_size=2, optimizer="sgd", local_batch=local_batch,
-                      steps=model_audit.STEPS, probes=model_audit.PROBES, device="cpu")
+                      steps=audit.STEPS, probes=audit.PROBES, device="cpu")
 
 
 def test_the_largest_local_batch_it_names_fits_and_one_more_does_not(four_gib):
@@ -36,12 +36,12 @@ def test_the_largest_local_batch_it_names_fits_and_one_more_does_not(four_gib):
     with pytest.raises(ValueError, match=r"^local_batch: 2 ranks of tests\.support\.user_models:counted at a local "
                                          r"batch of 100000 would need about \d+\.\d GiB .* and this machine has 4\.0 "
                                          r"GiB available: use --local-batch \d+ or less") as refused:
-        model_audit.check_memory(exp, counted)
+        audit.check_memory(exp, counted)
     fits = int(re.search(r"--local-batch (\d+) or less", str(refused.value)).group(1))
     assert 0 < fits < 100_000
-    model_audit.check_memory(exp.replace(local_batch=fits), counted)
+    audit.check_memory(exp.replace(local_batch=fits), counted)
     with pytest.raises(ValueError, match=rf"use --local-batch {fits} or less"):
-        model_audit.check_memory(exp.replace(local_batch=fits + 1), counted)
+        audit.check_memory(exp.replace(local_batch=fits + 1), counted)
 
 
 def test_the_loss_counts_among_the_activations(four_gib):
@@ -63,4 +63,4 @@ def test_the_audit_refuses_before_anything_launches(four_gib, tmp_path, capsys):
 def test_nothing_is_checked_when_size_checks_are_lifted(four_gib, monkeypatch):
     monkeypatch.setenv("DDPLAB_SKIP_SIZE_CHECKS", "1")
     exp = _exp(100_000)
-    model_audit.check_memory(exp, checked(exp))
+    audit.check_memory(exp, checked(exp))

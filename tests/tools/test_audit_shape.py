@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 import ddplab
-from ddplab import Experiment, audit
-from ddplab.audit import AuditFailed, Finding, Report, batch, buckets, comm, gradients, memory, readiness, shape
+from ddplab import Experiment, exercise
+from ddplab.exercise import EvidenceFailed, Finding, Report, batch, buckets, comm, gradients, memory, readiness, shape
 
 NOTEBOOK = Path(__file__).resolve().parents[2] / "exercises" / "audit_data_parallel.ipynb"
 EXP = Experiment(name="audit-shape", world_size=4, local_batch=4, accum_steps=2, steps=2, seq_len=8)
@@ -22,9 +22,9 @@ KEYS = {"batch": batch.KEYS, "gradients": gradients.KEYS + gradients.OPTIONAL, "
 
 def notebook_templates(exp: Experiment) -> dict:
     """The evidence after running every piece's cell of the learner's notebook as it is handed out."""
-    evidence = audit.template(exp)
+    evidence = exercise.template(exp)
     for cell in json.loads(NOTEBOOK.read_text())["cells"]:
-        if cell["metadata"].get("nbgrader", {}).get("grade_id") in audit.PIECES:
+        if cell["metadata"].get("nbgrader", {}).get("grade_id") in exercise.PIECES:
             exec("".join(cell["source"]), {"evidence": evidence, "exp": exp})   # noqa: S102 - our own notebook
     return evidence
 
@@ -48,15 +48,15 @@ def test_the_blank_templates_are_all_todo_and_launch_nothing(monkeypatch):
         raise AssertionError("a blank template launched ranks")
 
     monkeypatch.setattr(ddplab, "run_many", no_launch)
-    report = audit.check(notebook_templates(EXP), progress=False)
-    assert [f.ok for f in report.findings] == [None] * len(audit.PIECES), repr(report)
+    report = exercise.check(notebook_templates(EXP), progress=False)
+    assert [f.ok for f in report.findings] == [None] * len(exercise.PIECES), repr(report)
     assert all(f.message.startswith("not filled in yet") for f in report.findings)
 
 
 def test_a_template_half_filled_names_the_values_still_todo():
     ev = notebook_templates(EXP)
     ev["batch"]["local_batch"] = [4, 4, 4, 4]
-    (todo,) = audit.judge(ev, {}).of("batch")
+    (todo,) = exercise.judge(ev, {}).of("batch")
     assert todo.ok is None and "batch['accum_steps']" in todo.message and "batch['global_batch']" in todo.message
 
 
@@ -65,16 +65,16 @@ def test_a_template_half_filled_names_the_values_still_todo():
                                             ("readiness", ["lm_head.weight", "wte.weight"]), ("comm", 705_024),
                                             ("buckets", {"count": 3, "exposed_ms": 1.5})])
 def test_a_shape_error_lists_every_key_the_piece_needs_at_once(piece, written):
-    ev = {**audit.template(EXP), piece: written}
-    (found,) = audit.judge(ev, {}).of(piece)   # a shape error: no run is read
+    ev = {**exercise.template(EXP), piece: written}
+    (found,) = exercise.judge(ev, {}).of(piece)   # a shape error: no run is read
     assert found.check == "shape" and found.ok is False
     assert all(repr(k) in found.message for k in KEYS[piece]), found.message
     assert "description of this piece" not in found.message
 
 
 def test_a_memory_row_of_the_wrong_shape_lists_every_category():
-    ev = {**audit.template(EXP), "memory": {r: {"params": 1} for r in range(4)}}
-    (found,) = audit.judge(ev, {}).of("memory")
+    ev = {**exercise.template(EXP), "memory": {r: {"params": 1} for r in range(4)}}
+    (found,) = exercise.judge(ev, {}).of("memory")
     assert found.check == "shape" and all(repr(c) in found.message for c in memory.CATEGORIES)
     assert "'params'" in found.message   # and what was written instead
 
@@ -83,7 +83,7 @@ def test_a_memory_row_of_the_wrong_shape_lists_every_category():
                                                        ([4, 4, 4, 4], 1, 32, 2), ([4, 4, 4, 5], 2, 32, "[4, 4, 4, 4]")])
 def test_a_failing_row_says_what_is_wrong_without_the_expected_value(local, accum, g, expected):
     written = {"local_batch": local, "accum_steps": accum, "global_batch": g}
-    failed = audit.judge({**audit.template(EXP), "batch": written}, {}).failures("batch")
+    failed = exercise.judge({**exercise.template(EXP), "batch": written}, {}).failures("batch")
     assert failed
     for f in failed:
         assert not shows(f.message, expected), f.message
@@ -114,7 +114,7 @@ def test_a_report_passes_only_when_every_check_held():
                 Finding("comm", "c", None, "not filled in yet")])
     assert r.passed("batch") and not r.passed("memory") and not r.passed("comm") and not r.passed()
     r.assert_passed("batch")
-    with pytest.raises(AuditFailed, match="memory: divided"):
+    with pytest.raises(EvidenceFailed, match="memory: divided"):
         r.assert_passed("memory")
     with pytest.raises(ValueError, match="pieces"):
         r.assert_passed("memroy")

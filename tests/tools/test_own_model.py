@@ -309,15 +309,15 @@ def test_tune_buckets_on_an_image_model_measures_the_default_and_a_split_run_by_
 def test_the_bucket_rule_check_fails_on_buckets_ddp_did_not_build():
     from types import SimpleNamespace
 
-    from ddplab.tools import model_audit
+    from ddplab.tools import audit
 
     ready = [("c", 1.0), ("b", 2.0), ("a", 3.0)]   # the order DDP saw in step 0
     rank0 = SimpleNamespace(steps=[SimpleNamespace(ready_ms=lambda: ready)])
     counted = factory.Counted(3, 3 * 2 ** 17, 3, 3 * 2 ** 17, 3 * 2 ** 19, {"a": 2 ** 19, "b": 2 ** 19, "c": 2 ** 19})
     exp = Experiment(world_size=2, bucket_cap_mb=1)   # 1 MiB: two 0.5 MiB gradients a bucket, in ready order
-    assert model_audit._rule(exp, counted, rank0, [["c", "b"], ["a"]])["matches"]
+    assert audit._rule(exp, counted, rank0, [["c", "b"], ["a"]])["matches"]
     for wrong in ([["a", "b"], ["c"]], [["c"], ["b", "a"]], [["c", "b", "a"]]):   # source order; other cuts
-        assert not model_audit._rule(exp, counted, rank0, wrong)["matches"], wrong
+        assert not audit._rule(exp, counted, rank0, wrong)["matches"], wrong
 
 
 def test_the_audits_default_bucket_rule_is_torchs_own():
@@ -325,7 +325,7 @@ def test_the_audits_default_bucket_rule_is_torchs_own():
     reducer's own assignment of the same tensors in the same ready order."""
     from types import SimpleNamespace
 
-    from ddplab.tools import model_audit
+    from ddplab.tools import audit
 
     sizes = [300_000, 5_000, 700_000, 2_000_000, 4_100_000, 900_000, 3_000_000, 1_000, 6_000_000]   # elements
     names = [f"p{i}" for i in range(len(sizes))]
@@ -338,8 +338,8 @@ def test_the_audits_default_bucket_rule_is_torchs_own():
     torch_rule = [[names[i] for i in bucket] for bucket in indices]
     assert len(torch_rule) >= 3
     exp = Experiment(world_size=2)
-    assert model_audit._rule(exp, counted, rank0, torch_rule)["matches"]
-    assert not model_audit._rule(exp.replace(bucket_cap_mb=25), counted, rank0, torch_rule)["matches"]   # no 1 MiB first
+    assert audit._rule(exp, counted, rank0, torch_rule)["matches"]
+    assert not audit._rule(exp.replace(bucket_cap_mb=25), counted, rank0, torch_rule)["matches"]   # no 1 MiB first
 
 
 @pytest.mark.slow
@@ -420,7 +420,7 @@ def test_a_sweep_whose_times_do_not_grow_with_size_writes_no_infinite_bandwidth(
 def test_the_audits_ratio_is_read_as_a_bound_never_as_overlap_promised():
     """Issue 32: a compute-to-communication ratio above 1 is only what overlap needs; the final bucket
     starts after backward's compute, so it stays exposed whatever the ratio."""
-    from ddplab.tools.model_audit import _overlap_bound
+    from ddplab.tools.audit import _overlap_bound
 
     big = _overlap_bound({"compute_ms": 10.0, "allreduce_ms_line": 2.0, "compute_to_comm": 5.0,
                           "last_bucket_ms_line": 0.8}, 0.25)

@@ -1,12 +1,12 @@
-"""The practice audit's checker: `check(evidence)` re-runs the network a learner declared and checks
+"""The practice exercise's checker: `check(evidence)` re-runs the network a learner declared and checks
 every piece of evidence they wrote down (exercises/audit_data_parallel.ipynb).
 
-    from ddplab import audit
-    evidence = audit.template(exp)        # the pieces to fill in, each None until you do
+    from ddplab import exercise
+    evidence = exercise.template(exp)     # the pieces to fill in, each None until you do
     evidence["batch"] = {"local_batch": [8, 8, 8, 8], "accum_steps": 2, "global_batch": ...}   # ... is todo
     ...
-    report = audit.check(evidence)        # one row per check, with feedback you can act on
-    report.assert_passed("batch")         # AuditFailed listing what failed (nbgrader's tests)
+    report = exercise.check(evidence)     # one row per check, with feedback you can act on
+    report.assert_passed("batch")         # EvidenceFailed listing what failed (nbgrader's tests)
 
 The evidence is plain data the learner writes (numbers, lists, dicts, one function), never one of our
 objects passed through, so filling it in means reading the right number off a run. The notebook gives
@@ -37,10 +37,10 @@ import time
 
 from ..spec import Experiment
 from . import batch, buckets, comm, gradients, memory, readiness
-from .report import PIECES, AuditFailed, Finding, Report
+from .report import PIECES, EvidenceFailed, Finding, Report
 from .shape import Malformed, leaves, placeholders
 
-__all__ = ["AuditFailed", "Finding", "MISTAKES", "PIECES", "Report", "audit_run", "check", "check_case",
+__all__ = ["EvidenceFailed", "Finding", "MISTAKES", "PIECES", "Report", "evidence_run", "check", "check_case",
            "hidden_runs", "judge", "template"]
 
 HIDDEN_SEED_OFFSET = 7919     # the checker's runs: the learner's seed plus this (or `seed=`)
@@ -64,10 +64,10 @@ def template(exp: Experiment) -> dict:
     return {"experiment": exp, **{p: None for p in PIECES}}
 
 
-def audit_run(exp: Experiment, seed: int | None = None) -> Experiment:
+def evidence_run(exp: Experiment, seed: int | None = None) -> Experiment:
     """The run the evidence reads (memory, readiness, buckets, communication): `exp` with the probes
     those pieces need, at `seed` (default: its own)."""
-    return exp.replace(name=f"{exp.name}-audit", seed=exp.seed if seed is None else seed,
+    return exp.replace(name=f"{exp.name}-evidence", seed=exp.seed if seed is None else seed,
                        probes=("memory", "readiness", "buckets", "bytes"))
 
 
@@ -99,7 +99,7 @@ def _declared(exp) -> Experiment:
 
 def _validated(evidence) -> Experiment:
     if not isinstance(evidence, dict):
-        raise ValueError(f"evidence: give a dict (audit.template(exp)), got {type(evidence).__name__}")
+        raise ValueError(f"evidence: give a dict (exercise.template(exp)), got {type(evidence).__name__}")
     unknown = sorted(set(evidence) - {"experiment", *PIECES})
     if unknown:
         raise ValueError(f"evidence: unknown piece(s) {unknown}; the pieces are {', '.join(PIECES)}")
@@ -124,14 +124,14 @@ def hidden_runs(evidence: dict, seed: int | None = None, progress=True) -> dict:
     filled = {p for p in PIECES if _todo(p, evidence.get(p)) is None}
     exps = []
     if {"memory", "readiness", "buckets", "comm"} & filled:
-        exps.append(audit_run(exp, hidden).replace(name="audit-hidden"))
+        exps.append(evidence_run(exp, hidden).replace(name="exercise-hidden"))
     case = gradients.case_batches(evidence["gradients"], exp.world_size) if "gradients" in filled else None
     if isinstance(case, list):
-        exps.append(check_case(exp, case).replace(name="audit-your-case"))
-        exps.append(check_case(exp, gradients.hidden_batches(case)).replace(name="audit-hidden-case", seed=hidden))
+        exps.append(check_case(exp, case).replace(name="exercise-your-case"))
+        exps.append(check_case(exp, gradients.hidden_batches(case)).replace(name="exercise-hidden-case", seed=hidden))
     if not exps:
         return {}
-    return dict(zip([e.name for e in exps], run_many(exps, name="audit", progress=progress)))
+    return dict(zip([e.name for e in exps], run_many(exps, name="exercise", progress=progress)))
 
 
 def _todo(piece: str, ev) -> Finding | None:

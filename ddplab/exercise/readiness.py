@@ -20,7 +20,7 @@ def judge(ev, exp, runs) -> list[Finding]:
     if isinstance(order, (str, bytes, dict)) or not hasattr(order, "__iter__"):
         raise Malformed(f"readiness['ready_order']: a list of parameter names, got {order!r}")
     order = [str(n) for n in order]
-    ready, source = truth(runs["audit-hidden"])
+    ready, source = truth(runs["exercise-hidden"])
     trainable = [p for p in source if p in set(ready)]
     if order == ready:
         msg = f"all {len(ready)} gradients, in the order backward produced them (first: {ready[0]}, last: {ready[-1]})"

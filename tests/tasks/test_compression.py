@@ -18,12 +18,12 @@ SMALL = dict(learn_steps=4, rounds=1, steps=2)
 
 
 def _exps():
-    return [recipes.comm_hooks(**SMALL),
-            recipes.comm_hooks(world_size=4, local=False, learn_steps=3, rounds=1, steps=1),
-            recipes.comm_hooks(model="ddplab.examples.matrices:matrices_only", hooks=("allreduce", "powersgd"),
-                               name="comm-hooks-matrices", learn_steps=4, rounds=1, steps=1),
-            recipes.comm_hooks(model="tests.support.gradient_models:frozen_matrix", hooks=("allreduce", "fp16", "powersgd"),
-                               name="comm-hooks-frozen", local=False, learn_steps=3, rounds=1, steps=1),
+    return [recipes.hook_comparison(**SMALL),
+            recipes.hook_comparison(world_size=4, local=False, learn_steps=3, rounds=1, steps=1),
+            recipes.hook_comparison(model="ddplab.examples.matrices:matrices_only", hooks=("allreduce", "powersgd"),
+                               name="compression-matrices", learn_steps=4, rounds=1, steps=1),
+            recipes.hook_comparison(model="tests.support.gradient_models:frozen_matrix", hooks=("allreduce", "fp16", "powersgd"),
+                               name="compression-frozen", local=False, learn_steps=3, rounds=1, steps=1),
             recipes.allreduce_sweep(2, min_bytes=4096, max_bytes=4096, repeats=2, extra_bytes=FRAMING_SIZES,
                                     name="gloo-framing")]
 
@@ -31,16 +31,16 @@ def _exps():
 FRAMING_SIZES = (64, 4 * 2 ** 20, 6 * 2 ** 20, 15 * 2 ** 20)   # one header's count, and where gloo adds pieces
 
 
-share("comm-hooks", _exps)
+share("compression", _exps)
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def runs(shared_runs):
-    return {r.spec.name: r for r in shared_runs["comm-hooks"]}
+    return {r.spec.name: r for r in shared_runs["compression"]}
 
 
-@pytest.mark.parametrize("name", ["comm-hooks-w2", "comm-hooks-w4", "comm-hooks-matrices", "comm-hooks-frozen"])
+@pytest.mark.parametrize("name", ["compression-w2", "compression-w4", "compression-matrices", "compression-frozen"])
 def test_every_rank_writes_the_payload_rules_bytes_in_every_step(runs, name):
     table = hooks.bytes_table(runs[name])
     hooks.verify_bytes(table)
@@ -73,17 +73,17 @@ def _counts_the_frozen_matrix(hook, shapes, w, framing, step, psgd):
     return compression.written_bytes(hook, [*shapes, [128, 128]], w, framing, step, psgd)
 
 
-@pytest.mark.parametrize("rule,name", [(_ignores_start, "comm-hooks-w2"), (_fp16_at_four_bytes, "comm-hooks-w2"),
-                                       (_forgets_q, "comm-hooks-w2"), (_no_framing, "comm-hooks-w4"),
-                                       (_counts_the_frozen_matrix, "comm-hooks-frozen")])
+@pytest.mark.parametrize("rule,name", [(_ignores_start, "compression-w2"), (_fp16_at_four_bytes, "compression-w2"),
+                                       (_forgets_q, "compression-w2"), (_no_framing, "compression-w4"),
+                                       (_counts_the_frozen_matrix, "compression-frozen")])
 def test_a_wrong_payload_rule_fails_the_check(runs, rule, name):
     with pytest.raises(verify.CheckFailed, match="payload rule"):
         hooks.verify_bytes(hooks.bytes_table(runs[name], rule=rule))
 
 
 def test_all_matrices_compressed_leaves_an_empty_all_reduce_that_gloo_now_runs(runs):
-    table = hooks.bytes_table(runs["comm-hooks-matrices"])
-    calls = compression.hook_calls("powersgd", runs["comm-hooks-matrices"].ranks[0].result.parameter_shapes, 10,
+    table = hooks.bytes_table(runs["compression-matrices"])
+    calls = compression.hook_calls("powersgd", runs["compression-matrices"].ranks[0].result.parameter_shapes, 10,
                                    compression.PowerSGD())
     row = table.loc[("powersgd", "every step")]
     assert calls[0] == 0 and row["calls"] == 3
@@ -91,7 +91,7 @@ def test_all_matrices_compressed_leaves_an_empty_all_reduce_that_gloo_now_runs(r
 
 
 def test_every_hook_gets_one_bucket_and_bf16_is_refused_by_name_on_cpu(runs):
-    run = runs["comm-hooks-w2"]
+    run = runs["compression-w2"]
     assert {a.buckets for a in run.ranks[0].result.arms} == {1}
     built_for_nccl = torch.version.cuda is not None and dist.is_nccl_available()
     assert ("bf16" in run.ranks[0].result.refused) != built_for_nccl
@@ -100,7 +100,7 @@ def test_every_hook_gets_one_bucket_and_bf16_is_refused_by_name_on_cpu(runs):
 
 
 def test_learning_gaps_follow_the_formats(runs):
-    run = runs["comm-hooks-w2"]
+    run = runs["compression-w2"]
     learned = hooks.learning(run)
     assert learned.loc["allreduce", "grad_error_median"] == 0 and learned.loc["allreduce", "param_gap"] == 0
     assert learned.loc["fp16", "rounding_error_median"] < 2 * 2 ** -11 < learned.loc["bf16", "rounding_error_median"]
@@ -109,14 +109,14 @@ def test_learning_gaps_follow_the_formats(runs):
 
 
 def test_the_timing_table_reads_the_run_and_needs_the_local_arms(runs):
-    run = runs["comm-hooks-w2"]
+    run = runs["compression-w2"]
     table = hooks.timing(run)
     assert list(table.index) == list(run.spec.task.hooks) and table.loc["allreduce", "compress_ms"] == 0
     local = hooks.paired_ms(run, "fp16", "local")
     assert table.loc["fp16", "local_ms"] == pytest.approx(sorted(local)[len(local) // 2] if len(local) % 2 else
                                                           sum(sorted(local)[len(local) // 2 - 1:][:2]) / 2)
     with pytest.raises(ValueError, match="task.local"):
-        hooks.timing(runs["comm-hooks-w4"])
+        hooks.timing(runs["compression-w4"])
 
 
 def test_a_narrower_jobs_own_groups_leave_the_next_jobs_groups_meeting(tmp_path):
@@ -128,7 +128,7 @@ def test_a_narrower_jobs_own_groups_leave_the_next_jobs_groups_meeting(tmp_path)
     from ddplab import Experiment
 
     with ddplab.Session(world_size=4, runs_dir=tmp_path / "runs") as s:
-        small = ddplab.run(recipes.comm_hooks(hooks=("allreduce",), learn_steps=1, rounds=1, steps=1, pin_cpus=False),
+        small = ddplab.run(recipes.hook_comparison(hooks=("allreduce",), learn_steps=1, rounds=1, steps=1, pin_cpus=False),
                            tmp_path / "narrow", progress=False)
         after = ddplab.run(Experiment(name="after", world_size=4, steps=1, local_batch=4, seq_len=8, timeout_s=30),
                            tmp_path / "after", progress=False)
@@ -138,7 +138,7 @@ def test_a_narrower_jobs_own_groups_leave_the_next_jobs_groups_meeting(tmp_path)
 
 
 def test_a_frozen_matrix_is_in_no_bucket_and_in_no_payload(runs):
-    run = runs["comm-hooks-frozen"]
+    run = runs["compression-frozen"]
     result = run.ranks[0].result
     assert result.parameter_names == ["emb.weight", "mix.weight", "head.weight", "head.bias"]
     assert result.requires_grad == [True, False, True, True]
@@ -152,7 +152,7 @@ def test_a_frozen_matrix_is_in_no_bucket_and_in_no_payload(runs):
 
 
 def test_gloos_framing_is_measured_at_every_size_a_hook_sends(runs):
-    for name in ("comm-hooks-w2", "comm-hooks-frozen"):
+    for name in ("compression-w2", "compression-frozen"):
         run, psgd = runs[name], hooks._psgd(runs[name])
         measured = set(hooks.framing(run).index)
         sent = {c for h in run.spec.task.hooks for step in (0, psgd.start_iter)

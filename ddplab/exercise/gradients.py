@@ -11,7 +11,7 @@ from .shape import Malformed, batches, fields, integer, number, numbers_list
 FLOAT32_EPS = 2.0 ** -23
 KEYS = ("local_batch", "parameter", "element", "local", "reduced", "global_batch_gradient")
 OPTIONAL = ("convention",)   # left out (None or ...), the values are checked and the convention is todo
-HINT = ("a check case with unequal local batches (audit.check_case): local, reduced and global-batch "
+HINT = ("a check case with unequal local batches (exercise.check_case): local, reduced and global-batch "
         "values of one element, and the convention as a function")
 CONVENTION = "your convention, on a hidden case"
 
@@ -41,7 +41,7 @@ def hidden_batches(b: list[int]) -> list[int]:
 
 def judge(ev, exp, runs) -> list[Finding]:
     ev = fields(ev, "gradients", KEYS, OPTIONAL)
-    run = runs["audit-your-case"]
+    run = runs["exercise-your-case"]
     b = run.spec.local_batches
     name = ev["parameter"]
     i = integer(ev["element"], "gradients['element']")
@@ -103,7 +103,7 @@ def judge(ev, exp, runs) -> list[Finding]:
     elif not callable(conv):
         out.append(Finding("gradients", CONVENTION, False, f"gradients['convention']: a function, got {conv!r}"))
     else:
-        out.append(_judge_convention(conv, runs["audit-hidden-case"], name))
+        out.append(_judge_convention(conv, runs["exercise-hidden-case"], name))
     return out
 
 

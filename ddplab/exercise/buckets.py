@@ -31,7 +31,7 @@ def judge(ev, exp, runs) -> list[Finding]:
     last_ready = number(ev["last_ready_ms"], "buckets['last_ready_ms']")
     summed = number(ev["summed_ms"], "buckets['summed_ms']")
     exposed = number(ev["exposed_ms"], "buckets['exposed_ms']")
-    hidden = [b.bytes for b in runs["audit-hidden"].ranks[0].steps[-1].buckets]
+    hidden = [b.bytes for b in runs["exercise-hidden"].ranks[0].steps[-1].buckets]
     out = [Finding("buckets", "how many buckets DDP built", count == len(hidden) == len(trace),
                    f"{len(hidden)} buckets in every step after the first (DDP rebuilds them from the ready order)"
                    if count == len(hidden) == len(trace) else

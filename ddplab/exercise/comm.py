@@ -24,7 +24,7 @@ def judge(ev, exp, runs) -> list[Finding]:
         ds = {int(k): v for k, v in per_rank.items()}
     except (TypeError, ValueError):
         raise Malformed(f"comm['bytes_per_rank']: keys are world sizes (2, 4, ...), got {list(per_rank)}") from None
-    truth = sum(b.bytes for b in runs["audit-hidden"].ranks[0].steps[-1].buckets)
+    truth = sum(b.bytes for b in runs["exercise-hidden"].ranks[0].steps[-1].buckets)
     sizes = {exp.local_batches[0], exp.global_batch, exp.local_batches[0] * exp.accum_steps, sum(exp.local_batches)}
     if payload == truth:
         msg = f"{truth:,} bytes: every trainable gradient, whatever the batch (the gradient has the parameters' shape)"

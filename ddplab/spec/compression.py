@@ -1,12 +1,12 @@
-"""The communication-hook comparison's settings (notebook 10). Its record: `record/comm_hooks.py`; its
-rank: `rank/tasks/comm_hooks.py`; the payload rule and the step model: `predict/compression.py`."""
+"""The communication-hook comparison's settings (notebook 10). Its record: `record/compression.py`; its
+rank: `rank/tasks/compression.py`; the payload rule and the step model: `predict/compression.py`."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from ..predict.compression import HOOKS
-from ..record.comm_hooks import CommHooksRecord
+from ..record.compression import CompressionRecord
 from .checks import bad, int_in, is_int, is_number, same_work_on_every_rank
 from .tasks import GRADIENT_ALL_REDUCE, MODEL_FIELDS, RUN_FIELDS, Phase, TaskSpec, register
 
@@ -19,7 +19,7 @@ BROKEN_ON_GLOO = {
 
 @register
 @dataclass(frozen=True, kw_only=True)
-class CommHooks(TaskSpec):
+class Compression(TaskSpec):
     """Every hook in `hooks` on its own copy of the model, the whole gradient in one bucket: `learn_steps`
     training steps from the same start on the same batches (loss, gradient error, bytes), then `rounds`
     interleaved rounds of `steps_per_round` timed steps; with `local`, each hook also on a one-rank
@@ -28,9 +28,9 @@ class CommHooks(TaskSpec):
     One bucket for every hook: on gloo, PowerSGD with two or more buckets deadlocks (its callbacks wait
     on gloo's worker threads) or, with more threads, mismatches collectives across ranks."""
 
-    kind = "comm-hooks"
-    runner = "ddplab.rank.tasks.comm_hooks:run"
-    record = CommHooksRecord
+    kind = "compression"
+    runner = "ddplab.rank.tasks.compression:run"
+    record = CompressionRecord
     phases = (Phase("construct", 1, "broadcast of rank 0's parameters"), Phase("framing", 2, "all_reduce"),
               Phase("learn", 3, GRADIENT_ALL_REDUCE), Phase("round", 4, GRADIENT_ALL_REDUCE))
     reads = RUN_FIELDS | MODEL_FIELDS | {"link", "lr"}

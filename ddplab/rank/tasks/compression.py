@@ -1,4 +1,4 @@
-"""The communication-hook comparison (`CommHooks`, notebook 10): torch's own DDP hooks, side by side.
+"""The communication-hook comparison (`Compression`, notebook 10): torch's own DDP hooks, side by side.
 
 Every hook gets its own copy of the same model (same seed), DDP with the whole gradient in one bucket,
 and plain SGD at the experiment's `lr`. The hooks are torch's (`default_hooks`, `powerSGD_hook`,
@@ -29,7 +29,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
 
 from ...predict.compression import PowerSGD, hook_calls
 from ...record.allreduce_sweep import SizeCalls
-from ...record.comm_hooks import CommHooksRecord, HookArm, HookStep, LearnStep
+from ...record.compression import CompressionRecord, HookArm, HookStep, LearnStep
 from ...spec.sharding import shard_ids
 from ...units import MIB, ms_after
 from .. import clock, link, models
@@ -153,7 +153,7 @@ def _framing(ctx, calls: set[int]) -> list[SizeCalls]:
 
 
 def run(ctx):
-    """Run the comparison on this rank; return (CommHooksRecord, no tensors)."""
+    """Run the comparison on this rank; return (CompressionRecord, no tensors)."""
     exp, task, group, log = ctx.exp, ctx.exp.task, ctx.group, ctx.log
     built = models.build_with_data(exp)
     base = built.module.to(device=ctx.device)
@@ -161,7 +161,7 @@ def run(ctx):
     trainable = [p for p in base.parameters() if p.requires_grad]   # DDP's buckets hold only these
     grad_bytes = sum(p.numel() * p.element_size() for p in trainable)
     one_bucket_mb = grad_bytes / MIB + 1   # every gradient in one bucket (the first bucket's cap too)
-    ones = ctx.extra_groups   # with `local`: a one-rank gloo group per rank (`CommHooks.extra_groups`)
+    ones = ctx.extra_groups   # with `local`: a one-rank gloo group per rank (`Compression.extra_groups`)
     log.enter("framing")
     psgd = PowerSGD(task.matrix_approximation_rank, task.start_powerSGD_iter, task.min_compression_rate)
     framing = _framing(ctx, {c for h in task.hooks for step in (0, task.start_powerSGD_iter)
@@ -204,4 +204,4 @@ def run(ctx):
     out = [HookArm(a.hook, "local" if a.local else "world", a.calls, a.learn, a.steps,
                    gaps[k] if k < len(arms) else None, first[k], a.bucket_bytes) for k, a in enumerate(everyone)]
     shapes = [list(p.shape) for p in base.parameters()]
-    return CommHooksRecord(names, shapes, framing, out, refused, [p.requires_grad for p in base.parameters()]), {}
+    return CompressionRecord(names, shapes, framing, out, refused, [p.requires_grad for p in base.parameters()]), {}

@@ -25,7 +25,7 @@ def truth(run) -> dict[int, dict[str, int]]:
 def judge(ev, exp, runs) -> list[Finding]:
     mine = by_rank(ev, "memory")
     rows = {r: fields(row, f"memory[{r}]", CATEGORIES) for r, row in mine.items()}
-    held = truth(runs["audit-hidden"])
+    held = truth(runs["exercise-hidden"])
     missing = [r for r in held if r not in rows]
     if missing:
         return [Finding("memory", "every rank", False, f"rank(s) {missing} missing: the table needs a row for every "

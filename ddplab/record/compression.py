@@ -43,7 +43,7 @@ class HookArm:
 
 
 @dataclass(frozen=True)
-class CommHooksRecord:
+class CompressionRecord:
     parameter_names: list[str]
     parameter_shapes: list[list[int]]
     framing: list[SizeCalls]                  # all-reduces of known sizes on the world group

@@ -1,5 +1,5 @@
 """What a check of the audit says: one `Finding` per check, a `Report` of them (a table in a notebook),
-and `AuditFailed`, the one-line error nbgrader's test cells raise. Pure: no torch, no runs."""
+and `EvidenceFailed`, the one-line error nbgrader's test cells raise. Pure: no torch, no runs."""
 
 from __future__ import annotations
 
@@ -19,11 +19,11 @@ class Finding:
     message: str
 
 
-class AuditFailed(AssertionError):
+class EvidenceFailed(AssertionError):
     """Some evidence did not pass: one line a learner can act on, not a traceback into ddplab."""
 
     def _render_traceback_(self) -> list[str]:
-        return [f"AuditFailed: {self}"]
+        return [f"EvidenceFailed: {self}"]
 
 
 class Report:
@@ -43,13 +43,13 @@ class Report:
         return [f for f in self.of(*pieces) if not f.ok]
 
     def assert_passed(self, *pieces: str) -> None:
-        """Raise AuditFailed naming every check of `pieces` (default: all) that did not hold."""
+        """Raise EvidenceFailed naming every check of `pieces` (default: all) that did not hold."""
         unknown = [p for p in pieces if p not in PIECES]
         if unknown:
             raise ValueError(f"pieces: {unknown} are not pieces of the evidence ({', '.join(PIECES)})")
         bad = self.failures(*pieces)
         if bad:
-            raise AuditFailed("; ".join(f"{f.piece}: {f.message}" for f in bad))
+            raise EvidenceFailed("; ".join(f"{f.piece}: {f.message}" for f in bad))
 
     def _repr_html_(self) -> str:
         mark = {True: "<b style='color:#26a269'>ok</b>", False: "<b style='color:#c01c28'>FAIL</b>",

@@ -8,8 +8,8 @@ import pytest
 
 from ddplab import Experiment, deaths, failures, tables
 from ddplab.failures import Diagnosis, Provoked
-from ddplab.launch.failure_lab import provoke
-from ddplab.recipes.failure_lab import fault_runs, find_unused_cost, unused_parameter_fixes
+from ddplab.launch.provoked import provoke
+from ddplab.recipes.failures import fault_runs, find_unused_cost, unused_parameter_fixes
 from ddplab.spec import Fault
 from ddplab.verify import CheckFailed
 from tests.support import share
@@ -119,7 +119,7 @@ def test_start_up_stretched_by_a_busy_machine_is_not_held_against_the_diagnosis(
         tables.failures.verify_failures_diagnosed([_outcome(seconds=40.0, startup_s=30.0)])
     import json
 
-    from ddplab.launch.failure_lab import work_started_ns
+    from ddplab.launch.provoked import work_started_ns
     from ddplab.rundir import progress_file
     for rank, times in enumerate([(1, 5, 9), (2, 7, 8)]):
         with open(progress_file(tmp_path, rank), "w") as f:
@@ -129,7 +129,7 @@ def test_start_up_stretched_by_a_busy_machine_is_not_held_against_the_diagnosis(
     assert work_started_ns(tmp_path, 3) is None   # a rank that says nothing: no start-up is subtracted
 
 
-def test_every_fault_of_the_failure_lab_has_its_signs():
+def test_every_provoked_fault_has_its_signs():
     # notebook 08 provokes every one of them for real and runs verify_failures_diagnosed on them
     assert set(fault_runs()) == set(tables.failures.SIGNS)
 

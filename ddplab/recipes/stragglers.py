@@ -10,7 +10,7 @@ from ..spec import BalanceStudy, Experiment, Straggler
 STRAGGLER_MODEL = dict(d_model=64, n_layers=2, n_heads=4, vocab_size=64, local_batch=8, seq_len=32, bucket_cap_mb=0.05)
 
 
-def stragglers(world_size: int = 2, ms: float = 20, rank: int = 1, steps: int = 12, pin_cpus: bool = True,
+def straggler_runs(world_size: int = 2, ms: float = 20, rank: int = 1, steps: int = 12, pin_cpus: bool = True,
                longer_steps: int | None = None, **overrides) -> list[Experiment]:
     """Notebook 07: the same DDP run without a straggler ("straggler-none"), then with rank `rank` slower by
     `ms` every step in each of three places (a late batch, a pause before backward, extra compute
