@@ -25,7 +25,7 @@ The checker's own runs are hidden from the learner: the main run and a second ch
 seed (the case also other batches), so what the seed cannot change (bytes, orders, counts) must match
 exactly, what it changes (gradient values) is checked on a re-run of the learner's own check case, and
 the learner's convention on the hidden case. Every classic mistake has its own message (`MISTAKES`,
-tests/tools/test_audit.py). A failing check says what is wrong and where to read it, never the value it
+tests/exercise/test_exercise.py). A failing check says what is wrong and where to read it, never the value it
 expected, so feedback cannot be copied into a pass. Bad evidence structure is a finding (one that lists
 every key the piece needs), not an exception; a missing or unsupported "experiment", or an unknown
 piece, is a ValueError naming the field, before anything runs.
@@ -47,7 +47,7 @@ HIDDEN_SEED_OFFSET = 7919     # the checker's runs: the learner's seed plus this
 MODEL_STATE = memory.MODEL_STATE
 JUDGES = {"batch": batch, "memory": memory, "gradients": gradients, "readiness": readiness, "buckets": buckets,
           "comm": comm}
-MISTAKES = {   # the classic wrong evidence each piece catches with its own message (tests/tools/test_audit.py)
+MISTAKES = {   # the classic wrong evidence each piece catches with its own message (tests/exercise/test_exercise.py)
     "memory divided by the world size": "memory",
     "unweighted mean of rank means with unequal batches": "gradients",
     "source order reported as ready order": "readiness",

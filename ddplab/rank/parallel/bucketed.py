@@ -29,7 +29,7 @@ the name `module`, as with DDP: `state_dict()` keys are the module's with a `mod
 Given a `log` (`rank/probes/buckets.BucketLog`, the one bucket recorder, which DDP's comm hook uses
 too), every bucket's all-reduce goes through it and `take()` returns what it recorded, so measured
 timelines read the same for DDP and for this; the mechanism itself meters nothing. Checked against
-DDP's gradients in tests/rank/test_bucketed_sync.py. Used by the bucket sweep (notebook 05).
+DDP's gradients in tests/rank/test_bucketed.py. Used by the bucket sweep (notebook 05).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ import torch
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from ddplab import Experiment
-from ddplab.predict import memory as memory_model
+from ddplab.predict import memory
 from ddplab.rank import data, models
 from ddplab.rank.probes.activations import SavedTensorMeter
 from ddplab.rank.probes.memory import PeakTracker, ledger
@@ -21,7 +21,7 @@ SHAPES = [dict(model="transformer", local_batch=8, seq_len=16, d_model=64, n_lay
 @pytest.mark.parametrize("kw", SHAPES, ids=lambda kw: "-".join(f"{v}" for v in kw.values()))
 def test_parameter_numels_match_the_built_model(kw):
     exp = Experiment(**kw)
-    assert memory_model.parameter_numels(exp) == [p.numel() for p in models.build(exp).parameters()]
+    assert memory.parameter_numels(exp) == [p.numel() for p in models.build(exp).parameters()]
 
 
 @pytest.mark.parametrize("kw", SHAPES, ids=lambda kw: "-".join(f"{v}" for v in kw.values()))
@@ -31,7 +31,7 @@ def test_activation_model_matches_what_autograd_saves(kw):
     x, y = data.batch(0, list(range(exp.local_batch_of(0))), exp.seq_len_of(0), exp.vocab_size)
     with SavedTensorMeter(model.parameters()) as meter:
         micro_loss("rank-mean", token_losses(model(x), y), 1, 1.0, 1.0)
-    assert memory_model.activation_bytes(exp) == meter.bytes
+    assert memory.activation_bytes(exp) == meter.bytes
 
 
 @pytest.mark.parametrize("optimizer, momentum", [("adam", 0.0), ("sgd", 0.9), ("sgd", 0.0)])
@@ -44,7 +44,7 @@ def test_model_state_equals_the_tensors_one_optimizer_step_leaves(optimizer, mom
     x, y = data.batch(0, list(range(exp.local_batch_of(0))), exp.seq_len_of(0), exp.vocab_size)
     token_losses(model(x), y).mean().backward()
     optimizer.step()
-    held, predicted = ledger(model, optimizer), memory_model.state_bytes(exp)
+    held, predicted = ledger(model, optimizer), memory.state_bytes(exp)
     for c in ("parameters", "gradients", "optimizer_state"):
         assert held[c] == predicted[c], (c, held[c], predicted[c])
 
@@ -63,15 +63,15 @@ def _torch_partition(params, world_size: int) -> list[int]:
 def test_zero1_owners_are_torchs_partition(kw, world_size):
     exp = Experiment(**kw)
     params = list(models.build(exp).parameters())
-    assert memory_model.zero1_owners([p.numel() for p in params], world_size) == _torch_partition(params, world_size)
+    assert memory.zero1_owners([p.numel() for p in params], world_size) == _torch_partition(params, world_size)
 
 
 def test_zero1_shards_only_the_optimizer_state_and_every_tensor_has_one_owner():
     exp = Experiment(optimizer="adam", sharding="zero1")
-    whole = memory_model.state_bytes(exp.replace(sharding="none", world_size=4))
-    biggest = memory_model.optimizer_state_bytes(exp, [max(memory_model.parameter_numels(exp))], [True])
+    whole = memory.state_bytes(exp.replace(sharding="none", world_size=4))
+    biggest = memory.optimizer_state_bytes(exp, [max(memory.parameter_numels(exp))], [True])
     for w in (1, 2, 3, 4, 8):
-        shares = [memory_model.state_bytes(exp.replace(world_size=w), rank=r) for r in range(w)]
+        shares = [memory.state_bytes(exp.replace(world_size=w), rank=r) for r in range(w)]
         assert sum(s["optimizer_state"] for s in shares) == whole["optimizer_state"], w
         for c in ("parameters", "gradients", "ddp_buckets"):
             assert {s[c] for s in shares} == {whole[c]}, (w, c)
@@ -79,19 +79,19 @@ def test_zero1_shards_only_the_optimizer_state_and_every_tensor_has_one_owner():
         largest = max(s["optimizer_state"] for s in shares)
         assert whole["optimizer_state"] / w <= largest <= whole["optimizer_state"] / w + biggest, w
     with pytest.raises(ValueError, match="covers 'none' and 'zero1', not 'fsdp2'"):
-        memory_model.state_bytes(exp.replace(sharding="fsdp2"))
+        memory.state_bytes(exp.replace(sharding="fsdp2"))
     with pytest.raises(ValueError, match="rank: 4 is not one of the experiment's ranks 0..3"):
-        memory_model.state_bytes(exp.replace(world_size=4), rank=4)   # not a silent empty share
+        memory.state_bytes(exp.replace(world_size=4), rank=4)   # not a silent empty share
 
 
 def test_bucket_views_remove_the_gradient_copy_after_backward():
-    pred = memory_model.predict(Experiment(gradient_as_bucket_view=True))
+    pred = memory.predict(Experiment(gradient_as_bucket_view=True))
     assert pred["forward"]["ddp_buckets"] > 0 and pred["backward"]["ddp_buckets"] == 0
     assert pred["backward"]["gradients"] == pred["forward"]["ddp_buckets"]
 
 
 def test_optimizer_state_appears_after_the_first_step():
-    pred = memory_model.predict(Experiment(optimizer="sgd", momentum=0.9), step=0)
+    pred = memory.predict(Experiment(optimizer="sgd", momentum=0.9), step=0)
     assert pred["forward"]["optimizer_state"] == 0 and pred["step"]["optimizer_state"] == pred["step"]["parameters"]
 
 

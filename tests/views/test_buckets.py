@@ -1,12 +1,12 @@
-"""The pure parts of tables/buckets.py and tables/bucket_sweep.py (once overlap.py): error summaries,
+"""The pure parts of tables/buckets.py and tables/bucket_sweep.py: error summaries,
 calibration and the worked-example tables, on hand-made inputs (the timing claims judged on paired
-steps, the ordering among them, are in test_bucket_claims.py; the real-run parts in
-test_bucketed_sync.py)."""
+steps, the ordering among them, are in tests/tasks/test_bucket_claims.py; the real-run parts in
+tests/rank/test_bucketed.py)."""
 
 import pandas as pd
 import pytest
 
-from ddplab.predict import buckets as schedule
+from ddplab import predict
 from ddplab.predict.buckets import Cost, Grad
 from ddplab.predict.comm import AlphaBeta
 from ddplab.tables import bucket_sweep, buckets
@@ -57,7 +57,7 @@ def test_candidates_and_summary_describe_the_last_bucket():
     assert row["buckets"] == 2 and row["last_bucket_mib"] == pytest.approx(4.0)
     bt = buckets.bucket_table(s)
     assert bt.loc[0, "backward_left_ms"] == pytest.approx(42.0 - 20.0)
-    assert schedule.simulate(INS.grads, buckets.ddp_rule(INS, 4), Cost(LINK), 42.0).buckets == s.buckets
+    assert predict.buckets.simulate(INS.grads, buckets.ddp_rule(INS, 4), Cost(LINK), 42.0).buckets == s.buckets
 
 
 def test_is_last_split_accepts_only_the_last_bucket_cut_in_two_in_order():
@@ -68,7 +68,7 @@ def test_is_last_split_accepts_only_the_last_bucket_cut_in_two_in_order():
     assert not buckets.is_last_split([["a", "b"], ["d"], ["c", "e"]], plan)        # reordered
     assert not buckets.is_last_split([["a", "b"], ["c"], ["d"], ["e"]], plan)      # cut in three
     assert not buckets.is_last_split(plan, plan) and not buckets.is_last_split([["a", "b"], [], ["c", "d", "e"]], plan)
-    split = schedule.split_bucket([[g.name for g in INS.grads[:3]], [g.name for g in INS.grads[3:]]], INS.grads)
+    split = predict.buckets.split_bucket([[g.name for g in INS.grads[:3]], [g.name for g in INS.grads[3:]]], INS.grads)
     assert buckets.is_last_split(split, [[g.name for g in INS.grads[:3]], [g.name for g in INS.grads[3:]]])
 
 
@@ -89,12 +89,12 @@ def test_an_emulated_link_holds_each_all_reduce_after_it_one_transfer_at_a_time(
     grads = [Grad("a", 10**6, 0.0), Grad("b", 10**6, 1.0)]
     plan = [["a"], ["b"]]
     loop = AlphaBeta(1e-3, 0.0)
-    plain = schedule.simulate(grads, plan, Cost(loop))
+    plain = predict.buckets.simulate(grads, plan, Cost(loop))
     assert [b.finish_ms for b in plain.buckets] == pytest.approx([1.0, 2.0])
-    held = schedule.simulate(grads, plan, Cost(loop, link_hold=AlphaBeta(4e-3, 0.0)))
+    held = predict.buckets.simulate(grads, plan, Cost(loop, link_hold=AlphaBeta(4e-3, 0.0)))
     # a: done at 1, on the wire 1..5; b: done at 2, waits for the wire, 5..9 (not 2 + 4 = 6)
     assert [b.finish_ms for b in held.buckets] == pytest.approx([5.0, 9.0])
     assert held.exposed_tail_ms == pytest.approx(8.0) and held.summed_comm_ms == pytest.approx(10.0)
     # the hold takes no core: backward is not slowed by it, whatever the interference
-    shared = schedule.simulate(grads, plan, Cost(loop, interference=1.0, link_hold=AlphaBeta(4e-3, 0.0)))
-    assert shared.backward_ms == schedule.simulate(grads, plan, Cost(loop, interference=1.0)).backward_ms
+    shared = predict.buckets.simulate(grads, plan, Cost(loop, interference=1.0, link_hold=AlphaBeta(4e-3, 0.0)))
+    assert shared.backward_ms == predict.buckets.simulate(grads, plan, Cost(loop, interference=1.0)).backward_ms

@@ -1,4 +1,4 @@
-"""The audit's reading of evidence and its report: pure logic, no ranks. The learner's notebook gives
+"""The exercise checker's reading of evidence and its report: pure logic, no ranks. The learner's notebook gives
 each piece as a template (a dict of `...`); `notebook_templates` reads them, as a learner runs them."""
 
 from __future__ import annotations
