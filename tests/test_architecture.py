@@ -181,3 +181,143 @@ def test_the_notebooks_call_every_view_through_its_module():
     assert found == {}
     assert flat_view_calls("t = tables.rank_table(run); tables.ranks.rank_table(run); plots.memory.memory_figure(r)") \
         == ["tables.rank_table"]   # the check sees what it forbids
+
+
+# ---- names at every stage: recipes, views, the CLI and the tests ------------------------------------------
+# A module is named after a chapter (notebooks/NN_<name>.ipynb), a task (spec/<name>.py, record/<name>.py,
+# rank/tasks/<name>.py) or one concept of this vocabulary, the one name it goes by at every stage.
+CONCEPTS = {
+    "buckets": "DDP's gradient buckets: their plan, their all-reduces, their overlap with backward",
+    "comm": "what a collective sends and how long it takes (the all-reduce's alpha-beta cost)",
+    "memory": "bytes a rank holds: parameters, gradients, optimizer state, activations",
+    "gradients": "a rank's local, reduced and global-batch gradients, against one process's reference",
+    "readiness": "when each parameter's gradient becomes ready in backward, and in what order",
+    "ranks": "one row per rank of a run: its batch, its loss, its times",
+    "traces": "the profiler's per-rank chrome traces and the timelines read off them",
+    "stats": "medians, spreads and the slowest rank of repeated timings",
+    "reads": "which runs a view reads, and what makes them",
+    "canvas": "the figures' shared drawing: sizes, colours, legends",
+    "measuring": "a widget that launches a measurement and shows it as it arrives",
+    "loss_weights": "how each rank's loss is weighted so the reduced gradient is the global batch's",
+    "zero": "ZeRO's sharding of optimizer state, gradients and parameters over ranks",
+    "failures": "a failure provoked on purpose and its diagnosis: which rank, where, why (chapter 08)",
+    "profile": "the profile probe: torch.profiler's trace and memory timeline on every rank",
+    "evidence": "what a learner writes down in the exercise, piece by piece, that ddplab.exercise checks",
+}
+CLI_GROUPS = {   # a CLI module holds a command group, or fronts the package of the same name
+    "commands": "`ddplab run`, `slurm`, `doctor` and `lab`: the lab's own commands",
+    "flags": "the flags every command that runs an experiment shares",
+}
+TEST_STAGES = {   # tests/<folder>: the ddplab folders whose modules name its test modules
+    "exercise": ["exercise"], "guard": ["guard"], "launch": ["launch"], "predict": ["predict"],
+    "rank": ["rank", "rank/parallel", "rank/probes", "rank/tasks"], "record": ["record"], "spec": ["spec"],
+    "tasks": ["rank/tasks"], "tools": ["tools", "cli"], "views": ["tables", "plots", "widgets"], "notebooks": [],
+}
+CLAIM_TESTS = {   # test modules named after a claim that spans modules, each with its reason
+    "guard/test_guard_faults.py": "the guard against faults in a user's own script, watcher and hooks together",
+    "guard/test_guard_runs.py": "the guard in a plain torchrun script: every silent bug caught on every rank",
+    "launch/test_cleanup.py": "what a killed launcher or session leaves on disk is deleted once provably dead",
+    "launch/test_launch_argv.py": "the torchrun command line a launch builds (cold, torchrun, preflight)",
+    "launch/test_multinode.py": "several nodes meeting at one rendezvous (nodes, keeper, torchrun)",
+    "launch/test_nccl_diagnosis.py": "an NCCL hang diagnosed by rank from what NCCL's watchdog leaves",
+    "launch/test_orphans.py": "no orphans whenever the launcher dies or is interrupted",
+    "launch/test_owned_processes.py": "no process a run starts outlives its owner, whatever started it",
+    "launch/test_parent_check.py": "a rank checks its parent is torchrun's agent before it imports torch",
+    "launch/test_run_dirs.py": "runs never destroy runs: a launch replaces a run directory only when complete",
+    "launch/test_runs.py": "real torchrun runs end to end: results per rank, failures diagnosed",
+    "launch/test_session_policy.py": "when `run` starts a session of warm ranks by itself",
+    "launch/test_shared_launch.py": "the tests' one shared launch fails only the key a broken experiment is under",
+    "notebooks/test_browser.py": "the notebooks' widgets in a real JupyterLab",
+    "notebooks/test_exercises.py": "the exercise through nbgrader, as an instructor runs it",
+    "notebooks/test_notebook_cells.py": "what every notebook cell promises the learner",
+    "rank/test_replicas.py": "after every synchronized step the replicas agree, or the run fails naming why",
+    "rank/test_task_protocol.py": "adding a task is one module and one registration",
+    "spec/test_late_refusals.py": "bad input is refused naming the field before anything trains",
+    "spec/test_spec_fuzz.py": "any spec is refused naming a field, or round-trips through JSON exactly",
+    "tasks/test_bucket_claims.py": "notebook 05's timing claims judged on paired steps",
+    "tasks/test_chapter_timing_claims.py": "notebook 03's timing claims judged on synthetic runs",
+    "tools/test_no_gradient.py": "a model that gives no parameter a gradient is refused by `run` and `audit` alike",
+    "tools/test_own_model.py": "a practitioner's own model through the factory contract and both tools",
+    "views/test_global_batch_plot.py": "notebook 06's batch-size figure shows every step its runs ran",
+    "views/test_key_checks.py": "the notebooks' most important checks can fail",
+    "views/test_readiness_and_bucket_plots.py": "notebooks 04 and 05's figures keep every mark visible",
+    "views/test_results_errors.py": "asking a run for what it did not record says what it lacks",
+    "views/test_widget_labels.py": "notebook 01's sliders show their whole labels",
+    "views/test_wrong_run.py": "the results API on a run it is not for says so",
+}
+
+
+def chapters(root: Path = ROOT) -> set[str]:
+    return {p.stem.split("_", 1)[1] for p in (root / "notebooks").glob("[0-9][0-9]_*.ipynb")}
+
+
+def task_modules() -> set[str]:
+    import ddplab.spec  # noqa: F401 (registers ddplab's tasks)
+    from ddplab.spec.tasks import _REGISTRY
+
+    return {cls.__module__.rsplit(".", 1)[-1] for cls in _REGISTRY.values() if cls.__module__.startswith("ddplab.")}
+
+
+def module_names(folder: Path) -> list[str]:
+    """The modules and subpackages of a package folder, by name (not __init__ or __main__)."""
+    return sorted({p.stem for p in folder.glob("*.py") if not p.stem.startswith("__")}
+                  | {p.name for p in folder.iterdir() if (p / "__init__.py").exists()})
+
+
+def unnamed_modules(names, *vocabularies) -> list[str]:
+    return [n for n in names if not any(n in v for v in vocabularies)]
+
+
+def unnamed_tests(tests_root: Path, package: Path, named: set[str], claims) -> list[str]:
+    """tests/<folder>/test_<name>.py whose <name> is no module of the folders its stage tests (TEST_STAGES),
+    no module at ddplab's top level, no package (`test_record.py`), no name in `named`, and no listed claim."""
+    top = set(module_names(package))
+    found = []
+    for path in sorted(tests_root.glob("*/test_*.py")):
+        folder, name = path.parent.name, path.stem.removeprefix("test_")
+        stages = TEST_STAGES.get(folder)
+        if stages is None:
+            found.append(f"{folder}/{path.name}: tests/{folder} is no stage")
+            continue
+        own = {n for s in stages for n in module_names(package / s)} | {s.rsplit("/", 1)[-1] for s in stages}
+        if name not in own | top | named and f"{folder}/{path.name}" not in claims:
+            found.append(f"{folder}/{path.name}")
+    return found
+
+
+def test_every_recipe_module_is_named_after_a_chapter_or_a_task():
+    assert unnamed_modules(module_names(PACKAGE / "recipes"), chapters(), task_modules(), CONCEPTS) == []
+
+
+@pytest.mark.parametrize("stage", ["predict", "tables", "plots", "widgets"])
+def test_every_view_and_model_module_is_named_after_a_task_a_chapter_or_a_concept(stage):
+    assert unnamed_modules(module_names(PACKAGE / stage), chapters(), task_modules(), CONCEPTS) == []
+
+
+def test_every_cli_module_holds_a_command_group_or_fronts_its_package():
+    """`cli/tools.py` fronts `ddplab/tools/` (`ddplab audit`, `ddplab tune-buckets`): one concept, one name."""
+    assert unnamed_modules(module_names(PACKAGE / "cli"), CLI_GROUPS, module_names(PACKAGE)) == []
+
+
+def test_every_test_module_is_named_after_what_it_tests():
+    named = chapters() | task_modules() | set(CONCEPTS) | {"exercises", "self_tests", "claims", "verify", "cli"}
+    assert unnamed_tests(ROOT / "tests", PACKAGE, named, CLAIM_TESTS) == []
+    assert all((ROOT / "tests" / t).exists() for t in CLAIM_TESTS), "a listed claim test is gone: unlist it"
+
+
+def test_the_stage_name_checks_see_what_they_forbid(tmp_path):
+    # the names this layout had before one concept got one name
+    assert unnamed_modules(["slowest_rank", "failure_lab", "stragglers", "compression"], chapters(), task_modules(),
+                           CONCEPTS) == ["slowest_rank", "failure_lab"]
+    assert "comm_hooks" not in task_modules() and "compression" in task_modules()
+    package = tmp_path / "ddplab"
+    (package / "predict").mkdir(parents=True)
+    (package / "predict" / "buckets.py").write_text("")
+    (package / "results.py").write_text("")
+    for name in ("test_schedule", "test_buckets", "test_results", "test_overlap", "test_claimed"):
+        (tmp_path / "tests" / "predict").mkdir(parents=True, exist_ok=True)
+        (tmp_path / "tests" / "predict" / f"{name}.py").write_text("")
+    (tmp_path / "tests" / "misc").mkdir()
+    (tmp_path / "tests" / "misc" / "test_buckets.py").write_text("")
+    assert unnamed_tests(tmp_path / "tests", package, set(), {"predict/test_claimed.py": "a claim"}) == \
+        ["misc/test_buckets.py: tests/misc is no stage", "predict/test_overlap.py", "predict/test_schedule.py"]
