@@ -144,7 +144,7 @@ def test_every_task_goes_by_one_module_name_through_every_stage():
         assert cls.runner == f"ddplab.rank.tasks.{name}:run", kind
 
 
-MAX_MODULE_LINES = 330   # issue 31: a module a newcomer can read in one sitting
+MAX_MODULE_LINES = 330   # A module a newcomer can read in one sitting
 
 
 def test_no_module_is_longer_than_a_sitting():

@@ -86,7 +86,7 @@ def test_an_nccl_hang_names_the_rank_that_skipped_its_backward(tmp_path):
     with pytest.raises(ddplab.RunFailed) as err:
         ddplab.run(exp, tmp_path / "hang", progress=False, warm=False)
     assert err.value.diagnosis.kind == "hang" and err.value.diagnosis.ranks == [1], str(err.value)
-    # issue 33, on NCCL (never run yet: no device lent): torch's analyzer over the ranks' testimonies agrees
+    # on NCCL (never run yet: no device lent): torch's analyzer over the ranks' testimonies agrees
     from ddplab import witnesses
 
     flight = err.value.diagnosis.flight

@@ -1,4 +1,4 @@
-"""The practice exercise's checker (issue 14): correct evidence passes every check, and each classic
+"""The practice exercise's checker: correct evidence passes every check, and each classic
 mistake is caught with its own message, against real 4-rank runs (the checker's own, hidden seed)."""
 
 from __future__ import annotations

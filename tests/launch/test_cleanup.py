@@ -1,5 +1,5 @@
 """What a killed launcher or a session leaves on disk is deleted once it is provably dead, and nothing
-else (issue 30): a staging directory or a session directory whose owning process is gone and that no
+else: a staging directory or a session directory whose owning process is gone and that no
 live process names. Unclaimed directories, live owners and other hosts' directories stay."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""What a cold launch says when something dies or stalls that is not a rank's own exception (issue 51, items
-9 and 10): torchrun itself killed, a rank that ends itself with an exit code, a rank stopped while it still
+"""What a cold launch says when something dies or stalls that is not a rank's own exception: torchrun itself killed, a
+rank that ends itself with an exit code, a rank stopped while it still
 imports torch, a session that died between cells, and a long torch.compile, which is progress, not a hang."""
 
 from __future__ import annotations

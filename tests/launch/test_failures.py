@@ -137,7 +137,7 @@ def test_the_launch_is_blamed_on_the_earliest_error_not_on_the_narrower_run_torc
 
 
 def test_an_allreduce_sweep_killed_while_allocating_is_placed_in_that_phase(monkeypatch):
-    """A 4 GiB sweep killed for memory was labelled 'init-process-group' (issue 30): the sweep enters
+    """A 4 GiB sweep killed for memory was labelled 'init-process-group': the sweep enters
     'allocate buffers' before it allocates, so the last phase its progress log shows is that one."""
     import types
 

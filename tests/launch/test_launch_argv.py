@@ -80,7 +80,7 @@ def test_every_lab_recipe_fits_this_machine():
 @pytest.mark.parametrize("model", ["branchy", "tests.support.user_models:with_frozen"])
 def test_activations_of_a_model_the_lab_cannot_count_are_measured_and_refused_when_too_big(model):
     """No formula covers branchy or a user's model: one forward of two examples measures what autograd
-    saves per example, so a huge local batch is refused before launch (issue 30: `ddplab audit
+    saves per example, so a huge local batch is refused before launch (`ddplab audit
     --local-batch 100000` ran past 150 s)."""
     from ddplab.launch.preflight import measured_activations
 

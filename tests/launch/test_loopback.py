@@ -1,4 +1,4 @@
-"""A run on one machine listens on loopback only (issue 11, item 4): torchrun's two rendezvous
+"""A run on one machine listens on loopback only: torchrun's two rendezvous
 stores (`launch.loopback`) and the ranks' gloo sockets (`worker_env`)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The `%%ddp` cell magic (issue 12, item 4): every rank runs the cell, state stays from cell to
+"""The `%%ddp` cell magic: every rank runs the cell, state stays from cell to
 cell, outputs come back side by side, an exception names its rank, a hang is bounded and the
 session then stops, and no rank outlives `%ddp_stop`."""
 
@@ -143,7 +143,7 @@ def test_the_rank_that_skipped_a_collective_is_named(ip):
 
 
 def test_a_collective_only_some_ranks_call_is_named_by_torch_and_the_ranks_come_back(ip):
-    """Issue 33: within the cell's timeout + 2 s, rank, collective and sequence number (torch's flight
+    """Within the cell's timeout + 2 s, rank, collective and sequence number (torch's flight
     recorder analyzer on the ranks' records), each rank's stack; the ranks restarted, the next cell runs."""
     session = _short_session(ip)
     ip.run_cell_magic("ddp", "", "x = torch.ones(2)\ndist.all_reduce(x)")   # one collective both ranks join
@@ -190,7 +190,7 @@ def test_ranks_calling_one_collective_with_different_sizes_are_told_so(ip):
      "rank 1 exited with code 3, so torchrun stopped rank 0 and the session (exit code 1)"),
 ])
 def test_a_cell_that_kills_torchrun_or_a_rank_says_who_died_not_which_rank_waited(ip, code, said):
-    """Issue 30: a cell that killed torchrun blamed rank 1; now the death is said as it happened."""
+    """A cell that killed torchrun blamed rank 1; now the death is said as it happened."""
     ip.run_line_magic("ddp_start", "-n 2 --timeout 3")
     session = sessions.current()
     out, error = _cell(ip, code)
@@ -224,7 +224,7 @@ def _shown_while_running(ip, code: str, interrupt_after_s: float | None = None):
 
 
 def test_what_the_ranks_print_shows_while_the_cell_runs(ip):
-    """Issue 33: a loop's prints appear in each rank's column while it runs, not only at the end."""
+    """A loop's prints appear in each rank's column while it runs, not only at the end."""
     _short_session(ip)
     shown, error = _shown_while_running(ip, "import time\nfor i in range(4):\n    print(f'tick {i} on rank {rank}', "
                                             "flush=True)\n    time.sleep(0.5)")

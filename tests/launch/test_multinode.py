@@ -1,4 +1,4 @@
-"""Several nodes (issue 18, item 3): the launch command for N torchrun agents meeting at a c10d
+"""Several nodes: the launch command for N torchrun agents meeting at a c10d
 rendezvous, tested with two agents on this host as two "nodes"; event times aligned on a barrier."""
 
 from __future__ import annotations
@@ -385,7 +385,7 @@ def test_more_nodes_than_ranks_is_refused_naming_the_node_count():
 
 def test_a_lost_node_is_diagnosed_as_a_node_with_its_ranks():
     """launch/nodes.py reports an agent ended by a signal with the ranks it ran; the diagnosis names the
-    node, not a rank of the other node (issue 30, item 6)."""
+    node, not a rank of the other node."""
     log = ("ddplab-nodes: node agent 1 was ended by SIGKILL; its ranks: 2, 3\n"
            "[E] rank 0 lost connection: Connection closed by peer\n")
     dead = deaths.deaths_from(log)

@@ -1,4 +1,4 @@
-"""An NCCL hang diagnosed by rank (issue 18, item 1), from what NCCL leaves when its watchdog aborts
+"""An NCCL hang diagnosed by rank, from what NCCL leaves when its watchdog aborts
 the ranks: the watchdog's log line, and the flight recorder's dump. No GPU here: the inputs are
 written as NCCL writes them, and `bench/gpu_check.py` provokes the real thing on a GPU machine."""
 

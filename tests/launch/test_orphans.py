@@ -1,4 +1,4 @@
-"""No orphans, whenever the launcher dies or is interrupted (issue 11, item 3): ranks arm their
+"""No orphans, whenever the launcher dies or is interrupted: ranks arm their
 parent-death signal before `import torch`, and a second Ctrl-C cannot cut the cleanup short."""
 
 from __future__ import annotations

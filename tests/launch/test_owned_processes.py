@@ -1,4 +1,4 @@
-"""No process a run starts outlives its owner (issue 51, items 1-4): a user's script's ranks and what
+"""No process a run starts outlives its owner: a user's script's ranks and what
 they start when `run_script`'s caller is killed, what `%%ddp` cells start at `%ddp_stop` or when the
 kernel is killed, what a script or a model factory leaves running when it ends (stopped, and said),
 and no `torchelastic_*` or run folder left in $TMPDIR (`launch/keeper.py`).
@@ -228,7 +228,7 @@ def test_a_factory_that_starts_a_child_leaves_nothing_running_and_no_temp_folder
     assert left == [], f"the launch left {left} in $TMPDIR"
 
 
-# ---- review of issue 51: what stopping a run leaves, and what is not the run's ---------------------------
+# ---- what stopping a run leaves, and what is not the run's ---------------------------
 def test_a_child_that_ran_before_the_block_keeps_what_it_starts_during_it(tmp_path):
     """A pool's worker that existed before the factory ran, and that starts a process of its own while
     it runs, is not the factory's: neither is stopped."""

@@ -1,4 +1,4 @@
-"""The failure lab (notebook 08, issue 16): each way a data-parallel job breaks is diagnosed by rank,
+"""Failures provoked on purpose (notebook 08): each way a data-parallel job breaks is diagnosed by rank,
 a crash before any collective could time out, with no process left behind (notebook 08 provokes every fault of `fault_runs()`
 for real and checks it with `verify_failures_diagnosed`, whose every clause is fed wrong input here)."""
 
@@ -180,7 +180,7 @@ def test_a_rank_torchrun_stopped_with_sigterm_is_not_blamed_for_the_one_killed_f
 
 @pytest.mark.slow
 def test_torchs_flight_recorder_analyzer_names_the_rank_that_skipped_backward_as_ddplab_does(tmp_path):
-    """Issue 33: rank 1 skips backward and calls a barrier where rank 0 all-reduces its gradients; torch's
+    """Rank 1 skips backward and calls a barrier where rank 0 all-reduces its gradients; torch's
     analyzer, over the ranks' own flight records, calls it a type mismatch by rank 1, as ddplab does. The
     same outcome with ddplab's answer changed fails the check and reads "NO" in notebook 08's table."""
     import dataclasses

@@ -1,4 +1,4 @@
-"""Runs never destroy runs (issue 11, item 2): a launch writes into its own directory and replaces the
+"""Runs never destroy runs: a launch writes into its own directory and replaces the
 old one only when complete; concurrent launches into one directory never touch each other."""
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ def _staged(run_dir):
 
 def test_a_run_directory_deleted_mid_run_is_a_run_failed_not_a_bare_oserror(tmp_path):
     """Deleting the run directory under live ranks stops them at once and says what happened
-    (issue 11, item 9: it was a bare FileNotFoundError after the ranks had run to the end)."""
+    (it was a bare FileNotFoundError after the ranks had run to the end)."""
     import shutil
 
     from tests.support import leftovers

@@ -269,14 +269,14 @@ def test_a_stalled_rank_without_synchronization_is_the_one_blamed(runs_dir, monk
     d = info.value.diagnosis
     assert d.kind == "hang" and d.ranks == [1], str(d)
     assert "Rank 1 never arrived: its last phase was 'forward' of step 1" in d.summary
-    # the watchdog asked the ranks before it stopped them: rank 1's stack says where it was (issue 33)
+    # the watchdog asked the ranks before it stopped them: rank 1's stack says where it was
     assert "inject_fault" in d.stacks[1] and "time.sleep" in d.stacks[1], d.stacks
     assert not leftovers(runs_dir / "stall-alone")
 
 
 def test_a_sigstopped_rank_is_named_as_stopped_not_all_ranks_together(tmp_path):
     """A rank frozen by SIGSTOP (Ctrl-Z, a debugger) is the one blamed, even when it froze inside the
-    collective the others wait in: the launcher sees its process state (issue 11, item 7)."""
+    collective the others wait in: the launcher sees its process state."""
     import psutil
 
     run_dir = tmp_path / "frozen"

@@ -1,4 +1,4 @@
-"""A session of warm ranks (issue 12): the same results as a cold launch, failures diagnosed the
+"""A session of warm ranks: the same results as a cold launch, failures diagnosed the
 same way, and no rank outliving the session, its launcher or a failed job."""
 
 from __future__ import annotations
@@ -340,7 +340,7 @@ def test_an_idle_session_leaves_by_itself(tmp_path, monkeypatch):
 @pytest.mark.parametrize("which", ["run", "session"])
 def test_deleting_a_directory_under_a_warm_job_stops_it_and_names_that_directory(tmp_path, which):
     """A warm job whose run directory, or whose session's directory, is deleted stops its ranks as a
-    cold launch does, and the diagnosis names the one that went (issue 30, item 4)."""
+    cold launch does, and the diagnosis names the one that went."""
     import shutil
     import threading
 
@@ -384,8 +384,8 @@ def test_a_ddp_cell_on_a_session_whose_directory_was_deleted_says_so(tmp_path):
 @pytest.mark.parametrize("gap_s", [4.95, 5.2])
 def test_a_job_sent_at_the_idle_deadline_runs(tmp_path, monkeypatch, gap_s):
     """The launcher owns the idle clock and closes the session under the launch lock: a job sent just
-    before the deadline runs on the session, one just after on a fresh one; neither fails (issue 30,
-    item 3: with each rank's own clock, a job at 4.95 s of 5 hung and one at 5.0-5.4 s lost its ranks)."""
+    before the deadline runs on the session, one just after on a fresh one; neither fails (with
+    each rank's own clock, a job at 4.95 s of 5 hung and one at 5.0-5.4 s lost its ranks)."""
     monkeypatch.setattr(sessions, "IDLE_S", 5.0)
     monkeypatch.setenv("DDPLAB_RUNS", str(tmp_path / "runs"))
     try:

@@ -1,4 +1,4 @@
-"""torch's witnesses beside ddplab's diagnosis (issue 33): the ranks' testimonies read as checked JSON, torch's
+"""torch's witnesses beside ddplab's diagnosis: the ranks' testimonies read as checked JSON, torch's
 flight-recorder analyzer over them, and the check that both name the same rank. The records in
 tests/support/witness are a real 2-rank gloo run's (the stall fault on rank 1 at step 1, torch 2.13),
 their stacks trimmed."""

@@ -310,11 +310,11 @@ def test_the_ddp_magic_shows_every_rank_side_by_side(page, lab):
     tables = page.locator(f"{PANEL} table.ddplab-ddp-cell")
     expect(tables).to_have_count(3)
     first, loop, second = tables.nth(0), tables.nth(1), tables.nth(2)
-    # issue 33: the loop's prints appeared in the ranks' columns while it ran, not only at its end
+    # the loop's prints appeared in the ranks' columns while it ran, not only at its end
     seen = page.evaluate("window.__seen")
     assert any("running..." in t and "tick 1 of rank 1" in t and "tick 7" not in t for t in seen), seen[-3:]
     expect(loop.locator("td").nth(1)).to_contain_text("tick 7 of rank 1")
-    # issue 33: a collective only rank 0 calls is named by torch's analyzer, in one line, and the ranks come back
+    # a collective only rank 0 calls is named by torch's analyzer, in one line, and the ranks come back
     cells = page.locator(f"{PANEL} .jp-CodeCell")
     hung, after = cells.nth(5), cells.nth(6)
     hung.locator(".jp-InputArea-editor").click()
@@ -340,7 +340,7 @@ def test_the_ddp_magic_shows_every_rank_side_by_side(page, lab):
 
 
 def test_live_ranks_say_what_they_wait_for_and_keep_their_prints_through_an_interrupt(page, lab):
-    """Issue 33 in a browser: %ddp_start says at once what it waits for; a %%ddp loop's prints show while it
+    """In a browser: %ddp_start says at once what it waits for; a %%ddp loop's prints show while it
     runs, and Kernel > Interrupt keeps them on the page, saying the ranks were stopped."""
     page.add_init_script("""window.__seen = [];   // every text the notebook's outputs showed, in order
         new MutationObserver(() => { for (const o of document.querySelectorAll('.jp-OutputArea-output'))

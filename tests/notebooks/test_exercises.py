@@ -1,4 +1,4 @@
-"""The audit exercise through nbgrader (issue 14): the committed learner notebook is what
+"""The exercise through nbgrader: the committed learner notebook is what
 `nbgrader generate_assignment` makes of the instructor's source, the reference solution scores full
 marks under `nbgrader autograde`, and the blank learner notebook scores nothing, each test failing
 with one helpful line (no traceback)."""

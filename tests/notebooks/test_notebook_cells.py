@@ -1,4 +1,4 @@
-"""What every notebook cell promises the learner (issue 11, item 13): checks say what they verified
+"""What every notebook cell promises the learner: checks say what they verified
 (`ddplab.verify`, never a bare assert that fails with no numbers), and nbval's instructions live in
 cell tags, not in comments the learner has to read past."""
 
@@ -57,7 +57,7 @@ def _lines(cell) -> int:
 
 
 def test_notebook_05_reads_as_a_lesson_short_cells():
-    """Issue 13: notebook 05's code cells hold at most 8 lines (logic lives in library calls), its
+    """Notebook 05's code cells hold at most 8 lines (logic lives in library calls), its
     markdown cells at most 15."""
     nb = json.loads((ROOT / "notebooks" / "05_buckets_and_overlap.ipynb").read_text())
     long = [(i, c["cell_type"], _lines(c)) for i, c in enumerate(nb["cells"])
@@ -84,7 +84,7 @@ def _output_text(o) -> str:
 @pytest.mark.parametrize("path", [*sorted((ROOT / "notebooks").glob("*.ipynb")), ROOT / "exercises" / "audit_data_parallel.ipynb"],
                          ids=lambda p: p.name)
 def test_stored_outputs_hold_no_progress_bars_and_no_empty_outputs(path):
-    """Issue 32: a learner opening a chapter sees what the run said, not a frozen bar per rank or blank
+    """A learner opening a chapter sees what the run said, not a frozen bar per rank or blank
     outputs (progress.Reporter replaces a notebook's bars with the run's final line)."""
     cells = json.loads(path.read_text())["cells"]
     bars = [i for i, c in enumerate(cells) for o in c.get("outputs", []) if re.search(r"rank \d+: +\d+%\|", _output_text(o))]

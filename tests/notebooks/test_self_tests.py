@@ -1,6 +1,6 @@
 """The chapters' self-tests (`ddplab.self_tests`): each answer guide's answer is what the lab computes and
 is written in the chapter's folded guide, no self-test cell shows it, and a learner's answer gets right or
-wrong (too high, too low, which entries differ), never the lab's value or the distance to it (issue 32)."""
+wrong (too high, too low, which entries differ), never the lab's value or the distance to it."""
 
 import dataclasses
 import json

@@ -1,5 +1,5 @@
 """After every synchronized step the replicas must agree; a run that silently did not synchronize is a
-failure naming the cause (issue 11, item 1), and probes cope with frozen parameters."""
+failure naming the cause, and probes cope with frozen parameters."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 51, item 11: bad input to a spec, a --spec file or the checkpoint key is a ValueError naming the
+"""Bad input to a spec, a --spec file or the checkpoint key is a ValueError naming the
 field or the file, before anything trains (each was a raw error, or a refusal after the run, before)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The emulated link (issue 29, item 5): a link you can dial for DDP's all-reduce. Its cost formula and
+"""The emulated link: a link you can dial for DDP's all-reduce. Its cost formula and
 spec are pure; the rank-side wire is tested on futures completed by hand (no launch); one real 2-rank
 run shows every bucket held at least as long as the link needs, one transfer behind the other, with
 the gradients exactly those of loopback."""

@@ -1,4 +1,4 @@
-"""Equal tokens, unequal cost (issue 15, notebook 07): the cost model and both assignment policies
+"""Equal tokens, unequal cost (notebook 07): the cost model and both assignment policies
 (pure), the balance study's spec and tables on stand-in records, and one real 2-rank study."""
 
 from __future__ import annotations

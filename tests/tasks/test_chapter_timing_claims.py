@@ -138,7 +138,7 @@ def test_bus_bandwidth_below_the_loopback_ceiling_holds_is_contradicted_and_cann
 
 
 def test_the_tail_splits_into_the_ranks_skew_and_communication_after_the_slowest_rank():
-    """Issue 32 review: a fast rank's share of the tail holds its wait for the slow rank's compute."""
+    """A fast rank's share of the tail holds its wait for the slow rank's compute."""
     fast = [Step(10, [(2, 6), (10.05, 21.0)]) for _ in range(3)]   # ready at 10 ms, waits for the slow rank
     slow = [Step(20, [(2, 7), (20.05, 21.0)]) for _ in range(3)]   # ready at 20 ms
     table = tables.readiness.summed_and_tail(traced_run([fast, slow]), warmup=0)

@@ -1,4 +1,4 @@
-"""Compiled DDP on real gloo ranks (notebook 11, issue 34): the graphs the backend compiled against
+"""Compiled DDP on real gloo ranks (notebook 11): the graphs the backend compiled against
 DDPOptimizer's own record of its split, on the lab's GPT-2-style network and on transformers' GPT-2; the
 readiness probe under compile; the checks failing on a split that differs; refusals before launch. One
 shared launch (tests/support), sized small: the notebook runs the full comparison."""

@@ -1,4 +1,4 @@
-"""DDP's communication hooks on real gloo ranks (notebook 10, issue 35): every rank's bytes against the
+"""DDP's communication hooks on real gloo ranks (notebook 10): every rank's bytes against the
 payload rule on 2 and 4 ranks, a wrong rule failing the check, the learning gap, what torch refused,
 and PowerSGD on a model whose every tensor it compresses (pytorch#58467 on gloo: fixed in 2.13). One
 shared launch (tests/support), sized small: the notebook runs the full comparison."""

@@ -169,7 +169,7 @@ def test_the_memory_figures_draw_each_moment_as_measured(memory_runs):
 
 def test_the_memory_tables_work_for_a_users_model_with_frozen_parameters(shared_runs):
     """A user's model (not built in) gets its model-state prediction from the parameters the run
-    recorded; a frozen parameter gets no gradient, bucket slot or optimizer state (issue 11, item 9)."""
+    recorded; a frozen parameter gets no gradient, bucket slot or optimizer state."""
     import math
 
     from ddplab.units import MIB

@@ -219,7 +219,7 @@ def test_a_real_checkpoint_is_sealed_and_a_copy_with_a_malicious_metadata_runs_n
 
 @pytest.mark.slow
 def test_a_checkpoint_changed_after_the_launchers_check_is_refused_by_the_ranks(runs, tmp_path, monkeypatch):
-    """The window between the check and the read (issue 30's review): the launcher checks the files, then
+    """The window between the check and the read: the launcher checks the files, then
     someone replaces .metadata before the ranks load it. Each node's ranks load a private copy that they
     verified themselves, so the change is refused in the ranks and the pickle never runs."""
     from ddplab.launch import cold

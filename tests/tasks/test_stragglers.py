@@ -1,4 +1,4 @@
-"""Stragglers on purpose (notebook 07, issue 15): the spec injects a known delay into one rank, the bucket
+"""Stragglers on purpose (notebook 07): the spec injects a known delay into one rank, the bucket
 probe sees every rank's arrival at every all-reduce, and the tables say who waited for whom. One real
 2-rank launch: a run without a straggler, a pause before backward and a late batch on rank 1, and a
 rank with twice the sequence length."""

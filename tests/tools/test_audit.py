@@ -1,4 +1,4 @@
-"""Issue 51, item 11: `ddplab audit` estimates a user's model's memory before it launches (model state,
+"""`ddplab audit` estimates a user's model's memory before it launches (model state,
 and the activations of one forward and loss, measured per example) and refuses a local batch that cannot
 fit, naming --local-batch and the largest that does. Nothing launches: each case ends in the refusal, or
 in the check passing."""

@@ -1,4 +1,4 @@
-"""The command line (issue 11, item 8): flags come from the spec, a model in the current directory
+"""The command line: flags come from the spec, a model in the current directory
 imports, and a factory that exits is an error, not a silent success."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """A model whose forward gives no parameter a gradient trains nothing: `ddplab run` refuses it before
 launching, as `ddplab audit` does, with the one check both share (launch/preflight.py), instead of
-reporting a complete run whose parameters never moved (issue 51, item 8)."""
+reporting a complete run whose parameters never moved."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A practitioner's own model (issue 19): the factory contract (spec/model.py) with Hugging Face,
+"""A practitioner's own model: the factory contract (spec/model.py) with Hugging Face,
 torchvision and plain factories, the checks that refuse a wrong factory before anything starts, and
 `ddplab audit` / `ddplab tune-buckets` end to end, their numbers against independent counts."""
 
@@ -145,7 +145,7 @@ def test_the_commands_refuse_a_wrong_factory_before_launching_anything(command, 
     (["run", "--import", "no_such_module_here", "--spec", "-"], r"--import no_such_module_here: cannot import it"),
 ])
 def test_bad_command_line_input_is_refused_before_any_launch(argv, says, tmp_path, capsys):
-    """Each was a raw error (after the launch, for some) in the issue 30 probe; now exit code 2 and one line."""
+    """Each was a raw error (after the launch, for some) in a probe of misuse; now exit code 2 and one line."""
     try:
         code = cli.main([*argv, "--out", str(tmp_path / "out")])
     except SystemExit as e:   # argparse refuses a bad flag value itself
@@ -382,7 +382,7 @@ def test_tune_buckets_runs_end_to_end_on_the_hugging_face_gpt2_from_the_command_
 
 
 def test_the_launchers_checks_build_a_users_model_once_and_leave_its_random_stream_alone():
-    """Issue 30's review: preflight built a user's model twice (checked, then its activations measured)."""
+    """Preflight built a user's model twice (checked, then its activations measured)."""
     import torch
 
     from ddplab.launch.preflight import check_launch
@@ -418,7 +418,7 @@ def test_a_sweep_whose_times_do_not_grow_with_size_writes_no_infinite_bandwidth(
 
 
 def test_the_audits_ratio_is_read_as_a_bound_never_as_overlap_promised():
-    """Issue 32: a compute-to-communication ratio above 1 is only what overlap needs; the final bucket
+    """A compute-to-communication ratio above 1 is only what overlap needs; the final bucket
     starts after backward's compute, so it stays exposed whatever the ratio."""
     from ddplab.tools.audit import _overlap_bound
 

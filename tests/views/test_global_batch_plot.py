@@ -1,4 +1,4 @@
-"""The batch-size figure of notebook 06 (issue 11, item 13): every curve spans the steps its run ran."""
+"""The batch-size figure of notebook 06: every curve spans the steps its run ran."""
 
 from types import SimpleNamespace
 

@@ -1,4 +1,4 @@
-"""The three most important notebook checks can fail (issue 13): each passes on a correct real run and
+"""The three most important notebook checks can fail: each passes on a correct real run and
 raises `verify.CheckFailed` for a deliberately wrong input. The tests call the same library functions
 the notebooks' cells call (`tables.verify_*`), so a check that could no longer fail would show here:
 

@@ -1,4 +1,4 @@
-"""The figures of notebooks 04 and 05 (issue 11, item 13): every bucket's all-reduce stays visible,
+"""The figures of notebooks 04 and 05: every bucket's all-reduce stays visible,
 every mark has a legend entry, and no text runs outside the figure or warns while it is laid out."""
 
 import warnings

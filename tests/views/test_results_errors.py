@@ -1,4 +1,4 @@
-"""Asking a run for what it did not record says what it lacks and how to get it (issue 11, item 9)."""
+"""Asking a run for what it did not record says what it lacks and how to get it."""
 
 from __future__ import annotations
 

@@ -72,7 +72,7 @@ def test_off_line_tells_a_weight_bias_swap_from_a_real_reordering():
 
 
 def test_a_run_whose_loss_stopped_being_finite_says_where_it_diverged():
-    """Issue 30's review: a run with lr far too high ended with NaN losses and was reported as a success."""
+    """A run with lr far too high ended with NaN losses and was reported as a success."""
     from pathlib import Path
     from types import SimpleNamespace as NS
 

@@ -1,4 +1,4 @@
-"""Every notebook check says what it verified, and fails with expected versus seen (issue 11, item 13)."""
+"""Every notebook check says what it verified, and fails with expected versus seen."""
 
 import math
 

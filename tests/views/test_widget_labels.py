@@ -1,4 +1,4 @@
-"""The rank-weights explorer of notebook 01 (issue 32): every slider shows its whole label, and the two
+"""The rank-weights explorer of notebook 01: every slider shows its whole label, and the two
 columns of sliders fit JupyterLab's width."""
 
 import ipywidgets as w

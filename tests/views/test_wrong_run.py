@@ -1,4 +1,4 @@
-"""Issue 51, item 11: the results API on a run it is not for, a path that is no path, and a rank file whose
+"""The results API on a run it is not for, a path that is no path, and a rank file whose
 loss contradicts its own sum are ValueErrors that say so (each was a KeyError, an AttributeError, a
 TypeError, or accepted, before). The tables' cases use stand-ins (objects with `spec` and `ranks`, as
 `tables/reads.py` allows); the damaged rank file is a copy of a real run's."""
