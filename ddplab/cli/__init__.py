@@ -66,14 +66,30 @@ def build_parser() -> argparse.ArgumentParser:
                                                      "(default runs/<name>-<hash>, made absolute)")
     p_slurm.add_argument("--script", default=None, help="write the script here (default: print it)")
     p_slurm.set_defaults(func=cmd_slurm)
-    p_lab = sub.add_parser("lab", help="open JupyterLab on the chapter notebooks")
+    p_lab = sub.add_parser("lab", help="open JupyterLab on the chapter notebooks",
+                           usage="ddplab lab [--print-command] [JupyterLab's own arguments, e.g. --no-browser --port=0]")
     p_lab.add_argument("--print-command", action="store_true", help="print the command instead of running it")
-    p_lab.add_argument("jupyter_args", nargs=argparse.REMAINDER, help="passed on to `jupyter lab`")
+    p_lab.add_argument("jupyter_args", nargs="*", help="passed on to `jupyter lab` as they are (a `--` before them "
+                                                       "is allowed and dropped)")
     p_lab.set_defaults(func=cmd_lab)
     return parser
 
 
+def lab_args(rest: list[str]) -> argparse.Namespace | None:
+    """`ddplab lab`'s own arguments and JupyterLab's, in their order (argparse would read `--no-browser` or
+    `--port=0` as ddplab's own and refuse them). None where the user asked for ddplab's help."""
+    before = rest[: rest.index("--")] if "--" in rest else rest
+    if "-h" in before or "--help" in before:
+        return None
+    ours = [a for a in before if a == "--print-command"]
+    theirs = [a for a in before if a != "--print-command"] + rest[len(before) + 1:]
+    return argparse.Namespace(command="lab", func=cmd_lab, print_command=bool(ours), jupyter_args=theirs)
+
+
 def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["lab"] and (args := lab_args(argv[1:])) is not None:
+        return args.func(args)
     args = build_parser().parse_args(argv)
     if args.command != "slurm":   # slurm's --nodes is what it asks SLURM for, not where this process launches
         try:

@@ -4,10 +4,12 @@ imports, and a factory that exits is an error, not a silent success."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -88,6 +90,52 @@ def test_ddplab_lab_opens_jupyterlab_on_the_notebooks(capsys):
     command = capsys.readouterr().out.split()
     assert command[1:3] == ["-m", "jupyterlab"] and command[3].endswith("notebooks")
     assert (cli.notebooks_dir() / "00_launch_and_ranks.ipynb").exists()
+
+
+def test_ddplab_lab_passes_jupyterlabs_own_arguments_on_in_order(capsys):
+    """`--no-browser` or `--port=0` are JupyterLab's, not ddplab's: argparse alone refused them (exit 2)."""
+    for given, passed in [(["--no-browser", "--port=0"], ["--no-browser", "--port=0"]),
+                          (["--port", "8888", "--print-command"], ["--port", "8888"]),
+                          (["--", "--no-browser", "--print-command"], ["--no-browser", "--print-command"])]:
+        assert cli.main(["lab", "--print-command", *given]) == 0
+        assert capsys.readouterr().out.split()[4:] == passed, given
+
+
+@pytest.mark.slow
+def test_ddplab_lab_no_browser_port_0_starts_a_server_that_answers(tmp_path):
+    import json
+    import signal
+    import urllib.request
+
+    env = dict(os.environ, JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"), JUPYTER_CONFIG_DIR=str(tmp_path / "config"))
+    root = ["--allow-root"] if os.geteuid() == 0 else []   # JupyterLab refuses root without it
+    lab = subprocess.Popen([DDPLAB, "lab", "--no-browser", "--port=0", "--ServerApp.token=", *root], env=env,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        url = None
+        deadline = time.monotonic() + 120
+        for line in lab.stderr:   # JupyterLab logs where it listens once it serves (localhost may be ::1 first)
+            if m := re.search(r"(http://127\.0\.0\.1:(\d+)/)", line):
+                url = m.group(1)
+                break
+            assert time.monotonic() < deadline, "JupyterLab did not start within 120 s"
+        assert url is not None, f"JupyterLab exited with {lab.poll()} before serving"
+        assert int(url.rsplit(":", 1)[1].strip("/")) > 0   # port 0: the kernel chose a free port
+        while True:   # the URL is logged as the server starts listening: ask until it answers
+            try:
+                with urllib.request.urlopen(url + "api", timeout=30) as answer:
+                    assert "version" in json.loads(answer.read())
+                break
+            except urllib.error.URLError:
+                assert lab.poll() is None and time.monotonic() < deadline, "JupyterLab never answered at " + url
+                time.sleep(0.5)
+    finally:
+        os.killpg(lab.pid, signal.SIGTERM)
+        try:
+            lab.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(lab.pid, signal.SIGKILL)
+            lab.wait()
 
 
 @pytest.mark.slow
