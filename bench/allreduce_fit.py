@@ -30,9 +30,9 @@ def main() -> None:
     runs = ddplab.run_many(exps, name="bench-allreduce-fit")
     rows = []
     for run in runs:
-        table = tables.allreduce_sweep(run)
-        model, q = tables.fit_sweep(table, min_bytes=2**20)
-        _, q_all = tables.fit_sweep(table)
+        table = tables.comm.allreduce_sweep(run)
+        model, q = tables.comm.fit_sweep(table, min_bytes=2**20)
+        _, q_all = tables.comm.fit_sweep(table)
         rows.append((q.median_rel_error, q.max_rel_error, q_all.median_rel_error, q_all.max_rel_error,
                      model.alpha_s * 1e3, model.bandwidth_bytes_per_s / 1e9))
         print(f"{run.spec.name}: >=1 MiB median {q.median_rel_error:6.1%} max {q.max_rel_error:6.1%} | all sizes "

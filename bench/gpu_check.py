@@ -118,7 +118,7 @@ def memory_ledger(gpus: int, out: Path) -> str:
     exp = ddplab.Experiment(name="gpu-memory", world_size=1, backend="nccl", steps=2, optimizer="adam",
                             probes=("memory", "memory-snapshot"))
     run = _run(exp, out)
-    table = tables.memory_cuda(run)
+    table = tables.memory.memory_cuda(run)
     gap = (table["cuda_allocated"] - table["ledger"]).min()
     assert gap >= -1e-3, f"the ledger counts more than the allocator holds (by {-gap:.3f} MiB)"
     peak_gap = table["cuda_peak_allocated"].max() - table["ledger_peak"].max()
@@ -137,7 +137,7 @@ def allreduce_busbw(gpus: int, out: Path) -> str:
     w = min(gpus, 8)
     run = _run(recipes.allreduce_sweep(w, min_bytes=1 << 20, max_bytes=1 << 28, repeats=20, backend="nccl",
                                        name=f"gpu-allreduce-w{w}"), out)
-    sweep = tables.allreduce_sweep(run)
+    sweep = tables.comm.allreduce_sweep(run)
     print(sweep[["ms", "algbw_gb_s", "busbw_gb_s"]].round(3).to_string())
     big = sweep["busbw_gb_s"].iloc[-1]
     assert big > sweep["busbw_gb_s"].iloc[0], "bus bandwidth does not grow with the message"
@@ -226,7 +226,7 @@ def chapter_01(gpus: int, out: Path) -> str:
 
     exp = recipes.gradient_run(world_size=2, **_place(2, gpus), name="gpu-ch01")
     run = _run(exp, out)
-    tables.verify_global_batch_gradient(tables.gradient_check(run))
+    tables.gradients.verify_global_batch_gradient(tables.gradients.gradient_check(run))
     return f"{exp.backend} on CUDA: every rank holds the global-batch gradient"
 
 
@@ -235,7 +235,7 @@ def chapter_02(gpus: int, out: Path) -> str:
     from ddplab import recipes, tables
 
     exp = recipes.memory_ledger(world_size=2, **_place(2, gpus), name="gpu-ch02")
-    tables.verify_model_state(tables.memory_table(_run(exp, out)))
+    tables.memory.verify_model_state(tables.memory.memory_table(_run(exp, out)))
     return f"{exp.backend} on CUDA: parameters, gradients, buckets, Adam state as predicted"
 
 
@@ -247,7 +247,7 @@ def chapter_04(gpus: int, out: Path) -> str:
     exps = [e.replace(**_place(e.world_size, gpus)) for e in recipes.backward_trace(steps=4)]
     runs = ddplab.run_many(exps, out / "gpu-ch04", progress=False, warm=False)
     ddp_run = next(r for r in runs if r.spec.sync == "ddp")
-    tail = tables.dependency_tail(ddp_run)
+    tail = tables.readiness.dependency_tail(ddp_run)
     assert tail["holds_last_ready"].all(), tail
     assert (tail["launch_after_last_ready_ms"] >= 0).all(), tail["launch_after_last_ready_ms"].tolist()
     return (f"{exps[0].backend} on CUDA: the last bucket holds the last gradient and launches after it "

@@ -64,7 +64,7 @@ class Tally:
             outcome, detail = "accepted", ""
         except clear as e:
             outcome, detail = "clear", f"{type(e).__name__}: {e}"
-            if "cannot read this:" in str(e):   # tables/__init__.py's last resort, not a declared check
+            if "cannot read this:" in str(e):   # a table's last resort (tables/reads.py), not a declared check
                 outcome = "clear (caught late)"
         except RecursionError as e:
             outcome, detail = "raw", f"RecursionError: {str(e)[:200]}"
@@ -239,12 +239,12 @@ def _mutations(d: dict, prefix=""):
 
 def _read_all(path: Path) -> None:
     run = ddplab.load_run(path)
-    tables.rank_table(run)
-    tables.steps(run)
-    tables.gradient_check(run)
-    tables.memory_table(run)
-    tables.ready_order(run)
-    tables.bytes_on_wire([run])
+    tables.ranks.rank_table(run)
+    tables.ranks.steps(run)
+    tables.gradients.gradient_check(run)
+    tables.memory.memory_table(run)
+    tables.readiness.ready_order(run)
+    tables.comm.bytes_on_wire([run])
 
 
 def damaged_files(t: Tally, runs: dict, tmp: Path) -> None:

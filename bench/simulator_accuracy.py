@@ -45,7 +45,7 @@ def main() -> None:
     ar, bs = ddplab.run_many(recipes.bucket_sweep(args.world_size, rounds=args.rounds, steps=args.steps,
                                                   pin_cpus=not args.no_pin, **on), name="bench-simulator")
     wall = time.monotonic() - t0
-    link, q = tables.fit_sweep(tables.allreduce_sweep(ar))
+    link, q = tables.comm.fit_sweep(tables.comm.allreduce_sweep(ar))
     if args.link:   # every model: loopback's all-reduce (fitted), then the link's hold (known: Cost.link_hold)
         la, lb = bs.spec.link.alpha_beta(args.world_size)
         print(f"on {bs.spec.link.describe()}: each all-reduce (the loopback fit) is then held {la * 1e3:.2f} ms "

@@ -154,17 +154,25 @@ def test_no_module_is_longer_than_a_sitting():
 
 def flat_view_calls(text: str) -> list[str]:
     """`tables.<function>`, `plots.<function>` or `widgets.<function>` where the function's module is
-    not named: the notebooks reach every view as `<stage>.<module>.<function>`."""
+    not named (a function of one of the stage's modules, called on the stage itself): the notebooks
+    reach every view as `<stage>.<module>.<function>`."""
+    import importlib
     import inspect
+    import pkgutil
     import re
 
     import ddplab.plots
     import ddplab.tables
     import ddplab.widgets
 
-    stages = {"tables": ddplab.tables, "plots": ddplab.plots, "widgets": ddplab.widgets}
+    functions = {}
+    for stage in (ddplab.tables, ddplab.plots, ddplab.widgets):
+        modules = [importlib.import_module(f"{stage.__name__}.{m.name}") for m in pkgutil.iter_modules(stage.__path__)]
+        functions[stage.__name__.rsplit(".", 1)[1]] = {n for m in modules for n, f in vars(m).items()
+                                                       if inspect.isfunction(f) and not n.startswith("_")} \
+            - {m.__name__.rsplit(".", 1)[1] for m in modules}
     return [m.group(0) for m in re.finditer(r"(?<![\w.])(tables|plots|widgets)\.(\w+)\b(?!\.)", text)
-            if inspect.isfunction(getattr(stages[m.group(1)], m.group(2), None))]
+            if m.group(2) in functions[m.group(1)]]
 
 
 def test_the_notebooks_call_every_view_through_its_module():
@@ -195,6 +203,7 @@ CONCEPTS = {
     "ranks": "one row per rank of a run: its batch, its loss, its times",
     "traces": "the profiler's per-rank chrome traces and the timelines read off them",
     "stats": "medians, spreads and the slowest rank of repeated timings",
+    "pipeline_timing": "one pipeline step on the host's clock: each stage's ops and the step's bubble",
     "reads": "which runs a view reads, and what makes them",
     "canvas": "the figures' shared drawing: sizes, colours, legends",
     "measuring": "a widget that launches a measurement and shows it as it arrives",

@@ -59,7 +59,7 @@ def test_memory_ledger_reconciles_with_the_cuda_allocator(tmp_path):
 
     exp = ddplab.Experiment(world_size=1, backend="nccl", steps=2, optimizer="adam", probes=("memory", "memory-snapshot"))
     run = ddplab.run(exp, tmp_path / "cuda-memory", progress=False)
-    table = tables.memory_cuda(run)
+    table = tables.memory.memory_cuda(run)
     assert (table["cuda_allocated"] >= table["ledger"] - 1e-3).all()
     assert (tmp_path / "cuda-memory" / "rank0.memory.pickle").stat().st_size > 0
 

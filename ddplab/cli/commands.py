@@ -43,7 +43,7 @@ def cmd_run(args) -> int:
               f"(ddplab.load_run(path) reads it, and the tables of its chapter show it)")
         return 3 if result.diverged() else 0
     with pd.option_context("display.width", 200, "display.max_columns", 20):
-        print(tables.rank_table(result).to_string())
+        print(tables.ranks.rank_table(result).to_string())
     print(f"global batch {exp.global_batch} = sum of local batches {exp.local_batches} x accum_steps {exp.accum_steps}; "
           f"results in {result.path}")
     if result.diverged():   # the ranks ran as asked, the training did not: the launch's last line said where

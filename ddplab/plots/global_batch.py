@@ -9,7 +9,7 @@ from ..tables.global_batch import loss_by_examples
 
 
 def scaling(strong, weak):
-    """Examples/s and scaling efficiency against world size, for `tables.scaling` of each kind."""
+    """Examples/s and scaling efficiency against world size, for `tables.global_batch.scaling` of each kind."""
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.6))
     for df, label, color in ((strong, "strong (global batch fixed)", "tab:blue"),
                              (weak, "weak (local batch fixed)", "tab:orange")):

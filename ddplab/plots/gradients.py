@@ -38,7 +38,7 @@ def gradient_check(run):
 
 
 def normalization_errors(table):
-    """One bar per run of `tables.normalization`: the reduced gradient's relative error (log scale)."""
+    """One bar per run of `tables.gradients.normalization`: the reduced gradient's relative error (log scale)."""
     fig, ax = plt.subplots(figsize=(8, 0.45 * len(table) + 1.8))
     labels = [f"{norm}, batches {'/'.join(map(str, b))}, seq_len {'/'.join(map(str, s))}"
               + (f" ({dt})" if dt != "float32" else "")

@@ -53,7 +53,7 @@ def _legend(ax, extra=()):
 
 def memory_figure(run, step: int = 1, detached: bool = False):
     """Per sampled moment of step `step`: what each rank held (solid) and the prediction (hatched),
-    stacked by category, and the step's measured peak (plain DDP; `tables.memory_moments`)."""
+    stacked by category, and the step's measured peak (plain DDP; `tables.memory.memory_moments`)."""
     table = memory_moments(run, step)
     ranks = list(table.index.unique("rank"))
     groups = [(moment, [*((f"r{r}", {c: table.loc[(r, moment), (c, "measured")] for c in MEMORY_COLORS}, False)
@@ -96,7 +96,7 @@ def memory_prediction(exp, step: int = 1, detached: bool = False):
 
 def memory_sweep(runs, title: str, step: int = 1, estimate=None):
     """One group per run (rank 0): what it held at each sampled moment of step `step`, stacked by
-    category, and its measured peak; `estimate`, one value per run (e.g. `tables.sharding`'s
+    category, and its measured peak; `estimate`, one value per run (e.g. `tables.memory.sharding`'s
     checkpoint_over_world_size), is drawn dashed."""
     table = moments_sweep(runs, step)
     names = list(table.index.unique("run"))

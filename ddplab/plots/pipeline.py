@@ -11,7 +11,7 @@ from matplotlib.patches import Patch
 from ..predict.pipeline import bubble_fraction
 from .. import tables
 from ..tables.pipeline import bubble
-from ..tables.pipeline_steps import step_bubble, steps
+from ..tables.pipeline_timing import step_bubble, steps
 from .canvas import name_link, subplots
 
 COLORS = {"forward": "#1f77b4", "loss": "#7f7f7f", "backward": "#ff7f0e"}
@@ -31,7 +31,7 @@ def timeline(run, microbatches: int, round_: int = 0, schedules=None, detached: 
     fig, axes = subplots((9, 0.5 * p * len(chosen) + 1.0 * len(chosen) + 0.6), nrows=len(chosen), squeeze=False,
                          detached=detached, sharex=True)
     for ax, schedule in zip(axes[:, 0], chosen):
-        ops = tables.pipeline.timeline(run, schedule, microbatches, round_)
+        ops = tables.pipeline_timing.timeline(run, schedule, microbatches, round_)
         for op in ops.itertuples():
             width = op.end_ms - op.start_ms
             ax.barh(op.stage, width, left=op.start_ms, height=0.7, color=COLORS[op.kind], edgecolor="white",

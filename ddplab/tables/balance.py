@@ -23,10 +23,11 @@ import pandas as pd
 
 from .. import predict
 from .stats import round_summary
+from .reads import reading, reading_no_run
 
-READS = "balance-study"   # the task kind of the runs its tables read (tables/reads.py)
 
 
+@reading(run="balance-study")
 def balance_record(run, rank: int = 0):
     """What `rank` recorded (`record.BalanceRecord`)."""
     if run.spec.task.kind != "balance-study":
@@ -43,6 +44,7 @@ def _samples(rec) -> list[tuple[int, int, float]]:
     return [(p.tokens, p.sum_sq, p.median_ms) for p in rec.calibration]
 
 
+@reading(run="balance-study")
 def fitted_models(run) -> dict[str, predict.balance.CostModel]:
     """{"cost": c + a x tokens + b x sum_sq, "tokens": c + a x tokens}, fitted to the calibration
     points (the cost model is the one the ranks fitted and assigned with)."""
@@ -50,6 +52,7 @@ def fitted_models(run) -> dict[str, predict.balance.CostModel]:
     return {"cost": predict.balance.fit(samples), "tokens": predict.balance.fit_tokens(samples)}
 
 
+@reading(run="balance-study")
 def balance_calibration(run) -> pd.DataFrame:
     """One row per calibration point: its shape, the rank that timed it, its median and range (ms),
     and each model's prediction and error (predicted - measured)."""
@@ -65,6 +68,7 @@ def balance_calibration(run) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+@reading(run="balance-study")
 def balance_fit(run) -> pd.DataFrame:
     """One row per model ("cost", "tokens"): its coefficients (the quadratic term with its least-squares
     standard error: 0 where fixed at 0), the fit's residual degrees of freedom, and how well it explains the points."""
@@ -95,6 +99,7 @@ def _t_over_z(dof: int, alpha: float) -> float:
     return (z + sum(gi / dof ** (i + 1) for i, gi in enumerate(g))) / z
 
 
+@reading(run="balance-study")
 def judge_quadratic_term(run):
     """The claim "the fitted quadratic term is positive" (longer sequences cost more per token), judged
     by `claims.estimate` on b and its least-squares standard error, widened to Student's t for the fit's
@@ -109,6 +114,7 @@ def judge_quadratic_term(run):
                            row["b_ms_per_sq"], se, above=0.0)
 
 
+@reading(run="balance-study")
 def balance_assignment(run) -> pd.DataFrame:
     """One row per (policy, rank): what it computes every step and what the cost model expects."""
     rows = []
@@ -141,6 +147,7 @@ def _slowest(records, policy: str, value) -> dict[int, list[float]]:
     return out
 
 
+@reading(run="balance-study")
 def balance_timing(run) -> pd.DataFrame:
     """One row per (policy, rank): median compute_ms and wait_ms with their spreads, the cost model's
     predicted compute, and (the same on every row of a policy) the step, timed by its slowest rank
@@ -161,6 +168,7 @@ def balance_timing(run) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index(["policy", "rank"]).sort_index()
 
 
+@reading(run="balance-study")
 def paired_steps(run, value) -> dict[str, list[float]]:
     """Per policy, `value` of every timed step at its slowest rank, in step order. Step j of one policy
     and step j of another ran in the same round, one after the other (the order alternates by round):
@@ -169,6 +177,7 @@ def paired_steps(run, value) -> dict[str, list[float]]:
     return {a.policy: [max(value(x) for x in s) for s in _per_step(records, a.policy)] for a in records[0].arms}
 
 
+@reading(run="balance-study")
 def balance_verdict(run) -> dict:
     """Cost balancing against equal tokens, judged by `claims` on the paired steps: {"max_wait_ms":
     balancing by cost shortens the longest wait of any rank, "step_ms": it shortens the step}."""
@@ -186,6 +195,7 @@ def balance_verdict(run) -> dict:
     return out
 
 
+@reading_no_run
 def step_finding(verdict) -> str:
     """The step's verdict of `balance_verdict` as this run's finding, in words (not a check: whether
     balancing by cost also shortens the step depends on what else the cores do)."""
@@ -194,6 +204,7 @@ def step_finding(verdict) -> str:
             f"interval [{verdict.low:+.1f}, {verdict.high:+.1f}] ms)")
 
 
+@reading(run="balance-study")
 def imbalance(run) -> pd.DataFrame:
     """Per policy, out of sample: the gap between its slowest and fastest rank's median compute as
     measured in the study's steps (and `step_gaps_ms`, that gap in each step: both ranks computed
@@ -216,6 +227,7 @@ def imbalance(run) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index("policy")
 
 
+@reading_no_run
 def verify_cost_explains_imbalance(table: pd.DataFrame, policy: str = "tokens", share: float = 0.25) -> None:
     """Notebook 07's check, on an `imbalance` table: for `policy`'s split, the ranks of equal tokens
     differ in compute the way the cost model predicts, in its direction and by at least `share` of

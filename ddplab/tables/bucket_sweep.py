@@ -1,22 +1,9 @@
-"""What a bucket sweep measured (`BucketSweep`, `rank/tasks/bucket_sweep.py`), as tables.
-
-- `measured(run)`: per plan, the step time (each step timed by its slowest rank; the median of each
-  round's median, and the spread of those round medians), backward, first launch, last gradient
-  ready, communication end and exposed tail, as the ranks recorded them;
-- `inputs(run)`: what the simulator takes from the same run: every gradient's median ready time in
-  the compute-only backward, that backward's length, forward and optimizer time;
-- `per_step`, `steps`: one value per timed step (over the ranks: the step's slowest rank, or the
-  lab's one exposed tail, `record.exposed_tail_ms`), indexed by (round, step in the round), so that
-  step i of one plan pairs with step i of another in the same round (the plans take turns a step at
-  a time, in alternating order); the compute-only baseline, run at both ends of every pass, pairs
-  by the mean of its two steps i;
-- the timing claims, judged on those pairs by `claims` (holds / contradicted / cannot resolve):
-  `judge_costs` (synchronizing costs time), `judge_split_tail`, `judge_launch_order`,
-  `judge_split_compute`, `judge_in_flight`, `judge_stretch`, `judge_summed_vs_added`; `ordered`
-  for two plans' step times, `faster_than` for several against one; `split_finding` and
-  `judge_isolated_price`, hypotheses whose answer is the machine's (printed, not checked);
-- `launched_before_last_ready`, `summed_vs_added`: did a bucket start before backward's end; three
-  ways to price a plan's communication.
+"""What a bucket sweep measured (`BucketSweep`, `rank/tasks/bucket_sweep.py`), as tables: per plan
+(`measured`), what the simulator takes from it (`inputs`), one value per timed step indexed by (round,
+step in the round) so that a step of one plan pairs with the same step of another (`per_step`,
+`steps`; the plans take turns a step at a time, the compute-only baseline at both ends of every
+pass), and the timing claims judged on those pairs by `claims` (the `judge_*` functions; `ordered`,
+`faster_than`; `split_finding` and `judge_isolated_price` answer hypotheses, printed, not checked).
 Numbers in, DataFrames out (no processes); `tables/buckets.py` puts the simulator beside them.
 Used by notebook 05, its bucket slider, `ddplab tune-buckets` and bench/simulator_accuracy.py.
 """
@@ -34,14 +21,13 @@ from ..predict.buckets import Grad
 from ..predict.comm import AlphaBeta
 from ..spec.bucket_sweep import Plan
 from .stats import round_summary
+from .reads import reading, reading_no_run
 
-READS = "bucket-sweep"   # the task kind of the runs its tables read (tables/reads.py)
 
 
+@reading(run="bucket-sweep")
 def sweep_record(run, rank: int = 0):
     """What `rank` recorded (`record.BucketSweepRecord`)."""
-    if run.spec.task.kind != "bucket-sweep":
-        raise ValueError("this run is not a bucket sweep: use recipes.bucket_sweep()")
     return run.ranks[rank].result
 
 
@@ -51,6 +37,7 @@ def _arm_steps(run, name: str) -> list[list]:
     return [list(s) for s in zip(*per_rank)]
 
 
+@reading(run="bucket-sweep")
 def step_times(run, name: str) -> dict[int, list[float]]:
     """Per round, `name`'s timed steps, each timed by its slowest rank (ms)."""
     rounds: dict[int, list[float]] = {}
@@ -59,15 +46,18 @@ def step_times(run, name: str) -> dict[int, list[float]]:
     return rounds
 
 
+@reading(run="bucket-sweep")
 def arm_names(run) -> list[str]:
     return [a.name for a in sweep_record(run).arms]
 
 
+@reading_no_run
 def cap_of(name: str) -> float | None:
     """The bucket cap (MiB) of a plan name; None for DDP's default and for compute-only."""
     return None if name == "compute-only" else Plan.parse(name).cap_mb
 
 
+@reading(run="bucket-sweep")
 def measured(run) -> pd.DataFrame:
     """One row per plan (see the module docstring); times in ms."""
     rows = []
@@ -106,31 +96,31 @@ class Inputs:
         return sum(g.bytes for g in self.grads)
 
 
+@reading(run="bucket-sweep")
 def inputs(run) -> Inputs:
     """A collective starts when its last rank joins, so each compute-only step is represented by its
     slowest rank (the ranks start every step together): that rank's ready times, backward, forward
     and optimizer; then the median of each over the steps."""
     sweep = sweep_record(run)
-    sizes = sweep.parameter_bytes
     slowest = [max(s, key=lambda x: x.step_ms) for s in _arm_steps(run, "compute-only")]
     ready: dict[str, list[float]] = {}
     for x in slowest:
         for n, t in x.ready_ms():
             ready.setdefault(n, []).append(t)
     names = sweep.ready_order
-    grads = predict.buckets.grads_in_ready_order(names, [sizes[n] for n in names], [statistics.median(ready[n]) for n in names])
+    grads = predict.buckets.grads_in_ready_order(names, [sweep.parameter_bytes[n] for n in names], [statistics.median(ready[n]) for n in names])
     med = lambda k: statistics.median(getattr(x, k) for x in slowest)  # noqa: E731
     return Inputs(grads, med("backward_ms"), med("forward_ms"), med("optimizer_ms"))
 
 
+@reading(run="bucket-sweep")
 def measured_timeline(run, plan: str, step: int | None = None, rank: int = 0) -> dict:
     """One measured step of `plan` on `rank` (default: its median step by step time): bucket
     launch/done, last gradient ready and backward's return, in ms after backward started (to overlay
     on a simulated timeline)."""
     steps = sweep_record(run, rank).arm(plan).steps
     if step is None:
-        order = sorted(range(len(steps)), key=lambda i: steps[i].step_ms)
-        step = order[len(order) // 2]
+        step = sorted(range(len(steps)), key=lambda i: steps[i].step_ms)[len(steps) // 2]
     st = steps[step]
     ms = st.backward.ms
     return {"buckets": [{"index": b.index, "launch_ms": ms(b.launch_ns), "done_ms": ms(b.done_ns)}
@@ -138,6 +128,7 @@ def measured_timeline(run, plan: str, step: int | None = None, rank: int = 0) ->
             "last_ready_ms": st.last_ready_ms if st.backward.ready else None, "backward_ms": st.backward_ms}
 
 
+@reading(run="bucket-sweep")
 def in_flight(run, name: str, link: AlphaBeta, rank: int = 0) -> pd.DataFrame:
     """Every bucket of every timed step of plan `name` on `rank`: its bytes, how long its all-reduce
     took in flight (launch to done), what the isolated alpha-beta fit predicts, and their ratio."""
@@ -145,24 +136,26 @@ def in_flight(run, name: str, link: AlphaBeta, rank: int = 0) -> pd.DataFrame:
     rows = [{"step": i, "bucket": b.index, "bytes": b.bytes, "in_flight_ms": st.backward.ms(b.done_ns) - st.backward.ms(b.launch_ns),
              "isolated_ms": link.predict(b.bytes) * 1e3} for i, st in enumerate(steps) for b in st.buckets or []]
     df = pd.DataFrame(rows)
-    df["ratio"] = df["in_flight_ms"] / df["isolated_ms"]
-    return df
+    return df.assign(ratio=df["in_flight_ms"] / df["isolated_ms"])
 
 
 # ---- per-step values, paired by (round, step in the round) -------------------------------------------
 BASELINE = "compute-only"
 
 
+@reading_no_run
 def slowest_step_ms(rank_steps) -> float:
     """A step's time: it ends at its slowest rank."""
     return max(x.step_ms for x in rank_steps)
 
 
+@reading_no_run
 def last_ready_ms(rank_steps) -> float:
     """When the step's last gradient was ready, at the rank where that came latest."""
     return max(x.last_ready_ms for x in rank_steps)
 
 
+@reading(run="bucket-sweep")
 def per_step(run, name: str, of=slowest_step_ms) -> pd.Series:
     """`of(every rank's record of one step)` for each timed step of plan `name`, indexed by (round,
     step in the round). The compute-only baseline runs at both ends of every pass over the plans
@@ -177,6 +170,7 @@ def per_step(run, name: str, of=slowest_step_ms) -> pd.Series:
     return pd.Series(values, dtype=float).rename_axis(["round", "step"])
 
 
+@reading(run="bucket-sweep")
 def steps(run, of=slowest_step_ms, plans=None) -> pd.DataFrame:
     """`per_step` for every plan in `plans` (default: all, the compute-only baseline included), one
     column each; a row is one moment of the machine, so differences along a row are paired."""
@@ -189,6 +183,7 @@ def _pairs(table: pd.DataFrame, a: str, b: str) -> tuple[list[float], list[float
 
 
 # ---- the timing claims, judged on paired steps -------------------------------------------------------
+@reading_no_run
 def judge_costs(table: pd.DataFrame) -> dict[str, claims.Verdict]:
     """Per synchronized plan in `steps(run)`: "synchronizing costs time" (its step minus the
     compute-only step around it, paired per step, above 0). A plan that measured faster than doing
@@ -197,31 +192,35 @@ def judge_costs(table: pd.DataFrame) -> dict[str, claims.Verdict]:
             for p in table.columns if p != BASELINE}
 
 
+@reading_no_run
 def ordered(table: pd.DataFrame, a: str, b: str) -> claims.Verdict:
     """Plan `b`'s step against plan `a`'s, paired per step: the claim "b is slower than a"; it
     holds (b slower), is contradicted (b faster) or cannot resolve (this run cannot order them)."""
     return claims.paired(f"{b} is slower than {a}", *_pairs(table, b, a), above=0.0)
 
 
+@reading_no_run
 def faster_than(table: pd.DataFrame, base: str, plans) -> dict[str, claims.Verdict]:
     """Per plan: "its step is faster than `base`'s" (plan minus base, paired per step, below 0)."""
     return {p: claims.paired(f"{p} is faster than {base}", *_pairs(table, p, base), below=0.0) for p in plans}
 
 
+@reading_no_run
 def verdict_table(verdicts: dict) -> pd.DataFrame:
     """One row per verdict: its median, interval and outcome."""
     return pd.DataFrame({k: {"median": v.center, "low": v.low, "high": v.high, "outcome": v.outcome}
                          for k, v in verdicts.items()}).T.astype({"median": float, "low": float, "high": float})
 
 
+@reading_no_run
 def judge_split_tail(tails: pd.DataFrame, uncut: str, split: str, on: str = "") -> claims.Verdict:
     """`tails` = steps(run, record.exposed_tail_ms, plans): "cutting the last bucket in two shortens
     the exposed tail" (split minus uncut, paired per step, below 0); `on` names the link, if any."""
-    where = f" ({on})" if on else ""
-    return claims.paired(f"{split} has a shorter exposed tail than {uncut}{where}", *_pairs(tails, split, uncut),
-                         below=0.0)
+    return claims.paired(f"{split} has a shorter exposed tail than {uncut}{f' ({on})' if on else ''}",
+                         *_pairs(tails, split, uncut), below=0.0)
 
 
+@reading_no_run
 def judge_split_compute(last_ready: pd.DataFrame, uncut: str, split: str, on: str = "") -> claims.Verdict:
     """`last_ready` = steps(run, last_ready_ms, plans): the split's last gradient is ready later than the
     uncut plan's (paired per step, above 0). Beside `judge_split_tail`: a shorter tail with no less compute."""
@@ -229,6 +228,7 @@ def judge_split_compute(last_ready: pd.DataFrame, uncut: str, split: str, on: st
                          "compute (last gradient ready, split minus uncut, per step)", *_pairs(last_ready, split, uncut), above=0.0)
 
 
+@reading_no_run
 def split_finding(tails: pd.DataFrame, step_table: pd.DataFrame, uncut: str, split: str) -> str:
     """The textbook's hypothesis about cutting the last bucket, answered by this run in words (not a
     check): did the split shorten the exposed tail (`judge_split_tail`), and how did the steps compare?"""
@@ -241,6 +241,7 @@ def split_finding(tails: pd.DataFrame, step_table: pd.DataFrame, uncut: str, spl
             f"({s.center:+.1f} ms, interval [{s.low:+.1f}, {s.high:+.1f}])")
 
 
+@reading(run="bucket-sweep")
 def judge_launch_order(run, name: str, bucket: int | None = None, before: bool = False) -> claims.Verdict:
     """"`name`'s bucket `bucket` (None: its first) is launched only after (or, `before`, already
     before) the last gradient is ready", on every rank: per step the smallest (largest) gap."""
@@ -248,14 +249,12 @@ def judge_launch_order(run, name: str, bucket: int | None = None, before: bool =
     def gap(s):
         g = [(x.first_launch_ms if bucket is None else x.backward.ms(x.buckets[bucket].launch_ns)) - x.last_ready_ms for x in s]
         return max(g) if before else min(g)
-    values = per_step(run, name, gap).tolist()
-    if before:
-        return claims.judge(f"{name}: {which} is launched before the last gradient is ready, on every rank "
-                            "(launch minus last ready, per step)", values, below=0.0)
-    return claims.judge(f"{name}: {which} is launched only once the last gradient is ready, on every rank "
-                        "(launch minus last ready, per step)", values, above=0.0)
+    when = "before the last gradient is ready" if before else "only once the last gradient is ready"
+    return claims.judge(f"{name}: {which} is launched {when}, on every rank (launch minus last ready, per step)",
+                        per_step(run, name, gap).tolist(), **({"below": 0.0} if before else {"above": 0.0}))
 
 
+@reading(run="bucket-sweep")
 def judge_in_flight(run, name: str, link: AlphaBeta) -> claims.Verdict:
     """"An all-reduce takes longer from launch to done inside a step than alone": per step, the median
     over its buckets (every rank's) of launch-to-done time over the isolated fit's prediction, above 1.
@@ -267,6 +266,7 @@ def judge_in_flight(run, name: str, link: AlphaBeta) -> claims.Verdict:
                         "/ isolated cost over the buckets, per step)", values, above=1.0, unit="")
 
 
+@reading(run="bucket-sweep")
 def judge_stretch(run, name: str) -> claims.Verdict:
     """"Communication stretches backward": per step, `name`'s last gradient ready time over the
     compute-only one around it (each at its latest rank), above 1."""
@@ -275,12 +275,13 @@ def judge_stretch(run, name: str) -> claims.Verdict:
                          "step)", *_pairs(t, name, BASELINE), ratio=True, above=1.0)
 
 
+@reading(run="bucket-sweep")
 def added_ms(run, name: str) -> pd.Series:
     """Per step, what plan `name` added to the step: its step minus the compute-only step around it."""
-    t = steps(run, plans=[name, BASELINE])
-    return (t[name] - t[BASELINE]).dropna()
+    return steps(run, plans=[name, BASELINE]).pipe(lambda t: t[name] - t[BASELINE]).dropna()
 
 
+@reading(run="bucket-sweep")
 def summed_in_flight_ms(run, name: str, rank: int = 0) -> pd.Series:
     """Per step, `rank`'s launch-to-done intervals of every bucket, summed (ms)."""
     def summed(s):
@@ -289,6 +290,7 @@ def summed_in_flight_ms(run, name: str, rank: int = 0) -> pd.Series:
     return per_step(run, name, summed)
 
 
+@reading(run="bucket-sweep")
 def judge_summed_vs_added(run, name: str) -> claims.Verdict:
     """"Summed launch-to-done intervals overstate what the plan adds": summed (rank 0) minus added, per step, > 0."""
     both = pd.DataFrame({"summed": summed_in_flight_ms(run, name), "added": added_ms(run, name)}).dropna()
@@ -296,6 +298,7 @@ def judge_summed_vs_added(run, name: str) -> claims.Verdict:
                          both["summed"], both["added"], above=0.0)
 
 
+@reading(run="bucket-sweep")
 def judge_isolated_price(run, name: str, summed_isolated_ms: float, within: float = 0.25) -> claims.Verdict:
     """The hypothesis "nothing is hidden: plan `name` adds its buckets' isolated costs summed, to within
     `within`" (per step, added over `summed_isolated_ms`): a finding about the machine, not a check."""
@@ -304,6 +307,7 @@ def judge_isolated_price(run, name: str, summed_isolated_ms: float, within: floa
                         "per step)", values, within=(1 - within, 1 + within), unit="")
 
 
+@reading(run="bucket-sweep")
 def launched_before_last_ready(run, name: str, bucket: int) -> list[bool]:
     """For every timed step of plan `name` on every rank: did bucket `bucket` start its all-reduce
     before that step's last gradient was ready (so part of it could hide behind backward)?"""
@@ -311,6 +315,7 @@ def launched_before_last_ready(run, name: str, bucket: int) -> list[bool]:
             for st in steps_ for b in st.buckets if b.index == bucket]
 
 
+@reading(run="bucket-sweep")
 def summed_vs_added(run, name: str, link: AlphaBeta, cost, ins: Inputs, layout) -> dict:
     """Three prices of plan `name`'s communication (ms): launch-to-done intervals summed (median over rank
     0's steps), isolated costs under `cost` summed, and what it added to the step (median and `claims`

@@ -28,14 +28,14 @@ from ..spec.bucket_sweep import Plan
 from ..units import MIB, rel_error
 from . import bucket_sweep
 from .bucket_sweep import Inputs, sweep_record, cap_of, inputs, measured
-from .reads import reading
+from .reads import reading, reading_no_run
 from .stats import slowest_rank
 
-READS = "bucket-sweep"   # the task kind of the runs its tables read (tables/reads.py)
 
 DDP_DEFAULT_CAP_MB, DDP_DEFAULT_FIRST_CAP_MB = 25, 1
 
 
+@reading(run="bucket-sweep")
 def plan_for(run, name: str, ins: Inputs | None = None) -> list[list[str]]:
     """The bucket plan a sweep plan used: observed where the probes saw it, else DDP's rule."""
     arm = sweep_record(run).arm(name)
@@ -44,11 +44,13 @@ def plan_for(run, name: str, ins: Inputs | None = None) -> list[list[str]]:
     return ddp_rule(ins or inputs(run), cap_of(name))
 
 
+@reading_no_run
 def ddp_rule(ins: Inputs, cap_mb: float | None) -> list[list[str]]:
     """DDP's buckets for `cap_mb` (None: its default, 25 MiB with a 1 MiB first bucket)."""
     return rule_for(ins.grads, cap_mb)
 
 
+@reading_no_run
 def rule_for(grads, cap_mb: float | None) -> list[list[str]]:
     """DDP's buckets for `cap_mb` over `grads` in ready order (None: its default caps)."""
     if cap_mb is None:
@@ -56,6 +58,7 @@ def rule_for(grads, cap_mb: float | None) -> list[list[str]]:
     return ddp_plan(grads, cap_mb * MIB)
 
 
+@reading_no_run
 def predict(ins: Inputs, plan, cost: Cost) -> Schedule:
     return simulate(ins.grads, plan, cost, ins.backward_ms, ins.forward_ms, ins.optimizer_ms)
 
@@ -63,18 +66,21 @@ def predict(ins: Inputs, plan, cost: Cost) -> Schedule:
 MODELS = ("textbook", "shared_core", "calibrated")
 
 
+@reading_no_run
 def calibrate(ins: Inputs, plan, base: Cost, measured_step_ms: float, knob: str = "alpha_ms") -> Cost:
     """`base` with `knob` fitted so that `plan`'s predicted step equals `measured_step_ms`."""
     value = fit_one_knob(lambda v: predict(ins, plan, with_knob(base, knob, v)).step_ms, measured_step_ms)
     return with_knob(base, knob, value)
 
 
+@reading_no_run
 def calibration_plan(layouts: dict) -> str:
     """The plan to calibrate on: the one with the most buckets, where the per-bucket start-up cost
     dominates (so its fitted value is best determined)."""
     return max(layouts, key=lambda p: len(layouts[p]))
 
 
+@reading(run="bucket-sweep")
 def costs(run, link: AlphaBeta, calibrate_on: str | None = None, plans=None) -> dict[str, Cost]:
     """The three cost models compared in notebook 05:
     - textbook: the isolated alpha-beta line, perfect overlap, no copies (no fitted parameter);
@@ -104,6 +110,7 @@ def _costs(run, link, table, ins, layouts, calibrate_on) -> dict[str, Cost]:
             "calibrated": calibrate(ins, layouts[calibrate_on], shared, table.loc[calibrate_on, "step_ms"])}
 
 
+@reading(run="bucket-sweep")
 def compare(run, link: AlphaBeta, calibrate_on: str | None = None, plans=None) -> tuple[pd.DataFrame, dict]:
     """Measured step time per plan beside the three models' predictions (see `costs`) and their
     relative errors (predicted - measured) / measured; returns (table, costs)."""
@@ -121,6 +128,7 @@ def compare(run, link: AlphaBeta, calibrate_on: str | None = None, plans=None) -
     return pd.DataFrame(rows).set_index("plan"), models
 
 
+@reading_no_run
 def error_summary(table: pd.DataFrame, column: str = "calibrated_error", include_calibration: bool = False) -> dict:
     """Mean and max absolute relative error over the plans (without the calibration point by default)."""
     part = table if include_calibration else table[~table["calibration_point"]]
@@ -128,6 +136,7 @@ def error_summary(table: pd.DataFrame, column: str = "calibrated_error", include
     return {"mean_abs_error": float(errs.mean()), "max_abs_error": float(errs.max()), "worst": errs.idxmax()}
 
 
+@reading_no_run
 def ordering(table: pd.DataFrame, step_table: pd.DataFrame, predicted: str = "calibrated_ms") -> pd.DataFrame:
     """Every pair of plans in `table` (`compare`'s): the measured difference b - a, judged on the
     paired steps of `step_table` (`bucket_sweep.steps`), and whether the prediction orders the pair as
@@ -146,6 +155,7 @@ def ordering(table: pd.DataFrame, step_table: pd.DataFrame, predicted: str = "ca
     return df
 
 
+@reading_no_run
 def step_errors(table: pd.DataFrame, step_table: pd.DataFrame, model: str, plans=None,
                 baseline: str = "compute-only") -> pd.DataFrame:
     """Per step (a row of `bucket_sweep.steps`: every plan measured in one round), `model`'s relative
@@ -171,6 +181,7 @@ def _paced(step_table: pd.DataFrame, baseline: str = "compute-only") -> str:
     return ", at that step's compute-only pace" if baseline in step_table else ""
 
 
+@reading_no_run
 def judge_optimistic(table: pd.DataFrame, step_table: pd.DataFrame, model: str = "textbook") -> claims.Verdict:
     """"`model` is optimistic on average": per step, its mean signed error over the plans (paced by
     that row's compute-only step: `step_errors`), below 0."""
@@ -180,6 +191,7 @@ def judge_optimistic(table: pd.DataFrame, step_table: pd.DataFrame, model: str =
                         values, below=0.0, unit="")
 
 
+@reading_no_run
 def judge_closer(table: pd.DataFrame, step_table: pd.DataFrame, model: str = "calibrated",
                  than: str = "textbook") -> claims.Verdict:
     """"`model` is closer than `than`": per step, the mean |error| of `model` minus that of `than` over
@@ -239,6 +251,7 @@ def _sizes_said(ms: dict) -> str:
     return ", ".join(f"{n} B" for n in sorted(ms))
 
 
+@reading_no_run
 def is_last_split(split: list[list[str]], plan: list[list[str]]) -> bool:
     """Is `split` exactly `plan` with its last bucket cut in two (same buckets before it, and the two
     pieces, in order, are the last bucket tensor for tensor)?"""
@@ -246,6 +259,7 @@ def is_last_split(split: list[list[str]], plan: list[list[str]]) -> bool:
             and split[:-2] + [split[-2] + split[-1]] == plan)
 
 
+@reading_no_run
 def summary(s: Schedule) -> dict:
     """What the bucket slider shows for one schedule."""
     last = s.last_bucket
@@ -253,6 +267,7 @@ def summary(s: Schedule) -> dict:
             "last_bucket_mib": last.bytes / MIB, "exposed_tail_ms": s.exposed_tail_ms, "step_ms": s.step_ms}
 
 
+@reading_no_run
 def bucket_table(s: Schedule) -> pd.DataFrame:
     """Per bucket: when it is ready, its cost alone, how much backward is still to run then (the
     time it can hide behind), when the channel takes it and when it finishes."""
@@ -262,6 +277,7 @@ def bucket_table(s: Schedule) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index("bucket")
 
 
+@reading_no_run
 def candidates(ins: Inputs, cost: Cost, caps_mb, split_cap_mb: float | None = None) -> pd.DataFrame:
     """The worked example's table: for each cap, DDP's plan from the measured ready order, and (if
     given) the plan at `split_cap_mb` with its last bucket cut in two; the last bucket's ready time,

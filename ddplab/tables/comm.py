@@ -12,12 +12,12 @@ import pandas as pd
 from .. import claims, verify
 from ..predict import comm, zero
 from ..units import MIB, rel_error, size_label
-from .reads import reading
+from .reads import reading, reading_no_run
 from .stats import slowest_rank
 
-READS = "allreduce-sweep"   # the task kind of the runs its tables read (tables/reads.py)
 
 
+@reading(run="allreduce-sweep")
 def call_ms(run) -> dict[int, list[float]]:
     """Per message size, every repeat's all-reduce time (ms), each timed by its slowest rank (the
     collective is done only when every rank is), in repeat order. Within a repeat every size ran once,
@@ -28,6 +28,7 @@ def call_ms(run) -> dict[int, list[float]]:
             for per_rank in zip(*[r.result.sizes for r in run.ranks])}
 
 
+@reading(run="allreduce-sweep")
 def allreduce_sweep(run) -> pd.DataFrame:
     """Per message size: the all-reduce time (each repeat timed by its slowest rank; median, min and
     max over repeats), algorithm and bus bandwidth, and bytes each rank wrote against the ring formula."""
@@ -42,6 +43,7 @@ def allreduce_sweep(run) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index("bytes")
 
 
+@reading_no_run
 def fit_sweep(table: pd.DataFrame, min_bytes: int = 0, floor: bool = False):
     """Fit the alpha-beta model (or the floor model) to the sweep's sizes >= min_bytes:
     (model, quality on those sizes)."""
@@ -51,12 +53,14 @@ def fit_sweep(table: pd.DataFrame, min_bytes: int = 0, floor: bool = False):
     return model, comm.quality(model, sizes, times)
 
 
+@reading(run="allreduce-sweep")
 def call_errors(run, model: comm.AlphaBeta, min_bytes: int = 0) -> dict[int, list[float]]:
     """Per message size >= min_bytes: the model's relative error on every call, (predicted - measured)
     / measured, as the fit's residuals are (`comm.quality`), but per repeat instead of on the median."""
     return {n: [rel_error(model.predict(n) * 1e3, t) for t in ms] for n, ms in call_ms(run).items() if n >= min_bytes}
 
 
+@reading(run="allreduce-sweep")
 def judge_fit(run, model: comm.AlphaBeta, min_bytes: int = 0, describes: float = 0.10, misses: float = 0.30):
     """The fitted line against every call it was fitted to, judged by `claims` (two verdicts):
     "it describes the sizes": the median relative error over every call of every size lies within
@@ -76,6 +80,7 @@ def judge_fit(run, model: comm.AlphaBeta, min_bytes: int = 0, describes: float =
     return pooled, per_size
 
 
+@reading(run="allreduce-sweep")
 def judge_busbw_ceiling(run, ceiling_bytes_per_s: float, what: str = "one loopback TCP stream") -> claims.Verdict:
     """The claim "at its best size, each rank's link carried less than `what` can": per repeat of the
     size with the highest median bus bandwidth, busbw = 2(D-1)/D x size / time over the ceiling (the
@@ -94,6 +99,7 @@ def judge_busbw_ceiling(run, ceiling_bytes_per_s: float, what: str = "one loopba
                         ratios, below=1.0, unit="", what=f"median over {len(ratios)} calls")
 
 
+@reading(run="allreduce-sweep")
 def judge_size_ratio(run, small_bytes: int, large_bytes: int, below: float):
     """The claim "`large_bytes` cost less than `below` x the time of `small_bytes`", judged on the
     per-repeat ratio of the two sizes' times (they ran interleaved in every repeat)."""
@@ -104,6 +110,7 @@ def judge_size_ratio(run, small_bytes: int, large_bytes: int, below: float):
                          below=below)
 
 
+@reading_no_run
 def fit_summary(model: comm.AlphaBeta, q: comm.FitQuality) -> pd.Series:
     return pd.Series({"alpha_ms": model.alpha_s * 1e3, "bandwidth_gb_s": model.bandwidth_bytes_per_s / 1e9,
                       "floor_ms": model.floor_s * 1e3, "median_rel_error": q.median_rel_error,
@@ -125,6 +132,7 @@ def bytes_on_wire(runs) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index("world_size")
 
 
+@reading(ddp_run="train", zero_run="train")
 def zero1_traffic(ddp_run, zero_run) -> pd.DataFrame:
     """Per run (DDP, then ZeRO-1 around the same model), summed over its ranks: the bytes written during
     the synchronized backward and during the optimizer step (the bytes probe), beside
@@ -145,6 +153,7 @@ def zero1_traffic(ddp_run, zero_run) -> pd.DataFrame:
     return table
 
 
+@reading_no_run
 def verify_zero1_traffic(table: pd.DataFrame, rel: float = 0.02) -> None:
     """On a `zero1_traffic` table: both runs' backwards write the ring all-reduce's bytes (ZeRO-1 keeps
     DDP's all-reduce), ZeRO-1's optimizer step writes the broadcast's (D - 1) x P, within `rel` (headers),
@@ -166,6 +175,7 @@ def compute_ms(run, warmup: int = 1) -> list[float]:
             for i in range(warmup, run.spec.steps)]
 
 
+@reading(runs_alone="train")
 def compute_vs_comm(runs_alone, sweep: pd.DataFrame, model: comm.AlphaBeta, warmup: int = 1) -> pd.DataFrame:
     """Per local batch: forward+backward compute time (runs without synchronization; median, min and
     max over steps, each step timed by its slowest rank), the gradient payload, the all-reduce of
@@ -186,6 +196,7 @@ def compute_vs_comm(runs_alone, sweep: pd.DataFrame, model: comm.AlphaBeta, warm
     return pd.DataFrame(rows).set_index("local_batch").round(3)
 
 
+@reading(small_run="train", large_run="train")
 def judge_compute_growth(small_run, large_run, above: float = 1.0, warmup: int = 1):
     """The claim "`large_run`'s local batch takes more than `above` x the compute of `small_run`'s",
     judged on per-step ratios: step i of one against step i of the other. The two runs ran one after

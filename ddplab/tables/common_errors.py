@@ -33,9 +33,8 @@ from .stats import robust_spread
 from .global_batch import examples_per_step, scaling
 from .memory import MODEL_STATE
 from .readiness import ready_order, traced_step
-from .reads import reading
+from .reads import reading, reading_no_run
 
-READS = "train"   # the task kind of the runs its tables read (tables/reads.py)
 
 GROUPS = ("weak", "strong", "memory", "overlap", "ready")
 
@@ -119,6 +118,7 @@ def fixed_global_batch_setup(strong_runs, weak_runs) -> None:
 
 # ---- 2. model-state memory divided by the data-parallel degree -------------------------------------
 
+@reading(run="train")
 def replicated_state_bytes(run, rank: int) -> int:
     """The replicated model's model state on `rank` (`predict.memory.state_bytes`, from the parameter
     sizes the run recorded): parameters, gradients, DDP's buckets and optimizer state, in bytes."""
@@ -153,6 +153,7 @@ def divided_state(memory_runs, predicted=replicated_state_bytes, step: int = 1) 
     return pd.DataFrame(rows).set_index(["world_size", "rank"])
 
 
+@reading_no_run
 def verify_replicated_state(table: pd.DataFrame) -> None:
     """On a `divided_state` table: every rank at every world size holds the same model-state bytes,
     exactly what the prediction says; then prints by how much the divided prediction misses (the world
@@ -215,6 +216,7 @@ def summed_as_exposed(ddp_run, compute_only_run, warmup: int = 4) -> pd.DataFram
     return df
 
 
+@reading_no_run
 def overlap_sentence(table: pd.DataFrame) -> str:
     """What one `summed_as_exposed` table says, as arithmetic in two lines: the per-step sum and tail
     (medians) and in how many steps the sum is the larger, then the step's time over the compute-only
@@ -231,6 +233,7 @@ def overlap_sentence(table: pd.DataFrame) -> str:
 
 # ---- 4. source order assumed to be ready order -------------------------------------------------
 
+@reading(run="train")
 def source_as_ready_order(run, step: int = -1, rank: int = 0) -> pd.DataFrame:
     """Per parameter in source order (`named_parameters()`): its source position (the wrong claim's
     ready position), the reverse source position (the claim DDP's first buckets make), the ready
@@ -240,6 +243,7 @@ def source_as_ready_order(run, step: int = -1, rank: int = 0) -> pd.DataFrame:
     return df
 
 
+@reading_no_run
 def verify_ready_not_source_order(table: pd.DataFrame) -> None:
     """On a `source_as_ready_order` table: the measured ready order is neither the source order nor its
     reverse (the executed graph decides). Raises `verify.CheckFailed` for a model where one of them

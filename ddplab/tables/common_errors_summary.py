@@ -14,7 +14,6 @@ from ..units import MIB
 from .common_errors import divided_state, error_runs, source_as_ready_order, summed_as_exposed, weak_as_strong
 from .reads import reading
 
-READS = "train"   # the task kind of the runs its tables read (tables/reads.py)
 
 
 def _scaling_row(weak_runs, strong_runs) -> dict:

@@ -11,8 +11,8 @@ import pandas as pd
 
 from .. import claims, verify
 from .stats import slowest_rank
+from .reads import reading, reading_no_run
 
-READS = "compiled-ddp"
 SAME_TRAINING_REL = 1e-4   # compiled against eager parameters after the same steps: float32 reassociation only
 
 
@@ -36,6 +36,7 @@ def _arm(run, kind: str, cap):
     return arms[name]
 
 
+@reading(run="compiled-ddp")
 def split(run) -> pd.DataFrame:
     """Per cap: the graphs the backend compiled (the lab's count) and those DDPOptimizer's records account
     for, the buckets of its split (and any parameter name in it that is not the model's), its first
@@ -60,6 +61,7 @@ def split(run) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index("cap_mb")
 
 
+@reading_no_run
 def verify_graphs_match_split(table: pd.DataFrame) -> None:
     """torch's record and the lab's count agree: the backend compiled one graph per bucket of
     DDPOptimizer's split (plus one per graph it saw without parameters), at every cap. Raises
@@ -70,6 +72,7 @@ def verify_graphs_match_split(table: pd.DataFrame) -> None:
                  [0] * len(table))
 
 
+@reading_no_run
 def split_matches_ddp(table: pd.DataFrame) -> list[str]:
     """Per cap, one sentence: whether DDPOptimizer's split has DDP's buckets (count and membership)."""
     out = []
@@ -82,6 +85,7 @@ def split_matches_ddp(table: pd.DataFrame) -> list[str]:
     return out
 
 
+@reading(run="compiled-ddp")
 def ready_order(run, cap=None) -> pd.DataFrame:
     """At one cap, every parameter's gradient: its position in the ready order and its ready time after
     backward started (ms), eager and compiled (the last warm-up step, rank 0)."""
@@ -93,6 +97,7 @@ def ready_order(run, cap=None) -> pd.DataFrame:
     return pd.DataFrame(cols)
 
 
+@reading(run="compiled-ddp")
 def verify_ready_under_compile(run) -> None:
     """Every trainable parameter's post-accumulate-grad hook fired once in the compiled step too (torch's
     default mode, ddp_optimizer): the readiness probe works under torch.compile. Raises
@@ -103,6 +108,7 @@ def verify_ready_under_compile(run) -> None:
                  seen, [want] * len(seen))
 
 
+@reading(run="compiled-ddp")
 def modes(run) -> pd.DataFrame:
     """Per compiled arm (cap and `optimize_ddp` mode), what rank 0 saw in one step: graphs compiled, the
     gradients whose post-accumulate-grad hook fired, and the buckets DDP's comm hook was handed."""
@@ -112,6 +118,7 @@ def modes(run) -> pd.DataFrame:
                          for i, a in enumerate(run.ranks[0].result.arms) if a.compiled]).set_index("arm")
 
 
+@reading(run="compiled-ddp")
 def verify_same_training(run, rel: float = SAME_TRAINING_REL) -> None:
     """Every compiled arm ended its steps with the eager arm's parameters (same start, same batches, same
     steps), on every rank: compiling changed the schedule, not the mathematics. Raises
@@ -120,6 +127,7 @@ def verify_same_training(run, rel: float = SAME_TRAINING_REL) -> None:
                  "arms and ranks", [a.param_gap for r in run.ranks for a in r.result.arms if a.compiled], rel)
 
 
+@reading(run="compiled-ddp")
 def bursts(run, cap=None) -> pd.DataFrame:
     """At one cap, per compiled piece (DDPOptimizer's bucket, in DDP's order): its parameters, and how
     long their gradients took to become ready from the first to the last, eager and compiled (ms)."""
@@ -132,6 +140,7 @@ def bursts(run, cap=None) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index("piece")
 
 
+@reading_no_run
 def order_moves(table: pd.DataFrame) -> str:
     """One sentence on how far the ready order moved under compile (from a `ready_order` table)."""
     moved = int((table["eager_position"] != table["compiled_position"]).sum())
@@ -141,11 +150,13 @@ def order_moves(table: pd.DataFrame) -> str:
             f"{table['compiled_ms'].max():.1f} ms compiled")
 
 
+@reading(run="compiled-ddp")
 def paired_ms(run, name: str, field: str = "step_ms") -> list[float]:
     """An arm's timed steps in (round, step) order, each timed by its slowest rank."""
     return slowest_rank([[getattr(s, field) for s in _arms(run, r.rank)[name].steps] for r in run.ranks])
 
 
+@reading(run="compiled-ddp")
 def steps(run) -> pd.DataFrame:
     """Per compiled arm (cap and mode): the first compiled step (its compile), eager's, then the median step
     of each and this run's finding on compiled against eager (paired steps; a family over the arms)."""

@@ -17,8 +17,8 @@ from .. import claims, verify
 from ..predict import comm, compression
 from ..units import rel_error
 from .stats import slowest_rank
+from .reads import reading, reading_no_run
 
-READS = "compression"
 
 
 def _arms(run, group: str = "world", rank: int = 0) -> dict:
@@ -30,6 +30,7 @@ def _psgd(run) -> compression.PowerSGD:
     return compression.PowerSGD(t.matrix_approximation_rank, t.start_powerSGD_iter, t.min_compression_rate)
 
 
+@reading(run="compression")
 def framing(run) -> pd.DataFrame:
     """Per all-reduce size: the ring's share per rank, what each rank wrote (median over ranks and
     repeats) and the difference: gloo's framing, bytes a call writes beyond its payload."""
@@ -45,11 +46,13 @@ def framing(run) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index("bytes")
 
 
+@reading(run="compression")
 def framing_per_call(run) -> float:
     """gloo's framing bytes per all-reduce call: the median over every size, rank and repeat."""
     return float(statistics.median(framing(run)[["framing_min", "framing_max"]].to_numpy().ravel()))
 
 
+@reading(run="compression")
 def framing_at(run):
     """gloo's framing as a function of a call's bytes: the median measured at that size (the task
     measures every size its hooks send), linear between the measured sizes for any other."""
@@ -58,6 +61,7 @@ def framing_at(run):
     return lambda n: float(np.interp(n, sizes, measured))   # the end sizes' framing beyond them
 
 
+@reading(run="compression")
 def bucket_shapes(run) -> list[list[int]]:
     """The shapes of the gradients in the hooks' one bucket: the parameters that require a gradient
     (DDP leaves frozen ones out of its buckets)."""
@@ -72,6 +76,7 @@ def _step_indices(arm) -> list[tuple[str, int, int]]:
     return out + [("timed", arm.first_step + j, s.write_bytes) for j, s in enumerate(arm.steps)]
 
 
+@reading(run="compression")
 def bytes_table(run, rule=compression.written_bytes) -> pd.DataFrame:
     """Per hook and per kind of step (PowerSGD's plain steps apart from its compressed ones): the bytes
     the hook all-reduces (its payload rule, on the gradients that require grad: `bucket_shapes`), what
@@ -101,6 +106,7 @@ def bytes_table(run, rule=compression.written_bytes) -> pd.DataFrame:
     return table.set_index(["hook", "steps"])
 
 
+@reading_no_run
 def verify_bytes(table: pd.DataFrame, rel: float = 0.02) -> None:
     """Every rank's bytes in every step within `rel` of the prediction, for every hook (a hook predicted
     to write nothing must write nothing). Raises `verify.CheckFailed` otherwise."""
@@ -108,6 +114,7 @@ def verify_bytes(table: pd.DataFrame, rel: float = 0.02) -> None:
                  "per call): the worst relative error per hook", table["worst_rel_error"], rel)
 
 
+@reading(run="compression")
 def learning(run) -> pd.DataFrame:
     """Per hook, over the learning steps (the same batches from the same start): the final global loss,
     its gap to the float32 all-reduce's, the largest gap on the way, the reduced gradient's error against
@@ -130,23 +137,27 @@ def learning(run) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index("hook")
 
 
+@reading(run="compression")
 def loss_gaps(run) -> dict[str, list[float]]:
     """Per hook, its global loss minus the float32 all-reduce's, step by step (the learning steps)."""
     arms = _arms(run)
     return {h: [s.loss - b.loss for s, b in zip(a.learn, arms["allreduce"].learn)] for h, a in arms.items()}
 
 
+@reading(run="compression")
 def paired_ms(run, hook: str, group: str = "world", field: str = "step_ms") -> list[float]:
     """The hook's timed steps in (round, step) order, each timed by its slowest rank."""
     return slowest_rank([[getattr(s, field) for s in _arms(run, group, r.rank)[hook].steps] for r in run.ranks])
 
 
+@reading(run="compression")
 def model_fit(run) -> comm.AlphaBeta:
     """The alpha-beta line of this launch's own all-reduces (`framing`), fitted by `predict.comm.fit`."""
     table = framing(run)
     return comm.fit(list(table.index), [ms / 1e3 for ms in table["ms"]])
 
 
+@reading(run="compression")
 def timing(run) -> pd.DataFrame:
     """Per hook: its cost on a one-rank group (communication free), the extra over the float32 hook's
     there (compressing and decompressing), the step the model predicts (`predict.compression.step_ms`:
@@ -175,11 +186,13 @@ def timing(run) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index("hook")
 
 
+@reading_no_run
 def predictor_error(table: pd.DataFrame) -> float:
     """The step model's median absolute relative error over the hooks of a `timing` table."""
     return float(table["error"].abs().median())
 
 
+@reading(run="compression")
 def verdicts(run, table: pd.DataFrame) -> pd.DataFrame:
     """Per compressing hook, the model's call (faster or slower than the float32 all-reduce, by its
     predicted steps) judged on the paired measured steps: holds, contradicted or cannot resolve. A
@@ -199,6 +212,7 @@ def verdicts(run, table: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index("hook")
 
 
+@reading(run="compression")
 def judge_pays(run, hooks=("fp16", "powersgd")) -> claims.Verdict:
     """"Every one of `hooks` shortens the step against the float32 all-reduce", on the paired steps: the
     weakest of the family (each at `claims.family(k)`)."""
@@ -209,6 +223,7 @@ def judge_pays(run, hooks=("fp16", "powersgd")) -> claims.Verdict:
                           then=lambda v: -v.high)   # the weakest "below 0": the highest upper end
 
 
+@reading_no_run
 def cluster(shapes, world_size: int, busbw_gb_s: float, latency_us: float, compute_ms: float, memory_gb_s: float,
             psgd=compression.PowerSGD(), hooks=("allreduce", "fp16", "powersgd")) -> pd.DataFrame:
     """A prediction, not a measurement: the step model (`predict.compression.cluster_step_ms`) per hook for a

@@ -11,8 +11,8 @@ from collections import Counter
 import pandas as pd
 
 from .. import verify
+from .reads import reading
 
-READS = "data-coverage"   # the task kind of the runs its tables read (tables/reads.py)
 
 
 def _listed(items: list, most: int = 10) -> str:
@@ -34,6 +34,7 @@ def _epochs(run) -> int:
     return counts.pop()
 
 
+@reading(run="data-coverage")
 def tally(run, epoch: int) -> dict:
     """One epoch's coverage: the ids `seen_once`, `dropped` (seen by no rank) and `duplicated` (seen
     more than once), each sorted, and how often each id was seen (`counts`)."""
@@ -45,6 +46,7 @@ def tally(run, epoch: int) -> dict:
             "duplicated": sorted(i for i, c in counts.items() if c > 1)}
 
 
+@reading(run="data-coverage")
 def coverage_table(run) -> pd.DataFrame:
     """Per epoch: of the `dataset_size` examples, how many were seen exactly once, which were dropped
     and which duplicated (DistributedSampler's padding), the ids consumed over all ranks, the examples
@@ -65,6 +67,7 @@ def coverage_table(run) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index("epoch")
 
 
+@reading(run="data-coverage")
 def sample_grid(run, value: str = "ranks") -> pd.DataFrame:
     """Example id x epoch: `value="ranks"` gives the ranks that saw the example (a tuple, sorted; empty
     where it was dropped, two entries where it was duplicated), `value="count"` how often it was seen."""
@@ -82,6 +85,7 @@ def sample_grid(run, value: str = "ranks") -> pd.DataFrame:
     return df
 
 
+@reading(run="data-coverage")
 def verify_each_example_once(run, epoch: int | None = None) -> None:
     """Notebook 08's check: in `epoch` (default: every epoch) the ranks together took every one of the
     `dataset_size` examples exactly once. Raises `verify.CheckFailed` naming the dropped and the
@@ -104,6 +108,7 @@ def verify_each_example_once(run, epoch: int | None = None) -> None:
     verify.that(claim, True, seen=expected, expected=expected)
 
 
+@reading(run="data-coverage")
 def verify_order_changes(run) -> None:
     """Notebook 08's check: from one epoch to the next, every rank's order of examples changed (what
     `sampler.set_epoch(epoch)` is for). Raises `verify.CheckFailed` naming the ranks and epochs that

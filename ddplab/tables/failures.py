@@ -17,8 +17,8 @@ import pandas as pd
 from .. import verify
 from ..failures import Provoked
 from .stats import robust_spread
+from .reads import reading, reading_no_run
 
-READS = "train"   # the task kind of the runs its tables read (tables/reads.py)
 
 DIAGNOSIS_GRACE_S = 15.0   # the launch's own start and stop, beyond the collective timeout
 # what each provoked failure's diagnosis must be and say (torch 2.13's own words where DDP or gloo speaks);
@@ -33,6 +33,7 @@ SIGNS = {"skip-backward": ("hang", ["Rank 1 never arrived", "DDP gradient all-re
          "sigkill": ("missing-result", ["killed by SIGKILL in 'sigkill' of step 1"])}
 
 
+@reading_no_run
 def failure_table(outcomes: list[Provoked]) -> pd.DataFrame:
     """One row per provoked failure: the fault and its rank, the diagnosis' kind and the ranks it names,
     seconds from the launch to the error against timeout_s + 15 s, orphans, and the first sentence."""
@@ -52,6 +53,7 @@ def _first_sentence(text: str) -> str:
     return head if head.endswith(".") else head + "."
 
 
+@reading_no_run
 def verify_failures_diagnosed(outcomes: list[Provoked]) -> None:
     """Every provoked failure failed the run, named exactly its faulty rank, with no process of the run
     left alive; a crash or a death was named before any collective could time out (the launcher stops
@@ -87,6 +89,7 @@ def _phrases(o: Provoked) -> list[str]:
     return [p.format(timeout=f"{o.timeout_s:g}") for p in SIGNS[o.fault_kind][1]]
 
 
+@reading(runs="train")
 def find_unused_cost(runs, warmup: int = 2) -> pd.DataFrame:
     """Per run: find_unused_parameters, the buckets DDP used in the first and in the last step (it
     rebuilds them in gradient-ready order after step 0 only without find_unused_parameters), and the
@@ -102,6 +105,7 @@ def find_unused_cost(runs, warmup: int = 2) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index("run")
 
 
+@reading_no_run
 def find_unused_step_times(cost: pd.DataFrame) -> str:
     """One sentence on a `find_unused_cost` table: both runs' step time (median and spread) and their
     difference, as numbers only: the two are separate runs, not interleaved, so no verdict on the
@@ -112,6 +116,7 @@ def find_unused_step_times(cost: pd.DataFrame) -> str:
             f"{on['step_ms'] - off['step_ms']:+.2f} ms; two separate runs, not interleaved: shown, not judged")
 
 
+@reading_no_run
 def witness_table(outcomes: list[Provoked]) -> pd.DataFrame:
     """Per provoked failure, ddplab's diagnosis beside torch's own witness: the rank(s) ddplab names, the
     rank(s) torch's flight recorder analyzer names in the ranks' records (`witnesses`), the collective

@@ -16,15 +16,15 @@ from ..predict import zero
 from ..predict.memory import state_bytes
 from ..spec.fsdp_memory import SAMPLE_CATEGORIES
 from ..units import DTYPE_BYTES, MIB, ms_after
-from .reads import reading
+from .reads import reading, reading_no_run
 
-READS = "fsdp-memory"   # the task kind of the runs its tables read (tables/reads.py)
 
 
 def _configs(run) -> list[tuple[bool, bool]]:
     return [(c.reshard_after_forward, c.prefetch) for c in run.ranks[0].result.configs]
 
 
+@reading_no_run
 def config_label(reshard_after_forward: bool, prefetch: bool) -> str:
     """'reshard, prefetch' / 'keep gathered, no prefetch': a configuration in words."""
     return f"{'reshard' if reshard_after_forward else 'keep gathered'}, {'prefetch' if prefetch else 'no prefetch'}"
@@ -38,6 +38,7 @@ def _config(run, rank: int, reshard_after_forward: bool, prefetch: bool):
                      f"prefetch={prefetch}; it has {_configs(run)}")
 
 
+@reading(run="fsdp-memory")
 def units(run, rank: int = 0) -> pd.DataFrame:
     """Per FSDP2 unit on `rank`: its parameters' dim-0 sizes and elements, the shard it stores (measured,
     and predicted with ceil(dim0 / world_size) rows each), the padding that adds, and its size gathered."""
@@ -51,6 +52,7 @@ def units(run, rank: int = 0) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index("unit")
 
 
+@reading(run="fsdp-memory")
 def shard_estimate_bytes(run) -> float:
     """The naive per-rank estimate: a full checkpoint (parameters + optimizer state, measured: the
     parameters' bytes and every rank's optimizer state summed) divided by the world size."""
@@ -62,6 +64,7 @@ def _where(event: str, unit: int | None, names: list[str]) -> str:
     return f"{event} {names[unit]}" if unit is not None else event
 
 
+@reading_no_run
 def measured_peak_at(config, names: list[str]) -> str:
     """Where in the step a configuration's measured peak fell: "at <sample>" when a sample saw it, else
     "before <sample>" (between that sample and the previous one, where the tracker saw it)."""
@@ -76,12 +79,14 @@ def _forward(samples) -> list:
     return samples[:loss + 1]
 
 
+@reading_no_run
 def forward_comm_bytes(config) -> int:
     """The most in FSDP2's all-gather buffers at a forward sample, measured: one unit's flat output
     without prefetch, two (this unit's and the next one's) with it."""
     return max(s.bytes["comm_buffers"] for s in _forward(config.samples))
 
 
+@reading(run="fsdp-memory")
 def peaks(run, predictor=None) -> pd.DataFrame:
     """Per configuration and rank: the measured peak and where it fell (`at`), the persistent sharded
     state (parameters, gradients and optimizer state after the step), the naive estimate checkpoint /
@@ -123,6 +128,7 @@ def peaks(run, predictor=None) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index(["configuration", "rank"]).round(3)
 
 
+@reading(run="fsdp-memory")
 def peak_breakdown(run, rank: int = 0) -> pd.DataFrame:
     """Per configuration: what is alive at the predicted peak (MiB by category, `predict.fsdp_memory.peak_moment`),
     where in the step it falls, and the measured peak beside it."""
@@ -154,6 +160,7 @@ def _aligned(run, config, predicted: list[dict], names: list[str], rank: int) ->
                      f"({len(due)}) differ first at sample {i}: recorded {at(seen)}, predicted {at(due)}")
 
 
+@reading(run="fsdp-memory")
 def timeline(run, reshard_after_forward: bool = True, prefetch: bool = False, rank: int = 0) -> pd.DataFrame:
     """One configuration's samples on `rank`, in order: the event and unit, ms since the step's start,
     MiB per category, the total, the most live since the previous sample, the gathered units, and the
@@ -175,6 +182,7 @@ def timeline(run, reshard_after_forward: bool = True, prefetch: bool = False, ra
     return df.round(3)
 
 
+@reading(run="fsdp-memory")
 def gather_counts(run, rank: int = 0) -> pd.DataFrame:
     """Per configuration (rows) and unit (columns): how many times `rank` all-gathered the unit in the
     recorded step, counted from the timeline as the samples where it is gathered and was not at the
@@ -191,6 +199,7 @@ def gather_counts(run, rank: int = 0) -> pd.DataFrame:
     return pd.DataFrame.from_dict(rows, orient="index").reindex(columns=names).fillna(0).astype(int)
 
 
+@reading(run="fsdp-memory")
 def verify_fsdp_peak_predicted(run, tolerance: float = 0.10, predictor=None) -> None:
     """Notebook 09's check: for every configuration and rank, the predicted peak is within `tolerance`
     (relative) of the measured peak. `predictor` as in `peaks`; raises `verify.CheckFailed` naming the
@@ -205,6 +214,7 @@ def verify_fsdp_peak_predicted(run, tolerance: float = 0.10, predictor=None) -> 
     verify.that(claim, bool((errors <= tolerance).all()), seen=seen, expected=f"every one within {tolerance:.0%}")
 
 
+@reading(run="fsdp-memory")
 def verify_reshard_frees_gathered_units(run, rank: int = 0) -> None:
     """Notebook 09's check, on the timeline: with reshard_after_forward=True every unit's gathered
     parameters are freed at its post-forward; with False every unit is still gathered when the loss is
@@ -233,6 +243,7 @@ def verify_reshard_frees_gathered_units(run, rank: int = 0) -> None:
                          "at the loss kept gathered")
 
 
+@reading_no_run
 def zero_stages(psi: float, n_devices: int, precision: str = "mixed") -> pd.DataFrame:
     """ZeRO stage 0..3 per-device model state for `psi` parameters on `n_devices`, in GB (10**9 bytes):
     `predict.zero.zero_stages` as a table, one row per stage."""

@@ -14,7 +14,6 @@ from ..units import MIB
 from .gradients import check
 from .reads import reading
 
-READS = "train"   # the task kind of the runs its tables read (tables/reads.py)
 
 
 @reading(runs="train", probes=("buckets", "activations", "gradients"))
@@ -37,6 +36,7 @@ def accumulation(runs, warmup: int = 1) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index("run")
 
 
+@reading(run="train")
 def examples_per_step(run) -> pd.DataFrame:
     """Per optimizer step, from the ranks' records: the sample ids all ranks consumed (`consumed`,
     counting an id twice if two ranks or micro-steps took it) and how many of them are `distinct`."""
@@ -47,6 +47,7 @@ def examples_per_step(run) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index("step")
 
 
+@reading(run="train")
 def verify_distinct_examples(run, per_step: int) -> None:
     """Notebook 06's check: every optimizer step of `run` took `per_step` distinct examples, counted
     from the sample ids its ranks recorded (`examples_per_step`), not from what the spec asked for.
@@ -57,6 +58,7 @@ def verify_distinct_examples(run, per_step: int) -> None:
                  [per_step] * len(distinct))
 
 
+@reading(runs="train")
 def examples_seen(runs, asked: int, warmup: int = 2) -> pd.DataFrame:
     """Per run: the global batch the experiment meant (`asked`), the fewest distinct examples its ranks
     consumed in one optimizer step, the median step time (slowest rank, after `warmup` steps) and the
@@ -70,6 +72,7 @@ def examples_seen(runs, asked: int, warmup: int = 2) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index("run").round(3)
 
 
+@reading(runs="train")
 def scaling(runs, kind: str, warmup: int = 2) -> pd.DataFrame:
     """Strong or weak scaling: per world size, median step time (slowest rank; min-max over steps),
     examples/s, speed-up over one rank and scaling efficiency.
@@ -96,6 +99,7 @@ def scaling(runs, kind: str, warmup: int = 2) -> pd.DataFrame:
     return df.round(3)
 
 
+@reading(run="train")
 def loss_by_examples(run, bin_examples: int = 64) -> pd.Series:
     """Global training loss averaged over bins of `bin_examples` examples seen (every example is new,
     so this is also a held-out loss); indexed by examples seen at the end of each bin."""
@@ -109,6 +113,7 @@ def loss_by_examples(run, bin_examples: int = 64) -> pd.Series:
                      name=f"global batch {g}")
 
 
+@reading(runs="train")
 def batch_size_study(runs, target_loss: float, bin_examples: int = 64) -> pd.DataFrame:
     """Per global batch: steps, examples/s, and examples, steps and seconds to reach `target_loss`."""
     rows = []

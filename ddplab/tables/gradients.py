@@ -10,14 +10,15 @@ import pandas as pd
 
 from .. import verify
 from ..tensors import flat_float64
+from .reads import reading, reading_no_run
 
-READS = "train"   # the task kind of the runs its tables read (tables/reads.py)
 
 
 def _flat(d: dict, names: list[str]):
     return flat_float64(d[n] for n in names)
 
 
+@reading(run="train")
 def load(run) -> list[dict]:
     """Each rank's saved gradients: {"local": {...}, "reduced": {...}} (+ "reference" on rank 0)."""
     if "gradients" not in run.spec.probes:
@@ -25,6 +26,7 @@ def load(run) -> list[dict]:
     return [run.tensors(r.rank) for r in run.ranks]
 
 
+@reading(run="train")
 def check(run) -> list[dict]:
     """One row per rank: relative error of its local and reduced gradient against the reference,
     the reduced gradient's largest absolute error, and whether every rank holds the same bits."""
@@ -44,6 +46,7 @@ def check(run) -> list[dict]:
     return rows
 
 
+@reading(run="train")
 def check_case(run, names: list[str] | None = None, k: int = 3) -> list[dict]:
     """The first `k` elements of a few tensors: every rank's local value, their mean, the reduced
     value and the reference, side by side (default tensors: the first, a middle and the last)."""
@@ -64,17 +67,20 @@ def check_case(run, names: list[str] | None = None, k: int = 3) -> list[dict]:
     return rows
 
 
+@reading(run="train")
 def combine(run, weights: list[float]) -> dict:
     """sum_r weights[r] * (rank r's local gradient): what a synchronization with these weights yields."""
     tensors = load(run)
     return {n: sum(w * t["local"][n].double() for w, t in zip(weights, tensors)) for n in tensors[0]["local"]}
 
 
+@reading(run="train")
 def gradient_check(run) -> pd.DataFrame:
     """Per rank: local and reduced gradient against the single-process reference (gradients probe)."""
     return pd.DataFrame(check(run)).set_index("rank")
 
 
+@reading_no_run
 def verify_global_batch_gradient(check: pd.DataFrame, rel_error: float = 1e-5) -> None:
     """Notebook 01's central check, on a `gradient_check(run)` table: after the all-reduce every rank
     holds the global-batch gradient (relative error against the single-process reference below
@@ -86,11 +92,13 @@ def verify_global_batch_gradient(check: pd.DataFrame, rel_error: float = 1e-5) -
     verify.that("the reduced gradient has the same bits on every rank", check["reduced_identical_on_all_ranks"])
 
 
+@reading(run="train")
 def gradient_values(run, names=None, k: int = 3) -> pd.DataFrame:
     """A few gradient elements: each rank's local value, their mean, the reduced value, the reference."""
     return pd.DataFrame(check_case(run, names, k)).set_index(["tensor", "element"])
 
 
+@reading(runs="train")
 def normalization(runs) -> pd.DataFrame:
     """One row per run (e.g. one per loss_norm): how far the reduced gradient is from the reference."""
     rows = []

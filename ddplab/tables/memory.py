@@ -15,8 +15,8 @@ import pandas as pd
 from .. import verify
 from ..predict.memory import CATEGORIES, predict
 from ..units import MIB
+from .reads import reading, reading_no_run
 
-READS = "train"   # the task kind of the runs its tables read (tables/reads.py)
 
 # the moments the worker samples the ledger at, as figures and tables name them
 MOMENTS = {"forward": "after forward", "backward": "after backward", "step": "after optimizer step"}
@@ -46,6 +46,7 @@ def _memory_steps(run, step):
     return [r.memory.steps[step] for r in run.ranks]
 
 
+@reading(run="train")
 def memory_table(run, step: int = 1) -> pd.DataFrame:
     """One row per rank: each category at its largest in step `step` (activations after forward,
     gradients after backward, optimizer state after the step), measured beside predicted, in MiB,
@@ -70,6 +71,7 @@ def memory_table(run, step: int = 1) -> pd.DataFrame:
     return df.round(3)
 
 
+@reading_no_run
 def verify_model_state(table: pd.DataFrame) -> None:
     """Notebook 02's check, on a `memory_table(run)` table: parameters, gradients, DDP's buckets and the
     optimizer state, each at its largest in the step, are what the model predicts on every rank (MiB
@@ -85,9 +87,10 @@ def verify_model_state(table: pd.DataFrame) -> None:
 def _predicted_by_the_model(run) -> None:
     if run.spec.sharding not in ("none", "zero1") or run.spec.accum_steps != 1:
         raise ValueError("the analytic memory model covers plain DDP and ZeRO-1 with accum_steps=1; "
-                         "use tables.memory_sweep or tables.sharding for this run")
+                         "use tables.memory.memory_sweep or tables.memory.sharding for this run")
 
 
+@reading(run="train")
 def memory_moments(run, step: int = 1) -> pd.DataFrame:
     """One row per rank and sampled moment of step `step`: each category held at that moment,
     measured beside predicted, and their total, in MiB. The step's peak lies between the moments
@@ -111,6 +114,7 @@ def memory_moments(run, step: int = 1) -> pd.DataFrame:
     return df.round(3)
 
 
+@reading_no_run
 def predicted_moments(exp, rank: int = 0, step: int = 1) -> pd.DataFrame:
     """The analytic prediction alone (no run): one row per sampled moment of step `step` on `rank`,
     each category and their total, in MiB."""
@@ -120,6 +124,7 @@ def predicted_moments(exp, rank: int = 0, step: int = 1) -> pd.DataFrame:
     return df.round(3)
 
 
+@reading(runs="train")
 def moments_sweep(runs, step: int = 1) -> pd.DataFrame:
     """Per run (rank 0) and sampled moment of step `step`: each category measured at that moment and
     their total, in MiB, beside the step's measured peak (any sharding, any accumulation)."""
@@ -133,6 +138,7 @@ def moments_sweep(runs, step: int = 1) -> pd.DataFrame:
     return pd.DataFrame(rows, index=pd.MultiIndex.from_tuples(index, names=["run", "moment"])).round(3)
 
 
+@reading(runs="train")
 def memory_sweep(runs, step: int = 1) -> pd.DataFrame:
     """One row per run (rank 0): the settings, model state (parameters + gradients + buckets +
     optimizer state after the step), activations and the measured peak, in MiB."""
@@ -151,6 +157,7 @@ def memory_sweep(runs, step: int = 1) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index("run").round(3)
 
 
+@reading(runs="train")
 def sharding(runs, step: int = 1) -> pd.DataFrame:
     """Per sharding mode (rank 0; the first run must be plain DDP): what each rank keeps, its peak,
     and the naive estimate "checkpoint / world size" (checkpoint = full parameters + optimizer state)."""
@@ -164,6 +171,7 @@ def sharding(runs, step: int = 1) -> pd.DataFrame:
     return table[keep].round(3)
 
 
+@reading(run="train")
 def memory_cuda(run, step: int = 1) -> pd.DataFrame:
     """On CUDA: per rank and phase, the ledger's total beside the caching allocator's own figures
     (allocated >= ledger: the allocator also holds temporaries, the CUDA context's tensors, rounding)."""

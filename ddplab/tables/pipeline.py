@@ -1,5 +1,5 @@
-"""Tables of pipeline parallelism (notebook 09): each stage's timeline of forwards, losses and
-backwards; the bubble per (schedule, stages, m) measured over rounds beside the formula
+"""Tables of pipeline parallelism across schedules (notebook 09; one step's timeline and bubble are
+`tables/pipeline_timing.py`): the bubble per (schedule, stages, m) measured over rounds beside the formula
 (p - 1)/(m + p - 1) and a replay of the schedule with the measured compute (`predict/pipeline.py`,
 a model shown beside the measurement); the activations each stage held against m and the schedule;
 the pipeline's loss and gradients against the unsplit model's; and the chapter's checks:
@@ -8,7 +8,7 @@ the pipeline's loss and gradients against the unsplit model's; and the chapter's
 
 The bubble of one step is each stage's idle fraction of the step's span (the first forward's start
 to the last backward's end, over all stages, on the host's one clock), averaged over the stages; a
-stage is busy while one of its ops runs, as in the timeline. Every timed round runs every (schedule,
+stage is busy while one of its ops runs, as in `pipeline_timing.timeline`. Every timed round runs every (schedule,
 m) once, in alternating order (`rank/tasks/pipeline.py`), so two microbatch counts compared round by
 round shared the machine's load: the claims are judged on those paired rounds.
 The formula assumes equal work per microbatch on every stage and free communication; `waits` is the
@@ -27,11 +27,10 @@ import pandas as pd
 
 from .. import claims, verify
 from ..predict.pipeline import bubble_fraction, in_flight
-from .pipeline_steps import rounds, steps
+from .pipeline_timing import rounds, steps
 from ..units import MIB
+from .reads import reading
 
-READS = "pipeline"   # the task kind of the runs its tables read (tables/reads.py)
-EITHER = ("runs",)   # its `runs` may also be one run
 
 FLOOR_TOLERANCE = 0.05       # absolute, on a fraction of the span: what uneven microbatches may take off
 MEMORY_TOLERANCE = 0.01      # relative, on the peak saved bytes
@@ -40,21 +39,6 @@ UNSPLIT_TOLERANCE = 1e-5     # relative to the largest reference gradient (float
 
 def _runs(runs) -> list:
     return list(runs) if isinstance(runs, (list, tuple)) else [runs]
-
-
-def timeline(run, schedule: str, microbatches: int, round_: int = 0) -> pd.DataFrame:
-    """Every op of one step: stage, kind ("forward", "loss", "backward"), microbatch, start_ms and
-    end_ms after the step's first forward started (any stage), in_flight and saved_mib after it."""
-    table = steps(run)
-    if (schedule, microbatches, round_) not in table:
-        raise ValueError(f"run {run.spec.name!r} has no step {schedule} m={microbatches} round {round_} "
-                         f"(it has {sorted({k[:2] for k in table})})")
-    stage_steps = table[(schedule, microbatches, round_)]
-    t0 = min(op.start_ns for s in stage_steps for op in s.ops)
-    return pd.DataFrame([{"stage": stage, "kind": op.kind, "microbatch": op.microbatch,
-                          "start_ms": (op.start_ns - t0) / 1e6, "end_ms": (op.end_ns - t0) / 1e6,
-                          "in_flight": op.in_flight, "saved_mib": op.saved_bytes / MIB}
-                         for stage, s in enumerate(stage_steps) for op in s.ops])
 
 
 def _cores(run) -> int | None:
@@ -67,6 +51,7 @@ def _label(schedule: str, p: int, m: int | None = None) -> str:
     return f"{schedule}, {p} stages" + ("" if m is None else f", m={m}")
 
 
+@reading(runs="pipeline", either=("runs",))
 def judge_formula_floor(runs, tolerance: float = FLOOR_TOLERANCE) -> dict[tuple[str, int, int], claims.Verdict]:
     """(schedule, stages, m) -> the verdict on "the stages were not computing for at least the formula's
     share of the step, (p - 1)/(m + p - 1), less `tolerance`", judged on the rounds' `not_computing`
@@ -88,6 +73,7 @@ def judge_formula_floor(runs, tolerance: float = FLOOR_TOLERANCE) -> dict[tuple[
     return out
 
 
+@reading(runs="pipeline", either=("runs",))
 def check_formula_floor(runs, tolerance: float = FLOOR_TOLERANCE) -> claims.Verdict:
     """Notebook 09's check of the formula against the measurement: `judge_formula_floor` for every
     (schedule, stages, m) run; prints one line, the weakest pair's verdict with the count of the
@@ -129,6 +115,7 @@ def _as(schedule: str, arm: tuple[str, int]) -> str:
     return f" (run as {arm[0]})" if arm[0] != schedule else ""
 
 
+@reading(runs="pipeline", either=("runs",))
 def judge_bubble_shrinks(runs) -> dict[tuple[str, int], claims.Verdict]:
     """(schedule, stages) -> the verdict on "the most microbatches leave a smaller bubble than the
     fewest", judged round by round on the measured bubble: the fewest-microbatch arm's minus the
@@ -145,6 +132,7 @@ def judge_bubble_shrinks(runs) -> dict[tuple[str, int], claims.Verdict]:
     return out
 
 
+@reading(runs="pipeline", either=("runs",))
 def check_bubble_shrinks(runs) -> list[claims.Verdict]:
     """Notebook 09's check of the lesson on the measurement: `judge_bubble_shrinks` for every schedule
     and stage count, one line each (`claims.check`: only a contradiction raises)."""
@@ -154,6 +142,7 @@ def check_bubble_shrinks(runs) -> list[claims.Verdict]:
     return [claims.check(v) for v in verdicts.values()]
 
 
+@reading(runs="pipeline", either=("runs",))
 def bubble_changes(runs) -> pd.DataFrame:
     """Per (schedule, stages, m, next m): what going from m to the next microbatch count changed in the
     measured bubble, round by round: the median of bubble(next m) - bubble(m) over the paired rounds
@@ -178,6 +167,7 @@ def bubble_changes(runs) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index(["schedule", "stages", "microbatches", "next"])
 
 
+@reading(runs="pipeline", either=("runs",))
 def change_sentences(runs) -> list[str]:
     """One sentence per (schedule, stages), read from `bubble_changes`: the bubble's median at each m,
     and what each step up in m did to it in this run, round by round."""
@@ -194,10 +184,11 @@ def change_sentences(runs) -> list[str]:
     return out
 
 
+@reading(runs="pipeline", either=("runs",))
 def bubble(runs, tolerance: float = FLOOR_TOLERANCE) -> pd.DataFrame:
     """Per (schedule, stages, microbatches): the measured bubble over the timed rounds (median, min,
     max), the share the stages were not computing (median), the formula, the replay with the stages'
-    typical compute and free sends (`simulated`: median, min, max; a model, see `pipeline_steps.step_bubble`), the
+    typical compute and free sends (`simulated`: median, min, max; a model, see `pipeline_timing.step_bubble`), the
     waits (median share of the span), the cores the stages ran on, and the outcome of
     `judge_formula_floor` (`floor`). Pairs torch refuses are listed with `rounds` 0 and the floor
     "not run"."""
@@ -225,6 +216,7 @@ def bubble(runs, tolerance: float = FLOOR_TOLERANCE) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index(["schedule", "stages", "microbatches"]).sort_index()
 
 
+@reading(runs="pipeline", either=("runs",))
 def activation_memory(runs) -> pd.DataFrame:
     """Per (schedule, stages, microbatches, stage): the most microbatches in flight (measured and
     predicted: GPipe m, 1F1B min(m, p - stage)), the bytes one microbatch's forward (and loss) left
@@ -250,6 +242,7 @@ def activation_memory(runs) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index(["schedule", "stages", "microbatches", "stage"]).sort_index()
 
 
+@reading(runs="pipeline", either=("runs",))
 def verify_activation_memory(runs, tolerance: float = MEMORY_TOLERANCE) -> None:
     """Notebook 09's check: on every stage, the most microbatches in flight is GPipe's m and 1F1B's
     min(m, p - stage), exactly, and the peak of saved activations is that many microbatches' bytes
@@ -270,6 +263,7 @@ def verify_activation_memory(runs, tolerance: float = MEMORY_TOLERANCE) -> None:
                 expected=f"in flight exactly, peak within {tolerance:.0%}")
 
 
+@reading(runs="pipeline", either=("runs",))
 def unsplit(runs) -> pd.DataFrame:
     """Per (stages, schedule, microbatches, stage): this stage's largest gradient error against the
     unsplit model on the same global batch, relative to the largest reference gradient, and (last
@@ -285,6 +279,7 @@ def unsplit(runs) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index(["schedule", "stages", "microbatches", "stage"]).sort_index()
 
 
+@reading(runs="pipeline", either=("runs",))
 def verify_pipeline_matches_unsplit(runs, tolerance: float = UNSPLIT_TOLERANCE) -> None:
     """Notebook 09's check: every stage's gradient, under every schedule and m, equals the unsplit
     model's up to float rounding (largest error below `tolerance` x the largest reference gradient),

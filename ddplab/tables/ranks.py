@@ -8,16 +8,17 @@ import statistics
 import pandas as pd
 
 from ..spec.sharding import contiguous_spans
-from .reads import reading
-
-READS = "train"   # the task kind of the runs its tables read (tables/reads.py)
+from .reads import reading, reading_no_run
 
 
+
+@reading_no_run
 def id_ranges(ids: list[int]) -> str:
     """[0, 1, 2, 3, 8, 9] -> '0-3, 8-9'."""
     return ", ".join(f"{a}-{b}" if a != b else f"{a}" for a, b in contiguous_spans(ids))
 
 
+@reading(run="train")
 def rank_table(run) -> pd.DataFrame:
     """Who did what: process, device, shard of the data, parameter checksums, median step time."""
     rows = []
@@ -33,6 +34,7 @@ def rank_table(run) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index("rank")
 
 
+@reading(run="train")
 def steps(run) -> pd.DataFrame:
     """Per rank and step: time of each phase in ms, and the loss."""
     rows = []

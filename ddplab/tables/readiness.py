@@ -11,11 +11,11 @@ import pandas as pd
 
 from .. import record
 from ..units import ms_after
-from .reads import reading
-
-READS = "train"   # the task kind of the runs its tables read (tables/reads.py)
+from .reads import reading, reading_no_run
 
 
+
+@reading(run="train")
 def ready_order(run, step: int = -1, rank: int = 0) -> pd.DataFrame:
     """Per parameter that gets a gradient, in source order (`parameters()`; frozen ones left out): its
     position in the order gradients became ready, the position the naive "reverse source order"
@@ -50,6 +50,7 @@ def bucket_timeline(run, step: int = -1) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index(["rank", "bucket"]).round(3)
 
 
+@reading(run="train")
 def summed_and_tail(run, warmup: int = 2) -> pd.DataFrame:
     """Per step after `warmup` (DDP's first iteration reduces one bucket, the second rebuilds): the
     step's exposed tail (`record.exposed_tail_ms`: over ranks, the longest communication after that
@@ -71,6 +72,7 @@ def summed_and_tail(run, warmup: int = 2) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index("step")
 
 
+@reading(run_ddp="train", run_alone="train")
 def exposed_vs_summed(run_ddp, run_alone, warmup: int = 2) -> pd.Series:
     """The common error, measured (medians over steps): the bucket durations summed against the step's
     exposed tail (`summed_and_tail`), and the step with DDP against the step without synchronization
@@ -83,6 +85,7 @@ def exposed_vs_summed(run_ddp, run_alone, warmup: int = 2) -> pd.Series:
                       "step_ms_no_sync": without, "step_added_ms": with_ddp - without}).round(3)
 
 
+@reading_no_run
 def off_line(order: pd.DataFrame) -> pd.DataFrame:
     """The parameters a `ready_order` table has off the naive line, each with its module and whether
     it merely swapped places with the other parameter of that module (a weight/bias pair whose two
@@ -98,6 +101,7 @@ def off_line(order: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["parameter", "module", "swapped_within_module"]).set_index("parameter")
 
 
+@reading(run="train")
 def traced_step(run, rank_result, step: int):
     """`rank_result`'s step `step`, which must carry bucket and readiness events (else ValueError)."""
     st = rank_result.steps[step]
@@ -107,6 +111,7 @@ def traced_step(run, rank_result, step: int):
     return st
 
 
+@reading(run="train")
 def dependency_tail(run, step: int = -1) -> pd.DataFrame:
     """Per rank: the last gradient to become ready, the bucket launched last and whether it holds that
     gradient, when it launched after that gradient and how long its all-reduce took, how many other

@@ -1,17 +1,21 @@
-"""What each table reads, declared beside it and checked before it runs (issue 30: a run of another
-task, a path, or an empty list passed to a table used to fail deep inside with an AttributeError).
+"""What each table reads, declared on the table's own def and checked before it runs: a run of
+another task, a path, or an empty list passed to a table is a ValueError that says so, not an
+AttributeError deep inside.
 
-A table module says which task kind its runs are (`READS = "pipeline"`: every public function's `run`
-or `runs` argument); a function that reads something else says so itself:
-
-    @reading(runs="train", probes=("memory",))       # a non-empty list of train runs with the memory probe
+    @reading(runs="train", probes=("memory",))     # a non-empty list of train runs with the memory probe
     def zero_measured(runs, step=1): ...
 
-`checked(label, f)` wraps a table so that, before it runs, every declared argument is a run (or, for
-`...runs`, a non-empty list of runs) of a declared kind with the declared probes; otherwise a
-ValueError names the table, the argument, what it got and which recipe makes what it needs. Stand-ins
-that tests build (objects with `spec` and `ranks` but no task kind) are checked only as far as they go.
-Used by `tables/__init__.py`, which wraps every table it exports.
+    @reading_no_run                                # numbers or tables in, no run
+    def fit_sweep(table, min_bytes=0): ...
+
+`reading` names each run argument with the task kind it takes (a kind, a tuple of kinds, or None for
+any). Before the table runs, every declared argument is a run (or, for a name with the word `runs`, a
+non-empty list of runs) of a declared kind with the declared probes; otherwise a ValueError names the
+table, the argument, what it got and which recipe makes what it needs. Stand-ins that tests build
+(objects with `spec` and `ranks` but no task kind) are checked only as far as they go. A table that
+still fails inside on a run it cannot read (a probe it needs but does not declare) says so as a
+ValueError naming the table, the run's task and its probes. Every public function of every table
+module carries one of the two (tests/views/test_tables.py checks it).
 """
 
 from __future__ import annotations
@@ -33,33 +37,54 @@ MAKES = {
     "compression": "recipes.hook_comparison (notebook 10)",
     "compiled-ddp": "recipes.eager_and_compiled (notebook 11)",
 }
-DEFAULT_ARGS = ("run", "runs")   # what a module's READS applies to
 
 
-def reading(probes: tuple[str, ...] = (), either: tuple[str, ...] = (), mapping: tuple[str, ...] = (), **args):
-    """Declare a table's run arguments: name -> a task kind, a tuple of kinds, or None (any kind). A
-    name ending in `runs` takes a non-empty list of runs; one in `either`, a run or such a list; one
-    in `mapping` also a dict of runs by name (checked by its values)."""
-    def mark(f):
-        f.__reads__ = ({k: _kinds(v) for k, v in args.items()}, tuple(probes), tuple(either), tuple(mapping))
-        return f
-    return mark
+def reading(probes: tuple[str, ...] = (), either: tuple[str, ...] = (), mapping: tuple[str, ...] = (), **runs):
+    """Declare a table's run arguments (name -> a task kind, a tuple of kinds, or None for any) and check
+    them on every call. A name with the word `runs` (`runs`, `weak_runs`,
+    `runs_alone`) takes a non-empty list of runs; one in `either`, a run
+    or such a list; one in `mapping` also a dict of runs by name (checked by its values)."""
+    wants = {name: None if v is None else (v,) if isinstance(v, str) else tuple(v) for name, v in runs.items()}
+
+    def declare(f):
+        label = f"tables.{f.__module__.rsplit('.', 1)[-1]}.{f.__name__}"
+        signature = inspect.signature(f)
+        if unknown := [n for n in [*wants, *either, *mapping] if n not in signature.parameters]:
+            raise TypeError(f"{label} declares {', '.join(unknown)}, which it does not take")
+
+        @functools.wraps(f)
+        def table(*args, **kwargs):
+            bound = signature.bind(*args, **kwargs)   # a wrong call is the caller's TypeError, as it is
+            check(label, wants, tuple(probes), tuple(either), tuple(mapping), bound)
+            try:
+                return f(*bound.args, **bound.kwargs)
+            except (AttributeError, TypeError, KeyError, IndexError) as e:
+                if said := _cannot_read(label, f, bound):
+                    raise ValueError(f"{said} [{type(e).__name__}: {e}]") from e
+                raise
+
+        table.__reads__ = wants
+        return table
+    return declare
 
 
-def _kinds(v) -> tuple[str, ...] | None:
-    return None if v is None else (v,) if isinstance(v, str) else tuple(v)
+def reading_no_run(f):
+    """Declare that table `f` takes no run (numbers or other tables in): nothing to check."""
+    f.__reads__ = {}
+    return f
 
 
-def declared(module, f) -> tuple[dict, tuple, tuple, tuple]:
-    """The run arguments `f` of `module` reads: its own `@reading`, else the module's READS for its
-    `run`/`runs` parameters; ({}, (), (), ()) if it takes no run."""
-    if hasattr(f, "__reads__"):
-        return f.__reads__
-    default = getattr(module, "READS", None)
-    if default is False:
-        return {}, (), (), ()
-    params = inspect.signature(f).parameters
-    return {p: _kinds(default) for p in DEFAULT_ARGS if p in params}, (), tuple(getattr(module, "EITHER", ())), ()
+def _cannot_read(label: str, f, bound: inspect.BoundArguments) -> str | None:
+    """What a table that failed inside says of the runs it was given (None if it was given none)."""
+    given = [v for v in bound.arguments.values() for v in (v if isinstance(v, (list, tuple)) else [v])]
+    runs = [v for v in given if hasattr(v, "spec")]
+    if not runs:
+        return None
+    said = "; ".join(f"{getattr(r.spec, 'name', '?')!r} is a {getattr(getattr(r.spec, 'task', None), 'kind', '?')} "
+                     f"run with probes {', '.join(getattr(r.spec, 'probes', ())) or 'none'}" for r in runs[:3])
+    need = (f.__doc__ or "").strip().split("\n")[0]
+    return (f"{label} cannot read this: {said}. It shows: {need} Pass the run it is for (the recipe of its "
+            f"chapter makes it, with the probes it needs).")
 
 
 def _is_run(x) -> bool:
@@ -80,7 +105,7 @@ def check(label: str, wants: dict, probes: tuple, either: tuple, mapping: tuple,
                 bound.signature.parameters[name].default is None:
             continue   # its default
         value = bound.arguments[name]
-        plural = (name.endswith("runs") or name in either) and not (name in either and _is_run(value))
+        plural = ("runs" in name.split("_") or name in either) and not (name in either and _is_run(value))
         if plural:
             if _is_run(value) and name not in either:
                 one = getattr(getattr(value, "spec", None), "name", "?")
@@ -113,20 +138,3 @@ def check(label: str, wants: dict, probes: tuple, either: tuple, mapping: tuple,
             if missing and kind in (None, "train"):
                 raise ValueError(f"{label}: run {getattr(spec, 'name', '?')!r} was run without the "
                                  f"probe(s) {', '.join(missing)} it shows: run it with probes={tuple(probes)!r}")
-
-
-def checked(label: str, module, f):
-    """`f`, checked against what it declares before it runs (the same function if it reads no run)."""
-    wants, probes, either, mapping = declared(module, f)
-    if not wants:
-        return f
-    signature = inspect.signature(f)
-
-    @functools.wraps(f)
-    def call(*args, **kwargs):
-        bound = signature.bind(*args, **kwargs)   # a wrong call is the caller's TypeError, as it is
-        check(label, wants, probes, either, mapping, bound)
-        return f(*bound.args, **bound.kwargs)
-
-    call.__wrapped_table__ = f
-    return call

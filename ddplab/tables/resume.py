@@ -13,9 +13,9 @@ import pandas as pd
 from .. import verify
 from .reads import reading
 
-READS = "resume"   # the task kind of the runs its tables read (tables/reads.py)
 
 
+@reading(run="resume")
 def trajectory(run) -> pd.DataFrame:
     """Per optimizer step of `run` (a resume task): the sampler's epoch, the global batch's mean token
     loss (all ranks' tokens), its distinct examples, the tokens the augmentation replaced (all ranks)
@@ -88,6 +88,7 @@ def coverage_across_resume(saved, resumed) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index("run")
 
 
+@reading(runs="resume")
 def checkpoints(runs) -> pd.DataFrame:
     """Per run that saved or resumed: the checkpoint's step, epoch and sampler position, its DCP bytes
     (model and optimizer, every rank's files) and the slowest rank's dcp.save or dcp.load time."""

@@ -5,15 +5,18 @@ from __future__ import annotations
 
 import statistics
 
-READS = False   # reads no run: numbers in, numbers out (tables/reads.py)
+from .reads import reading_no_run
 
 
+
+@reading_no_run
 def slowest_rank(per_rank) -> list[float]:
     """Per step (or call), the slowest rank's time, from one list per rank in the same order: a
     synchronous step is done only when every rank is."""
     return [max(t) for t in zip(*per_rank)]
 
 
+@reading_no_run
 def robust_spread(values) -> float:
     """The run-to-run spread: 1.4826 x the median absolute deviation (the standard deviation for
     normal noise, but one disturbed round or step does not inflate it); 0 for fewer than 2 values."""
@@ -24,6 +27,7 @@ def robust_spread(values) -> float:
     return 1.4826 * statistics.median(abs(v - m) for v in values)
 
 
+@reading_no_run
 def round_summary(rounds: dict[int, list[float]]) -> tuple[float, float]:
     """(median, spread) of a quantity timed in interleaved rounds: the median of the per-round medians,
     and the spread 1.4826 x MAD of them, at least what step-to-step noise implies for a median of one

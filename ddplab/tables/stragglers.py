@@ -28,7 +28,6 @@ import pandas as pd
 from .stats import robust_spread
 from .reads import reading
 
-READS = "train"   # the task kind of the runs its tables read (tables/reads.py)
 
 SKIP = 1   # steps left out at the start: DDP's first iteration runs one bucket, then rebuilds
 
@@ -43,6 +42,7 @@ def _buckets(run, skip: int):
         yield i, {r.rank: {b.index: b for b in r.steps[i].buckets} for r in run.ranks}
 
 
+@reading(run="train")
 def arrivals(run, skip: int = SKIP) -> pd.DataFrame:
     """Per step (from `skip` on), bucket and rank: arrival_ms after the first rank's arrival at that
     bucket, wait_ms until the last rank's arrival (0 for the last), and whether it was the last."""
@@ -58,6 +58,7 @@ def arrivals(run, skip: int = SKIP) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index(["step", "bucket", "rank"])
 
 
+@reading(run="train")
 def wait_gaps(run, early: int, late: int, final_only: bool = False, skip: int = SKIP) -> list[float]:
     """Per step: rank `early`'s wait minus rank `late`'s, at the step's final bucket (`final_only`) or
     the smallest over the step's buckets (one value a step: its buckets share one delay, so they are
@@ -71,6 +72,7 @@ def wait_gaps(run, early: int, late: int, final_only: bool = False, skip: int = 
     return (w[early] - w[late]).groupby(level="step").min().tolist()
 
 
+@reading(run="train")
 def judge_last(run, late: int, final_only: bool = False, skip: int = SKIP):
     """The claim "rank `late` joins the all-reduces after every other rank", judged on this run's
     paired waits, one value per step (one verdict per other rank, the weakest first: a contradiction,
@@ -87,6 +89,7 @@ def judge_last(run, late: int, final_only: bool = False, skip: int = SKIP):
     return claims.weakest(verdicts)
 
 
+@reading(run="train")
 def last_arrivals(run, skip: int = SKIP) -> pd.DataFrame:
     """Per rank: how many of the run's all-reduces (steps x buckets) it joined last, and the share."""
     a = arrivals(run, skip)
@@ -95,6 +98,7 @@ def last_arrivals(run, skip: int = SKIP) -> pd.DataFrame:
     return pd.DataFrame({"arrived_last": counts, "of": total, "share": counts / total})
 
 
+@reading(run="train")
 def compute_and_wait(run, skip: int = SKIP) -> pd.DataFrame:
     """Per step and rank: the step time, the wait at the step's final bucket (the last rank's arrival
     minus this rank's), and everything else in the step (`other_ms` = step - wait)."""
@@ -112,6 +116,7 @@ def _compute_and_wait(run, a: pd.DataFrame, skip: int) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index(["step", "rank"])
 
 
+@reading(run="train")
 def per_rank(run, skip: int = SKIP) -> pd.DataFrame:
     """Per rank: median step, wait and other time over the steps, the wait's spread (1.4826 x MAD),
     and how often it arrived last at the final bucket."""
@@ -173,6 +178,7 @@ def judge_step_added(run, baseline, skip: int = SKIP):
 MIN_WAIT_PER_DELAY = 0.5   # the early ranks wait most of the delay: it is on their critical path
 
 
+@reading(run="train")
 def delay_cycle(run, skip: int = SKIP) -> pd.DataFrame:
     """A run whose straggler cycles through delays, one per step (`Straggler(ms=(0, 20, 40, 80))`): per
     step of every whole cycle from `skip` on, its `cycle`, the delay specified (`delay_ms`) and the one
@@ -208,6 +214,7 @@ def _baselined(run, skip: int) -> pd.DataFrame:
                     measured_delay_ms=t["measured_delay_ms"] - t["cycle"].map(base["measured_delay_ms"]))
 
 
+@reading(run="train")
 def cycle_response(run, skip: int = SKIP) -> pd.DataFrame:
     """Per delay of the cycle (the lowest left out: it is the baseline), with the columns of
     `delay_response`, but every one set against the same cycle's undelayed step: the delay the slow
@@ -227,6 +234,7 @@ def cycle_response(run, skip: int = SKIP) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index("run")
 
 
+@reading(run="train")
 def cycle_slopes(run, skip: int = SKIP) -> dict:
     """Per whole cycle of delays: the least-squares slope (and intercept) of the early ranks' step gained
     against the delay the slow rank lost, within that cycle; `slopes` are what `claims.judge` takes (one
@@ -249,6 +257,7 @@ def cycle_slopes(run, skip: int = SKIP) -> dict:
             "cycles": len(slopes)}
 
 
+@reading(run="train")
 def lost_ms(run, skip: int = SKIP) -> list[float]:
     """Per step (from `skip` on): what the straggler rank's own clock saw it lose (its "straggler" phase, ms)."""
     slow = run.spec.straggler
@@ -260,6 +269,7 @@ def lost_ms(run, skip: int = SKIP) -> list[float]:
     return [run.ranks[slow.rank].steps[i].phase_ms.get("straggler", 0.0) for i in range(skip, run.spec.steps)]
 
 
+@reading(run="train")
 def wait_per_delay(run, skip: int = SKIP) -> list[float]:
     """Per step: the early ranks' wait at the final bucket (their median) over the delay the slow rank
     lost in that same step. Both halves come from one step, so the machine's load hits them alike."""
@@ -269,6 +279,7 @@ def wait_per_delay(run, skip: int = SKIP) -> list[float]:
     return [w / d for w, d in zip(early.tolist(), lost)]
 
 
+@reading(run="train")
 def judge_wait_for_delay(run, skip: int = SKIP, least: float = MIN_WAIT_PER_DELAY):
     """The claim "the early ranks wait, at the final bucket, for the delay the slow rank lost", judged
     on this run's steps: per step, wait / delay above `least`. One-sided on purpose: on a quiet machine
@@ -283,6 +294,7 @@ def judge_wait_for_delay(run, skip: int = SKIP, least: float = MIN_WAIT_PER_DELA
                         f"lost ({slow.where}) (per step: wait / delay)", ratios, above=least, unit="")
 
 
+@reading(runs="train")
 def check_wait_for_delay(runs, skip: int = SKIP) -> list:
     """Notebook 07's check: `judge_wait_for_delay` for each straggler run, one line each; raises
     `verify.CheckFailed` only where a run contradicts it (tests/tasks/test_stragglers.py feeds it early

@@ -10,9 +10,8 @@ import pandas as pd
 
 from .. import claims, predict, verify
 from .stats import round_summary
+from .reads import reading
 
-READS = "tensor-parallel"   # the task kind of the runs its tables read (tables/reads.py)
-EITHER = ("runs",)   # its `runs` may also be one run
 
 # relative to the largest dense value of the same quantity: float32 sums in another order are off by
 # ~1e-7 of it (errors grow with the batch and the sequence, and so does the scale); a mis-split layer
@@ -20,16 +19,8 @@ EITHER = ("runs",)   # its `runs` may also be one run
 TOLERANCE = 1e-5
 
 
-def _runs(runs) -> list:
-    runs = runs if isinstance(runs, (list, tuple)) else [runs]
-    for run in runs:
-        if run.spec.task.kind != "tensor-parallel":
-            raise ValueError(f"run {run.spec.name!r} is a {run.spec.task.kind} run, not a tensor-parallel one")
-    return list(runs)
-
-
 def _layer_runs(runs) -> list:
-    runs = [r for r in _runs(runs) if r.spec.task.dp == 1]
+    runs = [r for r in (runs if isinstance(runs, (list, tuple)) else [runs]) if r.spec.task.dp == 1]
     if not runs:
         raise ValueError("no tensor-parallel check among these runs (they are dp x tp meshes): use mesh_groups()")
     return runs
@@ -49,6 +40,7 @@ def _worst(x, attr: str) -> float:
     return max(v.values()) if isinstance(v, dict) else v
 
 
+@reading(runs="tensor-parallel", either=("runs",))
 def equality(runs, tolerance: float = TOLERANCE) -> pd.DataFrame:
     """Per run and layer, the largest error over the ranks of the split layer against the dense one:
     its output, the input's gradient and the parameters' gathered gradients (`*_error`, absolute),
@@ -72,6 +64,7 @@ def equality(runs, tolerance: float = TOLERANCE) -> pd.DataFrame:
     return df
 
 
+@reading(runs="tensor-parallel", either=("runs",))
 def verify_tp_matches_dense(runs, layers=None, tolerance: float = TOLERANCE) -> None:
     """Notebook 09's check: on every rank, the split layer's output, input gradient and gathered
     parameter gradients equal the dense layer's, each within `tolerance` x the dense value's largest
@@ -91,6 +84,7 @@ def verify_tp_matches_dense(runs, layers=None, tolerance: float = TOLERANCE) -> 
                 expected=f"every error < {tolerance:g} x the dense value's largest magnitude")
 
 
+@reading(runs="tensor-parallel", either=("runs",))
 def collectives(runs) -> pd.DataFrame:
     """Per run and layer: all-reduces per forward and backward as torch's CommDebugMode counted them
     (the same on every rank, or the column says `None`) and as the formula says, the bytes of each
@@ -123,6 +117,7 @@ def collectives(runs) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index(["run", "layer"])
 
 
+@reading(run="tensor-parallel")
 def module_counts(run, layer: str) -> pd.DataFrame:
     """Per module of one split layer, the collectives torch's CommDebugMode counted in forward and in
     backward (a parent module includes its children's; "Global" is the whole step), as rank 0 saw
@@ -135,6 +130,7 @@ def module_counts(run, layer: str) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index("module")
 
 
+@reading(runs="tensor-parallel", either=("runs",))
 def verify_tp_collectives(runs) -> None:
     """Notebook 09's check: every split layer ran exactly Megatron's all-reduces (one per sublayer in
     forward, one in backward, nothing else), each of b x t x d x 4 bytes over its whole tp group, and
@@ -161,8 +157,7 @@ def verify_tp_collectives(runs) -> None:
 
 
 def _stat(values: list[float], per_round: int) -> tuple[float, float, float, float]:
-    """Median (of the per-round medians), min, max and spread (`stats.round_summary`) of
-    per-step values listed round after round, `per_round` steps each."""
+    """Median of round medians, min, max and spread (`stats.round_summary`) of steps, `per_round` a round."""
     rounds = {k: values[i:i + per_round] for k, i in enumerate(range(0, len(values), per_round))}
     median, spread = round_summary(rounds)
     return median, min(values), max(values), spread
@@ -173,6 +168,7 @@ def _slowest(per_rank: list[list[float]]) -> list[float]:
     return [max(v) for v in zip(*per_rank)]
 
 
+@reading(runs="tensor-parallel", either=("runs",))
 def timing(runs) -> pd.DataFrame:
     """Per run, layer and way of running it ("dense": the whole layer on one rank, no communication;
     "tensor parallel": every rank 1/tp of it; "ddp": every rank the whole layer on 1/world_size of the
@@ -231,6 +227,7 @@ VERDICT = {"holds": "slower than dense", "contradicted": "faster than dense",
 TOO_FEW = "not judged against dense"   # under claims.min_rounds paired steps the sign test judges nothing
 
 
+@reading(runs="tensor-parallel", either=("runs",))
 def timing_sentences(runs) -> list[str]:
     """One sentence per layer and run, read from `timing`: the split step against the dense one and
     what of it the collectives took; for a notebook to print (nothing here is fixed text)."""
@@ -252,6 +249,7 @@ def timing_sentences(runs) -> list[str]:
     return out
 
 
+@reading(runs="tensor-parallel", either=("runs",))
 def gpu_prediction(runs, busbw_gb_s: float = 370.0, latency_us: float = 20.0) -> pd.DataFrame:
     """A model's prediction, not a measurement: per run and layer, the all-reduce time of a step at a
     GPU link's bus bandwidth (default: 8 x H100 NVLink ring, about 370 GB/s; NCCL's small-message
@@ -271,10 +269,10 @@ def gpu_prediction(runs, busbw_gb_s: float = 370.0, latency_us: float = 20.0) ->
     return pd.DataFrame(rows).set_index(["run", "layer"])
 
 
+@reading(run="tensor-parallel")
 def mesh_groups(run) -> pd.DataFrame:
     """Per rank of a dp x tp mesh: its coordinates, the ranks of its tp group and of its dp group,
     and per group what it ran in one training step of each layer (op, phase, bytes)."""
-    run = _runs(run)[0]
     if run.spec.task.dp == 1:
         raise ValueError(f"run {run.spec.name!r} has dp=1: no mesh (use equality/collectives/timing)")
     rows = []
@@ -291,13 +289,13 @@ def mesh_groups(run) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index(["rank", "group"])
 
 
+@reading(run="tensor-parallel")
 def mesh_check(run) -> pd.DataFrame:
     """Per layer of a mesh run: the largest parameter error against the dense layer trained on the
     global batch (after the last step, over every rank; `param_error` absolute, `rel_error` over the
     dense parameters' largest magnitude), how far the steps moved the dense parameters (`moved`, the
     largest change, and `moved_rel`: a wrong gradient average would be off by about that much), and
     each step's loss, mesh beside dense."""
-    run = _runs(run)[0]
     if run.spec.task.dp == 1:
         raise ValueError(f"run {run.spec.name!r} has dp=1: no mesh")
     rows = []
@@ -313,6 +311,7 @@ def mesh_check(run) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index("layer")
 
 
+@reading(run="tensor-parallel")
 def verify_mesh_matches_dense(run, tolerance: float = TOLERANCE) -> None:
     """Notebook 09's check: after `steps` SGD steps on the dp x tp mesh, every rank's (gathered)
     parameters equal the dense layer trained on the global batch within `tolerance` x the largest

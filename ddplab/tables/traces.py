@@ -32,8 +32,8 @@ from pathlib import Path
 import pandas as pd
 
 from .. import rundir
+from .reads import reading, reading_no_run
 
-READS = "train"   # the task kind of the runs its tables read (tables/reads.py)
 
 PHASES = {"barrier": "ddplab:barrier", "forward": "ddplab:forward", "backward": "ddplab:backward",
           "optimizer": "ddplab:optimizer"}
@@ -43,6 +43,7 @@ CORE_CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations")
 EVENT_COLUMNS = ["rank", "step", "kind", "name", "main_thread", "thread", "start_ms", "end_ms", "dur_ms"]
 
 
+@reading_no_run
 def is_all_reduce(name: str) -> bool:
     """c10d::allreduce_ (the op, on the main thread), gloo:all_reduce (gloo's worker thread),
     nccl:all_reduce and NCCL's AllReduce kernels: any name that says all-reduce."""
@@ -111,6 +112,7 @@ def _thread_names(trace: dict) -> dict:
     return names
 
 
+@reading_no_run
 def rank_events(trace: dict) -> pd.DataFrame:
     """One rank's parsed chrome trace: a row per ddplab phase label and per all-reduce event of each
     profiled step (`EVENT_COLUMNS`): its kind ("barrier", "forward", "backward", "optimizer",
@@ -145,6 +147,7 @@ def rank_events(trace: dict) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=EVENT_COLUMNS).sort_values(["step", "start_ms"], ignore_index=True)
 
 
+@reading_no_run
 def rank_memory_timeline(timeline: dict, trace: dict) -> pd.DataFrame:
     """One rank's memory timeline (as the probe writes it: categories, times_us, bytes) against its
     trace: a row per sample with the step it falls in, `t_ms` after that step's barrier end (as in
@@ -180,18 +183,21 @@ def _load(path: Path) -> dict:
         return json.load(f)
 
 
+@reading(run="train")
 def trace_events(run) -> pd.DataFrame:
     """Every rank's `rank_events`, one table (rank, step, kind, name, main_thread, thread, start/end/dur
     in ms after the step's barrier end on that rank)."""
     return pd.concat([rank_events(_load(Path(run.path) / p.trace)) for _, p in _profiles(run)], ignore_index=True)
 
 
+@reading(run="train")
 def memory_timeline(run) -> pd.DataFrame:
     """Every rank's `rank_memory_timeline`, one table: bytes per category over the profiled steps."""
     return pd.concat([rank_memory_timeline(_load(Path(run.path) / p.memory_timeline), _load(Path(run.path) / p.trace))
                       for _, p in _profiles(run)], ignore_index=True)
 
 
+@reading_no_run
 def memory_timeline_peaks(timeline: pd.DataFrame) -> pd.DataFrame:
     """Per rank (rows), each category's largest bytes over a `memory_timeline`, and `total`: the most
     held at one moment over all categories (the categories peak at different moments, so they do not
@@ -202,6 +208,7 @@ def memory_timeline_peaks(timeline: pd.DataFrame) -> pd.DataFrame:
     return peaks
 
 
+@reading(run="train")
 def trace_folder(run) -> Path:
     """The folder that holds every rank's trace and nothing else: `TraceAnalysis(trace_dir=...)` of
     Holistic Trace Analysis reads it."""
@@ -209,6 +216,7 @@ def trace_folder(run) -> Path:
     return rundir.trace_dir(run.path)
 
 
+@reading(run="train")
 def hta_analysis(run):
     """Holistic Trace Analysis over every rank's trace of `run` (`hta.trace_analysis.TraceAnalysis`,
     every profiled step kept, the last included), without the progress lines its parser logs (at
@@ -225,6 +233,7 @@ def hta_analysis(run):
         logging.disable(logging.NOTSET)
 
 
+@reading(run="train")
 def backward_lag(run, slow_rank: int) -> pd.DataFrame:
     """Per profiled step, from the traces: how much longer every other rank's `ddplab:backward` lasted
     than the slow rank's (`lag_ms`, the median over the other ranks), and the slow rank's pause between

@@ -148,13 +148,13 @@ class ModelAudit:
         layout = [list(b.params) for b in launched]
         rows = [{"bucket": i, "bytes": b.bytes, "mib": b.bytes / MIB, "tensors": len(b.params), "first": b.params[0],
                  "last": b.params[-1]} for i, b in enumerate(launched)]
-        order = tables.ready_order(ddp)
+        order = tables.readiness.ready_order(ddp)
         differ = order[~order["as_assumed"]][["source_position", "reverse_source_position", "ready_position", "bucket"]]
-        differ = differ.join(tables.off_line(order)[["swapped_within_module"]])
-        wire = tables.bytes_on_wire([ddp]).iloc[0]
-        sizes = tables.allreduce_sweep(allreduce)
-        line, _ = tables.fit_sweep(sizes)
-        ratio = tables.compute_vs_comm([compute], sizes, line).iloc[0]
+        differ = differ.join(tables.readiness.off_line(order)[["swapped_within_module"]])
+        wire = tables.comm.bytes_on_wire([ddp]).iloc[0]
+        sizes = tables.comm.allreduce_sweep(allreduce)
+        line, _ = tables.comm.fit_sweep(sizes)
+        ratio = tables.comm.compute_vs_comm([compute], sizes, line).iloc[0]
         model = {"factory": exp.model, "parameter_tensors": counted.tensors, "parameters": counted.parameters,
                  "trainable_tensors": counted.trainable_tensors, "trainable_parameters": counted.trainable_parameters,
                  "gradient_bytes": counted.gradient_bytes,
@@ -164,7 +164,7 @@ class ModelAudit:
             spec={"world_size": exp.world_size, "local_batch": exp.local_batch, "seq_len": exp.seq_len,
                   "optimizer": exp.optimizer, "dtype": exp.dtype, "bucket_cap_mb": exp.bucket_cap_mb,
                   "backend": ddp.ranks[0].backend, "device": ddp.ranks[0].device},
-            model=model, memory=tables.memory_table(ddp, step=MEMORY_STEP), buckets=pd.DataFrame(rows).set_index("bucket"),
+            model=model, memory=tables.memory.memory_table(ddp, step=MEMORY_STEP), buckets=pd.DataFrame(rows).set_index("bucket"),
             layout=layout, last_bucket=layout[-1], bucket_rule=_rule(exp, counted, rank0, layout), ready_order=differ,
             comm={"payload_bytes": int(wire["payload_mib"] * MIB), "written_bytes_per_rank": float(wire["written_mib_per_rank"] * MIB),
                   "ring_formula_bytes": ring_bytes_per_rank(counted.gradient_bytes, exp.world_size),

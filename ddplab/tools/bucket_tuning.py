@@ -80,7 +80,7 @@ def tune_buckets(model, world_size: int = 4, local_batch: int = 8, *, caps_mb=CA
     try:
         ar_run, cap_run = run_many([line, capture], out=where("capture"), name=capture.name, progress=progress,
                                    warm=True)
-        link, quality = tables.fit_sweep(tables.allreduce_sweep(ar_run))
+        link, quality = tables.comm.fit_sweep(tables.comm.allreduce_sweep(ar_run))
         ins = bucket_sweep.inputs(cap_run)
         cost = buckets.costs(cap_run, link)["calibrated"]
         predicted = _predicted(ins, cost, caps)

@@ -27,7 +27,7 @@ def rank_weights_explorer(local_batch=(2, 4, 6, 12), seq_len=(16, 16, 16, 16), m
     def redraw(_=None):
         with out:
             out.clear_output(wait=True)
-            display(plots.rank_weights([s.value for s in batches], [s.value for s in lengths], detached=True))
+            display(plots.gradients.rank_weights([s.value for s in batches], [s.value for s in lengths], detached=True))
 
     for s in batches + lengths:
         s.observe(redraw, names="value")

@@ -44,7 +44,7 @@ LAB_SETTINGS = {
 }
 NOTEBOOKS = {
     "memory_explorer.ipynb": ["import ddplab\nfrom ddplab import recipes, widgets\n"
-                              "widgets.memory_explorer(recipes.memory_ledger(world_size=2, steps=2), measure=ddplab.run)"],
+                              "widgets.memory.memory_explorer(recipes.memory_ledger(world_size=2, steps=2), measure=ddplab.run)"],
     "rank_weights.ipynb": ["from ddplab import widgets\nwidgets.rank_weights_explorer()"],
     "ddp_magic.ipynb": ["%load_ext ddplab\n%ddp_start -n 2 --timeout 5",
                         "%%ddp\nx = torch.tensor([rank + 1.0])\ndist.all_reduce(x)\nprint(f'rank {rank} says hello')\nx",
@@ -61,7 +61,7 @@ NOTEBOOKS = {
                             "exp = ddplab.Experiment(name='slider-sweep', task=BucketSweep(plans=('ddp:0.004',), rounds=1,\n"
                             "    steps_per_round=2), vocab_size=64, d_model=32, n_layers=2, n_heads=4, local_batch=2, seq_len=8)\n"
                             "sweep = ddplab.run(exp, progress=False)\n"
-                            "widgets.bucket_slider(sweep, AlphaBeta(1e-3, 1e-9), measure=ddplab.run)"],
+                            "widgets.buckets.bucket_slider(sweep, AlphaBeta(1e-3, 1e-9), measure=ddplab.run)"],
 }
 
 

@@ -119,7 +119,7 @@ def test_dependency_tail_reports_the_ranks_share_of_the_exposed_tail():
     st = steps[0]
     st.backward = record.Backward(0, 13 * MS, [record.ReadyEvent("a", 2 * MS), record.ReadyEvent("w", 10 * MS)])
     st.buckets = [record.BucketEvent(0, 1, ["a"], 2 * MS, 6 * MS), record.BucketEvent(1, 1, ["w"], int(10.05 * MS), int(12.5 * MS))]
-    row = tables.dependency_tail(run).loc[0]
+    row = tables.readiness.dependency_tail(run).loc[0]
     assert row["exposed_tail_ms"] == pytest.approx(2.5) and row["holds_last_ready"]
 
 

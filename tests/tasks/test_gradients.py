@@ -84,7 +84,7 @@ def test_accumulated_synchronized_gradient_equals_the_reference(accum_runs):
 
 
 def test_no_sync_all_reduces_once_per_optimizer_step(accum_runs):
-    table = tables.accumulation(accum_runs)
+    table = tables.global_batch.accumulation(accum_runs)
     no_sync, every, big = table.iloc[0], table.iloc[1], table.iloc[2]
     assert no_sync["buckets"] > 1
     assert no_sync["all_reduces_per_step"] == no_sync["buckets"] == big["all_reduces_per_step"]
@@ -92,6 +92,6 @@ def test_no_sync_all_reduces_once_per_optimizer_step(accum_runs):
 
 
 def test_micro_steps_hold_a_quarter_of_the_big_batch_activations(accum_runs):
-    table = tables.accumulation(accum_runs)
+    table = tables.global_batch.accumulation(accum_runs)
     ratio = table["activation_mib_per_micro_step"].iloc[2] / table["activation_mib_per_micro_step"].iloc[0]
     assert ratio == pytest.approx(4, rel=0.1)

@@ -61,7 +61,7 @@ def test_zero1_optimizer_state_of_every_rank_is_predicted_to_the_byte(memory_run
           f"unsharded {whole}")
     assert measured == predicted
     assert sum(measured) == whole and len(set(measured)) > 1
-    table = tables.memory_moments(run)   # the notebook's table shows the same prediction
+    table = tables.memory.memory_moments(run)   # the notebook's table shows the same prediction
     for c in MODEL_STATE:
         assert (table[(c, "measured")] == table[(c, "predicted")]).all(), (c, table[c])
 
@@ -103,7 +103,7 @@ def test_measured_activations_are_within_10_percent_of_the_prediction(memory_run
 
 
 def test_adding_ranks_does_not_divide_model_state(memory_runs):
-    table = tables.memory_sweep([memory_runs["memory-w2-adam"], memory_runs["memory-w4-adam"]])
+    table = tables.memory.memory_sweep([memory_runs["memory-w2-adam"], memory_runs["memory-w4-adam"]])
     assert table["model_state"].nunique() == 1
     assert table["activations"].iloc[1] == pytest.approx(table["activations"].iloc[0] / 2, rel=0.05)
 
@@ -119,7 +119,7 @@ def test_peak_is_at_least_the_largest_phase(memory_runs):
 
 
 def test_sharding_divides_what_it_shards_and_checkpoint_over_world_size_underestimates_the_peak(memory_runs):
-    table = tables.sharding([memory_runs[f"sharding-{s}"] for s in ("none", "zero1", "fsdp2")])
+    table = tables.memory.sharding([memory_runs[f"sharding-{s}"] for s in ("none", "zero1", "fsdp2")])
     ddp, zero, fsdp = table.loc["none"], table.loc["zero1"], table.loc["fsdp2"]
     assert zero["parameters"] == ddp["parameters"] and zero["optimizer_state"] < ddp["optimizer_state"] / 2
     assert fsdp["parameters"] == pytest.approx(ddp["parameters"] / 4, rel=0.02)
@@ -158,10 +158,10 @@ def test_the_memory_figures_draw_each_moment_as_measured(memory_runs):
     from ddplab.tables.memory import moments_sweep
 
     run = memory_runs["memory-w2-adam"]
-    ax = plots.memory_figure(run).axes[0]
+    ax = plots.memory.memory_figure(run).axes[0]
     assert ax.get_ylim()[1] > run.ranks[0].memory.steps[1].peak / 2 ** 20   # the peak line is in view
     runs = [memory_runs["memory-w2-adam"], memory_runs["memory-w2-bucket-view"]]
-    ax = plots.memory_sweep(runs, "bucket views").axes[0]
+    ax = plots.memory.memory_sweep(runs, "bucket views").axes[0]
     n = len(CATEGORIES)
     tops = [sum(p.get_height() for p in ax.patches[i:i + n]) for i in range(0, len(ax.patches), n)]
     assert tops == pytest.approx(moments_sweep(runs)["total"].tolist(), abs=3e-3)   # MiB, rounded
@@ -176,7 +176,7 @@ def test_the_memory_tables_work_for_a_users_model_with_frozen_parameters(shared_
 
     run = shared_runs["frozen-mem"][0]
     exp = run.spec
-    table = tables.memory_moments(run)
+    table = tables.memory.memory_moments(run)
     for c in ("parameters", "gradients", "ddp_buckets", "optimizer_state"):
         assert (table[(c, "measured")] == table[(c, "predicted")]).all(), (c, table[c])
     acts = table[("activations", "predicted")]
@@ -188,4 +188,4 @@ def test_the_memory_tables_work_for_a_users_model_with_frozen_parameters(shared_
     everything = memory_model.state_bytes(exp, m.parameter_numels, [True] * len(m.trainable))
     after_step = table.loc[(0, "after optimizer step")]
     assert not math.isclose(everything["gradients"] / MIB, after_step[("gradients", "measured")], rel_tol=1e-3)
-    assert not tables.memory_table(run).empty
+    assert not tables.memory.memory_table(run).empty

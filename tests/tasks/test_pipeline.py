@@ -16,7 +16,7 @@ from ddplab.recipes.pipeline import pipeline_parallel
 from ddplab.spec import Experiment, Pipeline
 from ddplab.record.pipeline import PipelineRecord, PipelineStep, StageOp, UnsplitCheck
 from ddplab.tables import pipeline as views
-from ddplab.tables import pipeline_steps
+from ddplab.tables import pipeline_timing
 
 SIZES = dict(d_model=32, n_layers=4, n_heads=2, seq_len=8)
 
@@ -291,11 +291,11 @@ def test_uneven_microbatches_stay_within_the_floors_tolerance():
 
 
 def test_timeline_table_starts_at_the_first_forward():
-    t = views.timeline(EVEN, "1F1B", 4, round_=1)
+    t = pipeline_timing.timeline(EVEN, "1F1B", 4, round_=1)
     assert t["start_ms"].min() == 0 and len(t) == 2 * 2 * 4 and set(t["kind"]) == {"forward", "backward"}
     assert t[t["stage"] == 1]["start_ms"].min() == pytest.approx(2.0)
     with pytest.raises(ValueError, match="no step"):
-        views.timeline(EVEN, "1F1B", 8)
+        pipeline_timing.timeline(EVEN, "1F1B", 8)
 
 
 def test_verify_activation_memory_holds_for_the_schedule_and_fails_for_an_extra_microbatch(capsys):
@@ -437,7 +437,7 @@ def test_pipeline_loss_and_gradients_equal_the_unsplit_model(pipeline_runs, caps
 @pytest.mark.slow
 def test_every_stage_runs_torchs_order_of_work(pipeline_runs):
     for run in pipeline_runs:
-        for (schedule, m, _), stage_steps in pipeline_steps.steps(run).items():
+        for (schedule, m, _), stage_steps in pipeline_timing.steps(run).items():
             for stage, step in enumerate(stage_steps):
                 ran = [(op.kind[0].upper(), op.microbatch) for op in step.ops if op.kind != "loss"]
                 assert ran == model.order(schedule, run.world_size, m, stage), (schedule, m, stage)

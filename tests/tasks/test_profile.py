@@ -97,7 +97,7 @@ def test_memory_timeline_is_aligned_like_the_events_and_peaks_per_category():
 def test_a_run_without_the_profile_probe_has_no_traces_to_read():
     run = types.SimpleNamespace(spec=ddplab.Experiment(name="plain"), ranks=[])
     with pytest.raises(ValueError, match=r"probes=\('profile',\)"):
-        tables.trace_events(run)
+        tables.traces.trace_events(run)
 
 
 def straggler_trace(rank: int) -> dict:
@@ -128,14 +128,14 @@ def test_the_timeline_names_gloo_workers_and_marks_the_pause_and_the_bucket_that
         spec=types.SimpleNamespace(name="straggler", probes=("profile",), straggler=Straggler(rank=1, ms=45.0)),
         path=tmp_path, ranks=[types.SimpleNamespace(rank=r, result=types.SimpleNamespace(
             profile=types.SimpleNamespace(trace=f"rank{r}.json"))) for r in (0, 1)])
-    ax = plots.trace_timeline(run, step=1).axes[0]
+    ax = plots.traces.trace_timeline(run, step=1).axes[0]
     assert [t.get_text() for t in ax.get_yticklabels()] == ["rank 0\nmain thread", "rank 0\ngloo worker 1",
                                                             "rank 1\nmain thread", "rank 1\ngloo worker 1"]
     texts = [t.get_text() for t in ax.texts]
     assert "rank 1 pauses 45.0 ms (the straggler)" in texts, texts
     assert any("waits 44.0 ms for rank 1 to join" in t for t in texts), texts   # from 36 ms to rank 1's launch at 80
     run.spec.straggler = None   # the same trace without a straggler in the spec: no pause to mark
-    assert not any("pauses" in t.get_text() for t in plots.trace_timeline(run, step=1).axes[0].texts)
+    assert not any("pauses" in t.get_text() for t in plots.traces.trace_timeline(run, step=1).axes[0].texts)
 
 
 # ---- a real 2-rank run ----------------------------------------------------------------------------------
@@ -155,13 +155,13 @@ def test_every_rank_wrote_its_trace_and_memory_timeline(profiled):
         p = r.result.profile
         assert p.steps == [1, 2], "step 0 is the warm-up"
         assert (profiled.path / p.trace).stat().st_size > 0 and (profiled.path / p.memory_timeline).exists()
-    assert sorted(f.name for f in tables.trace_folder(profiled).iterdir()) == ["rank0.pt.trace.json",
+    assert sorted(f.name for f in tables.traces.trace_folder(profiled).iterdir()) == ["rank0.pt.trace.json",
                                                                               "rank1.pt.trace.json"]
 
 
 @pytest.mark.slow
 def test_traces_hold_the_lab_phases_and_every_bucket_all_reduce(profiled):
-    ev = tables.trace_events(profiled)
+    ev = tables.traces.trace_events(profiled)
     counts = ev.groupby(["rank", "step", "kind", "name", "main_thread"]).size()
     print(counts.to_string())
     for rank in (0, 1):
@@ -176,7 +176,7 @@ def test_traces_hold_the_lab_phases_and_every_bucket_all_reduce(profiled):
 
 @pytest.mark.slow
 def test_barrier_ends_are_t0_on_every_rank_and_the_step_follows(profiled):
-    ev = tables.trace_events(profiled)
+    ev = tables.traces.trace_events(profiled)
     barriers = ev[ev["kind"] == "barrier"]
     assert len(barriers) == 4 and (barriers["end_ms"] == 0).all()
     assert (ev[ev["kind"] != "barrier"].query("kind != 'all_reduce'")["start_ms"] > 0).all()
@@ -186,7 +186,7 @@ def test_barrier_ends_are_t0_on_every_rank_and_the_step_follows(profiled):
 def test_holistic_trace_analysis_reads_the_trace_folder_with_both_ranks(profiled):
     from hta.trace_analysis import TraceAnalysis
 
-    analyzer = TraceAnalysis(trace_dir=str(tables.trace_folder(profiled)))
+    analyzer = TraceAnalysis(trace_dir=str(tables.traces.trace_folder(profiled)))
     assert sorted(analyzer.t.get_ranks()) == [0, 1]
 
 
@@ -195,12 +195,12 @@ def test_memory_timeline_holds_the_replicated_model_state_of_chapter_02(profiled
     """Every rank holds the whole model: parameters, gradients and Adam's state, to the byte, as
     `predict.memory` says; DDP's flat buckets have no category of the profiler's own ("unknown"). The
     check holds for the profile probe alone: another probe's own tensors show in the timeline too."""
-    m = tables.memory_timeline(profiled)
+    m = tables.traces.memory_timeline(profiled)
     assert list(m.columns[3:7]) == ["parameters", "gradients", "optimizer_state", "activations"]
     assert {"inputs", "temporaries", "autograd_detail", "unknown"} <= set(m.columns)
     predicted = memory_model.state_bytes(profiled.spec)
     largest_tensor = max(memory_model.parameter_numels(profiled.spec)) * 4
-    peaks = tables.memory_timeline_peaks(m)
+    peaks = tables.traces.memory_timeline_peaks(m)
     for r in profiled.ranks:
         mine = m[m["rank"] == r.rank]
         settled = mine[mine["step"] == 2]   # step 1 allocates the buckets DDP rebuilt after step 0
@@ -221,7 +221,7 @@ def test_memory_timeline_holds_the_replicated_model_state_of_chapter_02(profiled
 
 @pytest.mark.slow
 def test_the_merged_timeline_names_every_mark_it_draws(profiled, tmp_path):
-    fig = plots.trace_timeline(profiled)
+    fig = plots.traces.trace_timeline(profiled)
     labels = [t.get_text() for t in fig.legends[0].get_texts()]
     for mark in ("ddplab:barrier", "ddplab:forward", "ddplab:backward", "ddplab:optimizer", "c10d::allreduce_",
                  "gloo:all_reduce", "t = 0"):
@@ -232,4 +232,4 @@ def test_the_merged_timeline_names_every_mark_it_draws(profiled, tmp_path):
         assert mine[0] == "main thread" and mine[1] == "gloo worker 1", lanes
     fig.savefig(tmp_path / "trace_timeline.png")
     with pytest.raises(ValueError, match=r"step 0 was not profiled .* \[1, 2\]"):
-        plots.trace_timeline(profiled, step=0)
+        plots.traces.trace_timeline(profiled, step=0)

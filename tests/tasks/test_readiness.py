@@ -22,19 +22,19 @@ def comm_runs(shared_runs):
 
 
 def test_bytes_each_rank_writes_match_the_ring_formula_for_2_3_and_4_ranks(comm_runs):
-    table = tables.bytes_on_wire(comm_runs[1:])
+    table = tables.comm.bytes_on_wire(comm_runs[1:])
     assert list(table.index) == [2, 3, 4]
     assert ((table["ratio"] - 1).abs() < 0.02).all(), table
 
 
 def test_sweep_records_every_size_and_the_fit_is_graded(comm_runs):
-    table = tables.allreduce_sweep(comm_runs[0])
+    table = tables.comm.allreduce_sweep(comm_runs[0])
     assert list(table.index) == [2**k for k in range(16, 23)]
     for r in comm_runs[0].ranks:  # every rank timed every size, once per repeat
         assert [c.bytes for c in r.result.sizes] == list(table.index)
         assert all(len(c.ms) == len(c.write_bytes) == 5 for c in r.result.sizes)
     assert ((table["written_over_ring_formula"] - 1).abs() < 0.05).all()
-    model, q = tables.fit_sweep(table)
+    model, q = tables.comm.fit_sweep(table)
     assert model.bandwidth_bytes_per_s > 0 and len(q.residuals) == len(table)
     # bus bandwidth is the rate each rank's link carries, 2(D-1)/D x the algorithm bandwidth (4/3 at
     # 3 ranks): since each rank wrote the ring formula's bytes (above), it is what a rank wrote per second
@@ -60,13 +60,13 @@ def test_rebuilt_buckets_follow_the_observed_ready_order(ready_runs):
 
 
 def test_tied_weight_is_ready_last_though_defined_first(ready_runs):
-    order = tables.ready_order(ready_runs["ready-tied"])
+    order = tables.readiness.ready_order(ready_runs["ready-tied"])
     assert order.loc["tok_emb.weight", "source_position"] == 0
     assert order.loc["tok_emb.weight", "ready_position"] == len(order) - 1
 
 
 def test_branchy_ready_order_differs_from_reverse_source_order(ready_runs):
-    order = tables.ready_order(ready_runs["ready-branchy"])
+    order = tables.readiness.ready_order(ready_runs["ready-branchy"])
     assert order.loc["head.weight", "ready_position"] <= 1 and not order["as_assumed"].all()
     assert order.loc["b2.weight", "ready_position"] < order.loc["b1.weight", "ready_position"]
 

@@ -262,7 +262,7 @@ def test_audit_of_a_hugging_face_gpt2_against_independent_counts(tmp_path, capsy
     assert got["last_bucket"] == torch_rule[-1] and [b["tensors"] for b in got["buckets"]] == [len(b) for b in torch_rule]
     assert sum(b["bytes"] for b in got["buckets"]) == got["comm"]["payload_bytes"]
     # the compute/comm ratio divides by the all-reduce of exactly the gradient's size, timed on these ranks
-    assert got["comm"]["payload_bytes"] in tables.allreduce_sweep(ddplab.load_run(got["paths"]["allreduce"])).index
+    assert got["comm"]["payload_bytes"] in tables.comm.allreduce_sweep(ddplab.load_run(got["paths"]["allreduce"])).index
     # the text report says the same
     text = capsys.readouterr().out
     assert f"model: {hf.num_parameters():,} parameters" in text and f"buckets DDP built after its rebuild ({len(torch_rule)}," in text
@@ -352,7 +352,7 @@ def test_audit_of_a_model_with_frozen_parameters_counts_only_what_ddp_reduces(tm
     assert report.comm["payload_bytes"] == sum(4 * p.numel() for p in trainable.values()) == report.model["gradient_bytes"]
     assert abs(report.comm["written_over_formula"] - 1) < 0.05
     assert sum(len(b) for b in report.layout) == len(trainable) and "emb.weight" not in report.ready_order.index
-    tables.verify_model_state(report.memory)
+    tables.memory.verify_model_state(report.memory)
     assert "emb.weight" not in report.text().split("ready order")[1]
     # --compile: the same model under torch.compile on the same ranks; the frozen embedding is not a gradient there either
     c = report.compiled

@@ -18,7 +18,7 @@ def fake_run(global_batch, examples=1024):
 
 def test_every_curve_of_the_batch_size_study_reaches_its_last_step():
     runs = [fake_run(8), fake_run(32)]
-    fig = plots.batch_size_study(runs, target_loss=1.5)
+    fig = plots.global_batch.batch_size_study(runs, target_loss=1.5)
     by_examples, by_steps = fig.axes
     lines = [line for line in by_steps.get_lines() if line.get_label().startswith("global batch")]
     assert [max(line.get_xdata()) for line in lines] == [128, 32]   # batch 8 ran 128 steps, batch 32 ran 32

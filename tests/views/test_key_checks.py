@@ -1,6 +1,6 @@
 """The three most important notebook checks can fail: each passes on a correct real run and
 raises `verify.CheckFailed` for a deliberately wrong input. The tests call the same library functions
-the notebooks' cells call (`tables.verify_*`), so a check that could no longer fail would show here:
+the notebooks' cells call (`tables.<module>.verify_*`), so a check that could no longer fail would show here:
 
     01, the synchronized gradient: every rank holds the global-batch gradient after the all-reduce;
     02, replicated memory: parameters, gradients, buckets and optimizer state as the model predicts;
@@ -53,22 +53,22 @@ def key_runs(shared_runs):
 # ---- notebook 01: after the all-reduce every rank holds the global-batch gradient --------------------
 @pytest.mark.slow
 def test_gradient_check_passes_on_a_synchronized_run(key_runs, capsys):
-    tables.verify_global_batch_gradient(tables.gradient_check(key_runs[GRADIENT.name]))
+    tables.gradients.verify_global_batch_gradient(tables.gradients.gradient_check(key_runs[GRADIENT.name]))
     assert "verified: after the all-reduce every rank holds the global-batch gradient" in capsys.readouterr().out
 
 
 @pytest.mark.slow
 def test_gradient_check_fails_when_the_rank_mean_loss_weighs_unequal_local_batches_equally(key_runs):
-    check = tables.gradient_check(key_runs[RANK_MEAN_UNEQUAL.name])
+    check = tables.gradients.gradient_check(key_runs[RANK_MEAN_UNEQUAL.name])
     with pytest.raises(verify.CheckFailed, match="NOT verified: after the all-reduce every rank holds the global-batch"):
-        tables.verify_global_batch_gradient(check)
+        tables.gradients.verify_global_batch_gradient(check)
 
 
 @pytest.mark.slow
 def test_gradient_check_fails_when_the_ranks_never_synchronize(key_runs):
-    check = tables.gradient_check(key_runs[NO_SYNC.name])
+    check = tables.gradients.gradient_check(key_runs[NO_SYNC.name])
     with pytest.raises(verify.CheckFailed, match="NOT verified: after the all-reduce every rank holds the global-batch"):
-        tables.verify_global_batch_gradient(check)
+        tables.gradients.verify_global_batch_gradient(check)
 
 
 # ---- notebook 02: the model state at its largest, on every rank, as predicted ------------------------
@@ -79,7 +79,7 @@ def _predicted_for(run, **wrong):
 
 @pytest.mark.slow
 def test_memory_check_passes_when_the_prediction_is_for_the_run_itself(key_runs, capsys):
-    tables.verify_model_state(tables.memory_table(key_runs[MEMORY.name]))
+    tables.memory.verify_model_state(tables.memory.memory_table(key_runs[MEMORY.name]))
     out = capsys.readouterr().out
     assert all(f"verified: {c} at their largest, on every rank, as predicted" in out
                for c in ("parameters", "gradients", "ddp_buckets", "optimizer_state")), out
@@ -92,9 +92,9 @@ def test_memory_check_passes_when_the_prediction_is_for_the_run_itself(key_runs,
     (dict(dtype="float64"), "parameters"),        # 8 bytes per element; the run held 4
 ], ids=["wrong-optimizer", "no-ddp-buckets", "wrong-dtype"])
 def test_memory_check_fails_when_the_prediction_assumes_the_wrong_spec(key_runs, wrong, fails):
-    table = tables.memory_table(_predicted_for(key_runs[MEMORY.name], **wrong))
+    table = tables.memory.memory_table(_predicted_for(key_runs[MEMORY.name], **wrong))
     with pytest.raises(verify.CheckFailed, match=f"NOT verified: {fails} at their largest, on every rank, as predicted"):
-        tables.verify_model_state(table)
+        tables.memory.verify_model_state(table)
 
 
 # ---- notebook 06: every optimizer step took the distinct examples it asked for -----------------------
@@ -108,21 +108,21 @@ def _rank_reads_rank_0s_shard(run, rank: int = 1):
 
 @pytest.mark.slow
 def test_examples_check_passes_when_every_step_took_the_global_batch(key_runs, capsys):
-    tables.verify_distinct_examples(key_runs[EXAMPLES.name], ASKED)
+    tables.global_batch.verify_distinct_examples(key_runs[EXAMPLES.name], ASKED)
     assert "verified: key-examples: distinct examples in each of its 2 optimizer steps" in capsys.readouterr().out
 
 
 @pytest.mark.slow
 def test_examples_check_fails_when_the_data_path_drops_half_the_examples(key_runs):
     with pytest.raises(verify.CheckFailed, match=r"NOT verified: key-examples-drops-half: distinct examples .* seen \[16, 16\]"):
-        tables.verify_distinct_examples(key_runs[DROPS.name], ASKED)
+        tables.global_batch.verify_distinct_examples(key_runs[DROPS.name], ASKED)
 
 
 @pytest.mark.slow
 def test_examples_check_fails_when_two_ranks_read_the_same_shard(key_runs):
     duplicated = _rank_reads_rank_0s_shard(key_runs[EXAMPLES.name])
     with pytest.raises(verify.CheckFailed, match=r"NOT verified: key-examples: distinct examples .* seen \[16, 16\]"):
-        tables.verify_distinct_examples(duplicated, ASKED)
+        tables.global_batch.verify_distinct_examples(duplicated, ASKED)
 
 
 # ---- the notebooks run these same checks -------------------------------------------------------------

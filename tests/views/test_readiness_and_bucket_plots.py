@@ -74,7 +74,7 @@ def fake_run():
 def test_backward_timeline_gives_every_bucket_a_lane_and_writes_its_duration():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        fig = plots.backward_timeline(fake_run())
+        fig = plots.readiness.backward_timeline(fake_run())
         assert texts_outside_the_figure(fig) == []
     panels = [ax for ax in fig.axes if ax.get_visible()]
     assert len(panels) == 2
@@ -97,7 +97,7 @@ def test_ready_order_legend_explains_the_dashed_line_and_both_colours():
     t["as_assumed"] = t["ready_position"] == t["reverse_source_position"]
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        fig = plots.ready_order({"x": t, "y": t, "z": t})
+        fig = plots.readiness.ready_order({"x": t, "y": t, "z": t})
         assert texts_outside_the_figure(fig) == []
     assert sum(ax.get_visible() for ax in fig.axes) == 3
     assert legend_labels(fig) == ["naive assumption: exactly reverse source order", "ready where the assumption says",
@@ -111,7 +111,7 @@ def test_the_slider_timeline_names_every_mark_and_keeps_its_text_inside(cap_mb):
                 "last_ready_ms": 40.0, "backward_ms": 1.5 * s.comm_end_ms}   # past everything predicted
     with warnings.catch_warnings():
         warnings.simplefilter("error")   # no layout warning, whatever the cap
-        fig = plots.timeline(s, measured, f"ddp:{cap_mb}: {len(s.buckets)} bucket(s), calibrated model", detached=True)
+        fig = plots.buckets.timeline(s, measured, f"ddp:{cap_mb}: {len(s.buckets)} bucket(s), calibrated model", detached=True)
         assert texts_outside_the_figure(fig) == []
     (ax,) = fig.axes
     assert len(ax.texts) == 0                                  # the tail is named in the title, not on the plot
@@ -129,7 +129,7 @@ def test_the_error_bands_of_the_sweep_comparison_are_in_its_legend():
                       "textbook_error": [-0.2, -0.06], "calibration_point": [True, False]}, index=["ddp:1", "ddp:4"])
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        fig = plots.sweep_comparison(t)
+        fig = plots.buckets.sweep_comparison(t)
         assert texts_outside_the_figure(fig) == []
     bottom = fig.axes[1]
     assert [t.get_text() for t in bottom.get_legend().get_texts()] == ["\u00b15% band", "\u00b110% band", "textbook"]

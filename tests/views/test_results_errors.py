@@ -17,20 +17,20 @@ share("memory-one-step", lambda: [recipes.memory_ledger(2, steps=1, name="memory
 
 
 @pytest.mark.parametrize("ask, says", [
-    (lambda run: tables.gradient_check(run), r"has no gradients: run it with probes=\('gradients',\)"),
-    (lambda run: tables.gradient_values(run), r"has no gradients"),
-    (lambda run: tables.normalization([run]), r"has no gradients"),
-    (lambda run: tables.memory_table(run), r"has no memory ledger: run it with probes=\('memory',\)"),
-    (lambda run: tables.accumulation([run]), r"tables\.accumulation: run 't2' was run without the probe\(s\) buckets, "
+    (lambda run: tables.gradients.gradient_check(run), r"has no gradients: run it with probes=\('gradients',\)"),
+    (lambda run: tables.gradients.gradient_values(run), r"has no gradients"),
+    (lambda run: tables.gradients.normalization([run]), r"has no gradients"),
+    (lambda run: tables.memory.memory_table(run), r"has no memory ledger: run it with probes=\('memory',\)"),
+    (lambda run: tables.global_batch.accumulation([run]), r"tables\.global_batch\.accumulation: run 't2' was run without the probe\(s\) buckets, "
                                              r"activations, gradients it shows: run it with probes="),
-    (lambda run: tables.scaling([run], "strong"), r"has 2 step\(s\), all of them warm-up"),
-    (lambda run: tables.ready_order(run), r"run 't2' recorded no gradient readiness: run it with probes=\('readiness',\)"),
-    (lambda run: tables.allreduce_sweep(run), r"tables\.allreduce_sweep: `run` got 't2', a train run, and it reads "
+    (lambda run: tables.global_batch.scaling([run], "strong"), r"has 2 step\(s\), all of them warm-up"),
+    (lambda run: tables.readiness.ready_order(run), r"run 't2' recorded no gradient readiness: run it with probes=\('readiness',\)"),
+    (lambda run: tables.comm.allreduce_sweep(run), r"tables\.comm\.allreduce_sweep: `run` got 't2', a train run, and it reads "
                                               r"allreduce-sweep runs \(made by recipes\.allreduce_sweep\(\)\)"),
     (lambda run: tables.coverage.coverage_table(run),
      r"tables\.coverage\.coverage_table: `run` got 't2', a train run, and it reads data-coverage runs"),
     (lambda run: tables.pipeline.bubble({"a": run}), r"tables\.pipeline\.bubble: `runs` is a dict; pass a list of runs"),
-    (lambda run: tables.memory_sweep([]), r"tables\.memory_sweep: `runs` is empty"),
+    (lambda run: tables.memory.memory_sweep([]), r"tables\.memory\.memory_sweep: `runs` is empty"),
 ])
 def test_a_table_of_something_the_run_did_not_record_says_how_to_record_it(run2, ask, says):
     with pytest.raises(ValueError, match=says):
@@ -40,8 +40,8 @@ def test_a_table_of_something_the_run_did_not_record_says_how_to_record_it(run2,
 def test_a_memory_table_of_a_one_step_run_says_which_step_to_ask_for(shared_runs):
     run = shared_runs["memory-one-step"][0]
     with pytest.raises(ValueError, match=r"has 1 step\(s\), so no step 1.*pass step=0"):
-        tables.memory_table(run)
-    assert len(tables.memory_table(run, step=0)) == 2
+        tables.memory.memory_table(run)
+    assert len(tables.memory.memory_table(run, step=0)) == 2
 
 
 def test_a_truncated_spec_is_a_damaged_run_not_a_json_traceback(run2, tmp_path):

@@ -21,7 +21,7 @@ def text_px(text: str) -> float:
 
 
 def test_every_rank_weights_slider_shows_its_whole_label():
-    box = widgets.rank_weights_explorer(local_batch=(2, 4, 6, 12), seq_len=(8, 16, 16, 32))
+    box = widgets.gradients.rank_weights_explorer(local_batch=(2, 4, 6, 12), seq_len=(8, 16, 16, 32))
     columns = box.children[0].children
     sliders = [s for column in columns for s in column.children]
     assert all(isinstance(s, w.IntSlider) for s in sliders) and len(sliders) == 8

@@ -4,7 +4,7 @@
 alone (a tensor hook, which sees the gradient before DDP's all-reduce overwrites `.grad`); after the
 step's last backward, `.grad` holds the reduced gradient; rank 0 also computes the single-process
 reference on the whole global batch (`rank/reference.py`). All three go to rank{r}.pt; the notebook
-compares them with `tables.gradient_check`. Used by notebooks 01 and 06.
+compares them with `tables.gradients.gradient_check`. Used by notebooks 01 and 06.
 """
 
 from __future__ import annotations

@@ -1,17 +1,21 @@
-"""A pipeline run's recorded steps (`record/pipeline.py`), and the bubble of each: the span of one step
-over all stages, each stage's idle fraction, the share the stages were not computing, and the
-schedule replayed with the measured compute (`predict/pipeline.py`). The tables and claims of notebook
-09 (`tables/pipeline.py`) and its figures read them."""
+"""One step of a pipeline, timed: a run's recorded steps (`record/pipeline.py`), each stage's ops of a
+step on the host's one clock (`timeline`), and the step's bubble: its span over all stages, each
+stage's idle fraction, the share the stages were not computing, and the schedule replayed with the
+measured compute (`predict/pipeline.py`). The claims across schedules (`tables/pipeline.py`) and the
+figures of notebook 09 read them."""
 
 from __future__ import annotations
 
 import statistics
 
+import pandas as pd
+
 from ..predict.pipeline import simulate
+from ..units import MIB
+from .reads import reading, reading_no_run
 
-READS = "pipeline"   # the task kind of the runs its tables read (tables/reads.py)
 
-
+@reading(run="pipeline")
 def steps(run) -> dict[tuple[str, int, int], list]:
     """(schedule, m, round) -> every stage's PipelineStep of that step, in stage order (round -1 is the
     checked step)."""
@@ -38,6 +42,7 @@ def _durations_ms(step, m: int, cpu: bool = False) -> tuple[list[float], list[fl
     return fwd, bwd
 
 
+@reading_no_run
 def step_bubble(stage_steps: list) -> dict:
     """One step over all stages: its span (ms), each stage's idle fraction, their mean (`bubble`); the
     share of the span the stages' processes were not computing (`not_computing`: the span less their
@@ -63,6 +68,7 @@ def step_bubble(stage_steps: list) -> dict:
             "waits": max(0.0, (span_ms - per_op.span_ms) / span_ms), "compute": "cpu" if cpu else "wall"}
 
 
+@reading(run="pipeline")
 def rounds(run) -> dict[tuple[str, int], dict[int, dict]]:
     """(schedule, m) -> round -> `step_bubble` of that timed step: the rounds that pair the arms."""
     out: dict[tuple[str, int], dict[int, dict]] = {}
@@ -70,3 +76,19 @@ def rounds(run) -> dict[tuple[str, int], dict[int, dict]]:
         if r >= 0:
             out.setdefault((schedule, m), {})[r] = step_bubble(stage_steps)
     return out
+
+
+@reading(run="pipeline")
+def timeline(run, schedule: str, microbatches: int, round_: int = 0) -> pd.DataFrame:
+    """Every op of one step: stage, kind ("forward", "loss", "backward"), microbatch, start_ms and
+    end_ms after the step's first forward started (any stage), in_flight and saved_mib after it."""
+    table = steps(run)
+    if (schedule, microbatches, round_) not in table:
+        raise ValueError(f"run {run.spec.name!r} has no step {schedule} m={microbatches} round {round_} "
+                         f"(it has {sorted({k[:2] for k in table})})")
+    stage_steps = table[(schedule, microbatches, round_)]
+    t0 = min(op.start_ns for s in stage_steps for op in s.ops)
+    return pd.DataFrame([{"stage": stage, "kind": op.kind, "microbatch": op.microbatch,
+                          "start_ms": (op.start_ns - t0) / 1e6, "end_ms": (op.end_ns - t0) / 1e6,
+                          "in_flight": op.in_flight, "saved_mib": op.saved_bytes / MIB}
+                         for stage, s in enumerate(stage_steps) for op in s.ops])
