@@ -29,7 +29,7 @@ from misuse_probe import CLEAR, ROOT, Tally, _cli_ok, _lab_processes, _Wrong  # 
 
 # ---- processes a run starts: none outlives its owner (issue 51, items 1-4) ------------------------------
 def _tagged(tag: str) -> list[str]:
-    from ddplab.launch.torchrun import live_processes
+    from ddplab.processes import live_processes
 
     return [f"{pid}: {cmd[:100]}" for pid, cmd in live_processes((tag,)) if pid != os.getpid()]
 

@@ -34,6 +34,8 @@ import time
 import traceback
 from pathlib import Path
 
+from . import processes
+
 SPEC = "spec.json"
 LOG = "launch.log"
 LAUNCH = "launch.json"
@@ -57,15 +59,8 @@ def error_file(run_dir: Path, rank: int) -> Path:
 
 def witness_file(directory: Path, rank: int, prefix: str = "") -> Path:
     """The rank's testimony (`rank/witness.py`: its stacks and torch's flight recorder, as JSON), written
-    when it failed or when the launcher sent it `host.WITNESS_SIGNAL`; a session's cell prefixes `job{n}.`."""
+    when it failed or when the launcher sent it `processes.WITNESS_SIGNAL`; a session's cell prefixes `job{n}.`."""
     return Path(directory) / f"{prefix}rank{rank}.witness.json"
-
-
-def rank_processes(last: dict[int, dict]) -> dict[int, tuple]:
-    """rank -> (pid, start ticks) of the ranks on this host, from each rank's latest progress record."""
-    here = socket.gethostname()
-    return {r: (rec["pid"], rec.get("start_ticks")) for r, rec in last.items()
-            if rec and isinstance(rec.get("pid"), int) and rec.get("host", here) == here}
 
 
 def fatal_file(run_dir: Path, rank: int) -> Path:
@@ -150,42 +145,21 @@ def shown(path: Path) -> str:
 OWNER = ".owner.json"   # in a staging or session directory: the process that made it
 
 
-def _process_identity(pid: int) -> dict | None:
-    """What tells process `pid` apart from any other, ever, on this host: the boot it runs in, its pid
-    namespace and its start time in clock ticks since boot (/proc; no wall clock, so a clock step cannot
-    make a live process look like another). None if there is no such process (or no /proc)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        start = int(stat.rsplit(")", 1)[1].split()[19])   # field 22, after the command in parentheses
-        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-        pidns = os.readlink(f"/proc/{pid}/ns/pid") if Path(f"/proc/{pid}/ns/pid").exists() else ""
-        return {"boot": boot, "pidns": pidns, "start_ticks": start}
-    except (OSError, ValueError, IndexError):
-        return None
-
-
 def claim(directory: Path) -> None:
     """Record in `directory` (a launch's staging directory, a session's) the process that made it, so a
     later launch can tell it is dead once that process is gone (`owner_gone`)."""
     write_json_atomic(Path(directory) / OWNER, {"pid": os.getpid(), "host": socket.gethostname(),
-                                               **(_process_identity(os.getpid()) or {})})
+                                               **(processes.identity(os.getpid()) or {})})
 
 
 def owner_gone(directory: Path) -> bool:
-    """True only if `directory`'s owner is provably gone: recorded on this host, in this boot and pid
-    namespace, and no process with its pid has its start time now. No record, a damaged one, another
-    host, boot or namespace we cannot see into: False (leave it be)."""
+    """True only if `directory`'s owner is provably gone (`processes.is_gone`: recorded on this host, in
+    this boot and pid namespace, and no process with its pid has its start time now). No record, a
+    damaged one, another host, boot or namespace we cannot see into: False (leave it be)."""
     try:
-        d = json.loads((Path(directory) / OWNER).read_text())
-        pid, host, boot, pidns, start = (int(d["pid"]), str(d["host"]), str(d["boot"]), str(d["pidns"]),
-                                         int(d["start_ticks"]))
+        return processes.is_gone(json.loads((Path(directory) / OWNER).read_text()))
     except (OSError, ValueError, KeyError, TypeError, RecursionError):
         return False
-    mine = _process_identity(os.getpid())
-    if host != socket.gethostname() or mine is None or (mine["boot"], mine["pidns"]) != (boot, pidns):
-        return False
-    now = _process_identity(pid)
-    return now is None or now["start_ticks"] != start
 
 
 def check_destination(final: Path) -> None:
@@ -252,8 +226,7 @@ class ProgressLog:
         self._f = open(progress_file(run_dir, rank), "a", buffering=1)
         self.pid = os.getpid()   # the launcher looks at this process's state when the ranks stop moving
         self.host = socket.gethostname()   # ... on this host only: on other nodes the pid means nothing here
-        me = _process_identity(self.pid)   # its start, so that a recycled pid is never taken for this rank
-        self.start_ticks = me["start_ticks"] if me else None
+        self.start_ticks = processes.start_ticks(self.pid)   # so that a recycled pid is never taken for this rank
         self.last = {"phase": "start", "step": -1, "micro": 0}
 
     def enter(self, phase: str, step: int = -1, micro: int = 0, collective: str | None = None,

@@ -42,6 +42,7 @@ def test_the_import_contracts_hold():
     ("ddplab/rank/parallel/bucketed.py", "from ..probes.buckets import BucketLog",
      "inside a rank: the parallel wrappers are mechanism only"),
     ("ddplab/rank/probes/memory.py", "from ..parallel.ddp import wrap_in_ddp", "inside a rank: the meters import no parallel"),
+    ("ddplab/processes.py", "from . import rundir", "the process rules import no torch and no other stage"),
     ("ddplab/guard/hooks.py", "from ..launch import cold", "the guard runs in a user's own script"),
     ("ddplab/guard/checks.py", "import torch", "the guard's verdicts are pure"),
 ])

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import time
 
-from .. import failures, host, rundir
+from .. import failures, processes, rundir
 from .torchrun import interrupts_caught
 
 CELL_GRACE_S = 5.0   # beyond the default group's timeout, how long a cell may take before it counts as hung
@@ -109,6 +109,6 @@ def _testimony(s, n: int):
     from .watch import collect
 
     progress, _, _ = collect(s.dir, s.world_size)   # the session's start-up records carry each rank's pid
-    host.ask_witnesses(rundir.rank_processes({r: recs[-1] for r, recs in progress.items() if recs}), s.dir,
-                         prefix=f"job{n}.")
+    processes.ask_witnesses(processes.rank_processes({r: recs[-1] for r, recs in progress.items() if recs}),
+                            lambda r: rundir.witness_file(s.dir, r, f"job{n}."))
     return witnesses.testimony(s.dir, s.world_size, prefix=f"job{n}.")

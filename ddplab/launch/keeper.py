@@ -2,7 +2,7 @@
 
     python ddplab/launch/keeper.py --owner <launcher pid> [--tmp DIR] [--report FILE] [--orphaned-remove DIR] -- <argv>
 
-The lab's own ranks die with torchrun (`host.die_with_parent`), but what else a run starts does not: a
+The lab's own ranks die with torchrun (`processes.die_with_parent`), but what else a run starts does not: a
 user's script's ranks (torchrun starts each in a session of its own), and whatever a `%%ddp` cell, a
 script or a model factory starts, in a new session or not. The keeper is their subreaper
 (PR_SET_CHILD_SUBREAPER): a process of the run that loses its parent is re-parented to the keeper, not
@@ -17,15 +17,17 @@ environment, which finds one that a subreaper of its own took out of the tree.
 torchrun and the ranks get a temporary folder of the run's own (`--tmp`, which the launcher made and
 removes too if the keeper could not; $TMPDIR: torchrun's `torchelastic_*` log folder, a compiler's temp
 files) that the keeper removes when it ends; inductor's cache stays where it was.
-It imports no ddplab module and no torch (stdlib and psutil), so it starts in a fraction of a second.
+Its process rules (the owner token, die-with-parent, the subreaper, killing) are `processes.py`'s. Run as
+a script it loads that one file by its path, not the ddplab package, and no torch (stdlib and psutil),
+so it starts in a fraction of a second.
 Started by `launch.torchrun.start` for every local launch: cold runs, sessions, `run_script`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import getpass
+import importlib.util
 import json
 import os
 import shutil
@@ -37,9 +39,15 @@ import time
 import uuid
 import warnings
 
-OWNER_ENV = "DDPLAB_OWNER"   # the launch's token, inherited by every process the run starts
-PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER = 1, 36
-KILL_DEADLINE_S = 15.0   # a tree that forks while it is being killed is killed again, for at most this long
+if __package__:   # imported as ddplab.launch.keeper: by the launcher, for the names below
+    from .. import processes
+else:   # run as a script (`launch.torchrun.start`): the one file of the process rules, not the ddplab package
+    _spec = importlib.util.spec_from_file_location(
+        "ddplab_processes", os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "processes.py"))
+    processes = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(processes)
+
+OWNER_ENV = processes.OWNER_ENV
 STOP_SIGNAL = signal.SIGUSR1   # the launcher's "stop the run now" (`torchrun.kill_tree`)
 POLL_S = 0.05
 # inductor's compile-worker sidecar (and its pool) of a rank that ended with os._exit, skipping torch's
@@ -48,110 +56,9 @@ COMPILE_WORKER = "torch._inductor.compile_worker"
 REPORT = "left-running.json"   # the usual name of `--report` in a run's folder
 
 
-def _prctl(option: int, value: int) -> None:
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None, use_errno=True).prctl(option, value)
-
-
-def marked(token: str) -> list:
-    """This user's live processes, other than this one, whose environment carries `token`."""
-    import psutil
-
-    found, uid, me = [], os.getuid(), os.getpid()
-    for p in psutil.process_iter(["uids"]):
-        try:
-            if p.pid != me and p.info["uids"] is not None and p.info["uids"].real == uid \
-                    and p.environ().get(OWNER_ENV) == token and alive(p):
-                found.append(p)
-        except psutil.Error:
-            pass
-    return found
-
-
-def owned(token: str) -> list:
-    """Every live process beneath this one, and every process `marked` with `token`."""
-    import psutil
-
-    found = {p.pid: p for p in psutil.Process().children(recursive=True) if alive(p)}
-    for p in marked(token):
-        found.setdefault(p.pid, p)
-    return list(found.values())
-
-
-def alive(p) -> bool:
-    import psutil
-
-    try:
-        return p.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
-
-
-def _describe(procs) -> list[dict]:
-    import psutil
-
-    said = []
-    for p in procs:
-        try:
-            said.append({"pid": p.pid, "cmdline": " ".join(p.cmdline()) or p.name(), "lineage": _lineage(p)})
-        except psutil.Error:
-            pass
-    return said
-
-
-def _lineage(p) -> str:
-    """The command lines of `p` and its ancestors below this process, as far as they can be read."""
-    import psutil
-
-    said = []
-    with contextlib.suppress(psutil.Error):
-        for q in [p, *p.parents()]:
-            if q.pid == os.getpid():
-                break
-            with contextlib.suppress(psutil.Error):
-                said.append(" ".join(q.cmdline()))
-    return " ".join(said)
-
-
 def kill_all(token: str) -> list[dict]:
     """SIGKILL every process `owned` by this run until none is left, and reap them; what was found first."""
-    return kill_until_gone(lambda: owned(token), reap)
-
-
-def kill_until_gone(find, reaped=None, deadline_s: float = KILL_DEADLINE_S) -> list[dict]:
-    """SIGKILL the live processes `find()` returns, and again what it finds next (a process that forked
-    meanwhile, a child re-parented to a subreaper) until it finds none or `deadline_s` passed (a process
-    in uninterruptible sleep dies only when its I/O ends); `reaped()` after each round. What it found
-    first, described (pid, command line) before it was killed."""
-    import psutil
-
-    first, end = None, time.monotonic() + deadline_s
-    while True:
-        procs = [p for p in find() if alive(p)]   # a zombie is dead: its parent reaps it
-        first = _describe(procs) if first is None else first
-        if not procs or time.monotonic() >= end:
-            return first
-        for p in procs:
-            try:
-                p.kill()
-            except psutil.Error:
-                pass
-        psutil.wait_procs(procs, timeout=max(0.1, min(2.0, end - time.monotonic())))
-        if reaped is not None:
-            reaped()
-
-
-def reap(keep: int | None = None) -> None:
-    """Collect the exit status of every dead child but `keep` (torchrun, whose status `Popen` reads): a
-    process of the run that ended after its parent did was re-parented here, and stays a zombie until then."""
-    while True:
-        try:
-            seen = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-        except ChildProcessError:
-            return
-        if seen is None or seen.si_pid in (0, keep):
-            return
-        os.waitpid(seen.si_pid, 0)
+    return processes.kill_until_gone(lambda: processes.owned(token), processes.reap)
 
 
 def run_env(env: dict, tmp: str) -> dict:
@@ -179,7 +86,7 @@ def children_stopped(what: str):
     import psutil
 
     me = psutil.Process()
-    before = {_identity(p) for p in me.children()}
+    before = {(p.pid, processes.start_ticks(p.pid)) for p in me.children()}   # a recycled pid is another process
     token, outer = f"preflight-{uuid.uuid4().hex}", os.environ.get(OWNER_ENV)
     os.environ[OWNER_ENV] = token
     try:
@@ -193,27 +100,17 @@ def children_stopped(what: str):
         def started() -> list:
             found = {}
             for child in me.children():
-                if _identity(child) not in before and _not_another_launch(child, token):
+                if (child.pid, processes.start_ticks(child.pid)) not in before and _not_another_launch(child, token):
                     found[child.pid] = child
                     with contextlib.suppress(psutil.Error):
                         found.update({p.pid: p for p in child.children(recursive=True)})
-            found.update({p.pid: p for p in marked(token)})
+            found.update({p.pid: p for p in processes.marked(token)})
             return list(found.values())
 
-        left = [d["cmdline"] for d in kill_until_gone(started)]
+        left = [d["cmdline"] for d in processes.kill_until_gone(started)]
         if left:
             warnings.warn(f"{what} started {len(left)} process(es) that were still running after it was built and "
                           f"checked here; " + stopped(left), stacklevel=3)
-
-
-def _identity(p) -> tuple:
-    """(pid, start time): a pid the kernel gave again to a new process is another process."""
-    import psutil
-
-    try:
-        return p.pid, p.create_time()
-    except psutil.Error:
-        return p.pid, None
 
 
 def _not_another_launch(p, token: str) -> bool:
@@ -276,7 +173,7 @@ def main(argv: list[str]) -> int:
     stopping: list[int] = []
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT, STOP_SIGNAL):   # before anything starts: none is lost
         signal.signal(sig, lambda signum, frame: stopping.append(signum))
-    _prctl(PR_SET_CHILD_SUBREAPER, 1)
+    processes.become_subreaper()
     owner = int(opts["owner"]) if opts["owner"] else None
     token = os.environ.get(OWNER_ENV) or f"keeper-{os.getpid()}"
     tmp = opts["tmp"] or tempfile.mkdtemp(prefix="ddplab-run-")
@@ -284,16 +181,16 @@ def main(argv: list[str]) -> int:
     try:
         if owner is None or os.getppid() == owner:   # the launcher may have died before the death signal was armed
             child = subprocess.Popen(opts["command"], env=run_env({**os.environ, OWNER_ENV: token}, tmp),
-                                     preexec_fn=lambda: _prctl(PR_SET_PDEATHSIG, signal.SIGKILL))
+                                     preexec_fn=processes.die_with_parent)
         while child is not None and not stopping and (owner is None or os.getppid() == owner):
             try:
                 child.wait(timeout=POLL_S)
                 break
             except subprocess.TimeoutExpired:
-                reap(keep=child.pid)
+                processes.reap(keep=child.pid)
         orphaned = owner is not None and os.getppid() != owner   # the launcher is gone (not just a signal here)
         if child is not None and child.returncode is None:   # stopped: the run itself first, then what it started
-            kill_until_gone(lambda: _torchrun_and_ranks(child), reap)
+            processes.kill_until_gone(lambda: _torchrun_and_ranks(child), processes.reap)
         elif child is not None:
             code = child.returncode
         left = [d for d in kill_all(token) if COMPILE_WORKER not in d["lineage"]]   # a pool's, ending on its own

@@ -34,7 +34,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from .. import host
+from .. import host, processes
 
 LAUNCHERS = ("local", "srun")
 DEFAULT_JOIN_TIMEOUT_S = 120   # how long the agents wait for each other at the rendezvous
@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("torchrun_args", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     flags = args.torchrun_args[1:] if args.torchrun_args[:1] == ["--"] else args.torchrun_args
-    host.die_with_parent()   # the agents die with this process, and it with the launcher
+    processes.die_with_parent()   # the agents die with this process, and it with the launcher
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     listener.bind((host.LOOPBACK, 0))
@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
                                           pass_fds=(listener.fileno(),) if hosting else (),
                                           env={**os.environ, "DDPLAB_AGENT": str(i),
                                                "DDPLAB_AGENTS_HERE": str(args.agents)},
-                                          preexec_fn=host.die_with_parent))
+                                          preexec_fn=processes.die_with_parent))
         listener.close()   # the first agent holds its own copy of the socket
         return _wait_all(procs)
     finally:
@@ -190,21 +190,7 @@ def _agent_flags(flags: list[str], port: int, listen_fd: int | None) -> list[str
 
 def _ranks_of(agent: subprocess.Popen) -> list[int]:
     """The global ranks an agent runs now (its children's RANK), read from their environment."""
-    import psutil
-
-    try:
-        children = psutil.Process(agent.pid).children(recursive=True)
-    except psutil.Error:
-        return []
-    ranks = set()
-    for child in children:   # one at a time: a short-lived grandchild (a compiler, ldconfig) may be gone already
-        try:
-            rank = child.environ().get("RANK")
-        except psutil.Error:
-            continue
-        if rank is not None and rank.isdigit():
-            ranks.add(int(rank))
-    return sorted(ranks)
+    return sorted(processes.ranks_under(agent.pid))
 
 
 def _wait_all(procs: list[subprocess.Popen]) -> int:

@@ -12,7 +12,7 @@ hard-codes one. The ranks' gloo and NCCL sockets stay on the loopback interface 
 On several nodes (`launch.nodes`: simulated on this host, or `srun` on a SLURM allocation) the same
 flags carry `--nnodes=N` and a c10d rendezvous every agent meets at.
 torchrun runs under a keeper (`launch/keeper.py`) that dies with the launcher (PR_SET_PDEATHSIG,
-`host.die_with_parent`) and takes every process the run started with it, each rank dies with torchrun,
+`processes.die_with_parent`) and takes every process the run started with it, each rank dies with torchrun,
 and `kill_tree` reaps every process of a launch: no orphans. Used by the cold launch and
 `ddplab doctor`.
 """
@@ -28,12 +28,12 @@ import threading
 import uuid
 from pathlib import Path
 
-from .. import host, rundir
+from .. import host, processes, rundir
 from ..deaths import FLIGHT_PREFIX
-from .keeper import OWNER_ENV, STOP_SIGNAL, kill_until_gone, marked
+from ..processes import OWNER_ENV, WORKER
+from .keeper import STOP_SIGNAL
 from .nodes import DEFAULT_JOIN_TIMEOUT_S, Nodes, first_node
 
-WORKER = "ddplab.rank.worker"
 RENDEZVOUS_BACKEND = "ddplab-loopback"  # registered by launch.loopback, torchrun's entry here
 
 
@@ -135,7 +135,7 @@ def start(argv: list[str], env: dict, stdout, text: bool = False, outlive_thread
     def popen():
         return subprocess.Popen(argv, stdout=stdout, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                                 start_new_session=True, text=text,
-                                preexec_fn=(lambda: host.die_with_parent(signal.SIGTERM))
+                                preexec_fn=(lambda: processes.die_with_parent(signal.SIGTERM))
                                 if sys.platform.startswith("linux") else None)
 
     try:
@@ -231,7 +231,7 @@ def _procs_of(proc: subprocess.Popen, spec_path: Path) -> list:
                 found[p.pid] = p
         except psutil.Error:
             pass
-    for p in marked(proc.ddplab_owner) if getattr(proc, "ddplab_owner", None) else []:
+    for p in processes.marked(proc.ddplab_owner) if getattr(proc, "ddplab_owner", None) else []:
         found.setdefault(p.pid, p)   # what the run started and that left the tree (the keeper was killed)
     needle = str(Path(spec_path).resolve())
     for p in psutil.process_iter(["cmdline"]):
@@ -254,22 +254,7 @@ SRUN_GRACE_S = 15.0   # how long srun may take to stop the agents on the other n
 def processes_for(run_dir: Path) -> list[str]:
     """Command lines of live processes started for this run directory (or a launch staged beside it)."""
     run_dir = Path(run_dir)
-    return [cmd for _, cmd in live_processes((str(run_dir), f"{run_dir.parent}/.{run_dir.name}."))]
-
-
-def live_processes(needles) -> list[tuple[int, str]]:
-    """(pid, command line) of every live process, zombies aside, whose command line holds one of `needles`."""
-    import psutil
-
-    found = []
-    for p in psutil.process_iter(["cmdline", "status"]):
-        try:
-            cmd = " ".join(p.info["cmdline"] or [])
-        except psutil.Error:
-            continue
-        if any(n in cmd for n in needles) and p.info["status"] != psutil.STATUS_ZOMBIE:
-            found.append((p.pid, cmd))
-    return found
+    return [cmd for _, cmd in processes.live_processes((str(run_dir), f"{run_dir.parent}/.{run_dir.name}."))]
 
 
 def sweep_dead(parent: Path, pattern: str) -> list[Path]:
@@ -303,7 +288,7 @@ def kill_tree(proc: subprocess.Popen, spec_path: Path) -> None:
             proc.wait(timeout=SRUN_GRACE_S if _is_srun(proc.args) else KEEPER_GRACE_S)
         except subprocess.TimeoutExpired:
             pass
-    kill_until_gone(lambda: _procs_of(proc, spec_path))   # again while the tree forks under the kill
+    processes.kill_until_gone(lambda: _procs_of(proc, spec_path))   # again while the tree forks under the kill
     try:
         proc.wait(timeout=10)
     except subprocess.TimeoutExpired:

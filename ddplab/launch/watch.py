@@ -11,7 +11,7 @@ import socket
 import time
 from pathlib import Path
 
-from .. import failures, host, rundir
+from .. import failures, processes, rundir
 from ..spec import Experiment
 from .progress import describe
 
@@ -115,25 +115,9 @@ class Watch:
     def _unrecorded_ranks(self) -> dict[int, int]:
         """rank -> pid of the rank processes under torchrun (`agent_pid`: it, or the process above it), found
         before their first progress record (still importing torch, or joining): torchrun gives each its RANK."""
-        import psutil
-
         if self.agent_pid is None:
             return {}
-        found = {}
-        try:
-            children = psutil.Process(self.agent_pid).children(recursive=True)
-        except psutil.Error:
-            return {}
-        for p in children:
-            try:
-                if host.WORKER not in " ".join(p.cmdline()):   # torchrun's own helpers, the keeper's
-                    continue
-                rank = p.environ().get("RANK")
-            except psutil.Error:
-                continue
-            if rank is not None and rank.isdigit():
-                found[int(rank)] = p.pid
-        return found
+        return processes.ranks_under(self.agent_pid, processes.WORKER)   # not torchrun's own helpers, the keeper's
 
     def compile_news(self) -> bool:
         """True at most once a second while a rank compiles: its line should say for how long."""
@@ -186,12 +170,13 @@ class Watch:
                         + self._compiling_said(r))
         return i, exp, ranks
 
-    def ask_witnesses(self, wait_s: float = host.WITNESS_WAIT_S) -> None:
+    def ask_witnesses(self, wait_s: float = processes.WITNESS_WAIT_S) -> None:
         """Before the watchdog stops a stalled launch: ask every rank of the current experiment on this host
         for its testimony (its stacks and torch's flight recorder, `rank/witness.py`), and give them
         `wait_s` to write it."""
         _, run_dir = self.runs[self.current]
-        host.ask_witnesses(rundir.rank_processes(self.last[self.current]), run_dir, wait_s=wait_s)
+        processes.ask_witnesses(processes.rank_processes(self.last[self.current]),
+                                lambda r: rundir.witness_file(run_dir, r), wait_s=wait_s)
 
     def limit_s(self, startup_timeout_s: float) -> float:
         """How long the launch may stand still: a collective's timeout and a grace, or the start-up bound;

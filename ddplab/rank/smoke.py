@@ -20,7 +20,7 @@ import socket
 import sys
 from pathlib import Path
 
-from .. import host
+from .. import host, processes
 from . import runtime
 
 
@@ -28,7 +28,7 @@ def main(out_dir: str, launcher_host: str) -> None:
     torch = host.import_torch_frozen()
     import torch.distributed as dist
 
-    host.die_with_parent()
+    processes.die_with_parent()
     env = runtime.rank_env()
     runtime.setup("gloo", "cpu", env, timeout_s=30)
     t = torch.tensor([env.rank + 1.0])

@@ -24,7 +24,7 @@ import time
 import traceback
 from pathlib import Path
 
-from ..host import WITNESS_SIGNAL, WITNESS_WAIT_S, ask_witnesses
+from ..processes import WITNESS_SIGNAL, WITNESS_WAIT_S, ask_witnesses
 from ..rundir import witness_file
 
 SIGNAL = signal.Signals(WITNESS_SIGNAL)
@@ -105,7 +105,7 @@ def write(why: str) -> Path | None:
 
 def ask_peers(pids: dict[int, tuple], wait_s: float = WITNESS_WAIT_S) -> None:
     """Signal the peers (rank -> (pid, start ticks), on this host) for their testimony, and wait until each
-    living one wrote it or `wait_s` passed (`host.ask_witnesses`)."""
+    living one wrote it or `wait_s` passed (`processes.ask_witnesses`)."""
     where = _where
     if where is not None:
-        ask_witnesses(pids, where[0], where[2], wait_s)
+        ask_witnesses(pids, lambda r: witness_file(where[0], r, where[2]), wait_s)

@@ -32,9 +32,9 @@ import sys
 import time
 from pathlib import Path
 
-from .. import host, record
-from ..rundir import (ProgressLog, fatal_file, rank_file, rank_processes, read_progress, save_tensors_atomic,
-                      tensor_file, write_json_atomic, write_rank_error)
+from .. import host, processes, record
+from ..rundir import (ProgressLog, fatal_file, rank_file, read_progress, save_tensors_atomic, tensor_file,
+                      write_json_atomic, write_rank_error)
 from ..spec import Experiment
 from . import clock, compiling, link, runtime, witness
 from . import session
@@ -48,8 +48,8 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     # first thing, before `import torch` (a second): a rank must never outlive torchrun, and torchrun
     # may already be gone (the launcher killed during start-up)
-    host.die_with_parent()
-    if not host.parent_is_torchrun():
+    processes.die_with_parent()
+    if not processes.parent_is_torchrun():
         os._exit(1)
     witness.block_signal()   # before any thread starts: only the witness thread takes the launcher's signal
     # the seconds `import torch` takes are paid here, once per rank; torch._dynamo too, with the collector
@@ -171,7 +171,7 @@ def run_experiments(spec_paths: list[Path], env, launch_id: str, warm: tuple | N
 def _peers(run_dir: Path, rank: int, world_size: int) -> dict[int, tuple]:
     """rank -> (pid, start ticks) of the other ranks of this run on this host, from their progress logs."""
     last = {r: recs[-1] for r in range(world_size) if r != rank and (recs := read_progress(run_dir, r))}
-    return rank_processes(last)
+    return processes.rank_processes(last)
 
 
 class _Gate:

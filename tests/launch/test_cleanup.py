@@ -9,14 +9,14 @@ import subprocess
 import sys
 
 import ddplab
-from ddplab import rundir
+from ddplab import processes, rundir
 from ddplab.launch.torchrun import sweep_dead
 
 
 def _dead_owner(directory):
     """Claim `directory` for a process that has exited (its pid and identity, as `claim` records them)."""
     p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.5)"])
-    identity = rundir._process_identity(p.pid)
+    identity = processes.identity(p.pid)
     p.wait()
     directory.mkdir(parents=True, exist_ok=True)
     (directory / rundir.OWNER).write_text(json.dumps({"pid": p.pid, "host": __import__("socket").gethostname(),

@@ -22,7 +22,7 @@ import pytest
 
 import ddplab
 from ddplab.launch import keeper
-from ddplab.launch.torchrun import live_processes
+from ddplab.processes import live_processes
 
 SLEEPER = "import time, sys; time.sleep(300)"   # started with the test's tag as its argument
 BOUND_S = 15.0   # a busy 2-core machine stops a tree in well under this; a broken path leaves it for 300 s

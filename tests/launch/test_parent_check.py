@@ -1,4 +1,4 @@
-"""A rank checks, before it imports torch, that its parent is still torchrun's agent (`host.parent_is_torchrun`):
+"""A rank checks, before it imports torch, that its parent is still torchrun's agent (`processes.parent_is_torchrun`):
 the keeper above torchrun names the agent's command after its own `--`, and is not the agent."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-CHILD = "from ddplab import host; print(host.parent_is_torchrun())"
+CHILD = "from ddplab import processes; print(processes.parent_is_torchrun())"
 # the parent starts the child, waits for it and passes on what it printed; its own arguments follow the code
 PARENT = f"import subprocess, sys; sys.stdout.write(subprocess.run([sys.executable, '-c', {CHILD!r}], capture_output=True, text=True).stdout)"
 

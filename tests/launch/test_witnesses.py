@@ -127,7 +127,7 @@ def test_the_witness_signal_reaches_only_living_ranks(tmp_path):
     import subprocess
     import sys
 
-    from ddplab.host import ask_witnesses, is_live_rank
+    from ddplab.processes import ask_witnesses, is_live_rank, start_ticks
 
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     agent_like = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", "-m", "ddplab.rank.worker"])
@@ -137,11 +137,9 @@ def test_the_witness_signal_reaches_only_living_ranks(tmp_path):
         while Path(f"/proc/{zombie.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
             assert __import__("time").monotonic() < zombie_deadline
         assert not is_live_rank(other.pid) and not is_live_rank(agent_like.pid) and not is_live_rank(zombie.pid)
-        assert ask_witnesses({0: (other.pid, None), 1: (agent_like.pid, None), 2: (zombie.pid, None)}, tmp_path,
-                             wait_s=0.2) == []
-        from ddplab.rundir import _process_identity
-
-        ticks = _process_identity(os.getpid())["start_ticks"]
+        assert ask_witnesses({0: (other.pid, None), 1: (agent_like.pid, None), 2: (zombie.pid, None)},
+                             lambda r: tmp_path / f"rank{r}.witness.json", wait_s=0.2) == []
+        ticks = start_ticks(os.getpid())
         assert not is_live_rank(other.pid, ticks)   # a pid whose process started at another time is another process
         assert other.poll() is None and agent_like.poll() is None   # not signalled
     finally:
