@@ -1,6 +1,40 @@
 """Which experiment of a launch went wrong first, and why: the ranks' files (`watch.collect`), torchrun's
 report and the faulthandler dumps of ranks that left no file (`deaths.py`), read by
-`failures.diagnose`. Used by the cold launch and a session's job alike (`launch/cold.py`)."""
+`failures.diagnose`. Used by the cold launch and a session's job alike (`launch/cold.py`).
+
+How a failure or a hang is diagnosed, in the order it happens (start here):
+
+1. In each rank, as it runs: `rundir.ProgressLog.enter` appends every phase it enters, with its pid, host
+   and start ticks (`processes.start_ticks`). A rank that raises writes its error file
+   (`rank/worker.py` -> `rundir.write_rank_error`), then its testimony (`rank/witness.py`, `witness.write`:
+   its stacks and torch's flight recorder), and asks its peers on this host for theirs (`witness.ask_peers`
+   -> `processes.ask_witnesses`); a fatal signal leaves Python's faulthandler dump (`rundir.fatal_file`).
+2. In the launcher, while torchrun runs (`launch/cold.py`, `_torchrun`): `watch.Watch.poll` reads the
+   progress logs; `Watch.look_at_processes` notes a rank whose process is stopped (its state, through
+   psutil; before a rank's first record, `processes.ranks_under` finds it by its RANK); when nothing
+   moved for too long (`Watch.stalled`), `Watch.ask_witnesses` sends the witness signal to each rank
+   process (`processes.ask_witnesses`: only that very process, `processes.is_live_rank`) and waits for
+   the testimonies, then `torchrun.kill_tree` stops the run.
+3. After torchrun ended, `first_failure` (here): `watch.collect` reads each experiment's progress, error
+   and result files and picks the experiment with the earliest error of its own; `deaths.agent_death`
+   says how torchrun itself ended if something outside killed it; `dead_ranks` reads what is known of
+   ranks that left no file: torchrun's report in launch.log (`deaths.deaths_from`: exit codes, signals,
+   native error lines, NCCL's watchdog timeouts, lost nodes) and NCCL's flight dumps (`deaths.flight_records`).
+4. `failures.diagnose` (pure) decides, trying in order: a lost node ("node-lost"); torchrun killed from
+   outside with no rank's own error first ("agent-died"); the earliest error that is neither a timeout nor
+   a lost peer ("crash"); a hang, where the watchdog stopped the run, a rank was frozen or a collective
+   timed out (`failures.diagnose_hang`: a frozen rank, else all ranks compiling ("compile-timeout"), else
+   the ranks behind the lead phase; refined by NCCL's timeouts); NCCL's timeouts alone; a rank that left
+   no word while its peers lost it ("missing-result"); a lost peer ("crash"); else "missing-result".
+5. `testify` (here) puts torch's witnesses beside it: `witnesses.testimony` runs torch's flight-recorder
+   analyzer over the testimonies (`witnesses.flight_verdict`) and shows where each asked rank was
+   (`witnesses.stack`); `witnesses.verify_same_rank` checks that ddplab and torch blame the same rank(s).
+   `failures.RunFailed` carries the diagnosis to the user.
+
+A session's job takes the same path: `launch/session.py` calls `failures.diagnose` with `dead_ranks`, and
+`launch/cells.py` asks for the testimonies when a `%%ddp` cell runs out of time. Each case, what it says
+and the torch behaviour it rests on: docs/deaths.md; the process rules: `processes.py`.
+"""
 
 from __future__ import annotations
 
