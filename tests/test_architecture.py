@@ -224,36 +224,36 @@ TEST_STAGES = {   # tests/<folder>: the ddplab folders whose modules name its te
     "tasks": ["rank/tasks"], "tools": ["tools", "cli"], "views": ["tables", "plots", "widgets"], "notebooks": [],
 }
 CLAIM_TESTS = {   # test modules named after a claim that spans modules, each with its reason
-    "guard/test_guard_faults.py": "the guard against faults in a user's own script, watcher and hooks together",
-    "guard/test_guard_runs.py": "the guard in a plain torchrun script: every silent bug caught on every rank",
-    "launch/test_cleanup.py": "what a killed launcher or session leaves on disk is deleted once provably dead",
-    "launch/test_launch_argv.py": "the torchrun command line a launch builds (cold, torchrun, preflight)",
-    "launch/test_multinode.py": "several nodes meeting at one rendezvous (nodes, keeper, torchrun)",
-    "launch/test_nccl_diagnosis.py": "an NCCL hang diagnosed by rank from what NCCL's watchdog leaves",
-    "launch/test_orphans.py": "no orphans whenever the launcher dies or is interrupted",
-    "launch/test_owned_processes.py": "no process a run starts outlives its owner, whatever started it",
-    "launch/test_parent_check.py": "a rank checks its parent is torchrun's agent before it imports torch",
-    "launch/test_run_dirs.py": "runs never destroy runs: a launch replaces a run directory only when complete",
-    "launch/test_runs.py": "real torchrun runs end to end: results per rank, failures diagnosed",
-    "launch/test_session_policy.py": "when `run` starts a session of warm ranks by itself",
-    "launch/test_shared_launch.py": "the tests' one shared launch fails only the key a broken experiment is under",
-    "notebooks/test_browser.py": "the notebooks' widgets in a real JupyterLab",
-    "notebooks/test_exercises.py": "the exercise through nbgrader, as an instructor runs it",
-    "notebooks/test_notebook_cells.py": "what every notebook cell promises the learner",
-    "rank/test_replicas.py": "after every synchronized step the replicas agree, or the run fails naming why",
-    "rank/test_task_protocol.py": "adding a task is one module and one registration",
-    "spec/test_late_refusals.py": "bad input is refused naming the field before anything trains",
-    "spec/test_spec_fuzz.py": "any spec is refused naming a field, or round-trips through JSON exactly",
-    "tasks/test_bucket_claims.py": "notebook 05's timing claims judged on paired steps",
-    "tasks/test_chapter_timing_claims.py": "notebook 03's timing claims judged on synthetic runs",
-    "tools/test_no_gradient.py": "a model that gives no parameter a gradient is refused by `run` and `audit` alike",
-    "tools/test_own_model.py": "a practitioner's own model through the factory contract and both tools",
-    "views/test_global_batch_plot.py": "notebook 06's batch-size figure shows every step its runs ran",
-    "views/test_key_checks.py": "the notebooks' most important checks can fail",
-    "views/test_readiness_and_bucket_plots.py": "notebooks 04 and 05's figures keep every mark visible",
-    "views/test_results_errors.py": "asking a run for what it did not record says what it lacks",
-    "views/test_widget_labels.py": "notebook 01's sliders show their whole labels",
-    "views/test_wrong_run.py": "the results API on a run it is not for says so",
+    "tests/guard/test_guard_faults.py": "the guard against faults in a user's own script, watcher and hooks together",
+    "tests/guard/test_guard_runs.py": "the guard in a plain torchrun script: every silent bug caught on every rank",
+    "tests/launch/test_cleanup.py": "what a killed launcher or session leaves on disk is deleted once provably dead",
+    "tests/launch/test_launch_argv.py": "the torchrun command line a launch builds (cold, torchrun, preflight)",
+    "tests/launch/test_multinode.py": "several nodes meeting at one rendezvous (nodes, keeper, torchrun)",
+    "tests/launch/test_nccl_diagnosis.py": "an NCCL hang diagnosed by rank from what NCCL's watchdog leaves",
+    "tests/launch/test_orphans.py": "no orphans whenever the launcher dies or is interrupted",
+    "tests/launch/test_owned_processes.py": "no process a run starts outlives its owner, whatever started it",
+    "tests/launch/test_parent_check.py": "a rank checks its parent is torchrun's agent before it imports torch",
+    "tests/launch/test_run_dirs.py": "runs never destroy runs: a launch replaces a run directory only when complete",
+    "tests/launch/test_runs.py": "real torchrun runs end to end: results per rank, failures diagnosed",
+    "tests/launch/test_session_policy.py": "when `run` starts a session of warm ranks by itself",
+    "tests/launch/test_shared_launch.py": "the tests' one shared launch fails only the key a broken experiment is under",
+    "tests/notebooks/test_browser.py": "the notebooks' widgets in a real JupyterLab",
+    "tests/notebooks/test_exercises.py": "the exercise through nbgrader, as an instructor runs it",
+    "tests/notebooks/test_notebook_cells.py": "what every notebook cell promises the learner",
+    "tests/rank/test_replicas.py": "after every synchronized step the replicas agree, or the run fails naming why",
+    "tests/rank/test_task_protocol.py": "adding a task is one module and one registration",
+    "tests/spec/test_late_refusals.py": "bad input is refused naming the field before anything trains",
+    "tests/spec/test_spec_fuzz.py": "any spec is refused naming a field, or round-trips through JSON exactly",
+    "tests/tasks/test_bucket_claims.py": "notebook 05's timing claims judged on paired steps",
+    "tests/tasks/test_chapter_timing_claims.py": "notebook 03's timing claims judged on synthetic runs",
+    "tests/tools/test_no_gradient.py": "a model that gives no parameter a gradient is refused by `run` and `audit` alike",
+    "tests/tools/test_own_model.py": "a practitioner's own model through the factory contract and both tools",
+    "tests/views/test_global_batch_plot.py": "notebook 06's batch-size figure shows every step its runs ran",
+    "tests/views/test_key_checks.py": "the notebooks' most important checks can fail",
+    "tests/views/test_readiness_and_bucket_plots.py": "notebooks 04 and 05's figures keep every mark visible",
+    "tests/views/test_results_errors.py": "asking a run for what it did not record says what it lacks",
+    "tests/views/test_widget_labels.py": "notebook 01's sliders show their whole labels",
+    "tests/views/test_wrong_run.py": "the results API on a run it is not for says so",
 }
 
 
@@ -290,7 +290,7 @@ def unnamed_tests(tests_root: Path, package: Path, named: set[str], claims) -> l
             found.append(f"{folder}/{path.name}: tests/{folder} is no stage")
             continue
         own = {n for s in stages for n in module_names(package / s)} | {s.rsplit("/", 1)[-1] for s in stages}
-        if name not in own | top | named and f"{folder}/{path.name}" not in claims:
+        if name not in own | top | named and f"tests/{folder}/{path.name}" not in claims:
             found.append(f"{folder}/{path.name}")
     return found
 
@@ -312,7 +312,7 @@ def test_every_cli_module_holds_a_command_group_or_fronts_its_package():
 def test_every_test_module_is_named_after_what_it_tests():
     named = chapters() | task_modules() | set(CONCEPTS) | {"exercises", "self_tests", "claims", "verify", "cli"}
     assert unnamed_tests(ROOT / "tests", PACKAGE, named, CLAIM_TESTS) == []
-    assert all((ROOT / "tests" / t).exists() for t in CLAIM_TESTS), "a listed claim test is gone: unlist it"
+    assert all((ROOT / t).exists() for t in CLAIM_TESTS), "a listed claim test is gone: unlist it"
 
 
 def test_the_stage_name_checks_see_what_they_forbid(tmp_path):
@@ -329,5 +329,6 @@ def test_the_stage_name_checks_see_what_they_forbid(tmp_path):
         (tmp_path / "tests" / "predict" / f"{name}.py").write_text("")
     (tmp_path / "tests" / "misc").mkdir()
     (tmp_path / "tests" / "misc" / "test_buckets.py").write_text("")
-    assert unnamed_tests(tmp_path / "tests", package, set(), {"predict/test_claimed.py": "a claim"}) == \
-        ["misc/test_buckets.py: tests/misc is no stage", "predict/test_overlap.py", "predict/test_schedule.py"]
+    file = "{}/test_{}.py".format   # built, not written out: these files exist only in tmp_path
+    assert unnamed_tests(tmp_path / "tests", package, set(), {"tests/" + file("predict", "claimed"): "a claim"}) == \
+        [file("misc", "buckets") + ": tests/misc is no stage", file("predict", "overlap"), file("predict", "schedule")]
