@@ -64,7 +64,7 @@ def test_importing_ddplab_and_its_views_loads_no_torch():
     assert out.stdout.strip() == "[]", f"torch was imported: {out.stdout.strip()[:200]}"
 
 
-# ---- names: one name per concept (README, "Layout") -----------------------------------------------------
+# ---- names: one name per concept (docs/layout.md, "One name per concept") ----------------------------
 PACKAGE = ROOT / "ddplab"
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ddplab import Experiment, recipes, tables
-from ddplab.predict import memory as memory_model
+from ddplab import predict
 from ddplab.predict.memory import CATEGORIES
 from tests.support import share
 
@@ -31,13 +31,13 @@ def memory_runs(shared_runs):
     return {r.spec.name: r for r in shared_runs["memory"]}
 
 
-def model_state_mismatches(run, predict=memory_model.predict) -> list[tuple]:
+def model_state_mismatches(run, predict=predict.memory.predict) -> list[tuple]:
     """(rank, step, phase, category, measured, predicted) wherever the run's ledger and `predict` differ."""
     out = []
     for r in run.ranks:
         for step, measured in enumerate(r.memory.steps):
             predicted = predict(run.spec, r.rank, step)
-            for phase in memory_model.PHASES:
+            for phase in predict.memory.PHASES:
                 for c in MODEL_STATE:
                     if measured.phases[phase][c] != predicted[phase][c]:
                         out.append((r.rank, step, phase, c, measured.phases[phase][c], predicted[phase][c]))
@@ -55,8 +55,8 @@ def test_zero1_optimizer_state_of_every_rank_is_predicted_to_the_byte(memory_run
     by rank (not an even split) and add up to the unsharded state."""
     run = memory_runs["sharding-zero1"]
     measured = [r.memory.steps[1].phases["step"]["optimizer_state"] for r in run.ranks]
-    predicted = [memory_model.state_bytes(run.spec, rank=r.rank)["optimizer_state"] for r in run.ranks]
-    whole = memory_model.state_bytes(run.spec.replace(sharding="none"))["optimizer_state"]
+    predicted = [predict.memory.state_bytes(run.spec, rank=r.rank)["optimizer_state"] for r in run.ranks]
+    whole = predict.memory.state_bytes(run.spec.replace(sharding="none"))["optimizer_state"]
     print(f"ZeRO-1 optimizer state per rank, bytes: measured {measured}, predicted {predicted}, "
           f"unsharded {whole}")
     assert measured == predicted
@@ -66,7 +66,7 @@ def test_zero1_optimizer_state_of_every_rank_is_predicted_to_the_byte(memory_run
         assert (table[(c, "measured")] == table[(c, "predicted")]).all(), (c, table[c])
 
 
-def _even_split(exp, numels=None, trainable=None, rank=0, _state_bytes=memory_model.state_bytes):
+def _even_split(exp, numels=None, trainable=None, rank=0, _state_bytes=predict.memory.state_bytes):
     whole = _state_bytes(exp.replace(sharding="none"), numels, trainable)
     return {**whole, "optimizer_state": whole["optimizer_state"] // exp.world_size}
 
@@ -86,9 +86,9 @@ def _unsorted_greedy(numels, world_size):
 @pytest.mark.parametrize("wrong", ["even split", "in turn", "unsorted greedy"])
 def test_a_wrong_partition_rule_fails_the_zero1_comparison(memory_runs, monkeypatch, wrong):
     if wrong == "even split":
-        monkeypatch.setattr(memory_model, "state_bytes", _even_split)
+        monkeypatch.setattr(predict.memory, "state_bytes", _even_split)
     else:
-        monkeypatch.setattr(memory_model, "zero1_owners", {"in turn": _in_turn, "unsorted greedy": _unsorted_greedy}[wrong])
+        monkeypatch.setattr(predict.memory, "zero1_owners", {"in turn": _in_turn, "unsorted greedy": _unsorted_greedy}[wrong])
     bad = model_state_mismatches(memory_runs["sharding-zero1"])
     assert bad and {m[3] for m in bad} == {"optimizer_state"}, bad
 
@@ -99,7 +99,7 @@ def test_measured_activations_are_within_10_percent_of_the_prediction(memory_run
             continue
         for r in run.ranks:
             got = r.memory.steps[1].phases["forward"]["activations"]
-            assert got == pytest.approx(memory_model.activation_bytes(run.spec, r.rank), rel=0.10)
+            assert got == pytest.approx(predict.memory.activation_bytes(run.spec, r.rank), rel=0.10)
 
 
 def test_adding_ranks_does_not_divide_model_state(memory_runs):
@@ -185,7 +185,7 @@ def test_the_memory_tables_work_for_a_users_model_with_frozen_parameters(shared_
     assert table[("gradients", "measured")].max() < table[("parameters", "measured")].max()   # the frozen embedding
     # the prediction from the spec's shapes alone would count the frozen embedding: it must not match
     m = run.ranks[0].memory
-    everything = memory_model.state_bytes(exp, m.parameter_numels, [True] * len(m.trainable))
+    everything = predict.memory.state_bytes(exp, m.parameter_numels, [True] * len(m.trainable))
     after_step = table.loc[(0, "after optimizer step")]
     assert not math.isclose(everything["gradients"] / MIB, after_step[("gradients", "measured")], rel_tol=1e-3)
     assert not tables.memory.memory_table(run).empty
