@@ -8,7 +8,9 @@ beside the right one on the same runs, all in one launch (`ddplab.run_many`).
    the same step without synchronization;
 4. source order assumed to be ready order: the branchy model's gradient-ready order.
 
-`tables/common_errors.py` reads the runs; `common_error_groups` says which run belongs to which error.
+`tables/common_errors.py` sorts the runs by error and sets the four side by side; each error's own table
+lives with its concept (`tables/global_batch.py`, `tables/memory.py`, `tables/readiness.py`).
+`common_error_groups` says which run belongs to which error.
 """
 
 from __future__ import annotations

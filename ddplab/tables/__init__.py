@@ -9,7 +9,8 @@ loads only to read saved tensors. Each table declares the runs it reads on its o
     stragglers, traces and balance (07: who waits for whom; the profiler's traces and memory timeline;
     equal tokens against cost-balanced batching),
     failures, coverage, resume and common_errors (08: a failure and its diagnosis, DistributedSampler's
-    coverage of the data set, resuming from a checkpoint, the four common errors),
+    coverage of the data set, resuming from a checkpoint, the four common errors side by side; each
+    error's own table lives with its concept: global_batch, memory, readiness),
     fsdp_memory, tensor_parallel, pipeline and pipeline_timing (09: FSDP2 memory over one step and the
     ZeRO model, a layer split over ranks and the dp x tp mesh, pipeline schedules and their bubble, one
     pipeline step timed),
@@ -21,6 +22,6 @@ The key checks of notebooks 01, 02 and 06 are `gradients.verify_global_batch_gra
 `verify.CheckFailed`; tests/views/test_key_checks.py makes each fail). Used by every notebook.
 """
 
-from . import (balance, bucket_sweep, buckets, comm, common_errors, common_errors_summary, compiled_ddp, compression,
-               coverage, failures, fsdp_memory, global_batch, gradients, memory, pipeline, pipeline_timing, ranks,
-               readiness, resume, stats, stragglers, tensor_parallel, traces)
+from . import (balance, bucket_sweep, buckets, comm, common_errors, compiled_ddp, compression, coverage, failures,
+               fsdp_memory, global_batch, gradients, memory, pipeline, pipeline_timing, ranks, readiness, resume,
+               stats, stragglers, tensor_parallel, traces)

@@ -6,14 +6,16 @@ step); `memory_moments` keeps them apart, so a row's categories were held togeth
 `memory` takes each category at its largest over the step instead (activations are largest after
 the forward, gradients after the backward) and gives the step's peak, which falls between samples.
 `verify_model_state` is notebook 02's check that the model state is what the model predicts.
-Used by notebook 02 and its widget; the figures of `plots/memory.py` draw the moments."""
+Notebook 08's second common error is read here too: model state divided by the world size, beside the
+replicated model (`divided_state`, `verify_replicated_state`, and its row of `common_errors.error_table`,
+`state_error`). Used by notebooks 02 and 08 and the widget; the figures of `plots/memory.py` draw the moments."""
 
 from __future__ import annotations
 
 import pandas as pd
 
 from .. import verify
-from ..predict.memory import CATEGORIES, predict
+from ..predict.memory import CATEGORIES, predict, state_bytes
 from ..units import MIB
 from .reads import reading, reading_no_run
 
@@ -184,3 +186,75 @@ def memory_cuda(run, step: int = 1) -> pd.DataFrame:
                          "cuda_allocated": p["cuda_allocated"] / MIB, "cuda_reserved": p["cuda_reserved"] / MIB,
                          "ledger_peak": st.peak / MIB, "cuda_peak_allocated": p["cuda_peak_allocated"] / MIB})
     return pd.DataFrame(rows).set_index(["rank", "phase"]).round(3)
+
+
+# ---- notebook 08's second common error: model state divided by the data-parallel degree ----
+
+@reading(run="train")
+def replicated_state_bytes(run, rank: int) -> int:
+    """The replicated model's model state on `rank` (`predict.memory.state_bytes`, from the parameter
+    sizes the run recorded): parameters, gradients, DDP's buckets and optimizer state, in bytes."""
+    m = run.ranks[rank].memory
+    return sum(state_bytes(run.spec, m.parameter_numels or None, m.trainable or None, rank).values())
+
+
+@reading(memory_runs="train", probes=("memory",))
+def divided_state(memory_runs, predicted=replicated_state_bytes, step: int = 1) -> pd.DataFrame:
+    """Per world size and rank: the model state the memory probe measured after the optimizer step of
+    step `step` (parameters + gradients + buckets + optimizer state, bytes), the wrong claim's number
+    (one replica's state divided by the world size), `predicted(run, rank)` (the replicated model by
+    default), the ratios of measured to each, and the activations measured after the forward (they,
+    not the model state, shrink with the local batch at a fixed global batch)."""
+    rows = []
+    for run in sorted(memory_runs, key=lambda r: r.world_size):
+        w = run.world_size
+        for r, st in zip(run.ranks, _memory_steps(run, step)):
+            measured = sum(st.phases["step"][c] for c in MODEL_STATE)
+            divided = replicated_state_bytes(run, r.rank) / w
+            right = predicted(run, r.rank)
+            rows.append({"world_size": w, "rank": r.rank, "local_batch": run.spec.local_batch_of(r.rank),
+                         "model_state_bytes": measured, "divided_bytes": divided, "predicted_bytes": right,
+                         "measured_over_divided": measured / divided, "measured_over_predicted": measured / right,
+                         "activation_bytes": st.phases["forward"]["activations"]})
+    return pd.DataFrame(rows).set_index(["world_size", "rank"])
+
+
+@reading_no_run
+def verify_replicated_state(table: pd.DataFrame) -> None:
+    """On a `divided_state` table: every rank at every world size holds the same model-state bytes,
+    exactly what the prediction says; then prints by how much the divided prediction misses (the world
+    size, which follows from the two checks). Raises `verify.CheckFailed` for a prediction divided by W,
+    or ranks whose state differs (sharding)."""
+    measured = table["model_state_bytes"].tolist()
+    verify.equal("model state per rank (bytes) is the same on every rank at every world size", measured,
+                 [measured[0]] * len(measured))
+    verify.equal("the prediction gives every rank's model state exactly (bytes)", table["predicted_bytes"].tolist(),
+                 measured)
+    misses = table.groupby(level="world_size")["measured_over_divided"].max()
+    print("so 'one replica's state / world size' is short by a factor of "
+          + ", ".join(f"{m:g} on {w} ranks" for w, m in misses.items()))
+
+
+@reading(memory_runs="train", probes=("memory",))
+def state_error(memory_runs) -> dict:
+    """Notebook 08's second common error on these runs, as its row of `common_errors.error_table`: what
+    they `says` (model state per rank and divided by W, activations, MiB) and a `verdict` computed from
+    the bytes the ranks recorded ("wrong: ..." or "not shown: ...")."""
+    t = divided_state(memory_runs)
+    by_w = t.groupby(level="world_size")
+    sizes = by_w["model_state_bytes"].agg(["min", "max"])
+    says = "; ".join(f"{w} ranks: {lo / MIB:.3f}-{hi / MIB:.3f} MiB per rank" if lo != hi else
+                     f"{w} ranks: {lo / MIB:.3f} MiB on every rank" for w, (lo, hi) in sizes.iterrows())
+    divided = by_w["divided_bytes"].first()
+    says += "; divided by W: " + ", ".join(f"{d / MIB:.3f} MiB" for d in divided)
+    acts = by_w[["local_batch", "activation_bytes"]].max()
+    says += "; activations: " + ", ".join(f"{a / MIB:.3f} MiB on {w} (local batch {lb})"
+                                          for w, (lb, a) in acts.iterrows())
+    replicated = t["model_state_bytes"].nunique() == 1 and (t["model_state_bytes"] == t["predicted_bytes"]).all()
+    if replicated:
+        ratios = ", ".join(f"{r:g}x" for r in by_w["measured_over_divided"].first())
+        verdict = (f"wrong: every rank holds the whole model state at every world size; dividing by W is off by "
+                   f"{ratios}, the replicated model is exact")
+    else:
+        verdict = "not shown: the ranks' model state differs across ranks or world sizes, or from the replicated model"
+    return {"says": says, "verdict": verdict}

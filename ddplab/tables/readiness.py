@@ -1,7 +1,15 @@
 """Tables of gradient readiness (notebook 04): the order gradients became ready against source order
 (and which parameters leave the naive line, and how), each bucket's launch and completion on every
 rank, the summed bucket durations against the step's exposed tail (the lab's one definition,
-`record.exposed_tail_ms`), and the tail the last-ready gradient leaves."""
+`record.exposed_tail_ms`), and the tail the last-ready gradient leaves.
+
+Notebook 08's third and fourth common errors are read here too, each with its row of
+`common_errors.error_table`: the summed all-reduce durations read as the step's exposed overhead
+(`summed_as_exposed`, `overlap_sentence`, `overlap_error`) and source order taken for ready order
+(`source_as_ready_order`, `verify_ready_not_source_order`, `order_error`). No timing claim is judged
+there: the step times of separate runs are shown, not judged, and the sum against the tail is
+arithmetic (the tail is nearly all time some bucket was in flight, which the sum counts); notebook 05
+(section 6) judges the sum against what DDP adds, on interleaved steps."""
 
 from __future__ import annotations
 
@@ -9,9 +17,10 @@ import statistics
 
 import pandas as pd
 
-from .. import record
+from .. import record, verify
 from ..units import ms_after
 from .reads import reading, reading_no_run
+from .stats import robust_spread
 
 
 
@@ -131,3 +140,135 @@ def dependency_tail(run, step: int = -1) -> pd.DataFrame:
                      "exposed_tail_ms": st.exposed_tail_ms,
                      "backward_compute_ms": ms_after(last_ready, st.backward.start_ns)})
     return pd.DataFrame(rows).set_index("rank").round(3)
+
+
+# ---- notebook 08's third common error: summed all-reduce durations read as exposed overhead ----
+
+def _per_step(run, warmup: int) -> list[dict]:
+    """Per step after `warmup`, in ms: the step's exposed tail (`record.exposed_tail_ms`), and on the
+    rank it comes from (the rank whose communication ran longest after its own last gradient) its
+    buckets' launch-to-done durations summed, their span (first launch to last done), how many buckets
+    and how many launched before that rank's last gradient was ready."""
+    out = []
+    for i in range(warmup, run.spec.steps):
+        steps = [traced_step(run, r, i) for r in run.ranks]
+        st = max(steps, key=lambda x: x.exposed_tail_ms)
+        last = st.backward.last_ready_ns
+        out.append({"summed": sum(ms_after(b.done_ns, b.launch_ns) for b in st.buckets),
+                    "span": ms_after(max(b.done_ns for b in st.buckets), min(b.launch_ns for b in st.buckets)),
+                    "tail": record.exposed_tail_ms(steps), "buckets": len(st.buckets),
+                    "during_backward": sum(b.launch_ns < last for b in st.buckets)})
+    return out
+
+
+@reading(ddp_run="train", compute_only_run="train")
+def summed_as_exposed(ddp_run, compute_only_run, warmup: int = 4) -> pd.DataFrame:
+    """One row per quantity, ms (median over the steps after `warmup`) and its per-step spread
+    (1.4826 x MAD): the buckets' all-reduce durations summed (the wrong claim's number), the span they
+    cover, the exposed tail (`record.exposed_tail_ms`; the sum and the span on the rank the tail comes
+    from), the sum's excess over the tail (per step), and the step's time over the compute-only run's
+    (slowest rank; a separate run, not interleaved with this one: shown, not judged). attrs:
+    `buckets` and `launched_during_backward` (medians per step), `summed_ms` and `tail_ms` (per step,
+    in step order)."""
+    if compute_only_run.spec.sync != "none":
+        raise ValueError(f"run {compute_only_run.spec.name!r} synchronizes: the compute-only step needs sync='none'")
+    steps = _per_step(ddp_run, warmup)
+    t_ddp, t_alone = ddp_run.step_ms(warmup), compute_only_run.step_ms(warmup)
+    col = {q: [s[q] for s in steps] for q in ("summed", "span", "tail")}
+    excess = [s["summed"] - s["tail"] for s in steps]
+    rows = {"summed all-reduce durations": col["summed"], "communication span": col["span"],
+            "exposed tail": col["tail"], "summed minus exposed tail": excess}
+    df = pd.DataFrame([{"quantity": q, "ms": statistics.median(v), "spread_ms": robust_spread(v)}
+                       for q, v in rows.items()]).set_index("quantity")
+    df.loc["step over compute-only run's step"] = [statistics.median(t_ddp) - statistics.median(t_alone),
+                                                   max(robust_spread(t_ddp), robust_spread(t_alone))]
+    df = df.round(3)
+    df.attrs.update(buckets=statistics.median(s["buckets"] for s in steps),
+                    launched_during_backward=statistics.median(s["during_backward"] for s in steps),
+                    summed_ms=col["summed"], tail_ms=col["tail"])
+    return df
+
+
+@reading_no_run
+def overlap_sentence(table: pd.DataFrame) -> str:
+    """What one `summed_as_exposed` table says, as arithmetic in two lines: the per-step sum and tail
+    (medians) and in how many steps the sum is the larger, then the step's time over the compute-only
+    run's (a separate run, not interleaved: shown, not judged). Nothing here is a finding: the tail is
+    nearly all time some bucket was still in flight, and the sum counts every bucket's time in flight."""
+    summed, tail = table.attrs["summed_ms"], table.attrs["tail_ms"]
+    n, larger = len(summed), sum(s > t for s, t in zip(summed, tail))
+    added = table.loc["step over compute-only run's step", "ms"]
+    return (f"per step, median of {n}: the tail rank's bucket durations sum to {statistics.median(summed):.1f} ms, the "
+            f"exposed tail is {statistics.median(tail):.1f} ms; the sum is the larger in {larger} of {n} steps\n"
+            f"the step took {added:+.1f} ms over the compute-only run's step (medians; a separate run, not interleaved "
+            f"with this one: shown, not judged)")
+
+
+@reading(ddp_run="train", compute_only_run="train")
+def overlap_error(ddp_run, compute_only_run) -> dict:
+    """Notebook 08's third common error on these runs, as its row of `common_errors.error_table`: what
+    they `says` (buckets launched during backward, the per-step sum beside the tail: arithmetic) and a
+    `verdict` computed from when the buckets launched ("wrong: ..." or "not shown: ...")."""
+    t = summed_as_exposed(ddp_run, compute_only_run)
+    summed, tail = t.attrs["summed_ms"], t.attrs["tail_ms"]
+    n, during, buckets = len(summed), t.attrs["launched_during_backward"], t.attrs["buckets"]
+    larger = sum(s > x for s, x in zip(summed, tail))
+    says = (f"{during:g} of {buckets:g} buckets launched during backward (medians per step); per step, median of "
+            f"{n}: summed durations {statistics.median(summed):.1f} ms, exposed tail {statistics.median(tail):.1f} "
+            f"ms, the sum the larger in {larger} of {n} steps (arithmetic: the tail is nearly all time some bucket "
+            f"was in flight, which the sum counts)")
+    judged = ("notebook 05 (section 6) judges the sum against what DDP adds to the step, on steps interleaved with "
+              "steps without synchronization")
+    if during > 0:
+        verdict = (f"wrong: the sum is not the step's cost: {during:g} of {buckets:g} buckets launched while backward "
+                   f"still computed, and the sum counts their time as if nothing ran beside it; {judged}")
+    else:
+        verdict = f"not shown: no bucket launched during backward on this run; {judged}"
+    return {"says": says, "verdict": verdict}
+
+
+# ---- notebook 08's fourth common error: source order assumed to be ready order ----
+
+@reading(run="train")
+def source_as_ready_order(run, step: int = -1, rank: int = 0) -> pd.DataFrame:
+    """Per parameter in source order (`named_parameters()`): its source position (the wrong claim's
+    ready position), the reverse source position (the claim DDP's first buckets make), the ready
+    position the readiness probe measured, its bucket, and whether it is at either assumed position."""
+    df = ready_order(run, step, rank).rename(columns={"as_assumed": "at_reverse_source_position"})
+    df["at_source_position"] = df["ready_position"] == df["source_position"]
+    return df
+
+
+@reading_no_run
+def verify_ready_not_source_order(table: pd.DataFrame) -> None:
+    """On a `source_as_ready_order` table: the measured ready order is neither the source order nor its
+    reverse (the executed graph decides). Raises `verify.CheckFailed` for a model where one of them
+    holds (a chain of layers, like the MLP, is ready in reverse source order)."""
+    ready = table["ready_position"].sort_values().index.tolist()
+    source = table.index.tolist()
+    verify.that("the ready order is not the source order", ready != source,
+                seen=f"{int(table['at_source_position'].sum())} of {len(table)} at their source position",
+                expected="not all")
+    verify.that("nor the reverse source order", ready != source[::-1],
+                seen=f"{int(table['at_reverse_source_position'].sum())} of {len(table)} at their reverse source "
+                     f"position", expected="not all")
+
+
+@reading(run="train")
+def order_error(run) -> dict:
+    """Notebook 08's fourth common error on this run, as its row of `common_errors.error_table`: what it
+    `says` (gradients ready at their source and reverse source positions) and a `verdict` computed from
+    the order the readiness probe recorded ("wrong: ..." or "not shown: ...")."""
+    t = source_as_ready_order(run)
+    n = len(t)
+    first = t["ready_position"].idxmin()
+    says = (f"{run.spec.model}: {int(t['at_source_position'].sum())} of {n} gradients ready at their source position, "
+            f"{int(t['at_reverse_source_position'].sum())} at their reverse source position; ready first: {first} "
+            f"(source position {t.loc[first, 'source_position']})")
+    ready = t["ready_position"].sort_values().index.tolist()
+    if ready in (t.index.tolist(), t.index.tolist()[::-1]):
+        which = "the source order" if ready == t.index.tolist() else "the reverse source order"
+        verdict = f"not shown: on this model the ready order is {which}"
+    else:
+        verdict = "wrong: the ready order is neither the source order nor its reverse; the executed graph decides"
+    return {"says": says, "verdict": verdict}

@@ -19,12 +19,12 @@ import ddplab
 from ddplab import verify
 from tests.support import share
 from ddplab.recipes.common_errors import PREFIX, common_error_groups, common_error_runs
-# by name from the modules: once the packages export `common_errors` (the function), the name
-# `ddplab.tables.common_errors` is the function, not this module
-from ddplab.tables.common_errors_summary import error_table
-from ddplab.tables.common_errors import (divided_state, error_runs, fixed_global_batch_setup, overlap_sentence,
-                                         replicated_state_bytes, source_as_ready_order, summed_as_exposed,
-                                         verify_ready_not_source_order, verify_replicated_state, weak_as_strong)
+# the four side by side; each error's own table and check live with its concept
+from ddplab.tables.common_errors import error_runs, error_table
+from ddplab.tables.global_batch import fixed_global_batch_setup, weak_as_strong
+from ddplab.tables.memory import divided_state, replicated_state_bytes, verify_replicated_state
+from ddplab.tables.readiness import (overlap_sentence, source_as_ready_order, summed_as_exposed,
+                                     verify_ready_not_source_order)
 
 GROUPS = common_error_groups()
 # wrong inputs the lab can configure: the overlap model with every gradient in one bucket (launched
