@@ -83,8 +83,8 @@ def _cannot_read(label: str, f, bound: inspect.BoundArguments) -> str | None:
     said = "; ".join(f"{getattr(r.spec, 'name', '?')!r} is a {getattr(getattr(r.spec, 'task', None), 'kind', '?')} "
                      f"run with probes {', '.join(getattr(r.spec, 'probes', ())) or 'none'}" for r in runs[:3])
     need = (f.__doc__ or "").strip().split("\n")[0]
-    return (f"{label} cannot read this: {said}. It shows: {need} Pass the run it is for (the recipe of its "
-            f"chapter makes it, with the probes it needs).")
+    return (f"{label} failed on what it was given: {said}. It shows: {need} If that is not the run it reads, pass "
+            f"the one the recipe of its chapter makes, with the probes it needs; if it is, check the other arguments.")
 
 
 def _is_run(x) -> bool:

@@ -157,7 +157,7 @@ def test_a_table_that_fails_inside_on_a_run_names_itself_the_task_and_the_probes
         return [r.steps[0] for r in run.ranks]
 
     run = NS(spec=Experiment(name="empty", probes=("memory",)), ranks=[NS(steps=[])])
-    with pytest.raises(ValueError, match=r"^tables\.test_tables\.first_step cannot read this: 'empty' is a train run "
+    with pytest.raises(ValueError, match=r"^tables\.test_tables\.first_step failed on what it was given: 'empty' is a train run "
                                          r"with probes memory\. It shows: The first step of each rank\. .*"
                                          r"\[IndexError: list index out of range\]"):
         first_step(run)
