@@ -1,4 +1,4 @@
-"""A GPT-2-style network for the audit exercise, written as a user's model factory
+"""A GPT-2-style network for the practice exercise, written as a user's model factory
 (`model="ddplab.examples.gpt2_style:gpt2"`): GPT-2's layout and parameter names (`wte`, `wpe`, blocks of `ln_1`, `attn.c_attn`
 (query, key and value in one matrix), `attn.c_proj`, `ln_2`, `mlp.c_fc`, `mlp.c_proj`, then `ln_f`
 and an LM head tied to `wte`), at any size. Plain torch, so it runs wherever ddplab does; any other

@@ -1,5 +1,5 @@
 """The practice exercise's checker: `check(evidence)` re-runs the network a learner declared and checks
-every piece of evidence they wrote down (exercises/audit_data_parallel.ipynb).
+every piece of evidence they wrote down (exercises/data_parallel_exercise.ipynb).
 
     from ddplab import exercise
     evidence = exercise.template(exp)     # the pieces to fill in, each None until you do
@@ -82,14 +82,14 @@ def _declared(exp) -> Experiment:
     if not isinstance(exp, Experiment):
         raise ValueError(f"experiment: give the ddplab.Experiment you ran, got {type(exp).__name__}")
     if exp.task.kind != "train":
-        raise ValueError(f"experiment: the audit is of a training step, not a {exp.task.kind!r} task")
+        raise ValueError(f"experiment: the exercise checks a training step, not a {exp.task.kind!r} task")
     if exp.steps < memory.STEP + 1:
         raise ValueError(f"experiment.steps={exp.steps}: the memory table is read after step {memory.STEP}, "
                          f"so run at least {memory.STEP + 1} steps")
     if exp.sync != "ddp" or exp.sharding != "none":
-        raise ValueError("experiment.sync/sharding: the audit is of classic DDP (sync='ddp', sharding='none')")
+        raise ValueError("experiment.sync/sharding: the exercise checks classic DDP (sync='ddp', sharding='none')")
     if exp.loss_norm != "rank-mean":
-        raise ValueError(f"experiment.loss_norm={exp.loss_norm!r}: the audit is of DDP's plain convention, each "
+        raise ValueError(f"experiment.loss_norm={exp.loss_norm!r}: the exercise checks DDP's plain convention, each "
                          f"rank's loss a mean over its own examples ('rank-mean')")
     if len(set(exp.seq_lens)) > 1:
         raise ValueError("experiment.seq_len: one sequence length for every rank (with different ones the "

@@ -1,4 +1,4 @@
-"""What a check of the audit says: one `Finding` per check, a `Report` of them (a table in a notebook),
+"""What a check of the exercise says: one `Finding` per check, a `Report` of them (a table in a notebook),
 and `EvidenceFailed`, the one-line error nbgrader's test cells raise. Pure: no torch, no runs."""
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ class Report:
         rows = "".join(f"<tr><td>{mark[f.ok]}</td><td>{f.piece}</td><td style='text-align:left'>{html.escape(f.check)}</td>"
                        f"<td style='text-align:left'>{html.escape(f.message)}</td></tr>" for f in self.findings)
         held = sum(1 for f in self.findings if f.ok)
-        return (f"<table class='ddplab-audit'><tr><th></th><th>piece</th><th>check</th><th>feedback</th></tr>{rows}"
+        return (f"<table class='ddplab-exercise'><tr><th></th><th>piece</th><th>check</th><th>feedback</th></tr>{rows}"
                 f"</table><small>{held} of {len(self.findings)} checks hold ({self.seconds:.1f} s)</small>")
 
     def __repr__(self) -> str:

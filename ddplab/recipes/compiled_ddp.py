@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..spec import CompiledDdp, Experiment
 
-# the audit exercise's GPT-2-style network (a user's model factory): 4 blocks, 0.86 M parameters
+# the practice exercise's GPT-2-style network (a user's model factory): 4 blocks, 0.86 M parameters
 COMPILE_MODEL = dict(model="ddplab.examples.gpt2_style:gpt2", vocab_size=256, d_model=128, n_layers=4, n_heads=4,
                      seq_len=32, local_batch=4)
 

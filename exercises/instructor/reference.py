@@ -1,4 +1,4 @@
-"""The audit's reference solution as one function (instructors: the tests and the bench use it; the
+"""The exercise's reference solution as one function (instructors: the tests and the bench use it; the
 exercise's source notebook fills the same evidence piece by piece). Learners: solve it yourself first."""
 
 from __future__ import annotations

@@ -14,8 +14,8 @@ import ddplab
 from ddplab import Experiment, exercise
 from ddplab.exercise import EvidenceFailed, Finding, Report, batch, buckets, comm, gradients, memory, readiness, shape
 
-NOTEBOOK = Path(__file__).resolve().parents[2] / "exercises" / "audit_data_parallel.ipynb"
-EXP = Experiment(name="audit-shape", world_size=4, local_batch=4, accum_steps=2, steps=2, seq_len=8)
+NOTEBOOK = Path(__file__).resolve().parents[2] / "exercises" / "data_parallel_exercise.ipynb"
+EXP = Experiment(name="exercise-shape", world_size=4, local_batch=4, accum_steps=2, steps=2, seq_len=8)
 KEYS = {"batch": batch.KEYS, "gradients": gradients.KEYS + gradients.OPTIONAL, "readiness": readiness.KEYS,
         "buckets": buckets.KEYS, "comm": comm.KEYS}
 

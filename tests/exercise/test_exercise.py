@@ -14,7 +14,7 @@ from tests.exercise.test_evidence import notebook_templates, shows
 
 pytestmark = pytest.mark.slow
 
-EXP = Experiment(name="audit-test", world_size=4, local_batch=4, accum_steps=2, steps=2, seq_len=8,
+EXP = Experiment(name="exercise-test", world_size=4, local_batch=4, accum_steps=2, steps=2, seq_len=8,
                  optimizer="adam", bucket_cap_mb=0.05)
 CASE_BATCHES = [1, 2, 3, 4]
 
@@ -25,7 +25,7 @@ def _reference():
     from pathlib import Path
 
     path = Path(__file__).resolve().parents[2] / "exercises" / "instructor" / "reference.py"
-    spec = importlib.util.spec_from_file_location("audit_reference", path)
+    spec = importlib.util.spec_from_file_location("exercise_reference", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -35,8 +35,8 @@ reference = _reference()
 
 
 @pytest.fixture(scope="module")
-def audited(tmp_path_factory):
-    out = tmp_path_factory.mktemp("audit")
+def reference_evidence(tmp_path_factory):
+    out = tmp_path_factory.mktemp("exercise")
     mp = pytest.MonkeyPatch()
     mp.setenv("DDPLAB_RUNS", str(out / "runs"))   # the checker's own runs
     try:
@@ -53,8 +53,8 @@ def _messages(report, piece):
     return " | ".join(f.message for f in report.failures(piece))
 
 
-def test_the_reference_evidence_passes_every_check(audited):
-    ev, runs = audited
+def test_the_reference_evidence_passes_every_check(reference_evidence):
+    ev, runs = reference_evidence
     report = exercise.judge(ev, runs)
     assert report.passed(), repr(report)
     assert len(report.findings) >= 15
@@ -125,8 +125,8 @@ MISTAKES = {   # mistake -> (piece, the change, words of its message, the right 
 
 
 @pytest.mark.parametrize("mistake", sorted(MISTAKES))
-def test_each_classic_mistake_is_caught_with_its_own_message(audited, mistake):
-    ev, runs = audited
+def test_each_classic_mistake_is_caught_with_its_own_message(reference_evidence, mistake):
+    ev, runs = reference_evidence
     piece, change, words, right = MISTAKES[mistake]
     assert exercise.MISTAKES[mistake] == piece
     report = exercise.judge(_mutated(ev, piece, change), runs)
@@ -137,10 +137,10 @@ def test_each_classic_mistake_is_caught_with_its_own_message(audited, mistake):
     assert report.passed(*others), repr(report)   # the mistake is pinned on its own piece
 
 
-def test_the_notebooks_templates_filled_as_the_prose_reads_get_feedback_on_values(audited):
+def test_the_notebooks_templates_filled_as_the_prose_reads_get_feedback_on_values(reference_evidence):
     """A first attempt: every `...` of the learner's templates replaced by a plausible misreading of its
     section. Each piece fails on its values, with the classic mistake's message, not on its keys."""
-    ev, runs = audited
+    ev, runs = reference_evidence
     run = runs["exercise-hidden"]
     first = notebook_templates(EXP)
     first["batch"].update(local_batch=EXP.local_batches, accum_steps=EXP.accum_steps,
@@ -164,38 +164,38 @@ def test_the_notebooks_templates_filled_as_the_prose_reads_get_feedback_on_value
         assert words in _messages(report, piece), (piece, repr(report))
 
 
-def test_source_order_reported_as_ready_order_is_caught(audited):
-    ev, runs = audited
+def test_source_order_reported_as_ready_order_is_caught(reference_evidence):
+    ev, runs = reference_evidence
     names = list(runs["exercise-hidden"].ranks[0].parameter_names)
     report = exercise.judge(_mutated(ev, "readiness", lambda r: r.__setitem__("ready_order", names)), runs)
     assert "the order the parameters are declared in" in _messages(report, "readiness")
     assert exercise.MISTAKES["source order reported as ready order"] == "readiness"
 
 
-def test_a_convention_that_ignores_the_batches_fails_on_the_hidden_case(audited):
-    ev, runs = audited
+def test_a_convention_that_ignores_the_batches_fails_on_the_hidden_case(reference_evidence):
+    ev, runs = reference_evidence
     report = exercise.judge(_mutated(ev, "gradients", lambda g: g.__setitem__("convention", lambda v, b: sum(v) / len(v))),
                          runs)
     assert "that is the unweighted mean" in _messages(report, "gradients"), repr(report)
 
 
-def test_equal_check_case_batches_cannot_tell_the_conventions_apart(audited):
-    ev, runs = audited
+def test_equal_check_case_batches_cannot_tell_the_conventions_apart(reference_evidence):
+    ev, runs = reference_evidence
     report = exercise.judge(_mutated(ev, "gradients", lambda g: g.__setitem__("local_batch", [2, 2, 2, 2])), runs)
     assert "cannot tell the conventions apart" in _messages(report, "gradients")
 
 
-def test_a_local_gradient_off_by_a_thousandth_does_not_pass(audited):
-    ev, runs = audited
+def test_a_local_gradient_off_by_a_thousandth_does_not_pass(reference_evidence):
+    ev, runs = reference_evidence
     report = exercise.judge(_mutated(ev, "gradients", lambda g: g["local"].__setitem__(1, g["local"][1] * 1.001)), runs)
     assert "rank 1's local gradient" in _messages(report, "gradients")
 
 
-def test_correct_evidence_in_other_shapes_passes(audited):
+def test_correct_evidence_in_other_shapes_passes(reference_evidence):
     """A learner who writes a single local batch, string rank keys, numpy numbers or a list of rows."""
     import numpy as np
 
-    ev, runs = audited
+    ev, runs = reference_evidence
     ev = _mutated(ev, "batch", lambda b: b.__setitem__("local_batch", 4))
     ev["memory"] = {str(r): {k: np.int64(v) for k, v in row.items()} for r, row in ev["memory"].items()}
     ev["gradients"]["local"] = np.array(ev["gradients"]["local"], dtype=np.float64)
@@ -204,8 +204,8 @@ def test_correct_evidence_in_other_shapes_passes(audited):
     assert report.passed(), repr(report)
 
 
-def test_memory_written_in_mib_is_told_to_write_bytes(audited):
-    ev, runs = audited
+def test_memory_written_in_mib_is_told_to_write_bytes(reference_evidence):
+    ev, runs = reference_evidence
 
     def in_mib(m):
         for row in m.values():
@@ -215,8 +215,8 @@ def test_memory_written_in_mib_is_told_to_write_bytes(audited):
     assert "looks like MiB" in _messages(report, "memory")
 
 
-def test_an_invented_trace_with_other_bucket_sizes_does_not_pass(audited):
-    ev, runs = audited
+def test_an_invented_trace_with_other_bucket_sizes_does_not_pass(reference_evidence):
+    ev, runs = reference_evidence
 
     def invented(b):
         b["trace"] = [{**t, "bytes": t["bytes"] + 4} for t in b["trace"]]
@@ -226,8 +226,8 @@ def test_an_invented_trace_with_other_bucket_sizes_does_not_pass(audited):
     assert "DDP's buckets do not hold" in said and not shows(said, *_written(ev["buckets"]["trace"][0]["bytes"])), said
 
 
-def test_malformed_evidence_is_a_finding_naming_the_field_not_a_traceback(audited):
-    ev, runs = audited
+def test_malformed_evidence_is_a_finding_naming_the_field_not_a_traceback(reference_evidence):
+    ev, runs = reference_evidence
     for piece, change, field in [("memory", lambda m: m.__setitem__("rank0", {}), "keys are rank numbers"),
                                  ("gradients", lambda g: g.__setitem__("local", 0.5), "gradients['local']"),
                                  ("comm", lambda c: c.__setitem__("payload_bytes", "lots"), "comm['payload_bytes']"),
@@ -236,10 +236,10 @@ def test_malformed_evidence_is_a_finding_naming_the_field_not_a_traceback(audite
         assert field in _messages(report, piece), (piece, repr(report))
 
 
-def test_a_passing_row_never_shows_a_failing_rows_answer(audited):
+def test_a_passing_row_never_shows_a_failing_rows_answer(reference_evidence):
     """The global-batch gradient's pass message names DDP's reduced value only when the learner's
     reduced value passed too: otherwise it would hand over another row's answer."""
-    ev, runs = audited
+    ev, runs = reference_evidence
     right = ev["gradients"]["reduced"]
 
     def every_row(report):   # passing rows too
@@ -250,10 +250,10 @@ def test_a_passing_row_never_shows_a_failing_rows_answer(audited):
     assert shows(every_row(exercise.judge(ev, runs)), *_written(right))   # shown once the learner has it right
 
 
-def test_a_last_ready_time_taken_at_backwards_return_is_caught(audited):
+def test_a_last_ready_time_taken_at_backwards_return_is_caught(reference_evidence):
     """Measured at backward()'s return, last_ready_ms falls after every bucket's done: the exposed tail
     would come out 0 and pass; the check that the last bucket launched after the last gradient fails."""
-    ev, runs = audited
+    ev, runs = reference_evidence
 
     def at_return(b):
         b["last_ready_ms"] = max(r["done_ms"] for r in b["trace"]) + 0.5

@@ -18,7 +18,8 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 INSTRUCTOR = ROOT / "exercises" / "instructor"
-NOTEBOOK = "audit_data_parallel.ipynb"
+NOTEBOOK = "data_parallel_exercise.ipynb"
+ASSIGNMENT = "exercise"
 PIECES = ("batch", "memory", "gradients", "readiness", "buckets", "comm")
 
 
@@ -38,13 +39,13 @@ def sources(path: Path) -> list[tuple[str, str]]:
 def course(tmp_path_factory):
     course = tmp_path_factory.mktemp("course")
     shutil.copytree(INSTRUCTOR, course, dirs_exist_ok=True)
-    done = nbgrader(course, "generate_assignment", "audit", "--force")
+    done = nbgrader(course, "generate_assignment", ASSIGNMENT, "--force")
     assert done.returncode == 0, done.stderr[-3000:]
-    for student, nb in (("reference", course / "source" / "audit" / NOTEBOOK),
-                        ("blank", course / "release" / "audit" / NOTEBOOK)):
-        (course / "submitted" / student / "audit").mkdir(parents=True)
-        shutil.copy(nb, course / "submitted" / student / "audit" / NOTEBOOK)
-    done = nbgrader(course, "autograde", "audit", "--force")
+    for student, nb in (("reference", course / "source" / ASSIGNMENT / NOTEBOOK),
+                        ("blank", course / "release" / ASSIGNMENT / NOTEBOOK)):
+        (course / "submitted" / student / ASSIGNMENT).mkdir(parents=True)
+        shutil.copy(nb, course / "submitted" / student / ASSIGNMENT / NOTEBOOK)
+    done = nbgrader(course, "autograde", ASSIGNMENT, "--force")
     assert done.returncode == 0, done.stderr[-3000:]
     return course
 
@@ -53,20 +54,20 @@ def grades(course: Path, student: str) -> dict[str, tuple[float, float]]:
     from nbgrader.api import Gradebook
 
     with Gradebook(f"sqlite:///{course / 'gradebook.db'}", course_id="ddplab") as gb:
-        sub = gb.find_submission("audit", student)
+        sub = gb.find_submission(ASSIGNMENT, student)
         return {g.cell.name: (g.auto_score, g.max_score) for nb in sub.notebooks for g in nb.grades}
 
 
 def errors(course: Path, student: str) -> dict[str, list[dict]]:
-    nb = json.loads((course / "autograded" / student / "audit" / NOTEBOOK).read_text())
+    nb = json.loads((course / "autograded" / student / ASSIGNMENT / NOTEBOOK).read_text())
     return {c["metadata"]["nbgrader"]["grade_id"]: [o for o in c["outputs"] if o["output_type"] == "error"]
             for c in nb["cells"] if c["metadata"].get("nbgrader", {}).get("grade")}
 
 
 def test_the_learners_notebook_is_what_nbgrader_generates(course):
     committed = ROOT / "exercises" / NOTEBOOK
-    assert sources(committed) == sources(course / "release" / "audit" / NOTEBOOK), \
-        "exercises/audit_data_parallel.ipynb is stale: regenerate it (exercises/README.md)"
+    assert sources(committed) == sources(course / "release" / ASSIGNMENT / NOTEBOOK), \
+        f"exercises/{NOTEBOOK} is stale: regenerate it (exercises/README.md)"
     text = committed.read_text()
     assert "BEGIN SOLUTION" not in text and "HIDDEN TESTS" not in text and "evidence[\"memory\"] = {}" not in text
 

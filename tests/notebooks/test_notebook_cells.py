@@ -81,7 +81,7 @@ def _output_text(o) -> str:
                                                for k, v in o.get("data", {}).items() if k.startswith("text/"))
 
 
-@pytest.mark.parametrize("path", [*sorted((ROOT / "notebooks").glob("*.ipynb")), ROOT / "exercises" / "audit_data_parallel.ipynb"],
+@pytest.mark.parametrize("path", [*sorted((ROOT / "notebooks").glob("*.ipynb")), ROOT / "exercises" / "data_parallel_exercise.ipynb"],
                          ids=lambda p: p.name)
 def test_stored_outputs_hold_no_progress_bars_and_no_empty_outputs(path):
     """A learner opening a chapter sees what the run said, not a frozen bar per rank or blank

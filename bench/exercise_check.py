@@ -1,8 +1,8 @@
-"""How long does the audit's checker take on this machine, for a built-in and a GPT-2-style model?
+"""How long does the exercise's checker take on this machine, for a built-in and a GPT-2-style model?
 
-    python bench/audit_check.py [--world-size 4]
+    python bench/exercise_check.py [--world-size 4]
 
-For each network: the learner's two runs (the audit run and the gradient check case, one launch),
+For each network: the learner's two runs (the evidence run and the gradient check case, one launch),
 the reference evidence filled from them (exercises/instructor/reference.py), then `exercise.check`
 timed twice: launching its own ranks (a script, `warm=False`) and as a notebook runs it, a job for
 the warm ranks of a session. Prints the seconds and whether each check passed every finding.
@@ -31,7 +31,7 @@ NETWORKS = {
 
 def reference():
     path = Path(__file__).resolve().parents[1] / "exercises" / "instructor" / "reference.py"
-    spec = importlib.util.spec_from_file_location("audit_reference", path)
+    spec = importlib.util.spec_from_file_location("exercise_reference", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -49,7 +49,7 @@ def main() -> None:
         os.environ["DDPLAB_RUNS"] = str(Path(tmp) / "runs")
         met = True
         for label, sizes in NETWORKS.items():
-            exp = Experiment(name="bench-audit", world_size=d, local_batch=4, accum_steps=2, steps=2,
+            exp = Experiment(name="bench-exercise", world_size=d, local_batch=4, accum_steps=2, steps=2,
                              optimizer="adam", bucket_cap_mb=0.25, **sizes)
             run, case = ddplab.run_many([exercise.evidence_run(exp), exercise.check_case(exp, range(1, d + 1))],
                                         Path(tmp) / label.split()[0], progress=False, warm=False)
