@@ -1,5 +1,5 @@
-"""Notebook 08, the failure lab: one experiment per way a data-parallel job breaks, and the price of
-DDP's find_unused_parameters."""
+"""Notebook 08, failures provoked on purpose: one experiment per way a data-parallel job breaks, and
+the price of DDP's find_unused_parameters."""
 
 from __future__ import annotations
 

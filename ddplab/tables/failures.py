@@ -1,4 +1,4 @@
-"""The failure lab's tables (notebook 08): what the launcher said about each failure provoked on
+"""Notebook 08's tables of failures: what the launcher said about each failure provoked on
 purpose, how long it took, and what DDP's find_unused_parameters changes in a healthy run (its
 buckets; the step times of the two separate runs are shown, not judged).
 

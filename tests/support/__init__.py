@@ -116,7 +116,7 @@ def launch_shared(groups: dict[str, list], out: Path) -> SharedRuns:
 # ---- processes ------------------------------------------------------------------------------------------
 def leftovers(run_dir) -> list[str]:
     """Command lines of any live process started for this run directory (or for a launch staged
-    beside it, `rundir.staging_dir`): the failure lab's own orphan search."""
+    beside it, `rundir.staging_dir`): the orphan search after a provoked failure."""
     return orphans(Path(run_dir))
 
 
