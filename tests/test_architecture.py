@@ -214,6 +214,36 @@ CONCEPTS = {
     "profile": "the profile probe: torch.profiler's trace and memory timeline on every rank",
     "evidence": "what a learner writes down in the exercise, piece by piece, that ddplab.exercise checks",
 }
+PARTS = {   # modules named after their part of a stage rather than a task, chapter or concept, each with its meaning
+    "launch": {
+        "cells": "the launcher's side of a `%%ddp` cell: the cell as a job, every rank's output back",
+        "cold": "the cold launch: torchrun started afresh for a run (`run`, `run_many`)",
+        "diagnosis": "which experiment of a launch went wrong first, and why, read from what the ranks left",
+        "keeper": "the one process between the launcher and torchrun, that no process of the run outlives",
+        "loopback": "torchrun with every rendezvous socket bound to loopback",
+        "nodes": "where a launch's ranks run: one node, several simulated on this host, or SLURM's",
+        "preflight": "what cannot run here, refused before any process starts",
+        "progress": "a running launch's progress bars, one per rank",
+        "provoked": "the launcher's side of `failures`: launch a failure on purpose and time its diagnosis",
+        "reuse": "whether a launch reuses warm ranks, starts a session or goes cold",
+        "script": "a user's own torchrun script, started the way the lab starts its ranks",
+        "session": "a session of warm ranks: torchrun once, every run that fits a job for them",
+        "slurm": "a SLURM batch script for an experiment (`ddplab slurm`)",
+        "torchrun": "the torchrun process tree: its command, its environment, killing it",
+        "watch": "following a launch from its ranks' files, and what they left when it ends",
+    },
+    "exercise": {
+        "batch": "the exercise's first piece of evidence: the global-batch equation",
+        "report": "what a check says: a finding per check, the report, the one-line error nbgrader raises",
+        "shape": "a learner's evidence read into its documented structure, or the malformed field named",
+    },
+    "tools": {
+        "audit": "`ddplab audit`: one launch on a practitioner's model, and what DDP did with it",
+        "bucket_tuning": "`ddplab tune-buckets`: notebook 05's worked example on a practitioner's model",
+        "compiled": "`--compile` for both tools: the model under torch.compile beside eager",
+        "factory": "what both tools do before launching: the model factory named, checked and counted",
+    },
+}
 CLI_GROUPS = {   # a CLI module holds a command group, or fronts the package of the same name
     "commands": "`ddplab run`, `slurm`, `doctor` and `lab`: the lab's own commands",
     "flags": "the flags every command that runs an experiment shares",
@@ -224,6 +254,10 @@ TEST_STAGES = {   # tests/<folder>: the ddplab folders whose modules name its te
     "tasks": ["rank/tasks"], "tools": ["tools", "cli"], "views": ["tables", "plots", "widgets"], "notebooks": [],
 }
 CLAIM_TESTS = {   # test modules named after a claim that spans modules, each with its reason
+    "tests/test_architecture.py": "the import contracts, the size of a sitting and one name per concept hold",
+    "tests/test_citations.py": "every path the repository cites is in the repository",
+    "tests/test_gpu.py": "the GPU path: backend choice everywhere, real CUDA runs where there is CUDA",
+    "tests/test_suite_order.py": "the suite's files run longest first",
     "tests/guard/test_guard_faults.py": "the guard against faults in a user's own script, watcher and hooks together",
     "tests/guard/test_guard_runs.py": "the guard in a plain torchrun script: every silent bug caught on every rank",
     "tests/launch/test_cleanup.py": "what a killed launcher or session leaves on disk is deleted once provably dead",
@@ -295,6 +329,13 @@ def unnamed_tests(tests_root: Path, package: Path, named: set[str], claims) -> l
     return found
 
 
+def unnamed_top_tests(tests_root: Path, package: Path, claims) -> list[str]:
+    """tests/test_<name>.py whose <name> is no module at ddplab's top level and that is no listed claim."""
+    top = set(module_names(package))
+    return [p.name for p in sorted(tests_root.glob("test_*.py"))
+            if p.stem.removeprefix("test_") not in top and f"tests/{p.name}" not in claims]
+
+
 def test_every_recipe_module_is_named_after_a_chapter_or_a_task():
     assert unnamed_modules(module_names(PACKAGE / "recipes"), chapters(), task_modules(), CONCEPTS) == []
 
@@ -302,6 +343,12 @@ def test_every_recipe_module_is_named_after_a_chapter_or_a_task():
 @pytest.mark.parametrize("stage", ["predict", "tables", "plots", "widgets"])
 def test_every_view_and_model_module_is_named_after_a_task_a_chapter_or_a_concept(stage):
     assert unnamed_modules(module_names(PACKAGE / stage), chapters(), task_modules(), CONCEPTS) == []
+
+
+@pytest.mark.parametrize("stage", sorted(PARTS))
+def test_every_launcher_exercise_and_tool_module_is_named_after_a_task_a_chapter_a_concept_or_its_part(stage):
+    assert unnamed_modules(module_names(PACKAGE / stage), chapters(), task_modules(), CONCEPTS, PARTS[stage]) == []
+    assert set(PARTS[stage]) <= set(module_names(PACKAGE / stage)), "a listed part is gone: unlist it"
 
 
 def test_every_cli_module_holds_a_command_group_or_fronts_its_package():
@@ -312,6 +359,7 @@ def test_every_cli_module_holds_a_command_group_or_fronts_its_package():
 def test_every_test_module_is_named_after_what_it_tests():
     named = chapters() | task_modules() | set(CONCEPTS) | {"exercises", "self_tests", "claims", "verify", "cli"}
     assert unnamed_tests(ROOT / "tests", PACKAGE, named, CLAIM_TESTS) == []
+    assert unnamed_top_tests(ROOT / "tests", PACKAGE, CLAIM_TESTS) == []
     assert all((ROOT / t).exists() for t in CLAIM_TESTS), "a listed claim test is gone: unlist it"
 
 
@@ -320,6 +368,8 @@ def test_the_stage_name_checks_see_what_they_forbid(tmp_path):
     assert unnamed_modules(["slowest_rank", "failure_lab", "stragglers", "compression"], chapters(), task_modules(),
                            CONCEPTS) == ["slowest_rank", "failure_lab"]
     assert "comm_hooks" not in task_modules() and "compression" in task_modules()
+    launch = ["provoked", "failure_lab", "report"]   # report is the exercise's part, not the launcher's
+    assert unnamed_modules(launch, CONCEPTS, PARTS["launch"]) == ["failure_lab", "report"]
     package = tmp_path / "ddplab"
     (package / "predict").mkdir(parents=True)
     (package / "predict" / "buckets.py").write_text("")
@@ -332,3 +382,6 @@ def test_the_stage_name_checks_see_what_they_forbid(tmp_path):
     file = "{}/test_{}.py".format   # built, not written out: these files exist only in tmp_path
     assert unnamed_tests(tmp_path / "tests", package, set(), {"tests/" + file("predict", "claimed"): "a claim"}) == \
         [file("misc", "buckets") + ": tests/misc is no stage", file("predict", "overlap"), file("predict", "schedule")]
+    for name in ("test_results", "test_issue_52", "test_claimed"):
+        (tmp_path / "tests" / f"{name}.py").write_text("")
+    assert unnamed_top_tests(tmp_path / "tests", package, {"tests/test_claimed.py": "a claim"}) == ["test_issue_52.py"]
