@@ -96,6 +96,7 @@ def lab_argv(extra: list[str]) -> list[str]:
 def cmd_lab(args) -> int:
     import importlib.util
     import os
+    import shlex
 
     where = notebooks_dir()
     if not where.is_dir():
@@ -104,9 +105,9 @@ def cmd_lab(args) -> int:
         return 1
     argv = lab_argv(args.jupyter_args)
     if args.print_command:
-        print(" ".join(argv))
+        print(shlex.join(argv))   # quoted as a shell reads it: a path may hold a space
         return 0
     if importlib.util.find_spec("jupyterlab") is None:
-        print('ddplab lab: JupyterLab is not installed: pip install -e ".[dev]"', file=sys.stderr)
+        print('ddplab lab: JupyterLab is not installed: pip install -e ".[notebooks]"', file=sys.stderr)
         return 1
     os.execv(argv[0], argv)   # JupyterLab takes over this process (its Ctrl-C, its exit code)

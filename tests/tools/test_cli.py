@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -87,8 +88,8 @@ def test_ddplab_lab_opens_jupyterlab_on_the_notebooks(capsys):
     from ddplab import cli
 
     assert cli.main(["lab", "--print-command"]) == 0
-    command = capsys.readouterr().out.split()
-    assert command[1:3] == ["-m", "jupyterlab"] and command[3].endswith("notebooks")
+    command = shlex.split(capsys.readouterr().out)
+    assert command[1:3] == ["-m", "jupyterlab"] and command[3] == str(cli.notebooks_dir())
     assert (cli.notebooks_dir() / "00_launch_and_ranks.ipynb").exists()
 
 
@@ -96,9 +97,61 @@ def test_ddplab_lab_passes_jupyterlabs_own_arguments_on_in_order(capsys):
     """`--no-browser` or `--port=0` are JupyterLab's, not ddplab's: argparse alone refused them (exit 2)."""
     for given, passed in [(["--no-browser", "--port=0"], ["--no-browser", "--port=0"]),
                           (["--port", "8888", "--print-command"], ["--port", "8888"]),
-                          (["--", "--no-browser", "--print-command"], ["--no-browser", "--print-command"])]:
+                          (["--", "--no-browser", "--print-command"], ["--no-browser", "--print-command"]),
+                          (["--ServerApp.root_dir=/tmp/my notebooks"], ["--ServerApp.root_dir=/tmp/my notebooks"])]:
         assert cli.main(["lab", "--print-command", *given]) == 0
-        assert capsys.readouterr().out.split()[4:] == passed, given
+        assert shlex.split(capsys.readouterr().out)[4:] == passed, given   # the printed line, run by a shell
+
+
+def test_ddplab_lab_says_which_extra_brings_jupyterlab(monkeypatch, capsys):
+    import importlib.util
+    import tomllib
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "jupyterlab" else find_spec(name, *a))
+    assert cli.main(["lab"]) == 1
+    assert capsys.readouterr().err.strip().endswith('pip install -e ".[notebooks]"')
+    project = tomllib.loads((Path(cli.__file__).parents[2] / "pyproject.toml").read_text())["project"]
+    assert "jupyterlab" in project["optional-dependencies"]["notebooks"]   # the extra the message names
+
+
+def logged_match(proc: subprocess.Popen, pattern: str, deadline: float) -> str:
+    """The first match of `pattern` in `proc`'s stderr, read on a thread so that a process that logs
+    nothing fails at `deadline` (a monotonic time), not at pytest's timeout. The thread reads on
+    afterwards, so a full pipe never blocks the process."""
+    import queue
+    import threading
+
+    lines: queue.Queue = queue.Queue()
+
+    def read():
+        for line in proc.stderr:
+            lines.put(line)
+        lines.put(None)   # stderr closed: the process ended
+
+    threading.Thread(target=read, daemon=True).start()
+    while True:
+        try:
+            line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            pytest.fail(f"nothing matching {pattern!r} logged by the deadline")
+        if line is None:
+            pytest.fail(f"exited with {proc.wait()} before logging {pattern!r}")
+        if m := re.search(pattern, line):
+            return m.group(0)
+
+
+def test_a_silent_process_fails_at_the_deadline_not_at_pytests_timeout():
+    silent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], stderr=subprocess.PIPE, text=True)
+    try:
+        start = time.monotonic()
+        with pytest.raises(pytest.fail.Exception, match="by the deadline"):
+            logged_match(silent, "never", start + 1)
+        assert time.monotonic() - start < 30
+    finally:
+        silent.kill()
+        silent.wait()
 
 
 @pytest.mark.slow
@@ -112,14 +165,9 @@ def test_ddplab_lab_no_browser_port_0_starts_a_server_that_answers(tmp_path):
     lab = subprocess.Popen([DDPLAB, "lab", "--no-browser", "--port=0", "--ServerApp.token=", *root], env=env,
                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        url = None
         deadline = time.monotonic() + 120
-        for line in lab.stderr:   # JupyterLab logs where it listens once it serves (localhost may be ::1 first)
-            if m := re.search(r"(http://127\.0\.0\.1:(\d+)/)", line):
-                url = m.group(1)
-                break
-            assert time.monotonic() < deadline, "JupyterLab did not start within 120 s"
-        assert url is not None, f"JupyterLab exited with {lab.poll()} before serving"
+        # JupyterLab logs where it listens once it serves (localhost may be ::1 first)
+        url = logged_match(lab, r"http://127\.0\.0\.1:\d+/", deadline)
         assert int(url.rsplit(":", 1)[1].strip("/")) > 0   # port 0: the kernel chose a free port
         while True:   # the URL is logged as the server starts listening: ask until it answers
             try:
