@@ -257,7 +257,6 @@ CLAIM_TESTS = {   # test modules named after a claim that spans modules, each wi
     "tests/test_architecture.py": "the import contracts, the size of a sitting and one name per concept hold",
     "tests/test_citations.py": "every path the repository cites is in the repository",
     "tests/test_gpu.py": "the GPU path: backend choice everywhere, real CUDA runs where there is CUDA",
-    "tests/test_suite_order.py": "the suite's files run longest first",
     "tests/guard/test_guard_faults.py": "the guard against faults in a user's own script, watcher and hooks together",
     "tests/guard/test_guard_runs.py": "the guard in a plain torchrun script: every silent bug caught on every rank",
     "tests/launch/test_cleanup.py": "what a killed launcher or session leaves on disk is deleted once provably dead",

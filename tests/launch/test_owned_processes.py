@@ -285,7 +285,7 @@ def test_the_launchers_stop_signal_stops_the_run_names_what_it_started_and_remov
     rank = f"import subprocess, sys, time\n{spawns(tag, True)}\ntime.sleep(300)"   # a rank that starts a process
     torchrun = f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {rank!r}, {tag!r}]); time.sleep(300)"
     proc = _keeper(tmp_path, torchrun, "--tmp", str(run_tmp), "--report", str(report))
-    wait_for(tag, 3)   # the keeper (the whole program is its argument), the rank and what it started
+    wait_for(tag, 4)   # the keeper and torchrun (the whole program is their argument), the rank and what it started
     proc.send_signal(keeper.STOP_SIGNAL)
     assert proc.wait(timeout=60) == -signal.SIGKILL   # as the launcher's SIGKILL always ended it
     assert tagged(tag) == []

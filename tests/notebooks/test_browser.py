@@ -45,7 +45,7 @@ LAB_SETTINGS = {
 NOTEBOOKS = {
     "memory_explorer.ipynb": ["import ddplab\nfrom ddplab import recipes, widgets\n"
                               "widgets.memory.memory_explorer(recipes.memory_ledger(world_size=2, steps=2), measure=ddplab.run)"],
-    "rank_weights.ipynb": ["from ddplab import widgets\nwidgets.rank_weights_explorer()"],
+    "rank_weights.ipynb": ["from ddplab import widgets\nwidgets.gradients.rank_weights_explorer()"],
     "ddp_magic.ipynb": ["%load_ext ddplab\n%ddp_start -n 2 --timeout 5",
                         "%%ddp\nx = torch.tensor([rank + 1.0])\ndist.all_reduce(x)\nprint(f'rank {rank} says hello')\nx",
                         "%%ddp\nimport time\nfor i in range(8):\n    print(f'tick {i} of rank {rank}', flush=True)\n"

@@ -6,7 +6,7 @@ import pytest
 
 from ddplab import Experiment, recipes, tables
 from ddplab import predict
-from ddplab.predict.memory import CATEGORIES
+from ddplab.predict.memory import CATEGORIES, PHASES
 from tests.support import share
 
 pytestmark = pytest.mark.slow
@@ -37,7 +37,7 @@ def model_state_mismatches(run, predict=predict.memory.predict) -> list[tuple]:
     for r in run.ranks:
         for step, measured in enumerate(r.memory.steps):
             predicted = predict(run.spec, r.rank, step)
-            for phase in predict.memory.PHASES:
+            for phase in PHASES:
                 for c in MODEL_STATE:
                     if measured.phases[phase][c] != predicted[phase][c]:
                         out.append((r.rank, step, phase, c, measured.phases[phase][c], predicted[phase][c]))
