@@ -43,7 +43,7 @@ REPO_PATH = re.compile(_EDGE + r"((?:docs|ddplab|tests|notebooks)/[\w./-]*?\.(?:
 BARE_MODULE = re.compile(_EDGE + r"((?:[a-z_]\w*/)+\w+\.py)\b")
 LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)\s]*)?\)")   # a markdown link's target, without its #anchor
 TORCH_SOURCE = re.compile(_EDGE + r"(torch/[\w./]*?\.pyi?)\b")
-NOTES = re.compile(r"\bnotes/[\w.-]*\w|\bnotes, sections?\b")
+NOTES = re.compile(r"\bnotes/[\w.-]*\w|\bnotes, sections?\b|\bnotes: ")
 SECTION = re.compile(r"(docs/[\w.-]+\.md)`?,\s+((?:\"[^\"\n]+\"(?:,\s*|\s+and\s+)?)+)")
 TOP_LEVEL = ("docs", "ddplab", "tests", "bench", "notebooks", "exercises", "torch")
 
@@ -120,10 +120,11 @@ def test_the_scanner_reports_what_it_forbids():
     made_up = missing_citations('see docs/made-up-page.md and ddplab/no_such_module.py, record/no_such.py,\n'
                                 'rank/tasks/no_such.py, rank/tasks/no_such2.py, rank/tasks/train.py,\n'
                                 'torch/nn/parallel/no_such.py, notes/ddp-internals.md, section 2 (notes, section 0)\n'
-                                'and docs/ddp-internals.md, "Buckets" and "No such heading"')
+                                '(notes: performance anchors) and docs/ddp-internals.md, "Buckets" and "No such heading"')
     assert made_up == [
         "'notes/ddp-internals.md': notes/ is not in the repository; cite docs/",
         "'notes, section': notes/ is not in the repository; cite docs/",
+        "'notes: ': notes/ is not in the repository; cite docs/",
         "docs/made-up-page.md: not in the repository",
         "ddplab/no_such_module.py: not in the repository",
         "record/no_such.py: not in ddplab/",

@@ -21,7 +21,8 @@ def bucket_sweep(world_size: int = 2, caps_mb=(ONE_PER_PARAMETER_MB, 0.25, 1, 2,
     (`ddplab.run_many`). The bucket sweep times DDP at every cap in `caps_mb` (from one tensor per
     bucket to a single bucket), DDP's default, and `BucketedSync` with DDP's plan at `split_cap_mb`,
     as is and with its last bucket split in two; `rounds` interleaved rounds of `steps` steps each.
-    Ranks are pinned one per core by default: the timings are steadier (notes: performance anchors).
+    Ranks are pinned one per core by default: the timings are steadier
+    (docs/performance-anchors.md, "Pinning ranks to cores").
     The split is at 8 MiB by default: that plan's last bucket (the first layers, about half the model)
     has gradients ready over the last half of backward, so its first half can leave well before the
     end; at 4 MiB the cut would only separate the embeddings, a head start of under a millisecond."""
