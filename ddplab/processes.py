@@ -5,7 +5,7 @@ run's processes, the witness signal, and that no process of a run outlives the o
   `is_gone(record)` (a recorded owner provably ended: `rundir.owner_gone`);
 - liveness: `alive(p)` (a zombie is dead), `is_live_rank(pid, start_ticks)` (a rank of ours, that very one);
 - finding a run's processes: `rank_processes` (from the ranks' progress records), `ranks_under(pid)` (by the
-  RANK torchrun gives each), `live_processes(needles)` (by command line), `marked(token)` / `owned(token)`
+  RANK torchrun gives each), `with_cmdline(needles)` / `live_processes(needles)` (by command line), `marked(token)` / `owned(token)`
   (by `OWNER_ENV`, the launch's token in the environment of every process a run starts);
 - the witness signal: `WITNESS_SIGNAL`, `ask_witnesses` (`rank/witness.py` answers it);
 - die with the parent: `die_with_parent` (PR_SET_PDEATHSIG), `parent_is_torchrun`, `become_subreaper`
@@ -148,19 +148,27 @@ def ranks_under(pid: int, module: str | None = None) -> dict[int, int]:
     return found
 
 
-def live_processes(needles) -> list[tuple[int, str]]:
-    """(pid, command line) of every live process, zombies aside, whose command line holds one of `needles`."""
+def with_cmdline(needles, zombies: bool = False) -> list:
+    """psutil processes, this one aside, whose command line holds one of `needles` (zombies only if
+    asked: a launch's kill sweep reaps them, an orphan search must not report them)."""
     import psutil
 
-    found = []
+    found, me = [], os.getpid()
     for p in psutil.process_iter(["cmdline", "status"]):
         try:
             cmd = " ".join(p.info["cmdline"] or [])
         except psutil.Error:
             continue
-        if any(n in cmd for n in needles) and p.info["status"] != psutil.STATUS_ZOMBIE:
-            found.append((p.pid, cmd))
+        if p.pid != me and any(n in cmd for n in needles) \
+                and (zombies or p.info["status"] != psutil.STATUS_ZOMBIE):
+            found.append(p)
     return found
+
+
+def live_processes(needles) -> list[tuple[int, str]]:
+    """(pid, command line) of every live process, zombies and this one aside, whose command line holds one
+    of `needles`."""
+    return [(p.pid, " ".join(p.info["cmdline"] or [])) for p in with_cmdline(needles)]
 
 
 def marked(token: str) -> list:

@@ -233,13 +233,8 @@ def _procs_of(proc: subprocess.Popen, spec_path: Path) -> list:
             pass
     for p in processes.marked(proc.ddplab_owner) if getattr(proc, "ddplab_owner", None) else []:
         found.setdefault(p.pid, p)   # what the run started and that left the tree (the keeper was killed)
-    needle = str(Path(spec_path).resolve())
-    for p in psutil.process_iter(["cmdline"]):
-        try:
-            if needle in " ".join(p.info["cmdline"] or []) and p.pid != os.getpid():
-                found.setdefault(p.pid, p)
-        except psutil.Error:
-            pass
+    for p in processes.with_cmdline((str(Path(spec_path).resolve()),), zombies=True):
+        found.setdefault(p.pid, p)
     return list(found.values())
 
 
