@@ -227,6 +227,15 @@ def test_candidate_caps_giving_the_same_buckets_count_once_and_the_default_and_a
 
 
 # ---- end to end: real ranks ----------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def warm_pair(tmp_path_factory):
+    """Two warm ranks, pinned to cores as tune-buckets pins its own: the two bucket tunings and the frozen
+    model's audit below run on them as jobs (each tool uses the current session when it fits), so their
+    ranks start once instead of once per tool. The 3-rank audit runs before this opens, in its own launch."""
+    with ddplab.Session(world_size=2, pin_cpus=True, runs_dir=tmp_path_factory.mktemp("warm-pair")) as s:
+        yield s
+
+
 @pytest.mark.slow
 def test_audit_of_a_hugging_face_gpt2_against_independent_counts(tmp_path, capsys):
     transformers_or_skip()
@@ -270,7 +279,7 @@ def test_audit_of_a_hugging_face_gpt2_against_independent_counts(tmp_path, capsy
 
 
 @pytest.mark.slow
-def test_tune_buckets_on_an_image_model_measures_the_default_and_a_split_run_by_ddp(tmp_path):
+def test_tune_buckets_on_an_image_model_measures_the_default_and_a_split_run_by_ddp(warm_pair, tmp_path):
     tuning = ddplab.tune_buckets("ddplab.examples.vision:small_cnn", 2, local_batch=8, caps_mb=(0.0001, 0.05, 0.5, 4),
                                  measure=2, rounds=2, steps=2, out=tmp_path, progress=False, d_model=32,
                                  compile_backend="aot_eager", compile_mode="no_optimization")
@@ -343,9 +352,10 @@ def test_the_audits_default_bucket_rule_is_torchs_own():
 
 
 @pytest.mark.slow
-def test_audit_of_a_model_with_frozen_parameters_counts_only_what_ddp_reduces(tmp_path):
+def test_audit_of_a_model_with_frozen_parameters_counts_only_what_ddp_reduces(warm_pair, tmp_path):
+    # pinned like the tunings' ranks, so it is a job on the same warm ranks (pinning changes no count here)
     report = ddplab.audit_model("tests.support.user_models:with_frozen", 2, local_batch=4, out=tmp_path, progress=False,
-                                vocab_size=256, d_model=32, compile_backend="aot_eager")
+                                vocab_size=256, d_model=32, compile_backend="aot_eager", pin_cpus=True)
     model = models.build(Experiment(model="tests.support.user_models:with_frozen", vocab_size=256, d_model=32))
     trainable = {n: p for n, p in model.named_parameters() if p.requires_grad}
     assert report.model["trainable_tensors"] == len(trainable) < report.model["parameter_tensors"]
@@ -365,7 +375,7 @@ def test_audit_of_a_model_with_frozen_parameters_counts_only_what_ddp_reduces(tm
 
 
 @pytest.mark.slow
-def test_tune_buckets_runs_end_to_end_on_the_hugging_face_gpt2_from_the_command_line(tmp_path, capsys):
+def test_tune_buckets_runs_end_to_end_on_the_hugging_face_gpt2_from_the_command_line(warm_pair, tmp_path, capsys):
     transformers_or_skip()
     report = tmp_path / "tune.json"
     code = cli.main(["tune-buckets", "--model", HF, "--world-size", "2", "--local-batch", "2", "--measure", "1",
