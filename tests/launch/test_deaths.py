@@ -71,6 +71,22 @@ def test_torchrun_killed_from_outside_is_said_and_no_rank_is_blamed_for_it():
     assert d.kind != "agent-died" and d.ranks == [1], d
 
 
+# torchrun's agent ended mid-run by each signal, as the launcher sees it (its exit status, its log): SIGKILL and
+# SIGUSR2 it does not catch (it dies by them); SIGTERM it catches, stops its ranks and exits 128 + 15 (torch 2.13,
+# saying nothing) or says "got signal"
+@pytest.mark.parametrize("code, log, said", [
+    (-signal.SIGKILL, "", "was killed by SIGKILL"),
+    (128 + signal.SIGTERM, "", "received SIGTERM"),
+    (1, "SignalException: Process 77 got signal: 15\n", "received SIGTERM"),
+    (-signal.SIGUSR2, "", "was killed by SIGUSR2")])
+def test_torchrun_ended_mid_run_by_a_signal_is_said_with_that_signal(code, log, said):
+    dead = Deaths(agent=agent_death(code, log))
+    progress = {0: [_rec("dying wait")], 1: [_rec("dying wait")]}
+    d = diagnose(progress, {}, set(), 2, 60, False, PHASES, deaths=dead)
+    assert d.kind == "agent-died" and d.ranks == [0, 1], d
+    assert said in d.summary and "mid-run" in d.summary and "dying wait" in d.summary, d.summary
+
+
 def test_a_rank_frozen_before_its_first_record_is_said_stopped_not_never_started():
     d = diagnose({0: [_rec("init-process-group", step=-1)]}, {}, set(), 2, 15, True, PHASES, frozen={1: "stopped"})
     assert d.ranks == [1] and "Rank 1 was stopped" in d.summary and "while still starting" in d.summary
@@ -164,8 +180,12 @@ def _in_background(fn) -> list:
     return raised
 
 
+# one real launch for each way torchrun's agent ends: SIGTERM it catches (it stops its ranks itself), SIGUSR2 it
+# does not (it dies by it, as by SIGKILL, which no process can catch, and the keeper above it must die by it too);
+# SIGKILL's own name mid-run is test_torchrun_ended_mid_run_by_a_signal_is_said_with_that_signal's, and a real
+# SIGKILL is sent to torchrun at start-up and to a session's mid-job
 @pytest.mark.slow
-@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM, signal.SIGUSR2])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR2])
 def test_torchrun_killed_mid_run_is_said_with_its_signal(tmp_path, sig):
     out = tmp_path / "run"
     exp = Experiment(name="agent", world_size=2, task=Dying(wait_s=120), timeout_s=200)
@@ -183,8 +203,7 @@ def test_torchrun_killed_mid_run_is_said_with_its_signal(tmp_path, sig):
     assert not raised, raised
     d = e.value.diagnosis
     assert d.kind == "agent-died" and d.ranks == [0, 1], d
-    said = "was killed by SIGKILL" if sig == signal.SIGKILL else (
-        "received SIGTERM" if sig == signal.SIGTERM else "was killed by SIGUSR2")
+    said = "received SIGTERM" if sig == signal.SIGTERM else "was killed by SIGUSR2"
     assert said in d.summary and "mid-run" in d.summary and "dying wait" in d.summary, d.summary
     assert time.monotonic() - t0 < 100   # said when torchrun died, not when the ranks' 120 s wait would end
     assert leftovers(out) == []
