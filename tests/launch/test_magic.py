@@ -119,16 +119,18 @@ def test_after_a_cell_runs_go_cold_so_a_cell_cannot_change_a_run(ip, tmp_path):
 
     session = sessions.current()
     session.execute("torch.set_default_dtype(torch.float64)")   # would change every parameter a job builds
-    exp = Experiment(name="after-cell", world_size=2, steps=1, local_batch=2, seq_len=4)
+    # one rank: it fits the 2-rank session, so only the cell that ran on it keeps the run off it
+    exp = Experiment(name="after-cell", world_size=1, steps=1, local_batch=2, seq_len=4)
     run = ddplab.run(exp, tmp_path / "after-cell", progress=False)
     assert run.launch["session"] is None and session.alive()
     session.execute("torch.set_default_dtype(torch.float32)")
 
 
 def _short_session(ip):
-    """A session of 2 ranks whose collectives time out after 3 s (a cell that hangs restarts one alike)."""
+    """A live session of 2 ranks whose collectives time out after 3 s (a cell that hangs restarts one
+    alike): the one the last test left, or a new one."""
     s = sessions.current()
-    if s is None or s.world_size != 2 or s.timeout_s != 3:
+    if s is None or not s.alive() or s.world_size != 2 or s.timeout_s != 3:
         ip.run_line_magic("ddp_start", "-n 2 --timeout 3")
     return sessions.current()
 
@@ -191,8 +193,7 @@ def test_ranks_calling_one_collective_with_different_sizes_are_told_so(ip):
 ])
 def test_a_cell_that_kills_torchrun_or_a_rank_says_who_died_not_which_rank_waited(ip, code, said):
     """A cell that killed torchrun blamed rank 1; now the death is said as it happened."""
-    ip.run_line_magic("ddp_start", "-n 2 --timeout 3")
-    session = sessions.current()
+    session = _short_session(ip)   # the last test's, if it lives; the cell kills it either way
     out, error = _cell(ip, code)
     assert error is not None and f"the session died during the cell: {said}" in str(error), str(error)
     with pytest.raises(CellFailed, match="the last one ended: " + re.escape(said)):
@@ -300,8 +301,8 @@ def test_ddp_start_says_what_it_waits_for_from_the_first_second(ip):
 
 
 def test_ddp_stop_leaves_no_rank(ip):
-    ip.run_line_magic("ddp_start", "-n 2 --timeout 5")
-    session = sessions.current()
+    session = _short_session(ip)   # the one the %ddp_start test above started
+    assert session.alive() and len(leftovers(session.dir)) >= 3   # torchrun and its 2 ranks, to be stopped
     ip.run_line_magic("ddp_stop", "")
     deadline = time.monotonic() + 5
     while leftovers(session.dir) and time.monotonic() < deadline:
@@ -313,7 +314,7 @@ def test_ddp_stop_leaves_no_rank(ip):
 
 def test_cells_never_run_on_the_session_ddplab_run_keeps(ip, tmp_path):
     """`ddplab.run` replaces its own session when a run needs more ranks: a cell's state would vanish."""
-    s = sessions.Session(world_size=2, runs_dir=tmp_path, implicit=True)
+    s = sessions.Session(world_size=1, runs_dir=tmp_path, implicit=True)   # one rank: no cell runs on it at all
     try:
         with pytest.raises(CellFailed, match="no session for %%ddp cells"):
             ip.run_cell_magic("ddp", "", "rank")
