@@ -44,24 +44,53 @@ def _same(a, b) -> bool:
     return torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b
 
 
+@pytest.fixture(scope="module")
+def _warm_sessions(tmp_path_factory):
+    """Where the tests that take `warm` keep the 2-rank session they share while it lives."""
+    held = {"session": None, "runs": tmp_path_factory.mktemp("warm") / "runs"}
+    yield held
+    _close_held(held)
+
+
+def _close_held(held) -> None:
+    s, held["session"] = held["session"], None
+    if s is not None:
+        s.close()
+        assert _wait_gone(s.dir, 5) == []
+
+
+@pytest.fixture(autouse=True)
+def _only_warm_tests_see_the_shared_session(request, _warm_sessions):
+    """A test that does not take `warm` starts with no session open (it may expect `run` to start one)."""
+    if "warm" not in request.fixturenames:
+        _close_held(_warm_sessions)
+
+
 @pytest.fixture
-def warm(tmp_path):
-    s = ddplab.Session(world_size=2, runs_dir=tmp_path / "runs")
+def warm(_warm_sessions):
+    """A live, current session of 2 warm ranks: the one an earlier test left healthy, else a new one.
+    Starting its ranks is most of what a test costs, and no claim here needs a fresh session: the tests
+    whose job fails tear it down (and check that nothing of it is left), and the next gets a new one."""
+    s = _warm_sessions["session"]
+    if s is None or sessions.current() is not s or not s.fits([Experiment(**SMALL)], s.backend, s.device):
+        _close_held(_warm_sessions)
+        s = _warm_sessions["session"] = ddplab.Session(world_size=2, runs_dir=_warm_sessions["runs"])
     yield s
-    s.close()
-    assert _wait_gone(s.dir, 5) == []
+    if not s.alive():
+        _warm_sessions["session"] = None
+        s.close()
+        assert _wait_gone(s.dir, 5) == []
 
 
 def test_a_warm_run_is_bit_identical_to_a_cold_one(tmp_path, warm):
     exp = Experiment(name="same", probes=("gradients", "memory", "reference"), **SMALL)
     w = ddplab.run(exp, tmp_path / "warm", progress=False)
     assert w.launch["session"] == warm.dir.name and sessions.current() is warm
-    # the same spec again as the session's second job: nothing of the first job leaked into it
+    # the same spec again as the session's next job: nothing of the job before leaked into it
     again = ddplab.run(exp, tmp_path / "again", progress=False)
     assert again.launch["session"] == warm.dir.name
-    warm.close()
-    c = ddplab.run(exp, tmp_path / "cold", progress=False)
-    assert c.launch["session"] is None
+    c = ddplab.run(exp, tmp_path / "cold", progress=False, warm=False)   # cold, the session aside
+    assert c.launch["session"] is None and warm.alive()
     ledger = lambda r: [({ph: {c: v[c] for c in CATEGORIES} for ph, v in st.phases.items()}, st.peak)
                         for st in r.memory.steps]   # the ledger, not the process's RSS
     for warm_run in (w, again):
@@ -72,19 +101,21 @@ def test_a_warm_run_is_bit_identical_to_a_cold_one(tmp_path, warm):
             assert _same(warm_run.tensors(rw.rank), c.tensors(rc.rank))   # every saved gradient, bit for bit
 
 
-def test_a_session_runs_smaller_experiments_and_sweeps_as_one_launch_would(tmp_path):
-    with ddplab.Session(world_size=4, runs_dir=tmp_path / "runs") as s:
-        one = ddplab.run(Experiment(name="one", **{**SMALL, "world_size": 1}), tmp_path / "one", progress=False)
-        runs = ddplab.run_many([Experiment(name="a", **SMALL), Experiment(name="b", **{**SMALL, "world_size": 4})],
-                               tmp_path / "many", progress=False)
-        assert len(one.ranks) == 1 and [len(r.ranks) for r in runs] == [2, 4]
-        assert s.jobs == 2 and s.alive()
-    assert _wait_gone(s.dir, 5) == []
+def test_a_session_runs_smaller_experiments_and_sweeps_as_one_launch_would(tmp_path, warm):
+    # a smaller experiment on 1 of the session's 2 ranks, then a sweep of a smaller and a full-width one as
+    # one job (a narrower job of 2 ranks in a 4-rank session: tests/tasks/test_compression.py's
+    # test_a_narrower_jobs_own_groups_leave_the_next_jobs_groups_meeting)
+    jobs = warm.jobs
+    one = ddplab.run(Experiment(name="one", **ONE), tmp_path / "one", progress=False)
+    runs = ddplab.run_many([Experiment(name="a", **ONE), Experiment(name="b", **SMALL)],
+                           tmp_path / "many", progress=False)
+    assert len(one.ranks) == 1 and [len(r.ranks) for r in runs] == [1, 2]
+    assert one.launch["session"] == warm.dir.name and {r.launch["session"] for r in runs} == {warm.dir.name}
+    assert warm.jobs == jobs + 2 and warm.alive()
 
 
-@pytest.mark.parametrize("fault, kind", [(Fault("crash", rank=1, step=1), "crash"),
-                                         (Fault("skip-backward", rank=1, step=1), "hang")])
-def test_a_failed_job_is_diagnosed_as_cold_and_tears_the_session_down(tmp_path, warm, fault, kind):
+def _fails_as_cold_and_tears_the_session_down(tmp_path, warm, fault, kind) -> Experiment:
+    """The failed job's diagnosis, as a cold launch's, and no session left to run in; its experiment."""
     exp = Experiment(name="bad", fault=fault, timeout_s=3, **SMALL)
     t0 = time.monotonic()
     with pytest.raises(RunFailed) as info:
@@ -96,9 +127,25 @@ def test_a_failed_job_is_diagnosed_as_cold_and_tears_the_session_down(tmp_path, 
         assert "injected fault" in d.tracebacks[1]
     else:
         assert "never arrived" in d.summary
-    # the next run starts cold, or a fresh session: test_after_a_failed_job_the_next_run_starts_a_fresh_session
     assert not warm.alive() and sessions.current() is None
     assert _wait_gone(warm.dir, 5) == []
+    return exp
+
+
+def test_a_crashed_job_is_diagnosed_as_cold_tears_the_session_down_and_the_next_run_starts_a_fresh_one(
+        tmp_path, monkeypatch, warm):
+    bad = _fails_as_cold_and_tears_the_session_down(tmp_path, warm, Fault("crash", rank=1, step=1), "crash")
+    monkeypatch.setenv("DDPLAB_RUNS", str(tmp_path / "runs"))
+    try:
+        ok = ddplab.run(bad.replace(fault=None), tmp_path / "ok", progress=False, warm=True)
+        assert ok.launch["session"] == sessions.current().dir.name != warm.dir.name
+    finally:
+        sessions.close_current()
+    assert _wait_gone(tmp_path / "runs", 5) == []
+
+
+def test_a_hung_job_is_diagnosed_as_cold_and_tears_the_session_down(tmp_path, warm):
+    _fails_as_cold_and_tears_the_session_down(tmp_path, warm, Fault("skip-backward", rank=1, step=1), "hang")
 
 
 def test_ctrl_c_during_a_warm_job_stops_it_and_the_session(tmp_path):
@@ -145,7 +192,13 @@ def test_a_launcher_that_dies_takes_its_session_with_it(tmp_path):
     assert _wait_gone(session_dir, 5) == []
 
 
-def test_a_users_model_file_changed_between_jobs_is_read_again(tmp_path, monkeypatch):
+def test_a_session_started_on_a_short_lived_thread_outlives_it_and_reads_a_changed_model_file_again(
+        tmp_path, monkeypatch):
+    """A widget's click handler may run on a thread that ends when it returns; Linux's parent-death
+    signal follows the thread that started torchrun, so the session must not be started from it.
+    A user's model file changed between two jobs of that session is read again."""
+    import threading
+
     monkeypatch.syspath_prepend(str(tmp_path))
     (tmp_path / "lab_session_net.py").write_text(textwrap.dedent("""
         import torch.nn as nn
@@ -155,11 +208,22 @@ def test_a_users_model_file_changed_between_jobs_is_read_again(tmp_path, monkeyp
     """))
     monkeypatch.chdir(tmp_path)   # the ranks import it from the current directory at the session's start
     exp = Experiment(name="net", model="lab_session_net:net", **ONE)
-    with ddplab.Session(world_size=1, runs_dir=tmp_path / "runs"):
+    box = []
+    t = threading.Thread(target=lambda: box.append(ddplab.Session(world_size=1, runs_dir=tmp_path / "runs")))
+    t.start()
+    t.join()
+    s = box[0]
+    try:
+        time.sleep(1.0)
+        assert s.alive()
         first = ddplab.run(exp, tmp_path / "n1", progress=False)
+        assert first.launch["session"] == s.dir.name
         path = tmp_path / "lab_session_net.py"
         path.write_text(path.read_text().replace("WIDTH = 1", "WIDTH = 2"))
         second = ddplab.run(exp.replace(seed=1), tmp_path / "n2", progress=False)
+    finally:
+        s.close()
+    assert _wait_gone(s.dir, 5) == []
     assert first.launch["session"] == second.launch["session"] is not None
     assert second.ranks[0].model.parameter_count > first.ranks[0].model.parameter_count
 
@@ -220,7 +284,10 @@ def _pids(run) -> list[int]:
     return [r.pid for r in run.ranks]
 
 
-def test_run_starts_a_session_keeps_it_and_replaces_it_when_too_small(tmp_path, monkeypatch):
+def test_run_starts_a_session_keeps_it_and_replaces_it_when_too_small_or_its_directory_is_deleted(
+        tmp_path, monkeypatch):
+    import shutil
+
     monkeypatch.setenv("DDPLAB_RUNS", str(tmp_path / "runs"))
     first = ddplab.run(Experiment(name="a", **ONE), tmp_path / "a", progress=False, warm=True)
     s = sessions.current()
@@ -235,6 +302,10 @@ def test_run_starts_a_session_keeps_it_and_replaces_it_when_too_small(tmp_path, 
         bigger = sessions.current()
         assert bigger is not s and bigger.world_size == 2 and wider.launch["session"] == bigger.dir.name
         assert not s.alive() and _wait_gone(s.dir, 5) == []   # the 1-rank session made way
+        shutil.rmtree(tmp_path / "runs")   # a learner cleaning up runs/ under a live notebook
+        after = ddplab.run(Experiment(name="e", **ONE), tmp_path / "e", progress=False, warm=True)
+        assert after.launch["session"] != wider.launch["session"] and not bigger.alive()   # it fits, but went
+        assert _wait_gone(bigger.dir, 5) == []
     finally:
         sessions.close_current()
     assert sessions.current() is None and _wait_gone(tmp_path / "runs", 5) == []
@@ -246,40 +317,6 @@ def test_run_never_closes_a_session_you_opened(tmp_path, monkeypatch):
         wide = ddplab.run(Experiment(name="w", **SMALL), tmp_path / "w", progress=False, warm=True)
         assert wide.launch["session"] is None   # cold: it does not fit, and it is not run's to replace
         assert sessions.current() is mine and mine.alive()
-
-
-def test_after_a_failed_job_the_next_run_starts_a_fresh_session(tmp_path, monkeypatch):
-    monkeypatch.setenv("DDPLAB_RUNS", str(tmp_path / "runs"))
-    bad = Experiment(name="bad", fault=Fault("crash", rank=1, step=1), timeout_s=3, **SMALL)
-    try:
-        with pytest.raises(RunFailed) as info:
-            ddplab.run(bad, tmp_path / "bad", progress=False, warm=True)
-        assert info.value.diagnosis.kind == "crash" and info.value.diagnosis.ranks == [1]
-        assert sessions.current() is None
-        ok = ddplab.run(bad.replace(fault=None), tmp_path / "ok", progress=False, warm=True)
-        assert ok.launch["session"] == sessions.current().dir.name
-    finally:
-        sessions.close_current()
-    assert _wait_gone(tmp_path / "runs", 5) == []
-
-
-def test_a_session_started_on_a_short_lived_thread_outlives_it(tmp_path):
-    """A widget's click handler may run on a thread that ends when it returns; Linux's parent-death
-    signal follows the thread that started torchrun, so the session must not be started from it."""
-    import threading
-
-    box = []
-    t = threading.Thread(target=lambda: box.append(ddplab.Session(world_size=1, runs_dir=tmp_path)))
-    t.start()
-    t.join()
-    s = box[0]
-    try:
-        time.sleep(1.0)
-        assert s.alive()
-        run = ddplab.run(Experiment(name="after", **ONE), tmp_path / "after", progress=False)
-        assert run.launch["session"] == s.dir.name
-    finally:
-        s.close()
 
 
 def test_ctrl_c_while_run_starts_its_session_is_one_line_and_leaves_no_rank(tmp_path):
@@ -309,32 +346,6 @@ def test_ctrl_c_while_run_starts_its_session_is_one_line_and_leaves_no_rank(tmp_
     out, _ = proc.communicate(timeout=30)
     assert "INTERRUPTED interrupted: the session's 2 ranks stopped while starting" in out, out
     assert _wait_gone(tmp_path / "runs", 5) == []
-
-
-def test_a_session_whose_directory_is_deleted_makes_way_for_a_new_one(tmp_path, monkeypatch):
-    import shutil
-
-    monkeypatch.setenv("DDPLAB_RUNS", str(tmp_path / "runs"))
-    first = ddplab.run(Experiment(name="a", **ONE), tmp_path / "a", progress=False, warm=True)
-    old = sessions.current()
-    try:
-        shutil.rmtree(tmp_path / "runs")   # a learner cleaning up runs/ under a live notebook
-        again = ddplab.run(Experiment(name="b", **ONE), tmp_path / "b", progress=False, warm=True)
-        assert again.launch["session"] != first.launch["session"] and not old.alive()
-        assert _wait_gone(old.dir, 5) == []
-    finally:
-        sessions.close_current()
-
-
-def test_an_idle_session_leaves_by_itself(tmp_path, monkeypatch):
-    monkeypatch.setattr(sessions, "IDLE_S", 2.0)
-    s = ddplab.Session(world_size=1, runs_dir=tmp_path)
-    deadline = time.monotonic() + 20
-    while s.alive() and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not s.alive() and sessions.current() is None
-    assert sessions.last_end() == "it closed itself after 2 s without a job"   # what the next %%ddp cell says
-    assert _wait_gone(s.dir, 5) == []
 
 
 @pytest.mark.parametrize("which", ["run", "session"])
@@ -381,19 +392,28 @@ def test_a_ddp_cell_on_a_session_whose_directory_was_deleted_says_so(tmp_path):
         s.close()
 
 
-@pytest.mark.parametrize("gap_s", [4.95, 5.2])
-def test_a_job_sent_at_the_idle_deadline_runs(tmp_path, monkeypatch, gap_s):
+def test_jobs_sent_at_the_idle_deadline_run_and_a_session_left_idle_leaves_by_itself(tmp_path, monkeypatch):
     """The launcher owns the idle clock and closes the session under the launch lock: a job sent just
     before the deadline runs on the session, one just after on a fresh one; neither fails (with
-    each rank's own clock, a job at 4.95 s of 5 hung and one at 5.0-5.4 s lost its ranks)."""
+    each rank's own clock, a job at 4.95 s of 5 hung and one at 5.0-5.4 s lost its ranks). Each gap
+    is timed from the end of the job before, which re-armed the clock. Then, left idle, the session
+    closes itself and says so."""
     monkeypatch.setattr(sessions, "IDLE_S", 5.0)
     monkeypatch.setenv("DDPLAB_RUNS", str(tmp_path / "runs"))
     try:
         # two ranks: the hang this guards against came from ranks that disagreed about the deadline
-        first = ddplab.run(Experiment(name="a", **SMALL), tmp_path / "a", progress=False, warm=True)
-        time.sleep(gap_s)
-        again = ddplab.run(Experiment(name="b", **SMALL), tmp_path / "b", progress=False, warm=True)
-        assert again.launch.get("session") and first.launch.get("session")
+        runs = [ddplab.run(Experiment(name="a", **SMALL), tmp_path / "a", progress=False, warm=True)]
+        for name, gap_s in (("b", 4.95), ("c", 5.2)):
+            time.sleep(gap_s)
+            runs.append(ddplab.run(Experiment(name=name, **SMALL), tmp_path / name, progress=False, warm=True))
+            assert runs[-1].launch.get("session") and runs[-2].launch.get("session"), f"the job {gap_s} s after"
+        s = sessions.current()
+        deadline = time.monotonic() + sessions.IDLE_S + 18
+        while s.alive() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not s.alive() and sessions.current() is None
+        assert sessions.last_end() == "it closed itself after 5 s without a job"   # what the next %%ddp cell says
+        assert _wait_gone(s.dir, 5) == []
     finally:
         sessions.close_current()
 
