@@ -5,8 +5,9 @@ run's processes, the witness signal, and that no process of a run outlives the o
   `is_gone(record)` (a recorded owner provably ended: `rundir.owner_gone`);
 - liveness: `alive(p)` (a zombie is dead), `is_live_rank(pid, start_ticks)` (a rank of ours, that very one);
 - finding a run's processes: `rank_processes` (from the ranks' progress records), `ranks_under(pid)` (by the
-  RANK torchrun gives each), `with_cmdline(needles)` / `live_processes(needles)` (by command line), `marked(token)` / `owned(token)`
-  (by `OWNER_ENV`, the launch's token in the environment of every process a run starts);
+  RANK torchrun gives each), `with_cmdline(needles)` / `live_processes(needles)` (by command line),
+  `marked(token)` / `owned(token)` (by `OWNER_ENV`, the launch's token in the environment of every process
+  a run starts);
 - the witness signal: `WITNESS_SIGNAL`, `ask_witnesses` (`rank/witness.py` answers it);
 - die with the parent: `die_with_parent` (PR_SET_PDEATHSIG), `parent_is_torchrun`, `become_subreaper`
   (PR_SET_CHILD_SUBREAPER), and ending them: `kill_until_gone`, `reap`.
