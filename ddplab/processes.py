@@ -32,7 +32,8 @@ import sys
 import time
 from pathlib import Path
 
-PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER = 1, 36
+PR_SET_PDEATHSIG, PR_SET_NAME, PR_SET_CHILD_SUBREAPER = 1, 15, 36
+RANK_NAME = "ddplab-rank-"   # a forked rank's name (/proc/<pid>/comm, 15 characters at most), its RANK after it
 OWNER_ENV = "DDPLAB_OWNER"   # the launch's token, inherited by every process the run starts (`launch/keeper.py`)
 WORKER = "ddplab.rank.worker"   # the module a rank runs (`-m`)
 AGENTS = ("torch.distributed.run", "ddplab.launch.loopback")   # the modules a torchrun agent runs as (`-m`)
@@ -91,6 +92,16 @@ def alive(p) -> bool:
         return False
 
 
+def name_rank(rank: str) -> None:
+    """Name this process RANK_NAME + rank: a rank forked from torchrun's agent has the agent's command line."""
+    _prctl(PR_SET_NAME, f"{RANK_NAME}{rank}".encode()[:15])
+
+
+def rank_of_name(p) -> str | None:   # psutil.Process `p`
+    """The RANK in a forked rank's name, None for any other process."""
+    return p.name()[len(RANK_NAME):] if p.name().startswith(RANK_NAME) else None
+
+
 def _module(args: list[str]) -> str:
     """The module a Python command line runs (its first `-m`), "" if it runs a script or `-c`."""
     for i, a in enumerate(args[1:-1], start=1):   # the interpreter's options, up to `-m module` (or -c, or a script)
@@ -112,7 +123,7 @@ def is_live_rank(pid: int, start_ticks_seen: int | None = None) -> bool:
         return False
     try:
         p = psutil.Process(pid)
-        return alive(p) and _module(p.cmdline()) == WORKER
+        return alive(p) and (rank_of_name(p) is not None or _module(p.cmdline()) == WORKER)
     except psutil.Error:
         return False
 
@@ -127,9 +138,8 @@ def rank_processes(last: dict[int, dict]) -> dict[int, tuple]:
 
 
 def ranks_under(pid: int, module: str | None = None) -> dict[int, int]:
-    """rank -> pid of the processes beneath `pid` (torchrun's agent) that torchrun gave a RANK, found before
-    their first progress record; `module`: only those whose command line holds it (a rank's children, a
-    compiler, inherit its RANK). Each is read alone: a short-lived one may be gone already."""
+    """rank -> pid of the ranks beneath `pid` (torchrun's agent), found before their first progress record;
+    `module`: only those whose command line holds it (a rank's children inherit its RANK); each read alone."""
     import psutil
 
     try:
@@ -139,9 +149,9 @@ def ranks_under(pid: int, module: str | None = None) -> dict[int, int]:
     found = {}
     for p in children:
         try:
-            if module is not None and module not in " ".join(p.cmdline()):
-                continue
-            rank = p.environ().get("RANK")
+            # a forked rank: its environment and command line are the agent's, its name is its own
+            ours = module is None or module in " ".join(p.cmdline())
+            rank = rank_of_name(p) or (p.environ().get("RANK") if ours else None)
         except psutil.Error:
             continue
         if rank is not None and rank.isdigit():
@@ -221,7 +231,7 @@ def ask_witnesses(pids: dict[int, tuple], testimony, wait_s: float = WITNESS_WAI
 
 
 # ---- die with the parent, and ending the rest ----------------------------------------------------------
-def _prctl(option: int, value: int) -> None:
+def _prctl(option: int, value) -> None:
     if sys.platform.startswith("linux"):
         ctypes.CDLL(None, use_errno=True).prctl(option, value)
 

@@ -1,7 +1,7 @@
 """The cold launch: `run(exp)` starts real torchrun ranks for an Experiment, watches them, and loads
 what they wrote; `run_many(exps)` runs several experiments in one launch.
 
-A launch costs seconds, mostly `import torch` on every rank, so a sweep should pay it once: torchrun
+A launch costs seconds, mostly starting processes that import torch, so a sweep should pay it once: torchrun
 starts as many ranks as the largest experiment needs, and the ranks work through the list, each
 experiment on ranks 0..world_size-1 of its own process group, each into its own run directory (the
 command is in `launch/torchrun.py`).

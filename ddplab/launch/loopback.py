@@ -7,18 +7,24 @@ module is torchrun itself (`torch.distributed.run.main`, every flag of it) with 
 backend registered through torchrun's own extension point, `ddplab-loopback`: the same dynamic c10d
 rendezvous, whose two stores listen on a socket this module binds to 127.0.0.1 and hands to
 `TCPStore(master_listen_fd=...)`. Together with `--local-addr=127.0.0.1` (MASTER_ADDR) and gloo's
-sockets on the loopback interface (`launch.torchrun.worker_env`), a run listens on loopback only (`tests/launch/test_loopback.py` lists
-the listening sockets of a live run).
+sockets on the loopback interface (`launch.torchrun.worker_env`), a run listens on loopback only
+(`tests/launch/test_loopback.py` lists the listening sockets of a live run).
+On a machine without a GPU the agent also forks ddplab's ranks from itself instead of starting each as a
+new interpreter (`forks_ranks`, `rank/forked.py`).
 """
 
 from __future__ import annotations
 
+import os
 import socket
 import sys
 from datetime import timedelta
 
 from ..host import LOOPBACK, import_torch_frozen
+from ..processes import WORKER
 from .torchrun import RENDEZVOUS_BACKEND as BACKEND
+
+RANK_START_ENV = "DDPLAB_RANK_START"   # "exec": every rank a new interpreter, as torchrun starts a script
 
 
 def loopback_store(timeout_s: float = 300.0, listen_fd: int | None = None):
@@ -76,9 +82,47 @@ def register() -> None:
     rendezvous_handler_registry.register(BACKEND, create_handler)
 
 
+def forks_ranks(argv: list[str]) -> bool:
+    """Does this agent (torchrun's arguments `argv`) fork ddplab's ranks rather than start each as a new
+    interpreter? Only where the ranks run ddplab's worker (a user's script starts as torchrun starts it),
+    on Linux, unless $DDPLAB_RANK_START=exec, and only on a machine with no GPU this process could touch: a
+    CUDA context does not survive fork (torch's NVML check counts devices without creating one)."""
+    from torch.distributed.run import parse_args
+
+    args = parse_args(argv)
+    runs_worker = args.module and not args.no_python and args.training_script == WORKER
+    if not runs_worker or sys.platform != "linux" or os.environ.get(RANK_START_ENV, "fork") != "fork":
+        return False
+    import torch
+
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
+    return not torch.cuda.is_available()
+
+
+def fork_workers() -> None:
+    """Have torchrun's agent fork ddplab's worker (`rank.forked.fork_rank`) from itself, and start any other
+    command as it does: torchrun's `SubprocessHandler._popen`, the one place it starts a rank, is replaced
+    in this process only (`tests/rank/test_forked.py` reads that from the running torch)."""
+    from torch.distributed.elastic.multiprocessing.subprocess_handler import SubprocessHandler
+
+    from ..rank.forked import fork_rank
+
+    popen = SubprocessHandler._popen
+    import_torch_frozen("torch._dynamo", "ddplab.rank.worker")   # what every rank imports first
+
+    def _popen(self, args, env):
+        if list(args[1:4]) == ["-u", "-m", WORKER]:
+            return fork_rank(self, args, env)
+        return popen(self, args, env)
+
+    SubprocessHandler._popen = _popen
+
+
 def main(argv: list[str] | None = None) -> None:
     import_torch_frozen()   # the agent lives for the launch, as a rank does (host.import_torch_frozen)
     register()
+    if forks_ranks(sys.argv[1:] if argv is None else argv):
+        fork_workers()
     from torch.distributed.run import main as torchrun_main
 
     torchrun_main(argv)

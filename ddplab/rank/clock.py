@@ -31,13 +31,15 @@ def _skew_ns() -> int:
         raise ValueError(f"DDPLAB_NODE_CLOCK_SKEW_S: seconds, a number, got {raw!r}") from None
 
 
-_SKEW_NS = _skew_ns()
+_SKEW_NS: list[int] = []   # read on first use: a rank forked from torchrun's agent imported this module there
 _ORIGIN = [0]   # the raw reading at the last alignment barrier
 
 
 def raw_ns() -> int:
     """This host's monotonic clock (shifted by the simulated skew of this node, if any)."""
-    return time.perf_counter_ns() + _SKEW_NS
+    if not _SKEW_NS:
+        _SKEW_NS.append(_skew_ns())
+    return time.perf_counter_ns() + _SKEW_NS[0]
 
 
 def now_ns() -> int:

@@ -41,6 +41,16 @@ from . import session
 from .tasks import TaskContext, import_task_modules, runner
 
 def main(argv=None) -> None:
+    """A rank that torchrun started as `python -m ddplab.rank.worker`: run, then leave without finalizing."""
+    code = run(argv)
+    # skip interpreter finalization: gloo worker threads racing it abort a good run
+    # (docs/ddp-internals.md, "Teardown at exit")
+    os._exit(code)
+
+
+def run(argv=None) -> int:
+    """Everything a rank does, from its arguments to its exit code (a forked rank, `launch.loopback`, returns
+    it to torchrun's agent, which leaves without finalizing too)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     what = parser.add_mutually_exclusive_group(required=True)
     what.add_argument("--spec", nargs="+", help="run_dir/spec.json of each experiment, run in order")
@@ -52,8 +62,9 @@ def main(argv=None) -> None:
     if not processes.parent_is_torchrun():
         os._exit(1)
     witness.block_signal()   # before any thread starts: only the witness thread takes the launcher's signal
-    # the seconds `import torch` takes are paid here, once per rank; torch._dynamo too, with the collector
-    # off: DDP's constructor and torch.distributed.pipelining import it, and most ranks run one of them
+    # the seconds `import torch` takes are paid here by a rank started as a new interpreter (a rank forked
+    # from the agent has them imported: rank/forked.py); torch._dynamo too, with the collector off: DDP's
+    # constructor and torch.distributed.pipelining import it, and most ranks run one of them
     host.import_torch_frozen("torch._dynamo")
     witness.start()
 
@@ -64,9 +75,7 @@ def main(argv=None) -> None:
         code = run_experiments([Path(p) for p in args.spec], env, os.environ.get("DDPLAB_LAUNCH_ID", ""))
     sys.stdout.flush()
     sys.stderr.flush()
-    # skip interpreter finalization: gloo worker threads racing it abort a good run
-    # (docs/ddp-internals.md, "Teardown at exit")
-    os._exit(code)
+    return code
 
 
 def run_experiments(spec_paths: list[Path], env, launch_id: str, warm: tuple | None = None) -> int:

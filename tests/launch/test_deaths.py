@@ -16,10 +16,11 @@ import psutil
 import pytest
 
 import ddplab
-from ddplab import Experiment, RunFailed, rundir
+from ddplab import Experiment, RunFailed, processes, rundir
 from ddplab.deaths import Deaths, agent_death, deaths_from, session_death
 from ddplab.failures import diagnose
 from ddplab.launch import session as sessions
+from ddplab.launch.loopback import RANK_START_ENV
 from ddplab.launch.watch import Watch
 from ddplab.spec.tasks import COMMON_PHASES
 
@@ -150,7 +151,8 @@ def _agent_of(where: Path, within_s: float = 120):
         for p in psutil.process_iter(["cmdline"]):
             args = p.info["cmdline"] or []
             own = args[: args.index("--")] if "--" in args else args
-            if "ddplab.launch.loopback" in own and str(where) in " ".join(args):
+            if "ddplab.launch.loopback" in own and str(where) in " ".join(args) \
+                    and processes.rank_of_name(p) is None:   # not a rank forked from it (its command line)
                 return p
         time.sleep(0.02)
     raise AssertionError(f"no torchrun agent under {where} within {within_s} s")
@@ -234,7 +236,7 @@ def test_a_rank_that_exits_with_code_7_is_reported_with_code_7(tmp_path):
 
 def _to_rank_1_before_its_first_record(tmp_path, recorded, act) -> None:
     """Find rank 1 under the torchrun agent of the launch in `tmp_path` and do `act(process)` to it while
-    `recorded()` is still False (it still imports torch)."""
+    `recorded()` is still False (it still imports torch: the launch must exec its ranks, `exec_ranks`)."""
     agent = _agent_of(tmp_path)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -249,8 +251,15 @@ def _to_rank_1_before_its_first_record(tmp_path, recorded, act) -> None:
     raise AssertionError("rank 1 never appeared")
 
 
+@pytest.fixture
+def exec_ranks(monkeypatch):
+    """Ranks started as new interpreters, as torchrun starts a script (and as on a GPU machine): a rank
+    forked from the agent has torch imported already, so there is no import to catch it in."""
+    monkeypatch.setenv(RANK_START_ENV, "exec")
+
+
 @pytest.mark.slow
-def test_a_rank_stopped_while_importing_is_said_stopped(tmp_path):
+def test_a_rank_stopped_while_importing_is_said_stopped(tmp_path, exec_ranks):
     out = tmp_path / "run"
     exp = Experiment(name="stopped", world_size=2, task=Dying(), timeout_s=3)
 
@@ -350,7 +359,7 @@ def test_a_warm_jobs_torchrun_killed_mid_job_is_said_with_its_signal(tmp_path):
 
 def _start_session_doing(tmp_path, to_rank_1, startup_timeout_s: float = 120):
     """Start a 2-rank session while `to_rank_1(process)` is done to rank 1 as soon as it runs, before its
-    first record (it still imports torch); the RunFailed the start raised."""
+    first record (it still imports torch: `exec_ranks`); the RunFailed the start raised."""
     runs = tmp_path / "runs"
 
     def act():
@@ -365,13 +374,13 @@ def _start_session_doing(tmp_path, to_rank_1, startup_timeout_s: float = 120):
 
 
 @pytest.mark.slow
-def test_a_rank_killed_while_a_session_starts_is_named_with_its_signal(tmp_path):
+def test_a_rank_killed_while_a_session_starts_is_named_with_its_signal(tmp_path, exec_ranks):
     d = _start_session_doing(tmp_path, psutil.Process.kill).diagnosis
     assert "could not start" in d.summary and d.ranks == [1], d
     assert "Rank 1 was killed by SIGKILL" in d.summary, d.summary
 
 
 @pytest.mark.slow
-def test_a_rank_stopped_while_a_session_starts_is_said_stopped(tmp_path):
+def test_a_rank_stopped_while_a_session_starts_is_said_stopped(tmp_path, exec_ranks):
     d = _start_session_doing(tmp_path, psutil.Process.suspend, startup_timeout_s=20).diagnosis
     assert d.kind == "hang" and d.ranks == [1] and "Rank 1 was stopped" in d.summary, d.summary

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import ddplab
-from ddplab import deaths, failures
+from ddplab import deaths, failures, processes
 from ddplab.launch import nodes as nodes_mod
 from ddplab.launch import torchrun
 from ddplab.launch.nodes import Nodes
@@ -441,14 +441,14 @@ def test_killing_a_node_agent_names_that_node_and_its_ranks(tmp_path, monkeypatc
     out = tmp_path / "node-lost"
 
     def kill_agent_1():   # the torchrun agent started with DDPLAB_AGENT=1, once its rank has run 2 s
-        # (a child whose environment has RANK: a rank, not a helper it runs or a fork not yet exec'd)
+        # (with a rank under it: not a helper it runs; not a rank it forked, whose command line is the agent's)
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             for p in psutil.process_iter(["cmdline"]):
                 try:
                     if "ddplab.launch.loopback" in " ".join(p.info["cmdline"] or []) and \
                             p.environ().get("DDPLAB_AGENT") == "1" and str(tmp_path) in " ".join(p.info["cmdline"]) \
-                            and any(c.environ().get("RANK") for c in p.children(recursive=True)):
+                            and processes.rank_of_name(p) is None and processes.ranks_under(p.pid):
                         time.sleep(2.0)
                         p.send_signal(signal.SIGKILL)
                         return

@@ -1,0 +1,101 @@
+"""How a rank comes to be (`rank/forked.py`): forked from torchrun's agent, with torch imported already (the
+default on a machine without a GPU, `launch.loopback.forks_ranks`), or started as a new interpreter ($DDPLAB_RANK_START=exec,
+as torchrun starts a script and as a GPU machine starts ranks). Either way the ranks are the same ranks:
+children of the agent, told apart from it, training bit for bit the same."""
+
+from __future__ import annotations
+
+import inspect
+import re
+import threading
+import time
+
+import psutil
+import pytest
+import torch
+
+import ddplab
+from ddplab import processes
+from ddplab.launch import loopback
+from ddplab.rank import forked
+from ddplab.spec import Experiment, Straggler
+
+
+def test_torchs_agent_starts_every_rank_through_the_one_method_ddplab_replaces():
+    # read from the running torch: the agent makes one SubprocessHandler per rank, which calls its `_popen(args,
+    # env)` once, with the output files torchrun opened for that rank; the agent then uses only these of the
+    # object `_popen` returns (what `forked.ForkedRank` provides)
+    from torch.distributed.elastic.multiprocessing import api
+    from torch.distributed.elastic.multiprocessing.subprocess_handler import SubprocessHandler
+
+    assert list(inspect.signature(SubprocessHandler._popen).parameters) == ["self", "args", "env"]
+    init = inspect.getsource(SubprocessHandler.__init__)
+    assert "self.proc" in init and "self._popen(" in init and "self._stdout" in init and "self._stderr" in init
+    assert "get_subprocess_handler(" in inspect.getsource(api.SubprocessContext._start)
+    used = set(re.findall(r"\.proc\.(\w+)", inspect.getsource(api.SubprocessContext)))
+    used |= set(re.findall(r"\.proc\.(\w+)", inspect.getsource(SubprocessHandler)))
+    assert used and used <= {"pid", "poll", "wait", "send_signal", "kill", "returncode"}, used
+    assert all(callable(getattr(forked.ForkedRank, m)) for m in used - {"pid", "returncode"})
+
+
+def test_only_ddplabs_own_worker_is_forked():
+    worker = ["--nnodes=1", "-m", processes.WORKER, "--spec", "x/spec.json"]
+    script = ["--nnodes=1", "train.py", "-m", processes.WORKER]   # a script's own argument, not torchrun's -m
+    assert loopback.forks_ranks(worker) == (not torch.cuda.is_available())
+    assert not loopback.forks_ranks(script) and not loopback.forks_ranks(["-m", "my.module"])
+
+
+def _watch(where: str, seen: list, stop: threading.Event) -> None:
+    """Record (name, module, parent's module) of every process of the run under `where` until `stop`."""
+    while not stop.is_set():
+        for p in processes.with_cmdline((where,)):
+            try:
+                parent = p.parent()
+                seen.append((p.name(), processes._module(p.cmdline()), processes._module(parent.cmdline()),
+                             processes.rank_of_name(parent)))
+            except psutil.Error:
+                pass
+        time.sleep(0.05)
+
+
+@pytest.mark.slow
+def test_forked_and_execd_ranks_are_children_of_the_agent_and_train_bit_for_bit_the_same(tmp_path, monkeypatch):
+    runs, seen = {}, {}
+    for mode in ("fork", "exec"):
+        monkeypatch.setenv(loopback.RANK_START_ENV, mode)
+        out = tmp_path / mode
+        exp = Experiment(name="start", world_size=2, steps=4, local_batch=4, probes=("gradients",),
+                         straggler=Straggler(rank=0, where="data", ms=300.0))   # long enough to be seen
+        seen[mode], stop = [], threading.Event()
+        watcher = threading.Thread(target=_watch, args=(str(tmp_path), seen[mode], stop), daemon=True)
+        watcher.start()
+        try:
+            runs[mode] = ddplab.run(exp, out, progress=False, warm=False)
+        finally:
+            stop.set()
+            watcher.join(timeout=10)
+    agent = "ddplab.launch.loopback"
+    forked = {s for s in seen["fork"] if s[0].startswith(processes.RANK_NAME)}
+    # each forked rank is named with its RANK, runs the agent's command line, and its parent is the agent
+    assert {s[0] for s in forked} == {"ddplab-rank-0", "ddplab-rank-1"}, seen["fork"]
+    assert all(s[1] == agent and s[2] == agent and s[3] is None for s in forked), forked
+    # an exec'd rank runs the worker module, under the agent, and nothing is named as a forked rank
+    execd = {s for s in seen["exec"] if s[1] == processes.WORKER}
+    assert execd and all(s[2] == agent for s in execd), seen["exec"]
+    assert not any(s[0].startswith(processes.RANK_NAME) for s in seen["exec"]), seen["exec"]
+    # the same training: losses and every gradient each rank saved, bit for bit
+    a, b = runs["fork"], runs["exec"]
+    assert a.global_loss() == b.global_loss()
+    for r in range(2):
+        ta, tb = a.tensors(r), b.tensors(r)
+        assert ta.keys() == tb.keys() and ta
+        flat_a, flat_b = _flat(ta), _flat(tb)
+        assert flat_a.keys() == flat_b.keys()
+        assert all(torch.equal(flat_a[k], flat_b[k]) for k in flat_a)
+
+
+def _flat(d, prefix=""):
+    out = {}
+    for k, v in d.items():
+        out.update(_flat(v, f"{prefix}{k}/") if isinstance(v, dict) else {prefix + str(k): v})
+    return out
