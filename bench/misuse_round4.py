@@ -183,16 +183,21 @@ def deaths(t: Tally, tmp: Path) -> None:
 
     import psutil
 
+    from ddplab import processes
     from ddplab.launch import session as sessions
     from tests.support.dying_task import Dying
+
+    # ranks started as new interpreters, so a rank can be stopped while it imports torch (a rank forked from
+    # torchrun's agent has it imported: ddplab/rank/forked.py)
+    os.environ["DDPLAB_RANK_START"] = "exec"
 
     def agent_of(where: Path):
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             for p in psutil.process_iter(["cmdline"]):
                 cmd = " ".join(p.info["cmdline"] or [])
-                if "ddplab.launch.loopback" in cmd and str(where) in cmd:   # torchrun's agent of this case
-                    return p
+                if "ddplab.launch.loopback" in cmd and str(where) in cmd and processes.rank_of_name(p) is None:
+                    return p   # torchrun's agent of this case
             time.sleep(0.02)
         raise RuntimeError(f"no torchrun agent under {where}")
 
@@ -545,15 +550,18 @@ def session_deaths(t: Tally, tmp: Path) -> None:
 
     import psutil
 
+    from ddplab import processes
     from ddplab.launch import session as sessions
     from tests.support.dying_task import Dying
+
+    os.environ["DDPLAB_RANK_START"] = "exec"   # rank 1 killed while it imports torch, as in deaths()
 
     def agent_of(where):
         for _ in range(6000):
             for p in psutil.process_iter(["cmdline"]):
                 a = p.info["cmdline"] or []
                 own = a[: a.index("--")] if "--" in a else a
-                if "ddplab.launch.loopback" in own and str(where) in " ".join(a):
+                if "ddplab.launch.loopback" in own and str(where) in " ".join(a) and processes.rank_of_name(p) is None:
                     return p
             time.sleep(0.02)
 

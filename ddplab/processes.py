@@ -4,8 +4,8 @@ run's processes, the witness signal, and that no process of a run outlives the o
 - identity: `identity(pid)` (boot, pid namespace, start time in clock ticks since boot), `start_ticks`,
   `is_gone(record)` (a recorded owner provably ended: `rundir.owner_gone`);
 - liveness: `alive(p)` (a zombie is dead), `is_live_rank(pid, start_ticks)` (a rank of ours, that very one);
-- finding a run's processes: `rank_processes` (from the ranks' progress records), `ranks_under(pid)` (by the
-  RANK torchrun gives each), `with_cmdline(needles)` / `live_processes(needles)` (by command line),
+- finding a run's processes: `rank_processes` (from the ranks' progress records), `ranks_under(pid)` (a forked
+  rank by its name, another by its RANK), `with_cmdline(needles)` / `live_processes(needles)` (by command line),
   `marked(token)` / `owned(token)` (by `OWNER_ENV`, the launch's token in the environment of every process
   a run starts);
 - the witness signal: `WITNESS_SIGNAL`, `ask_witnesses` (`rank/witness.py` answers it);
@@ -296,7 +296,8 @@ def _describe(procs) -> list[dict]:
     said = []
     for p in procs:
         try:
-            said.append({"pid": p.pid, "cmdline": " ".join(p.cmdline()) or p.name(), "lineage": _lineage(p)})
+            named = f"[{p.name()}] " if rank_of_name(p) is not None else ""   # a forked rank: the agent's command line
+            said.append({"pid": p.pid, "cmdline": named + (" ".join(p.cmdline()) or p.name()), "lineage": _lineage(p)})
         except psutil.Error:
             pass
     return said

@@ -11,7 +11,7 @@ How a failure or a hang is diagnosed, in the order it happens (start here):
    -> `processes.ask_witnesses`); a fatal signal leaves Python's faulthandler dump (`rundir.fatal_file`).
 2. In the launcher, while torchrun runs (`launch/cold.py`, `_torchrun`): `watch.Watch.poll` reads the
    progress logs; `Watch.look_at_processes` notes a rank whose process is stopped (its state, through
-   psutil; before a rank's first record, `processes.ranks_under` finds it by its RANK); when nothing
+   psutil; before a rank's first record, `processes.ranks_under` finds it by its name or RANK); when nothing
    moved for too long (`Watch.stalled`), `Watch.ask_witnesses` sends the witness signal to each rank
    process (`processes.ask_witnesses`: only that very process, `processes.is_live_rank`) and waits for
    the testimonies, then `torchrun.kill_tree` stops the run.

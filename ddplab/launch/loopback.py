@@ -25,6 +25,7 @@ from ..processes import WORKER
 from .torchrun import RENDEZVOUS_BACKEND as BACKEND
 
 RANK_START_ENV = "DDPLAB_RANK_START"   # "exec": every rank a new interpreter, as torchrun starts a script
+NVML_CHECK = "PYTORCH_NVML_BASED_CUDA_CHECK"   # torch counts GPUs through NVML, creating no CUDA context
 
 
 def loopback_store(timeout_s: float = 300.0, listen_fd: int | None = None):
@@ -95,8 +96,15 @@ def forks_ranks(argv: list[str]) -> bool:
         return False
     import torch
 
-    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
-    return not torch.cuda.is_available()
+    said = os.environ.get(NVML_CHECK)
+    os.environ[NVML_CHECK] = "1"   # asked here only, never passed on to the ranks
+    try:
+        return not torch.cuda.is_available()
+    finally:
+        if said is None:
+            del os.environ[NVML_CHECK]
+        else:
+            os.environ[NVML_CHECK] = said
 
 
 def fork_workers() -> None:
@@ -111,7 +119,7 @@ def fork_workers() -> None:
     import_torch_frozen("torch._dynamo", "ddplab.rank.worker")   # what every rank imports first
 
     def _popen(self, args, env):
-        if list(args[1:4]) == ["-u", "-m", WORKER]:
+        if args[0] == sys.executable and list(args[1:4]) == ["-u", "-m", WORKER]:   # not $PYTHON_EXEC's
             return fork_rank(self, args, env)
         return popen(self, args, env)
 

@@ -38,11 +38,68 @@ def test_torchs_agent_starts_every_rank_through_the_one_method_ddplab_replaces()
     assert all(callable(getattr(forked.ForkedRank, m)) for m in used - {"pid", "returncode"})
 
 
-def test_only_ddplabs_own_worker_is_forked():
+def test_only_ddplabs_own_worker_is_forked(monkeypatch):
+    monkeypatch.delenv(loopback.RANK_START_ENV, raising=False)
     worker = ["--nnodes=1", "-m", processes.WORKER, "--spec", "x/spec.json"]
     script = ["--nnodes=1", "train.py", "-m", processes.WORKER]   # a script's own argument, not torchrun's -m
     assert loopback.forks_ranks(worker) == (not torch.cuda.is_available())
     assert not loopback.forks_ranks(script) and not loopback.forks_ranks(["-m", "my.module"])
+    monkeypatch.setenv(loopback.RANK_START_ENV, "exec")
+    assert not loopback.forks_ranks(worker)
+
+
+def test_a_forked_child_leaves_the_agent_behind(tmp_path):
+    """`_become_rank` in a child forked from this process: its own session, name and environment; none of
+    this process's signal handlers, file descriptors, faulthandler or numpy seed; and output that reaches
+    its file though the child is SIGKILLed right after printing (as with `python -u`)."""
+    import faulthandler
+    import json
+    import os
+    import signal
+    import socket
+    import types
+
+    import numpy as np
+
+    out = tmp_path / "rank.out"
+    handler = types.SimpleNamespace(_stdout=open(out, "w"), _stderr=None)
+    held = socket.socket()   # a descriptor of the "agent" the child must not keep
+    previous = signal.signal(signal.SIGUSR1, lambda *_: None)
+    faulthandler.enable()
+    env = {"RANK": "5", "ONLY": "this"}
+    ready_r, ready_w = os.pipe()
+    try:
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.close(ready_r)
+                forked._become_rank(handler, env, ready_w)
+                fds = [int(f) for f in os.listdir("/proc/self/fd")]
+                print(json.dumps({
+                    "sid": os.getsid(0) == os.getpid(), "name": open("/proc/self/comm").read().strip(),
+                    "env": dict(os.environ), "held": held.fileno() in fds, "above_2": len([f for f in fds if f > 2]),
+                    "handlers": [int(s) for s in signal.valid_signals()
+                                 if callable(signal.getsignal(s)) and s != signal.SIGINT],
+                    "faulthandler": faulthandler.is_enabled(), "draw": float(np.random.random())}))
+                os.kill(os.getpid(), signal.SIGKILL)   # no flush, no exit: what was printed must be in the file
+            finally:
+                os._exit(3)
+        os.close(ready_w)
+        assert os.read(ready_r, 1) == b"1"   # said once it had left the agent behind
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == -signal.SIGKILL
+        parent_draw = float(np.random.random())
+    finally:
+        os.close(ready_r)
+        signal.signal(signal.SIGUSR1, previous)
+        faulthandler.disable()
+        handler._stdout.close()
+        held.close()
+    seen = json.loads(out.read_text())
+    assert seen["sid"] and seen["name"] == "ddplab-rank-5" and seen["env"] == env, seen
+    assert not seen["held"] and seen["above_2"] <= 1, seen   # at most the descriptor listing /proc/self/fd
+    assert seen["handlers"] == [] and not seen["faulthandler"], seen
+    assert seen["draw"] != parent_draw, seen   # numpy reseeded: not the draw this process's state gives next
 
 
 def _watch(where: str, seen: list, stop: threading.Event) -> None:
@@ -59,6 +116,7 @@ def _watch(where: str, seen: list, stop: threading.Event) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a machine with a GPU starts every rank as a new interpreter")
 def test_forked_and_execd_ranks_are_children_of_the_agent_and_train_bit_for_bit_the_same(tmp_path, monkeypatch):
     runs, seen = {}, {}
     for mode in ("fork", "exec"):
