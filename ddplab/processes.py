@@ -99,7 +99,7 @@ def name_rank(rank: str) -> None:
 
 def rank_of_name(p) -> str | None:   # psutil.Process `p`
     """The RANK in a forked rank's name, None for any other process."""
-    return p.name()[len(RANK_NAME):] if p.name().startswith(RANK_NAME) else None
+    return name[len(RANK_NAME):] if (name := p.name()).startswith(RANK_NAME) else None
 
 
 def _module(args: list[str]) -> str:

@@ -19,10 +19,12 @@ Runs inside a rank.
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 
 
+@functools.cache   # read on first use: a rank forked from torchrun's agent imported this module there
 def _skew_ns() -> int:
     raw = os.environ.get("DDPLAB_NODE_CLOCK_SKEW_S", "").strip() or "0"
     try:
@@ -31,15 +33,12 @@ def _skew_ns() -> int:
         raise ValueError(f"DDPLAB_NODE_CLOCK_SKEW_S: seconds, a number, got {raw!r}") from None
 
 
-_SKEW_NS: list[int] = []   # read on first use: a rank forked from torchrun's agent imported this module there
 _ORIGIN = [0]   # the raw reading at the last alignment barrier
 
 
 def raw_ns() -> int:
     """This host's monotonic clock (shifted by the simulated skew of this node, if any)."""
-    if not _SKEW_NS:
-        _SKEW_NS.append(_skew_ns())
-    return time.perf_counter_ns() + _SKEW_NS[0]
+    return time.perf_counter_ns() + _skew_ns()
 
 
 def now_ns() -> int:

@@ -79,8 +79,9 @@ def fork_rank(handler, args: tuple, env: dict) -> ForkedRank:
                 sys.argv = [worker.__file__, *args[4:]]
                 code = worker.run(list(args[4:]))
             except SystemExit as e:   # as the interpreter would leave
-                code = 0 if e.code is None else e.code if isinstance(e.code, int) else 1
-                if not isinstance(e.code, (int, type(None))):
+                if e.code is None or isinstance(e.code, int):
+                    code = e.code or 0
+                else:
                     print(e.code, file=sys.stderr)
             except BaseException:  # noqa: BLE001 - as the interpreter would: the traceback, then exit code 1
                 import traceback

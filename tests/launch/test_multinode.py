@@ -22,7 +22,7 @@ from ddplab.launch import torchrun
 from ddplab.launch.nodes import Nodes
 from ddplab.spec import Experiment
 from ddplab.spec.fault import Fault
-from tests.support import leftovers, share
+from tests.support import leftovers, saved_tensors, share
 
 
 # ---- the command (pure) --------------------------------------------------------------------------
@@ -139,14 +139,6 @@ def one_node(shared_runs):
     return dict(zip(("four", "three", "four-1-step", "two"), shared_runs["one-node"]))
 
 
-def _final(run) -> list[dict]:
-    """Every tensor each rank saved (its local and reduced gradients of each step), by a flat name."""
-    def flat(d, prefix=""):
-        for k, v in d.items():
-            yield from flat(v, f"{prefix}{k}/") if isinstance(v, dict) else [(prefix + str(k), v)]
-    return [dict(flat(run.tensors(r))) for r in range(run.world_size)]
-
-
 @pytest.mark.slow
 def test_two_nodes_of_two_ranks_give_what_one_node_of_four_gives(tmp_path, monkeypatch, one_node):
     one = one_node["four"]
@@ -161,7 +153,7 @@ def test_two_nodes_of_two_ranks_give_what_one_node_of_four_gives(tmp_path, monke
     assert {r.envelope.node for r in one.ranks} == {0}
     # the same training: losses, and every tensor a rank saved, bit for bit
     assert two.global_loss() == one.global_loss()
-    for a, b in zip(_final(one), _final(two)):
+    for a, b in zip(saved_tensors(one), saved_tensors(two)):
         assert a.keys() == b.keys() and a
         for k in a:
             assert torch.equal(a[k], b[k]), k
@@ -318,7 +310,7 @@ def test_the_batch_script_runs_two_nodes_and_gives_the_single_node_result(tmp_pa
     assert sorted({r.envelope.node for r in run.ranks}) == [0, 1]
     one = one_node["two"]
     assert run.global_loss() == one.global_loss()
-    for a, b in zip(_final(one), _final(run)):
+    for a, b in zip(saved_tensors(one), saved_tensors(run)):
         assert all(torch.equal(a[k], b[k]) for k in a)
     assert leftovers(tmp_path / "run") == []
 

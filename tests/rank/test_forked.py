@@ -19,6 +19,7 @@ from ddplab import processes
 from ddplab.launch import loopback
 from ddplab.rank import forked
 from ddplab.spec import Experiment, Straggler
+from tests.support import saved_tensors
 
 
 def test_torchs_agent_starts_every_rank_through_the_one_method_ddplab_replaces():
@@ -144,16 +145,8 @@ def test_forked_and_execd_ranks_are_children_of_the_agent_and_train_bit_for_bit_
     # the same training: losses and every gradient each rank saved, bit for bit
     a, b = runs["fork"], runs["exec"]
     assert a.global_loss() == b.global_loss()
-    for r in range(2):
-        ta, tb = a.tensors(r), b.tensors(r)
+    saved_a, saved_b = saved_tensors(a), saved_tensors(b)
+    assert len(saved_a) == len(saved_b) == 2
+    for ta, tb in zip(saved_a, saved_b):
         assert ta.keys() == tb.keys() and ta
-        flat_a, flat_b = _flat(ta), _flat(tb)
-        assert flat_a.keys() == flat_b.keys()
-        assert all(torch.equal(flat_a[k], flat_b[k]) for k in flat_a)
-
-
-def _flat(d, prefix=""):
-    out = {}
-    for k, v in d.items():
-        out.update(_flat(v, f"{prefix}{k}/") if isinstance(v, dict) else {prefix + str(k): v})
-    return out
+        assert all(torch.equal(ta[k], tb[k]) for k in ta)

@@ -15,7 +15,7 @@ import ddplab
 from ddplab.launch.provoked import orphans
 
 # ---- one launch for the healthy runs every selected test needs ------------------------------------
-# A cold launch costs seconds of its own (torchrun, `import torch` on every rank, the process group), so
+# A cold launch costs seconds of its own (torchrun's agent and its `import torch`, the ranks, the process group), so
 # the test modules whose runs only need to succeed and be read register their experiments here at import
 # (collection); the first test that needs any of them launches all of them at once (the widest first, so
 # no rank idles in a collective while a narrower experiment runs). Runs that time things, fail on purpose
@@ -111,6 +111,15 @@ def launch_shared(groups: dict[str, list], out: Path) -> SharedRuns:
         return SharedRuns(done, failed)
     print(f"shared launch: {len(unique)} experiments of {len(groups)} keys in {time.perf_counter() - t0:.1f} s")
     return SharedRuns({k: [runs[e.hash] for e in es] for k, es in groups.items()}, {})
+
+
+def saved_tensors(run) -> list[dict]:
+    """Every tensor each rank of `run` saved (its local and reduced gradients of each step), by a flat name:
+    what two runs of one training compare bit for bit."""
+    def flat(d, prefix=""):
+        for k, v in d.items():
+            yield from flat(v, f"{prefix}{k}/") if isinstance(v, dict) else [(prefix + str(k), v)]
+    return [dict(flat(run.tensors(r))) for r in range(run.world_size)]
 
 
 # ---- processes ------------------------------------------------------------------------------------------
