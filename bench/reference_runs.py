@@ -132,7 +132,7 @@ def main() -> int:
                                          "commit": commit(), "python": platform.python_version(),
                                          "torch": _torch_version(), **meta}
             for v in resolved:
-                store["claims"][v["key"]] = {"run": run_id, "line": v["line"], "outcome": v["outcome"]}
+                store["claims"][v["key"]] = {"run": run_id, "line": v["line"], "outcome": v["outcome"], "seen": v.get("seen", "")}
             unresolved = {v["key"] for v in verdicts} - {v["key"] for v in resolved} - set(store["claims"])
             print(f"{nb.name} run {i + 1}: {len(verdicts)} claims, {len(resolved)} resolved, {len(unresolved)} without "
                   f"any reference yet; rc {rc}, {seconds:.0f} s, load {meta['load']}", flush=True)

@@ -13,37 +13,31 @@ only "contradicted" fails a cell or a test.
     from ddplab import claims
     claims.check(claims.paired("the straggler's peer waits longer", wait0_ms, wait1_ms, above=0.0))
 
-prints one line,
+shows one line, the answer first, with what this run saw (the statistics fold beneath it in Jupyter,
+`Verdict.details()` elsewhere):
 
-    holds: the straggler's peer waits longer (median of 10 paired differences +19.6 ms, 99.8% interval
-    [+18.9, +20.3] ms, claim > 0 ms)
+    holds: the straggler's peer waits longer (seen +19.6 ms)
 
 A quantity estimated with a standard error (a fitted slope) goes through `estimate` with a normal
-interval at the same `alpha`.
-
-Where this run cannot resolve a claim, `check` prints beside it the same claim's verdict from a
-**reference run**: a real run of the same notebook that resolved it, made by `bench/reference_runs.py`
-and stored with its machine, load, links, date and commit in `ddplab/references/claims.json` (plain
-JSON, read as data). It is shown labelled as such and never decides anything: the outcome is this
-run's. Claims are matched by their text with every number blanked (`claim_key`). With
-`$DDPLAB_RECORD_CLAIMS` set to a file, `check` also appends each verdict to it as one JSON line (how
-the reference script collects them). Used by notebooks 03-09 and their tests.
+interval at the same `alpha`. Where this run cannot resolve a claim, `check` prints beside it the same
+claim's verdict from a quiet reference run (`ddplab.references`), labelled as such: it never decides
+anything. With `$DDPLAB_RECORD_CLAIMS` set to a file, `check` also appends each verdict to it as one
+JSON line (how `bench/reference_runs.py` collects them). Used by notebooks 03-10 and their tests.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 import os
 import re
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from statistics import NormalDist
 
+from ddplab.references import claim_key, reference
 from ddplab.verify import CheckFailed
 
-__all__ = ["ALPHA", "Verdict", "check", "claim_key", "estimate", "family", "finding", "judge", "median_interval", "min_rounds", "paired",
+__all__ = ["ALPHA", "Verdict", "answer", "check", "claim_key", "estimate", "family", "finding", "judge", "median_interval", "min_rounds", "paired",
            "reference", "weakest"]
 
 ALPHA = 0.001
@@ -109,14 +103,76 @@ class Verdict:
     def resolved(self) -> bool:
         return self.outcome != UNRESOLVED
 
+    @property
+    def headline(self) -> str:
+        """The claim in plain words: its text without the trailing notes on how it was measured (`measured`)."""
+        return _split_claim(self.claim)[0]
+
+    @property
+    def measured(self) -> str:
+        """The claim's trailing notes on how it was measured ("per step, split minus uncut"), or ""."""
+        return _split_claim(self.claim)[1]
+
+    def effect(self) -> str:
+        """What this run saw, in the claim's unit: "+19.6 ms", "1.84x" for a ratio, "+0.252"."""
+        if self.unit == "" and "ratio" in self.what:
+            return f"{self.center:.3g}x" if math.isfinite(self.center) else _g(self.center)
+        return _g(self.center) + (f" {self.unit}" if self.unit else "")
+
     def __str__(self) -> str:
+        """The verdict in one line: the answer, the claim in plain words and the size of what was seen; the
+        statistics behind it are `details()`."""
+        said = {HOLDS: "holds", CONTRADICTED: "contradicted", UNRESOLVED: "cannot resolve"}[self.outcome]
+        seen = f"seen {self.effect()}" + (", in the noise" if self.outcome == UNRESOLVED else "")
+        return f"{said}: {self.headline} ({seen})"
+
+    def details(self) -> str:
+        """The statistics behind the one line: how it was measured, the interval, the claim's bound and, where
+        it cannot resolve, what would resolve it."""
         u = f" {self.unit}" if self.unit else ""
         # enough digits that a family's level (alpha / k) never rounds to "100%": 99.8%, 99.98%, ...
         digits = 2 + max(1, math.ceil(-math.log10(200 * self.alpha)))
         level = f"{100 * (1 - 2 * self.alpha):.{digits}g}%"
-        line = (f"{self.outcome}: {self.claim} ({self.what} {_g(self.center)}{u}, {level} interval "
-                f"[{_g(self.low)}, {_g(self.high)}]{u}, claim {self.claimed})")
-        return line + (f"; {self.advice}" if self.advice else "")
+        lines = [f"measured: {self.measured}"] if self.measured else []
+        lines.append(f"{self.what} {_g(self.center)}{u}, {level} interval [{_g(self.low)}, {_g(self.high)}]{u}; "
+                     f"the claim: {self.claimed}")
+        if self.advice:
+            lines.append(f"to resolve it: {self.advice}")
+        return "\n".join(lines)
+
+    def _repr_html_(self) -> str:   # Jupyter: the one line, the statistics folded beneath it
+        import html
+
+        return (f"<details><summary><code>{html.escape(str(self))}</code></summary>"
+                f"<pre>{html.escape(self.details())}</pre></details>")
+
+    def __repr__(self) -> str:   # where no HTML shows: the line, then the statistics indented
+        return str(self) + "".join(f"\n    {line}" for line in self.details().splitlines())
+
+
+# words in a claim's last parenthesis (or bracket) that say how it was measured, not what is claimed
+_MEASURED = re.compile(r"\bper[ -](step|round|repeat|call)|\bminus\b|\bover\b|\bratio\b|\bmedian\b|;|\bslope\b|"
+                       r"standard error|relative error|\bagainst the\b|\bweakest\b")
+
+
+def _split_claim(claim: str) -> tuple[str, str]:
+    """(headline, how it was measured): the claim's trailing bracket and parenthesis are moved to the second
+    part when they describe the measurement (`_MEASURED`); a parenthesis that names what is claimed ("(1GbE
+    link)", "(run as GPipe)") stays in the headline."""
+    head, notes = claim.rstrip(), []
+    for close, open_ in (("]", "["), (")", "(")):
+        if not head.endswith(close):
+            continue
+        depth = 0
+        for i in range(len(head) - 1, -1, -1):
+            depth += head[i] == close
+            depth -= head[i] == open_
+            if depth == 0:
+                break
+        inner = head[i + 1:-1]
+        if depth == 0 and i > 0 and head[i - 1] == " " and _MEASURED.search(inner):
+            head, notes = head[:i].rstrip(), [inner, *notes]
+    return head, "; ".join(notes)
 
 
 def _decide(claim, center, low, high, n, what, unit, alpha, above, below, within, scale_rounds) -> Verdict:
@@ -200,13 +256,29 @@ def check(verdict: Verdict) -> Verdict:
     (a notebook cell that ends with it ends with `;`)."""
     _record(verdict)
     if verdict.contradicted:
-        raise CheckFailed(f"NOT verified: {verdict}")
-    print(verdict)
+        raise CheckFailed(f"NOT verified: {verdict}\n" + verdict.details())
+    _show(verdict)
     if not verdict.resolved:
         ref = reference(verdict.claim)
         if ref:
             print(f"  {ref}")
     return verdict
+
+
+def _show(verdict: Verdict) -> None:
+    """The verdict's line: in Jupyter with its statistics folded beneath it (`Verdict._repr_html_`),
+    elsewhere the line alone (`details()` has the rest)."""
+    try:
+        from IPython import get_ipython
+        shell = get_ipython()
+    except ImportError:
+        shell = None
+    if shell is not None and getattr(shell, "kernel", None) is not None:
+        from IPython.display import display
+
+        display(verdict)
+    else:
+        print(verdict)
 
 
 def family(k: int, alpha: float = ALPHA) -> float:
@@ -238,54 +310,17 @@ def finding(verdict: Verdict) -> str:
     """A verdict as this run's answer to an open question (one the machine decides, such as whether a
     plan beats another here), printed as such and never failing: "yes", "no, the opposite" or "not
     resolved", then the claim and what was seen."""
-    word = {HOLDS: "yes", CONTRADICTED: "no, the opposite", UNRESOLVED: "not resolved"}[verdict.outcome]
-    return f"this run's finding, not a check ({word}): {str(verdict).split(': ', 1)[1]}"
+    return f"this run's answer, {answer(verdict)}: {str(verdict).split(': ', 1)[1]}"
 
 
-REFERENCES = Path(__file__).with_name("references") / "claims.json"
-_NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:e[-+]?\d+)?")
-
-
-def claim_key(claim: str) -> str:
-    """A claim's text with every number inside parentheses blanked (where claims quote this run's
-    measurements): the same claim in another run has the same key, while the numbers that name what
-    is claimed (a rank, a plan such as ddp:64, a stage count) stay and keep different claims apart."""
-    out, depth, start = [], 0, 0
-    for i, ch in enumerate(claim + "("):
-        if ch in "()":
-            part = claim[start:i]
-            out.append(_NUMBER.sub("#", part) if depth > 0 else part)
-            if i < len(claim):
-                out.append(ch)
-            depth = max(0, depth + (1 if ch == "(" else -1))
-            start = i + 1
-    return " ".join("".join(out).split())
-
-
-@functools.lru_cache(maxsize=4)
-def _references(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) and isinstance(data.get("claims"), dict) else {}
-
-
-def reference(claim: str, path: Path | None = None) -> str:
-    """The labelled line of a stored reference run's verdict of `claim`, or "" where none is stored."""
-    data = _references(path or REFERENCES)
-    entry = data.get("claims", {}).get(claim_key(claim))
-    run = data.get("runs", {}).get(str(entry.get("run"))) if isinstance(entry, dict) else None
-    if not isinstance(run, dict):
-        return ""
-    links = "; ".join(sorted(set(str(x) for x in run.get("links", {}).values()))) or "loopback"
-    return (f"a reference run that resolved it (not this run: {run.get('machine', '?')}, load {run.get('load', '?')}, "
-            f"{links}, {run.get('date', '?')}, commit {run.get('commit', '?')}; bench/reference_runs.py): "
-            f"{entry.get('line', '?')}")
+def answer(verdict: Verdict) -> str:
+    """An open question's answer in a word: "yes", "no, the opposite" or "not resolved" (`finding`)."""
+    return {HOLDS: "yes", CONTRADICTED: "no, the opposite", UNRESOLVED: "not resolved"}[verdict.outcome]
 
 
 def _record(verdict: Verdict) -> None:
     path = os.environ.get("DDPLAB_RECORD_CLAIMS")
     if path:
         with open(path, "a") as f:
-            f.write(json.dumps({"key": claim_key(verdict.claim), "line": str(verdict), **asdict(verdict)}) + "\n")
+            f.write(json.dumps({"key": claim_key(verdict.claim), "line": str(verdict), "seen": verdict.effect(),
+                                **asdict(verdict)}) + "\n")

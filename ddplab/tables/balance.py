@@ -108,7 +108,7 @@ def judge_quadratic_term(run):
 
     row = balance_fit(run).loc["cost"]
     se = row["b_se_ms_per_sq"] * _t_over_z(int(row["dof"]), claims.ALPHA)
-    return claims.estimate(f"the fitted quadratic term is positive: longer sequences cost more per token (ms per "
+    return claims.estimate(f"the fitted quadratic term is positive: long sequences cost more a token (ms per "
                            f"squared token; the standard error printed is the table's b_se_ms_per_sq widened to "
                            f"Student's t for {int(row['dof'])} degrees of freedom)",
                            row["b_ms_per_sq"], se, above=0.0)
@@ -200,8 +200,7 @@ def step_finding(verdict) -> str:
     """The step's verdict of `balance_verdict` as this run's finding, in words (not a check: whether
     balancing by cost also shortens the step depends on what else the cores do)."""
     what = {"holds": "shorter", "contradicted": "longer"}.get(verdict.outcome, "not resolved against equal tokens")
-    return (f"this run's step, balanced by cost: {what} (median of {verdict.n} paired differences {verdict.center:+.1f} ms, "
-            f"interval [{verdict.low:+.1f}, {verdict.high:+.1f}] ms)")
+    return f"this run's step, balanced by cost: {what} (seen {verdict.effect()} a step)"
 
 
 @reading(run="balance-study")
@@ -241,10 +240,10 @@ def verify_cost_explains_imbalance(table: pd.DataFrame, policy: str = "tokens", 
     from .. import claims, verify
 
     row = table.loc[policy]
-    name = (f"{policy} split: the gap between ranks {int(row['slow_rank'])} and {int(row['fast_rank'])} "
-            f"({row['measured_gap_ms']:.1f} ms, median) reaches at least {share:g} of the cost model's prediction, "
-            f"in its direction ({row['cost_model_gap_ms']:.1f} ms; the token count predicts "
-            f"{row['tokens_model_gap_ms']:.1f} ms): measured / predicted per step")
+    name = (f"{policy} split: the rank gap is at least {share:g} of the cost model's prediction (ranks "
+            f"{int(row['slow_rank'])} and {int(row['fast_rank'])}: {row['measured_gap_ms']:.1f} ms, median; the cost "
+            f"model {row['cost_model_gap_ms']:.1f} ms, the token count {row['tokens_model_gap_ms']:.1f} ms; "
+            "measured over predicted, per step)")
     predicted = row["cost_model_gap_ms"]
     if not predicted > 0:
         raise verify.CheckFailed(f"NOT verified: {name}: the cost model predicts no gap ({predicted:.3g} ms)")

@@ -224,8 +224,8 @@ def judge_split_tail(tails: pd.DataFrame, uncut: str, split: str, on: str = "") 
 def judge_split_compute(last_ready: pd.DataFrame, uncut: str, split: str, on: str = "") -> claims.Verdict:
     """`last_ready` = steps(run, last_ready_ms, plans): the split's last gradient is ready later than the
     uncut plan's (paired per step, above 0). Beside `judge_split_tail`: a shorter tail with no less compute."""
-    return claims.paired(f"{split}'s backward compute ends later than {uncut}'s{f' ({on})' if on else ''}: no less "
-                         "compute (last gradient ready, split minus uncut, per step)", *_pairs(last_ready, split, uncut), above=0.0)
+    return claims.paired(f"{split}'s backward ends later than {uncut}'s{f' ({on})' if on else ''} (no less compute; "
+                         "last gradient ready, split minus uncut, per step)", *_pairs(last_ready, split, uncut), above=0.0)
 
 
 @reading_no_run
@@ -236,9 +236,8 @@ def split_finding(tails: pd.DataFrame, step_table: pd.DataFrame, uncut: str, spl
     tail = {claims.HOLDS: "the split shortened", claims.CONTRADICTED: "the split lengthened"}.get(
         t.outcome, "this run cannot resolve whether the split changed")
     step = {claims.HOLDS: "slower than", claims.CONTRADICTED: "faster than"}.get(s.outcome, "not resolved against")
-    return (f"{uncut} -> {split}: {tail} the exposed tail (median of {t.n} paired differences "
-            f"{t.center:+.1f} ms, interval [{t.low:+.1f}, {t.high:+.1f}]); its step was {step} the uncut one's "
-            f"({s.center:+.1f} ms, interval [{s.low:+.1f}, {s.high:+.1f}])")
+    return (f"{uncut} -> {split}: {tail} the exposed tail (seen {t.effect()}); its step was {step} the uncut "
+            f"one's (seen {s.effect()})")
 
 
 @reading(run="bucket-sweep")
@@ -250,7 +249,7 @@ def judge_launch_order(run, name: str, bucket: int | None = None, before: bool =
         g = [(x.first_launch_ms if bucket is None else x.backward.ms(x.buckets[bucket].launch_ns)) - x.last_ready_ms for x in s]
         return max(g) if before else min(g)
     when = "before the last gradient is ready" if before else "only once the last gradient is ready"
-    return claims.judge(f"{name}: {which} is launched {when}, on every rank (launch minus last ready, per step)",
+    return claims.judge(f"{name}: {which} is launched {when} (on every rank; launch minus last ready, per step)",
                         per_step(run, name, gap).tolist(), **({"below": 0.0} if before else {"above": 0.0}))
 
 
@@ -294,7 +293,7 @@ def summed_in_flight_ms(run, name: str, rank: int = 0) -> pd.Series:
 def judge_summed_vs_added(run, name: str) -> claims.Verdict:
     """"Summed launch-to-done intervals overstate what the plan adds": summed (rank 0) minus added, per step, > 0."""
     both = pd.DataFrame({"summed": summed_in_flight_ms(run, name), "added": added_ms(run, name)}).dropna()
-    return claims.paired(f"{name}: the summed launch-to-done intervals overstate what it adds to the step",
+    return claims.paired(f"{name}: summed launch-to-done times overstate what it adds to the step",
                          both["summed"], both["added"], above=0.0)
 
 

@@ -104,9 +104,9 @@ def judge_size_ratio(run, small_bytes: int, large_bytes: int, below: float):
     """The claim "`large_bytes` cost less than `below` x the time of `small_bytes`", judged on the
     per-repeat ratio of the two sizes' times (they ran interleaved in every repeat)."""
     ms = call_ms(run)
-    return claims.paired(f"the fixed cost dominates small messages: on {run.world_size} ranks, {large_bytes // small_bytes}x "
-                         f"the bytes ({size_label(large_bytes)} against {size_label(small_bytes)}) cost less than "
-                         f"{below:g}x the time (per-repeat ratio)", ms[large_bytes], ms[small_bytes], ratio=True,
+    return claims.paired(f"fixed cost dominates: {size_label(large_bytes)} take under {below:g}x the time of "
+                         f"{size_label(small_bytes)} on {run.world_size} ranks ({large_bytes // small_bytes}x the bytes; "
+                         "per-repeat ratio)", ms[large_bytes], ms[small_bytes], ratio=True,
                          below=below)
 
 
@@ -205,7 +205,7 @@ def judge_compute_growth(small_run, large_run, above: float = 1.0, warmup: int =
     a, b = compute_ms(large_run, warmup), compute_ms(small_run, warmup)
     n = min(len(a), len(b))
     lb, sb = large_run.spec.local_batch_of(0), small_run.spec.local_batch_of(0)
-    return claims.paired(f"compute grows with the local batch: {lb} examples take over {above:g}x the time of {sb} "
+    return claims.paired(f"compute grows with the batch: {lb} examples take over {above:g}x the time of {sb} "
                          "(per-step ratio, forward + backward)", a[:n], b[:n], ratio=True, above=above)
 
 

@@ -173,5 +173,5 @@ def steps(run) -> pd.DataFrame:
                      "eager_ms": statistics.median(paired_ms(run, e.name)),
                      "compiled_ms": statistics.median(paired_ms(run, c.name)),
                      "difference_ms": v.center, "interval_ms": f"[{v.low:+.1f}, {v.high:+.1f}]",
-                     "compiled faster?": claims.finding(v).split("(")[1].split(")")[0]})
+                     "compiled faster?": claims.answer(v)})
     return pd.DataFrame(rows).set_index("arm")

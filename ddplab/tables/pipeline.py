@@ -53,7 +53,7 @@ def _label(schedule: str, p: int, m: int | None = None) -> str:
 
 @reading(runs="pipeline", either=("runs",))
 def judge_formula_floor(runs, tolerance: float = FLOOR_TOLERANCE) -> dict[tuple[str, int, int], claims.Verdict]:
-    """(schedule, stages, m) -> the verdict on "the stages were not computing for at least the formula's
+    """(schedule, stages, m) -> the verdict on "the stages idle (are not computing) for at least the formula's
     share of the step, (p - 1)/(m + p - 1), less `tolerance`", judged on the rounds' `not_computing`
     minus the formula. With p stages in a chain, a stage can compute at most m of the m + p - 1 slots
     of equal work (`simulate` with any equal-per-microbatch stages never idles less); waiting for
@@ -67,8 +67,8 @@ def judge_formula_floor(runs, tolerance: float = FLOOR_TOLERANCE) -> dict[tuple[
     for (schedule, p, m), per_round in pairs.items():
         formula = bubble_fraction(p, m)
         out[(schedule, p, m)] = claims.judge(
-            f"{_label(schedule, p, m)}: the stages were not computing for at least the formula's "
-            f"(p-1)/(m+p-1) = {formula:.3f} of the step, less {tolerance:g} (not computing minus formula, per round)",
+            f"{_label(schedule, p, m)}: idle for at least the formula's {formula:.3f} of the step (less "
+            f"{tolerance:g}; (p-1)/(m+p-1); not computing minus formula, per round)",
             [b["not_computing"] - formula for b in per_round.values()], above=-tolerance, unit="", alpha=alpha)
     return out
 
@@ -117,7 +117,7 @@ def _as(schedule: str, arm: tuple[str, int]) -> str:
 
 @reading(runs="pipeline", either=("runs",))
 def judge_bubble_shrinks(runs) -> dict[tuple[str, int], claims.Verdict]:
-    """(schedule, stages) -> the verdict on "the most microbatches leave a smaller bubble than the
+    """(schedule, stages) -> the verdict on "the most microbatches (m) leave a smaller bubble than the
     fewest", judged round by round on the measured bubble: the fewest-microbatch arm's minus the
     most's (`_arms`: m = 1, under GPipe where torch refuses 1F1B's)."""
     out = {}
@@ -126,8 +126,8 @@ def judge_bubble_shrinks(runs) -> dict[tuple[str, int], claims.Verdict]:
         for schedule, arms in _arms(run, ran).items():
             few, most = arms[0], arms[-1]
             out[(schedule, run.world_size)] = claims.judge(
-                f"{_label(schedule, run.world_size)}: {most[1]} microbatches leave a smaller bubble than "
-                f"{few[1]}{_as(schedule, few)} (measured bubble at m={few[1]} minus at m={most[1]}, per round)",
+                f"{_label(schedule, run.world_size)}: m={most[1]} leaves a smaller bubble than m={few[1]}"
+                f"{_as(schedule, few)} (measured bubble at m={few[1]} minus at m={most[1]}, per round)",
                 _paired(ran, few, most), above=0.0, unit="")
     return out
 

@@ -281,7 +281,7 @@ def wait_per_delay(run, skip: int = SKIP) -> list[float]:
 
 @reading(run="train")
 def judge_wait_for_delay(run, skip: int = SKIP, least: float = MIN_WAIT_PER_DELAY):
-    """The claim "the early ranks wait, at the final bucket, for the delay the slow rank lost", judged
+    """The claim "the early ranks wait at the last bucket for the slow rank's delay", judged
     on this run's steps: per step, wait / delay above `least`. One-sided on purpose: on a quiet machine
     the ratio sits near 1, but load moves it (on the late rank it lengthens the wait without bound, on
     an early rank it shortens it), so the claim asks only that most of the delay reach the early ranks.
@@ -290,8 +290,8 @@ def judge_wait_for_delay(run, skip: int = SKIP, least: float = MIN_WAIT_PER_DELA
 
     ratios = wait_per_delay(run, skip)   # first: it refuses a run without a straggler, naming it
     slow = run.spec.straggler
-    return claims.judge(f"{run.spec.name}: the early ranks wait, at the final bucket, for the delay rank {slow.rank} "
-                        f"lost ({slow.where}) (per step: wait / delay)", ratios, above=least, unit="")
+    return claims.judge(f"{run.spec.name}: ranks wait at the last bucket for rank {slow.rank}'s delay "
+                        f"(in {slow.where}; per step, wait over delay)", ratios, above=least, unit="")
 
 
 @reading(runs="train")

@@ -92,3 +92,45 @@ def test_stored_outputs_hold_no_progress_bars_and_no_empty_outputs(path):
              if o["output_type"] in ("stream", "display_data", "execute_result") and not _output_text(o).strip()
              and not any(k.startswith(("image/", "application/")) for k in o.get("data", {}))]
     assert (bars, empty) == ([], [])
+
+
+VERDICT_LINE = re.compile(r"^\s*(?:holds|contradicted|cannot resolve|this run's (?:answer|finding))\b")
+LONGEST_VERDICT = 120   # characters: a verdict is read in one line; its statistics are folded beneath it
+
+
+def stored_output_problems(path) -> list[str]:
+    """What a learner opening the stored notebook would trip on: a verdict line too long to read at a glance,
+    "contradicted" in a cell that passed (only a claim that failed its cell is called that), and a file cited
+    in an output that the repository does not have."""
+    from tests.test_citations import missing_citations
+
+    problems = []
+    for i, cell in enumerate(_code_cells(path)):
+        outputs = cell.get("outputs", [])
+        text = "\n".join(_output_text(o) for o in outputs if o["output_type"] != "error")
+        problems += [f"code cell {i}: a verdict of {len(line.strip())} characters: {line.strip()[:80]}..."
+                     for line in text.splitlines() if VERDICT_LINE.match(line) and len(line.strip()) > LONGEST_VERDICT]
+        if "contradicted" in text and not any(o["output_type"] == "error" for o in outputs):
+            problems.append(f"code cell {i}: says 'contradicted' in a cell that passed")
+        problems += [f"code cell {i}: cites {m}" for m in missing_citations(text)]
+    return problems
+
+
+@pytest.mark.parametrize("path", [*sorted((ROOT / "notebooks").glob("*.ipynb")), ROOT / "exercises" / "data_parallel_exercise.ipynb"],
+                         ids=lambda p: p.name)
+def test_stored_verdicts_read_in_one_line_and_only_a_failed_claim_says_contradicted(path):
+    assert stored_output_problems(path) == []
+
+
+def test_the_stored_output_rule_catches_each_problem(tmp_path):
+    def cell(text, error=False):
+        outs = [{"output_type": "stream", "name": "stdout", "text": [text]}]
+        return {"cell_type": "code", "metadata": {}, "source": ["x"],
+                "outputs": outs + ([{"output_type": "error", "ename": "CheckFailed", "evalue": "", "traceback": []}]
+                                   if error else [])}
+    nb = {"cells": [cell("holds: " + "a" * 120 + "\n"), cell("holds: short (seen +1 ms)\n"),
+                    cell("contradicted: x (seen +1 ms)\n"), cell("contradicted: x (seen +1 ms)\n", error=True),
+                    cell("see " + "notes/" + "ddp-internals.md and docs/layout.md\n")]}
+    (tmp_path / "nb.ipynb").write_text(json.dumps(nb))
+    problems = stored_output_problems(tmp_path / "nb.ipynb")
+    assert [p.split(":")[0] for p in problems] == ["code cell 0", "code cell 2", "code cell 4"], problems

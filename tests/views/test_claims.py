@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from ddplab import claims
+from ddplab import claims, references
 from ddplab.verify import CheckFailed
 
 
@@ -88,36 +88,37 @@ def test_bad_claims_are_refused():
 
 
 # ---- reference runs: shown beside an unresolved claim, never deciding it -----------------------------
-def _store(tmp_path, line="holds: the split shortens the tail (median of 24 paired differences -4.1 ms)"):
+def _store(tmp_path, line="holds: the split shortens the tail (median of 24 paired differences -4.1 ms, 99.8% interval [-5, -3] ms)"):
     path = tmp_path / "claims.json"
     path.write_text(json.dumps({
         "runs": {"05@x": {"machine": "2 cores, test CPU", "load": "0.3 at start", "date": "2026-12-03",
                           "commit": "abc1234", "links": {"bucket-sweep-w2": "emulated link 1GbE (50 us, 1 Gb/s)"}}},
-        "claims": {claims.claim_key("the split shortens the tail (by 4.1 ms)"): {"run": "05@x", "line": line,
+        "claims": {references.claim_key("the split shortens the tail (by 4.1 ms)"): {"run": "05@x", "line": line,
                                                                               "outcome": "holds"}}}))
     return path
 
 
 def test_a_claim_is_keyed_by_its_text_with_every_number_blanked():
-    assert claims.claim_key("rank 1 waits (12.5 ms, 3e-05 x)") == claims.claim_key("rank 1 waits (7 ms, 0.25 x)")
-    assert claims.claim_key("the split shortens the tail") != claims.claim_key("the split lengthens the tail")
+    assert references.claim_key("rank 1 waits (12.5 ms, 3e-05 x)") == references.claim_key("rank 1 waits (7 ms, 0.25 x)")
+    assert references.claim_key("the split shortens the tail") != references.claim_key("the split lengthens the tail")
     # numbers outside parentheses name what is claimed: another rank, plan or stage count is another claim
-    assert claims.claim_key("rank 1 joins after rank 0") != claims.claim_key("rank 0 joins after rank 1")
-    assert claims.claim_key("ddp:64 is faster") != claims.claim_key("ddp:0.25 is faster")
+    assert references.claim_key("rank 1 joins after rank 0") != references.claim_key("rank 0 joins after rank 1")
+    assert references.claim_key("ddp:64 is faster") != references.claim_key("ddp:0.25 is faster")
 
 
 def test_the_reference_line_says_it_is_not_this_run_and_where_it_came_from(tmp_path):
-    line = claims.reference("the split shortens the tail (by 9.9 ms)", _store(tmp_path))
-    for part in ("not this run", "2 cores, test CPU", "load 0.3", "1GbE", "2026-12-03", "abc1234", "holds: the split"):
+    line = references.reference("the split shortens the tail (by 9.9 ms)", _store(tmp_path))
+    for part in ("resolved it: holds (seen -4.1 ms)", "not this run", "2 cores, test CPU", "load 0.3", "1GbE",
+                 "2026-12-03", "abc1234"):
         assert part in line
-    assert claims.reference("some other claim", _store(tmp_path)) == ""
+    assert references.reference("some other claim", _store(tmp_path)) == ""
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
-    assert claims.reference("the split shortens the tail", bad) == ""
+    assert references.reference("the split shortens the tail", bad) == ""
 
 
 def test_check_shows_the_reference_only_beside_an_unresolved_claim_and_keeps_this_runs_outcome(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(claims, "REFERENCES", _store(tmp_path))
+    monkeypatch.setattr(references, "REFERENCES", _store(tmp_path))
     noise = [(-1) ** i * (i + 1.0) for i in range(12)]
     v = claims.judge("the split shortens the tail (by 1 ms)", noise, below=0)
     claims.check(v)
@@ -134,14 +135,41 @@ def test_check_writes_each_verdict_down_when_asked(tmp_path, monkeypatch, capsys
     monkeypatch.setenv("DDPLAB_RECORD_CLAIMS", str(out))
     claims.check(claims.judge("x above 0 (by 2 ms)", [2.0 + i for i in range(12)], above=0))
     row = json.loads(out.read_text())
-    assert row["outcome"] == "holds" and row["key"] == claims.claim_key("x above 0 (by 5 ms)") and row["line"].startswith("holds")
+    assert row["outcome"] == "holds" and row["key"] == references.claim_key("x above 0 (by 5 ms)") and row["line"].startswith("holds")
 
 
 def test_a_finding_is_printed_as_this_runs_answer_and_never_fails():
     v = claims.judge("b beats a (per step)", [5.0 + i for i in range(12)], below=0)
     assert v.contradicted
     line = claims.finding(v)
-    assert line.startswith("this run's finding, not a check (no, the opposite): b beats a") and "claim < 0" in line
+    assert line.startswith("this run's answer, no, the opposite: b beats a (seen +10.5 ms)") and "contradicted" not in line
+    assert claims.answer(v) == "no, the opposite"
+
+
+def test_a_verdict_reads_in_one_line_and_folds_its_statistics():
+    v = claims.paired("the split shortens the tail (1GbE link) (split minus uncut, per step)",
+                      [1.0 + i for i in range(12)], [5.0 + i for i in range(12)], below=0)
+    line = str(v)
+    assert line == "holds: the split shortens the tail (1GbE link) (seen -4 ms)"   # what names the claim stays
+    assert v.measured == "split minus uncut, per step" and "interval" not in line and "\n" not in line
+    for part in ("measured: split minus uncut, per step", "median of 12 paired differences -4 ms", "99.8% interval",
+                 "the claim: < 0 ms"):
+        assert part in v.details()
+    html = v._repr_html_()
+    assert html.startswith("<details><summary><code>holds: the split") and "99.8% interval" in html
+    assert repr(v).splitlines()[0] == line and all(x.startswith("    ") for x in repr(v).splitlines()[1:])
+    ratio = claims.paired("a is slower than b (per-step ratio)", [2.0] * 12, [1.0] * 12, ratio=True, above=1)
+    assert str(ratio) == "holds: a is slower than b (seen 2x)"
+    weak = claims.judge("x shrinks [the weakest of 3 pairs: 3 hold]", [(-1) ** i * (i + 1.0) for i in range(12)], below=0)
+    assert str(weak) == "cannot resolve: x shrinks (seen -0.5 ms, in the noise)"
+    assert "to resolve it: " in weak.details() and "weakest of 3 pairs" in weak.details()
+
+
+def test_a_contradicted_claim_fails_with_its_line_and_statistics():
+    with pytest.raises(CheckFailed) as failed:
+        claims.check(claims.judge("x shrinks (per step)", [5.0 + i for i in range(12)], below=0))
+    assert str(failed.value).startswith("NOT verified: contradicted: x shrinks (seen +10.5 ms)")
+    assert "99.8% interval" in str(failed.value)
 
 
 def test_the_weakest_of_several_verdicts_is_a_contradiction_then_an_unresolved_then_the_nearest_by_choice():
