@@ -9,7 +9,8 @@ with `$DDPLAB_RECORD_CLAIMS` pointing at a scratch file, so every timing claim's
 down, and its runs under a scratch `$DDPLAB_RUNS`, whose `spec.json` files say which link each run used.
 Every claim that held, in a run that went through, replaces the stored verdict of the same claim in
 `ddplab/references/claims.json`, together with the run's machine (cores, CPU model), load average,
-links, date, torch version and commit; any other claim keeps the reference it had. With `--repeat`,
+links, date, torch version and commit; any other claim keeps the reference it had, unless a run of its
+notebook that went through no longer makes it (reworded or gone): that one is dropped. With `--repeat`,
 a notebook is run again while some of its claims are unresolved. Run it on a quiet machine. Prints a
 line per notebook run: claims seen, resolved, and how long it took.
 """
@@ -30,7 +31,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from ddplab.claims import REFERENCES  # noqa: E402
+from ddplab.references import REFERENCES  # noqa: E402
 
 DEFAULT = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "notebooks").glob("0[3-9]_*.ipynb"))
 
@@ -116,7 +117,7 @@ def main() -> int:
     store.setdefault("runs", {})
     store.setdefault("claims", {})
     store["about"] = ("Verdicts of timing claims from real runs that resolved them, shown beside a learner's "
-                      "unresolved claim (ddplab.claims.reference); made by bench/reference_runs.py. Data only.")
+                      "unresolved claim (ddplab.references.reference); made by bench/reference_runs.py. Data only.")
     code = 0
     for name in a.notebooks:
         nb = (ROOT / name).resolve()
@@ -133,6 +134,10 @@ def main() -> int:
                                          "torch": _torch_version(), **meta}
             for v in resolved:
                 store["claims"][v["key"]] = {"run": run_id, "line": v["line"], "outcome": v["outcome"], "seen": v.get("seen", "")}
+            if rc == 0:   # a claim this notebook no longer makes (reworded, or gone) keeps no reference
+                seen = {v["key"] for v in verdicts}
+                store["claims"] = {k: e for k, e in store["claims"].items() if k in seen or
+                                   store["runs"].get(e.get("run"), {}).get("notebook") != nb.name}
             unresolved = {v["key"] for v in verdicts} - {v["key"] for v in resolved} - set(store["claims"])
             print(f"{nb.name} run {i + 1}: {len(verdicts)} claims, {len(resolved)} resolved, {len(unresolved)} without "
                   f"any reference yet; rc {rc}, {seconds:.0f} s, load {meta['load']}", flush=True)

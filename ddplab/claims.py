@@ -34,7 +34,8 @@ import re
 from dataclasses import asdict, dataclass
 from statistics import NormalDist
 
-from ddplab.references import claim_key, reference
+from ddplab.folded import Folded, show
+from ddplab.references import claim_key, reference, reference_source
 from ddplab.verify import CheckFailed
 
 __all__ = ["ALPHA", "Verdict", "answer", "check", "claim_key", "estimate", "family", "finding", "judge", "median_interval", "min_rounds", "paired",
@@ -69,6 +70,11 @@ def median_interval(values, alpha: float = ALPHA) -> tuple[float, float, float]:
     if k == 0:
         return median, -math.inf, math.inf
     return median, v[k - 1], v[n - k]
+
+
+def _suffix(unit: str) -> str:
+    """How a unit follows a number: "x" right after it ("1.8x"), any other after a space ("4 ms")."""
+    return "x" if unit == "x" else f" {unit}" if unit else ""
 
 
 def _g(x: float) -> str:
@@ -114,22 +120,24 @@ class Verdict:
         return _split_claim(self.claim)[1]
 
     def effect(self) -> str:
-        """What this run saw, in the claim's unit: "+19.6 ms", "1.84x" for a ratio, "+0.252"."""
-        if self.unit == "" and "ratio" in self.what:
+        """What this run saw, in the claim's unit: "+19.6 ms", "1.84x" for a ratio (`unit="x"`, or `paired`'s
+        ratios), "+0.252" where the quantity has no unit."""
+        if self.unit == "x" or (self.unit == "" and "ratio" in self.what):
             return f"{self.center:.3g}x" if math.isfinite(self.center) else _g(self.center)
-        return _g(self.center) + (f" {self.unit}" if self.unit else "")
+        return _g(self.center) + _suffix(self.unit)
 
     def __str__(self) -> str:
         """The verdict in one line: the answer, the claim in plain words and the size of what was seen; the
         statistics behind it are `details()`."""
         said = {HOLDS: "holds", CONTRADICTED: "contradicted", UNRESOLVED: "cannot resolve"}[self.outcome]
-        seen = f"seen {self.effect()}" + (", in the noise" if self.outcome == UNRESOLVED else "")
+        why = ", too few rounds" if not (math.isfinite(self.low) and math.isfinite(self.high)) else ", in the noise"
+        seen = f"seen {self.effect()}" + (why if self.outcome == UNRESOLVED else "")
         return f"{said}: {self.headline} ({seen})"
 
     def details(self) -> str:
         """The statistics behind the one line: how it was measured, the interval, the claim's bound and, where
         it cannot resolve, what would resolve it."""
-        u = f" {self.unit}" if self.unit else ""
+        u = _suffix(self.unit)
         # enough digits that a family's level (alpha / k) never rounds to "100%": 99.8%, 99.98%, ...
         digits = 2 + max(1, math.ceil(-math.log10(200 * self.alpha)))
         level = f"{100 * (1 - 2 * self.alpha):.{digits}g}%"
@@ -141,18 +149,15 @@ class Verdict:
         return "\n".join(lines)
 
     def _repr_html_(self) -> str:   # Jupyter: the one line, the statistics folded beneath it
-        import html
-
-        return (f"<details><summary><code>{html.escape(str(self))}</code></summary>"
-                f"<pre>{html.escape(self.details())}</pre></details>")
+        return Folded(str(self), self.details())._repr_html_()
 
     def __repr__(self) -> str:   # where no HTML shows: the line, then the statistics indented
-        return str(self) + "".join(f"\n    {line}" for line in self.details().splitlines())
+        return repr(Folded(str(self), self.details()))
 
 
 # words in a claim's last parenthesis (or bracket) that say how it was measured, not what is claimed
 _MEASURED = re.compile(r"\bper[ -](step|round|repeat|call)|\bminus\b|\bover\b|\bratio\b|\bmedian\b|;|\bslope\b|"
-                       r"standard error|relative error|\bagainst the\b|\bweakest\b")
+                       r"standard error|relative error|\bagainst\b|\bweakest\b")
 
 
 def _split_claim(claim: str) -> tuple[str, str]:
@@ -179,7 +184,7 @@ def _decide(claim, center, low, high, n, what, unit, alpha, above, below, within
     given = [x is not None for x in (above, below, within)]
     if sum(given) != 1:
         raise ValueError("claim: give exactly one of above=, below= or within=")
-    u = f" {unit}" if unit else ""
+    u = _suffix(unit)
     if above is not None:
         claimed, ok, bad, edges = f"> {above:.3g}{u}", low > above, high < above, [above]
     elif below is not None:
@@ -257,28 +262,13 @@ def check(verdict: Verdict) -> Verdict:
     _record(verdict)
     if verdict.contradicted:
         raise CheckFailed(f"NOT verified: {verdict}\n" + verdict.details())
-    _show(verdict)
+    lines, details = str(verdict), verdict.details()
     if not verdict.resolved:
-        ref = reference(verdict.claim)
+        ref, source = reference(verdict.claim), reference_source(verdict.claim)
         if ref:
-            print(f"  {ref}")
+            lines, details = f"{lines}\n  {ref}", f"{details}\nthe reference run: {source}"
+    show(Folded(lines, details))
     return verdict
-
-
-def _show(verdict: Verdict) -> None:
-    """The verdict's line: in Jupyter with its statistics folded beneath it (`Verdict._repr_html_`),
-    elsewhere the line alone (`details()` has the rest)."""
-    try:
-        from IPython import get_ipython
-        shell = get_ipython()
-    except ImportError:
-        shell = None
-    if shell is not None and getattr(shell, "kernel", None) is not None:
-        from IPython.display import display
-
-        display(verdict)
-    else:
-        print(verdict)
 
 
 def family(k: int, alpha: float = ALPHA) -> float:
@@ -314,8 +304,10 @@ def finding(verdict: Verdict) -> str:
 
 
 def answer(verdict: Verdict) -> str:
-    """An open question's answer in a word: "yes", "no, the opposite" or "not resolved" (`finding`)."""
-    return {HOLDS: "yes", CONTRADICTED: "no, the opposite", UNRESOLVED: "not resolved"}[verdict.outcome]
+    """An open question's answer in a word: "yes", "no, the opposite" (plain "no" for a band, which has no
+    opposite) or "not resolved" (`finding`)."""
+    no = "no" if verdict.claimed.startswith("within") else "no, the opposite"
+    return {HOLDS: "yes", CONTRADICTED: no, UNRESOLVED: "not resolved"}[verdict.outcome]
 
 
 def _record(verdict: Verdict) -> None:

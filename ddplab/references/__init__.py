@@ -14,7 +14,7 @@ import json
 import re
 from pathlib import Path
 
-__all__ = ["REFERENCES", "claim_key", "reference"]
+__all__ = ["REFERENCES", "claim_key", "reference", "reference_source"]
 
 REFERENCES = Path(__file__).with_name("claims.json")
 _NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:e[-+]?\d+)?")
@@ -23,7 +23,10 @@ _NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:e[-+]?\d+)?")
 def claim_key(claim: str) -> str:
     """A claim's text with every number inside parentheses blanked (where claims quote this run's
     measurements): the same claim in another run has the same key, while the numbers that name what
-    is claimed (a rank, a plan such as ddp:64, a stage count) stay and keep different claims apart."""
+    is claimed (a rank, a plan such as ddp:64, a stage count) stay and keep different claims apart. A
+    trailing bracket is left out: it counts a family's members ("[the weakest of 13 pairs: 12 hold, ...]"),
+    which change from run to run while the claim stays the same."""
+    claim = re.sub(r"\s*\[[^\[\]]*\]\s*$", "", claim)
     out, depth, start = [], 0, 0
     for i, ch in enumerate(claim + "("):
         if ch in "()":
@@ -45,19 +48,34 @@ def _references(path: Path) -> dict:
     return data if isinstance(data, dict) and isinstance(data.get("claims"), dict) else {}
 
 
-def reference(claim: str, path: Path | None = None) -> str:
-    """The labelled line of a stored reference run's verdict of `claim` (its answer and what it saw, then
-    where and when it ran), or "" where none is stored."""
+def _entry(claim: str, path: Path | None) -> tuple[dict, dict] | None:
     data = _references(path or REFERENCES)
     entry = data.get("claims", {}).get(claim_key(claim))
     run = data.get("runs", {}).get(str(entry.get("run"))) if isinstance(entry, dict) else None
-    if not isinstance(run, dict):
+    return (entry, run) if isinstance(run, dict) else None
+
+
+def reference(claim: str, path: Path | None = None) -> str:
+    """A stored reference run's verdict of `claim` in one line, labelled as not this run (its answer, what
+    it saw, its date), or "" where none is stored; `reference_source` says where it ran."""
+    found = _entry(claim, path)
+    if not found:
         return ""
-    links = "; ".join(sorted(set(str(x) for x in run.get("links", {}).values()))) or "loopback"
+    entry, run = found
     seen = entry.get("seen") or _seen_in(str(entry.get("line", "")))
-    return (f"a reference run resolved it: {entry.get('outcome', '?')}" + (f" (seen {seen})" if seen else "")
-            + f"; not this run: {run.get('machine', '?')}, load {run.get('load', '?')}, {links}, "
-            f"{run.get('date', '?')}, commit {run.get('commit', '?')} (bench/reference_runs.py)")
+    return (f"a reference run (not this run, {run.get('date', '?')}) resolved it: {entry.get('outcome', '?')}"
+            + (f" (seen {seen})" if seen else ""))
+
+
+def reference_source(claim: str, path: Path | None = None) -> str:
+    """Where and how `claim`'s reference run ran: machine, load, links, commit, the script that made it."""
+    found = _entry(claim, path)
+    if not found:
+        return ""
+    run = found[1]
+    links = "; ".join(sorted(set(str(x) for x in run.get("links", {}).values()))) or "loopback"
+    return (f"{run.get('machine', '?')}, load {run.get('load', '?')}, {links}, {run.get('date', '?')}, commit "
+            f"{run.get('commit', '?')} (bench/reference_runs.py)")
 
 
 _OLD_SEEN = re.compile(r"\((?:median (?:of|over) \d+ [^,]*?|estimate \(standard error [^)]*\)) "

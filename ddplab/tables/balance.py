@@ -247,4 +247,4 @@ def verify_cost_explains_imbalance(table: pd.DataFrame, policy: str = "tokens", 
     predicted = row["cost_model_gap_ms"]
     if not predicted > 0:
         raise verify.CheckFailed(f"NOT verified: {name}: the cost model predicts no gap ({predicted:.3g} ms)")
-    claims.check(claims.judge(name, [g / predicted for g in row["step_gaps_ms"]], above=share, unit=""))
+    claims.check(claims.judge(name, [g / predicted for g in row["step_gaps_ms"]], above=share, unit="x"))

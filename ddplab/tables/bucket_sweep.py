@@ -207,8 +207,9 @@ def faster_than(table: pd.DataFrame, base: str, plans) -> dict[str, claims.Verdi
 
 @reading_no_run
 def verdict_table(verdicts: dict) -> pd.DataFrame:
-    """One row per verdict: its median, interval and outcome."""
-    return pd.DataFrame({k: {"median": v.center, "low": v.low, "high": v.high, "outcome": v.outcome}
+    """One row per verdict of an open question (`faster_than`): its median, interval and this run's answer
+    (`claims.answer`: "yes", "no, the opposite" or "not resolved"; never a failed check's word)."""
+    return pd.DataFrame({k: {"median": v.center, "low": v.low, "high": v.high, "answer": claims.answer(v)}
                          for k, v in verdicts.items()}).T.astype({"median": float, "low": float, "high": float})
 
 
@@ -233,11 +234,9 @@ def split_finding(tails: pd.DataFrame, step_table: pd.DataFrame, uncut: str, spl
     """The textbook's hypothesis about cutting the last bucket, answered by this run in words (not a
     check): did the split shorten the exposed tail (`judge_split_tail`), and how did the steps compare?"""
     t, s = judge_split_tail(tails, uncut, split), ordered(step_table, uncut, split)
-    tail = {claims.HOLDS: "the split shortened", claims.CONTRADICTED: "the split lengthened"}.get(
-        t.outcome, "this run cannot resolve whether the split changed")
-    step = {claims.HOLDS: "slower than", claims.CONTRADICTED: "faster than"}.get(s.outcome, "not resolved against")
-    return (f"{uncut} -> {split}: {tail} the exposed tail (seen {t.effect()}); its step was {step} the uncut "
-            f"one's (seen {s.effect()})")
+    tail = {claims.HOLDS: "shorter", claims.CONTRADICTED: "longer"}.get(t.outcome, "not resolved")
+    step = {claims.HOLDS: "slower", claims.CONTRADICTED: "faster"}.get(s.outcome, "not resolved")
+    return f"{uncut} -> {split}: exposed tail {tail} (seen {t.effect()}), step {step} (seen {s.effect()})"
 
 
 @reading(run="bucket-sweep")
@@ -262,7 +261,7 @@ def judge_in_flight(run, name: str, link: AlphaBeta) -> claims.Verdict:
     flights = pd.concat([in_flight(run, name, link, r) for r in range(len(run.ranks))])
     values = flights.groupby("step")["ratio"].median().tolist()
     return claims.judge(f"{name}: an all-reduce takes longer from launch to done than alone (median launch-to-done "
-                        "/ isolated cost over the buckets, per step)", values, above=1.0, unit="")
+                        "/ isolated cost over the buckets, per step)", values, above=1.0, unit="x")
 
 
 @reading(run="bucket-sweep")
@@ -303,7 +302,7 @@ def judge_isolated_price(run, name: str, summed_isolated_ms: float, within: floa
     `within`" (per step, added over `summed_isolated_ms`): a finding about the machine, not a check."""
     values = (added_ms(run, name) / summed_isolated_ms).tolist()
     return claims.judge(f"{name} adds its isolated costs summed, within {within:.0%} (added over the isolated sum, "
-                        "per step)", values, within=(1 - within, 1 + within), unit="")
+                        "per step)", values, within=(1 - within, 1 + within), unit="x")
 
 
 @reading(run="bucket-sweep")

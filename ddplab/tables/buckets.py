@@ -222,8 +222,8 @@ def judge_bandwidth_term(allreduce_run, n_bytes: int, times: float = 5.0) -> cla
         raise ValueError(f"n_bytes: {n_bytes} is below the sweep's smallest message ({small} B); its sizes: "
                          f"{_sizes_said(ms)}")
     big = max(n for n in ms if n <= n_bytes)
-    return claims.paired(f"the bandwidth term n*beta of {big / MIB:g} MiB is more than {times:g} x alpha (its all-reduce "
-                         f"over one of {small // 1024} KiB, per repeat, above {times + 1:g})", ms[big], ms[small],
+    return claims.paired(f"{big / MIB:g} MiB take over {times + 1:g}x the time of {small // 1024} KiB, so n*beta > "
+                         f"{times:g} alpha (on the line t = alpha + n*beta; per-repeat ratio)", ms[big], ms[small],
                          ratio=True, above=times + 1)
 
 
@@ -242,8 +242,8 @@ def judge_startup_term(allreduce_run, k: int = 16) -> claims.Verdict:
                          f"{small} B, and this sweep measured no {k * small} B; its sizes: {_sizes_said(ms)}. "
                          f"Give a sweep with max_bytes of at least {k * small} (recipes.allreduce_sweep), or a k "
                          f"it measured")
-    return claims.paired(f"for {small // 1024} KiB the bandwidth term n*beta is below alpha ({k * small // 1024} KiB "
-                         f"over {small // 1024} KiB, per repeat, below {(1 + k) / 2:g})", ms[k * small], ms[small],
+    return claims.paired(f"{k * small // 1024} KiB take under {(1 + k) / 2:g}x the time of {small // 1024} KiB, so "
+                         f"for {small // 1024} KiB n*beta < alpha (on the line; per-repeat ratio)", ms[k * small], ms[small],
                          ratio=True, below=(1 + k) / 2)
 
 

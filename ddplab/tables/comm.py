@@ -96,7 +96,7 @@ def judge_busbw_ceiling(run, ceiling_bytes_per_s: float, what: str = "one loopba
     ratios = [comm.busbw(best, t / 1e3, w) / ceiling_bytes_per_s for t in ms[best]]
     return claims.judge(f"on {w} ranks each rank's link carried less than {what} can (bus bandwidth at "
                         f"{size_label(best)}, per call, over that rate: {ceiling_bytes_per_s / 1e9:.2f} GB/s)",
-                        ratios, below=1.0, unit="", what=f"median over {len(ratios)} calls")
+                        ratios, below=1.0, unit="x", what=f"median over {len(ratios)} calls")
 
 
 @reading(run="allreduce-sweep")

@@ -195,8 +195,8 @@ def predictor_error(table: pd.DataFrame) -> float:
 @reading(run="compression")
 def verdicts(run, table: pd.DataFrame) -> pd.DataFrame:
     """Per compressing hook, the model's call (faster or slower than the float32 all-reduce, by its
-    predicted steps) judged on the paired measured steps: holds, contradicted or cannot resolve. A
-    family: each claim at `claims.family(k)`. A finding of this run, never a failing check."""
+    predicted steps) judged on the paired measured steps: this run agrees, says the opposite, or cannot
+    resolve it. A family: each claim at `claims.family(k)`. A finding of this run, never a failing check."""
     hooks = [h for h in table.index if h not in ("allreduce", "noop")]
     alpha, base = claims.family(len(hooks)), paired_ms(run, "allreduce")
     rows = []
@@ -208,7 +208,7 @@ def verdicts(run, table: pd.DataFrame) -> pd.DataFrame:
                           **({"below": 0.0} if faster else {"above": 0.0}))
         rows.append({"hook": hook, "predicted_delta_ms": delta, "measured_delta_ms": v.center,
                      "interval_ms": f"[{v.low:+.2f}, {v.high:+.2f}]", "model's call": "shorter" if faster else "longer",
-                     "verdict": v.outcome})
+                     "this run": {claims.HOLDS: "agrees", claims.CONTRADICTED: "the opposite"}.get(v.outcome, "not resolved")})
     return pd.DataFrame(rows).set_index("hook")
 
 

@@ -240,13 +240,13 @@ def recommend(step_table: pd.DataFrame, best: str, setting: str) -> tuple[str, s
         return KEEP, (f"DDP's default measured fastest (median of its steps {step_table[DEFAULT].median():.1f} ms): "
                       "keep it"), "not judged"
     v = faster_than_default(step_table, best)
+    seen = f"(seen {v.effect()} a step)"
     if v.holds:
-        return setting, f"{best} measured faster than DDP's default: {v}", v.outcome
+        return setting, f"{best} measured faster than DDP's default {seen}", v.outcome
     if v.contradicted:
-        return KEEP, (f"{best} had the lowest median step, but paired step by step DDP's default was faster: {v}; "
-                      "keep the default"), v.outcome
-    return KEEP, (f"this machine cannot tell {best} from DDP's default: {v}; keep the default unless a quieter "
-                  "machine (or more rounds) resolves it"), v.outcome
+        return KEEP, (f"{best} had the lowest median step, but paired step by step DDP's default was faster "
+                      f"{seen}: keep the default"), v.outcome
+    return KEEP, f"this machine cannot tell {best} from DDP's default {seen}: keep the default", v.outcome
 
 
 def _setting(run, plan: str, ins) -> str:

@@ -94,8 +94,18 @@ def test_stored_outputs_hold_no_progress_bars_and_no_empty_outputs(path):
     assert (bars, empty) == ([], [])
 
 
-VERDICT_LINE = re.compile(r"^\s*(?:holds|contradicted|cannot resolve|this run's (?:answer|finding))\b")
+# a timing claim's verdict (`ddplab.claims`), an open question's answer, or a line quoting what a run saw;
+# `ddplab.verify`'s "verified: ... (seen X, expected Y)" lines are checks, not verdicts, and are not held to it
+VERDICT_LINE = re.compile(r"^\s*(?:holds|contradicted|cannot resolve|this run's (?:answer|finding))\b"
+                          r"|^(?!\s*(?:NOT )?verified: ).*\(seen ")
 LONGEST_VERDICT = 120   # characters: a verdict is read in one line; its statistics are folded beneath it
+
+
+def _plain_text(o) -> str:
+    """What an output says as text: a stream's text, or the text/plain of a displayed value (a verdict's line
+    and its statistics beneath it; its HTML holds the same line, escaped)."""
+    text = o.get("text", o.get("data", {}).get("text/plain", ""))
+    return "".join(text) if isinstance(text, list) else str(text)
 
 
 def stored_output_problems(path) -> list[str]:
@@ -107,9 +117,9 @@ def stored_output_problems(path) -> list[str]:
     problems = []
     for i, cell in enumerate(_code_cells(path)):
         outputs = cell.get("outputs", [])
-        text = "\n".join(_output_text(o) for o in outputs if o["output_type"] != "error")
+        text = "\n".join(_plain_text(o) for o in outputs if o["output_type"] != "error")
         problems += [f"code cell {i}: a verdict of {len(line.strip())} characters: {line.strip()[:80]}..."
-                     for line in text.splitlines() if VERDICT_LINE.match(line) and len(line.strip()) > LONGEST_VERDICT]
+                     for line in text.splitlines() if VERDICT_LINE.search(line) and len(line.strip()) > LONGEST_VERDICT]
         if "contradicted" in text and not any(o["output_type"] == "error" for o in outputs):
             problems.append(f"code cell {i}: says 'contradicted' in a cell that passed")
         problems += [f"code cell {i}: cites {m}" for m in missing_citations(text)]
@@ -128,9 +138,14 @@ def test_the_stored_output_rule_catches_each_problem(tmp_path):
         return {"cell_type": "code", "metadata": {}, "source": ["x"],
                 "outputs": outs + ([{"output_type": "error", "ename": "CheckFailed", "evalue": "", "traceback": []}]
                                    if error else [])}
+    shown = {"output_type": "display_data", "metadata": {},
+             "data": {"text/html": ["<details><summary>holds: " + "b" * 120], "text/plain": ["holds: " + "b" * 120]}}
     nb = {"cells": [cell("holds: " + "a" * 120 + "\n"), cell("holds: short (seen +1 ms)\n"),
                     cell("contradicted: x (seen +1 ms)\n"), cell("contradicted: x (seen +1 ms)\n", error=True),
-                    cell("see " + "notes/" + "ddp-internals.md and docs/layout.md\n")]}
+                    cell("see " + "notes/" + "ddp-internals.md and docs/layout.md\n"),
+                    {"cell_type": "code", "metadata": {}, "source": ["x"], "outputs": [shown]},
+                    cell("x -> y: the tail " + "c" * 110 + " (seen +1 ms)\n")]}
     (tmp_path / "nb.ipynb").write_text(json.dumps(nb))
     problems = stored_output_problems(tmp_path / "nb.ipynb")
-    assert [p.split(":")[0] for p in problems] == ["code cell 0", "code cell 2", "code cell 4"], problems
+    assert [p.split(":")[0] for p in problems] == ["code cell 0", "code cell 2", "code cell 4", "code cell 5",
+                                                   "code cell 6"], problems
