@@ -58,7 +58,7 @@ for rank, rate in json.loads(sys.argv[1]):
 print(json.dumps(out))
 dist.destroy_process_group()
 """
-SETTINGS = [(1, 2.0), (2, 2.0), (4, 1.0)]
+SETTINGS = [(1, 2.0), (2, 2.0), (4, 1.0), (1, 0.5)]   # at 0.5 the biases (1-D) are compressed too
 
 
 @pytest.fixture(scope="module")
@@ -79,6 +79,20 @@ def test_the_rule_matches_what_torchs_hook_allocates(torchs_hook, rank, rate):
     whole = sum(compression.numel(s) for s in shapes if not compression.compresses(s, PowerSGD(rank, 2, rate)))
     assert calls == [4 * whole, 4 * p, 4 * q]
     assert 0 < calls[1] < 4 * sum(compression.numel(s) for s in shapes)
+
+
+def test_a_1d_gradient_passes_torchs_test_only_below_a_rate_of_1(torchs_hook):
+    """Chapter 10's words on a 1-D tensor (a bias): an n x 1 matrix, so r = 1 and (n + 1) x rate < n, never at
+    the default rate 2 and for all but the shortest at 0.5; read from torch's own test and hook."""
+    from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState, _should_compress
+
+    import inspect
+    assert inspect.signature(PowerSGDState).parameters["min_compression_rate"].default == 2
+    for n in (1, 2, 64, 10**6):
+        assert not _should_compress(n, 1, 1, 2)[0] and not compression.compresses([n], PowerSGD(1, 2, 2.0))
+        assert _should_compress(n, 1, 1, 0.5)[0] == compression.compresses([n], PowerSGD(1, 2, 0.5)) == (n > 1)
+    biases = [s for s in torchs_hook["shapes"] if len(s) == 1]
+    assert biases and all(compression.compresses(s, PowerSGD(1, 2, 0.5)) for s in biases)   # in the hook's P above
 
 
 def test_a_0d_gradient_is_refused_as_torch_refuses_it():

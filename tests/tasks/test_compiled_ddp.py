@@ -16,6 +16,8 @@ from ddplab.spec import CompiledDdp, Experiment
 from ddplab.tables import compiled_ddp as compiled
 from tests.support import share
 
+ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
+
 MIB = 2 ** 20
 
 
@@ -119,6 +121,27 @@ def test_the_self_tests_answer_is_what_torchs_ddpoptimizer_does():
     grads = [buckets.Grad(f"g{i}", MIB // 2, float(i)) for i in range(8)]
     assert len(optimizer.buckets) == len(buckets.ddp_plan(grads, 2 * MIB, MIB)) == 3
     assert len(buckets.ddp_plan(grads, 2 * MIB, 2 * MIB)) == 2   # DDP's own, its first bucket at the cap
+
+
+def test_chapter_11s_modes_are_the_running_torchs():
+    """Chapter 11's words on `optimize_ddp`, read from the running torch: its default is `True`, which means
+    "ddp_optimizer" (`False`: "no_optimization"), and the config takes four modes, the chapter names each."""
+    import typing
+
+    import torch._dynamo.config as config
+    from torch._dynamo import utils
+
+    assert config._config["optimize_ddp"].default is True   # the default, whatever a test patched it to
+    modes = {"ddp_optimizer", "python_reducer", "python_reducer_without_compiled_forward", "no_optimization"}
+    assert set(utils._ddp_optimization_mode) == modes
+    literal = [a for a in typing.get_args(config.__annotations__["optimize_ddp"]) if typing.get_origin(a) is typing.Literal]
+    assert set(typing.get_args(literal[0])) == modes
+    with config.patch(optimize_ddp=True):
+        assert utils.get_optimize_ddp_mode() == "ddp_optimizer"
+    with config.patch(optimize_ddp=False):
+        assert utils.get_optimize_ddp_mode() == "no_optimization"
+    text = (ROOT / "notebooks" / "11_compiled_ddp.ipynb").read_text()
+    assert all(f"`{m}`" in text or f'`\\"{m}\\"`' in text for m in modes), "chapter 11 names every mode"
 
 
 @pytest.mark.parametrize("fields,named", [(dict(caps_mb=(0.5,)), "task.caps_mb"), (dict(caps_mb=(1.0, 1.0)), "task.caps_mb"),
