@@ -229,10 +229,12 @@ def cluster(shapes, world_size: int, busbw_gb_s: float, latency_us: float, compu
     """A prediction, not a measurement: the step model (`predict.compression.cluster_step_ms`) per hook for a
     bucket holding `shapes`, on a link of `busbw_gb_s` bus bandwidth (nccl-tests' figure) and `latency_us`
     a call, with `compute_ms` of forward and backward and compression bounded by `memory_gb_s`; every
-    input is an assumption the caller states. `saves_ms`: the step's gain over the float32 all-reduce."""
+    input is an assumption the caller states. `saves_at_most_ms`: the step's gain over the float32 all-reduce
+    with the whole all-reduce exposed (one bucket, nothing overlapped): an upper bound, since every
+    millisecond that overlaps backward (chapter 05) is one that compressing cannot save."""
     rows = [{"hook": h, "payload_mb": compression.payload_bytes(h, shapes, 10 ** 9, psgd) / 1e6,
              **compression.cluster_step_ms(h, shapes, world_size, busbw_gb_s * 1e9, latency_us * 1e-6, compute_ms,
                                            memory_gb_s * 1e9, psgd)} for h in hooks]
     table = pd.DataFrame(rows).set_index("hook")
-    table["saves_ms"] = table.loc["allreduce", "step_ms"] - table["step_ms"]
+    table["saves_at_most_ms"] = table.loc["allreduce", "step_ms"] - table["step_ms"]
     return table

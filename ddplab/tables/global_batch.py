@@ -49,15 +49,20 @@ def examples_per_step(run) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index("step")
 
 
-@reading(run="train")
-def verify_distinct_examples(run, per_step: int) -> None:
-    """Notebook 06's check: every optimizer step of `run` took `per_step` distinct examples, counted
-    from the sample ids its ranks recorded (`examples_per_step`), not from what the spec asked for.
-    Raises `verify.CheckFailed` for a data path that drops examples or ranks that read the same
-    examples (tests/views/test_key_checks.py)."""
-    distinct = examples_per_step(run)["distinct"].tolist()
-    verify.equal(f"{run.spec.name}: distinct examples in each of its {len(distinct)} optimizer steps", distinct,
-                 [per_step] * len(distinct))
+@reading(runs="train", either=("runs",))
+def verify_distinct_examples(runs, per_step) -> None:
+    """Notebook 06's check, in one line for one run or several: every optimizer step of each run took
+    `per_step` distinct examples (a number, or a function of the run), counted from the sample ids its
+    ranks recorded (`examples_per_step`), not from what the spec asked for. Raises `verify.CheckFailed`
+    for a data path that drops examples or ranks that read the same examples, naming the run
+    (tests/views/test_key_checks.py)."""
+    runs = list(runs) if isinstance(runs, (list, tuple)) else [runs]
+    counts = {r.spec.name: examples_per_step(r)["distinct"].tolist() for r in runs}
+    want = ", ".join(str(per_step(r) if callable(per_step) else per_step) for r in runs)
+    seen = ", ".join("/".join(map(str, sorted(set(c)))) for c in counts.values())   # "16/32": steps that differ
+    steps = "/".join(map(str, sorted({len(c) for c in counts.values()})))
+    verify.equal(f"{', '.join(counts)}: distinct examples in each of {'its' if len(runs) == 1 else 'their'} {steps} "
+                 "optimizer steps", seen, want)
 
 
 @reading(runs="train")

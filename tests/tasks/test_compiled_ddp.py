@@ -225,3 +225,19 @@ def test_building_ddp_under_python_reducer_leaves_nothing_behind_for_the_next_bl
     before, inside, after, unguarded = ast.literal_eval(out.stdout.strip().splitlines()[-1])
     assert before == after == (False, 25, False, False) and inside == (True, 7, True, True)
     assert unguarded == (True, 7, True, True)   # what the guard is for
+
+
+def test_same_training_is_bit_for_bit_under_aot_eager_and_within_rel_under_inductor():
+    """aot_eager runs the eager kernels, so any gap at all fails; Inductor may reassociate sums, so 1e-6 passes."""
+    from types import SimpleNamespace as NS
+
+    def fake(backend, gap):
+        arms = [NS(compiled=False, param_gap=0.0), NS(compiled=True, param_gap=gap)]
+        return NS(spec=NS(name="fake", task=NS(kind="compiled-ddp", backend=backend), probes=()),
+                  ranks=[NS(rank=r, result=NS(arms=arms)) for r in range(2)])
+    compiled.verify_same_training(fake("aot_eager", 0.0))
+    with pytest.raises(verify.CheckFailed, match="bit for bit"):
+        compiled.verify_same_training(fake("aot_eager", 1e-7))
+    compiled.verify_same_training(fake("inductor", 1e-6))
+    with pytest.raises(verify.CheckFailed):
+        compiled.verify_same_training(fake("inductor", 1e-3))
