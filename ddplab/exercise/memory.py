@@ -32,12 +32,18 @@ def judge(ev, exp, runs) -> list[Finding]:
                         f"one of the {exp.world_size} ranks, since every rank holds its own copy")]
     d = exp.world_size
     out = []
+    # a row that passes states its bytes only when every row passes: gradients are the parameters' bytes and
+    # Adam's state twice them, so a passing row would hand over a failing row's answer
+    all_right = all(number(rows[r][c], f"memory[{r}][{c!r}]") == row[c] for c in CATEGORIES for r, row in held.items())
     for cat in CATEGORIES:
         wrong = []
         for r, row in held.items():
             v = number(rows[r][cat], f"memory[{r}][{cat!r}]")
             if v != row[cat]:
                 wrong.append((r, v, row[cat]))
+        if not wrong and not all_right:
+            out.append(Finding("memory", cat, True, "every rank's value is exactly what the ledger counts"))
+            continue
         if not wrong:
             values = sorted({row[cat] for row in held.values()})
             said = f"{values[0]:,} bytes on every rank" if len(values) == 1 else \

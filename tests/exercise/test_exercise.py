@@ -250,6 +250,32 @@ def test_a_passing_row_never_shows_a_failing_rows_answer(reference_evidence):
     assert shows(every_row(exercise.judge(ev, runs)), *_written(right))   # shown once the learner has it right
 
 
+def test_no_row_hands_over_another_rows_answer(reference_evidence):
+    """Two neighbours that used to leak: the global-batch row, written as the unweighted mean while the reduced
+    row is wrong, said that mean is DDP's reduced value; a passing gradients or Adam row stated bytes that
+    are (twice) the parameters' while the parameters row was wrong."""
+    ev, runs = reference_evidence
+
+    def every_row(report, piece):
+        return " | ".join(f.message for f in report.findings if f.piece == piece)
+
+    def reduced_wrong_global_unweighted(g):
+        g["reduced"] = 2 * g["reduced"] + 1.0
+        _unweighted(g)
+    report = exercise.judge(_mutated(ev, "gradients", reduced_wrong_global_unweighted), runs)
+    said = every_row(report, "gradients")
+    assert "unweighted mean" in said and not shows(said, *_written(ev["gradients"]["reduced"])), said
+
+    def parameters_halved(m):
+        for row in m.values():
+            row["parameters"] //= 2
+    report = exercise.judge(_mutated(ev, "memory", parameters_halved), runs)
+    said = every_row(report, "memory")
+    assert not report.passed("memory") and not shows(said, *_written(ev["memory"][0]["parameters"])), said
+    assert not shows(said, *_written(ev["memory"][0]["gradients"]), *_written(ev["memory"][0]["optimizer_state"])), said
+    assert shows(every_row(exercise.judge(ev, runs), "memory"), *_written(ev["memory"][0]["parameters"]))
+
+
 def test_a_last_ready_time_taken_at_backwards_return_is_caught(reference_evidence):
     """Measured at backward()'s return, last_ready_ms falls after every bucket's done: the exposed tail
     would come out 0 and pass; the check that the last bucket launched after the last gradient fails."""
