@@ -36,40 +36,13 @@ from statistics import NormalDist
 
 from ddplab.folded import Folded, show
 from ddplab.references import claim_key, reference, reference_source
+from ddplab.signtest import ALPHA, median_interval, min_rounds
 from ddplab.verify import CheckFailed
 
 __all__ = ["ALPHA", "Verdict", "answer", "check", "claim_key", "estimate", "family", "finding", "judge", "median_interval", "min_rounds", "paired",
-           "reference", "weakest"]
+           "reference", "this_run", "weakest"]
 
-ALPHA = 0.001
 HOLDS, CONTRADICTED, UNRESOLVED = "holds", "contradicted", "cannot resolve"
-
-
-def _binom_cdf_half(k: int, n: int) -> float:
-    """P(X <= k) for X ~ Binomial(n, 1/2)."""
-    return sum(math.comb(n, i) for i in range(0, k + 1)) / 2 ** n
-
-
-def min_rounds(alpha: float = ALPHA) -> int:
-    """The fewest paired rounds whose sign-test interval is finite at `alpha` (10 at 0.001)."""
-    return math.ceil(math.log2(1 / alpha))
-
-
-def median_interval(values, alpha: float = ALPHA) -> tuple[float, float, float]:
-    """(median, low, high): the k-th smallest and k-th largest of `values`, k the largest with
-    P(Binomial(n, 1/2) <= k - 1) <= alpha, so the true median lies below `low` (or above `high`)
-    with probability at most alpha; an infinite end where there are too few values."""
-    v = sorted(float(x) for x in values)
-    if not v or not all(math.isfinite(x) for x in v):
-        raise ValueError(f"values: need finite numbers, got {v[:8]}")
-    n = len(v)
-    median = (v[(n - 1) // 2] + v[n // 2]) / 2
-    k = 0
-    while k < n // 2 and _binom_cdf_half(k, n) <= alpha:   # P(X <= k) <= alpha: the (k+1)-th value bounds
-        k += 1
-    if k == 0:
-        return median, -math.inf, math.inf
-    return median, v[k - 1], v[n - k]
 
 
 def _suffix(unit: str) -> str:
@@ -260,6 +233,7 @@ def check(verdict: Verdict) -> Verdict:
     claim beside it); raise CheckFailed only when the run contradicts the claim. Returns the verdict
     (a notebook cell that ends with it ends with `;`)."""
     _record(verdict)
+    _CHECKED[claim_key(verdict.claim)] = (verdict, bool(reference(verdict.claim)))
     if verdict.contradicted:
         raise CheckFailed(f"NOT verified: {verdict}\n" + verdict.details())
     lines, details = str(verdict), verdict.details()
@@ -269,6 +243,26 @@ def check(verdict: Verdict) -> Verdict:
             lines, details = f"{lines}\n  {ref}", f"{details}\nthe reference run: {source}"
     show(Folded(lines, details))
     return verdict
+
+
+_CHECKED: dict[str, tuple[Verdict, bool]] = {}   # this process's checks by claim (a cell run again replaces its own)
+
+
+def this_run() -> str:
+    """One line on this process's timing claims so far (`check`): the machine's load, how many resolved,
+    and whether each unresolved one showed a quiet reference run beside it."""
+    load, cores = os.getloadavg()[0], os.cpu_count()
+    checked = list(_CHECKED.values())
+    if not checked:
+        return f"this run (load {load:.1f} on {cores} cores): no timing claim checked yet"
+    open_ = [has for v, has in checked if not v.resolved]
+    said = (f"this run (load {load:.1f} on {cores} cores): {len(checked) - len(open_)} of {len(checked)} timing claims "
+            "resolved")
+    if not open_:
+        return said
+    missing = open_.count(False)
+    return said + ("; each one that did not shows a quiet reference run beside it" if not missing else
+                   f"; {missing} of the {len(open_)} that did not {'has' if missing == 1 else 'have'} no reference run yet")
 
 
 def family(k: int, alpha: float = ALPHA) -> float:

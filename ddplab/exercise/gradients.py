@@ -87,10 +87,13 @@ def judge(ev, exp, runs) -> list[Finding]:
         msg = (f"{ref_true:.9g}: the one-process gradient of all {sum(b)} examples, the local gradients weighted by "
                f"b_r / B; DDP's reduced value" + (f" ({reduced_true:.9g})" if reduced_ok else "")   # never another row's answer
                + " differs from it because the batches are unequal")
-    elif abs(glob - mean) <= tol:   # neither the value nor "DDP's reduced value" unless that row is right too
-        msg = ("this is the unweighted mean of the ranks' mean gradients" + (" (DDP's reduced value)" if reduced_ok else "")
-               + f": with unequal local batches a rank with more examples must count more; the global-batch gradient "
-               f"is sum_r (b_r / B) g_r, what one process computes on all {sum(b)} examples")
+    elif abs(glob - mean) <= tol and reduced_ok:   # named only once the reduced row is right: it is that value
+        msg = (f"this is the unweighted mean of the ranks' mean gradients (DDP's reduced value): with unequal local "
+               f"batches a rank with more examples must count more; the global-batch gradient is sum_r (b_r / B) g_r, "
+               f"what one process computes on all {sum(b)} examples")
+    elif abs(glob - mean) <= tol:   # the same mistake, said without confirming the reduced row's answer
+        msg = (f"not what one process computes on all {sum(b)} examples: with unequal local batches a rank with more "
+               f"examples must count more, so weigh each rank's gradient by b_r / B")
     else:
         msg = (f"{glob:.9g} is not what one process computes on all {sum(b)} examples: read it off rank 0's "
                f"case.tensors(0)['reference']")

@@ -58,11 +58,12 @@ def verify_distinct_examples(runs, per_step) -> None:
     (tests/views/test_key_checks.py)."""
     runs = list(runs) if isinstance(runs, (list, tuple)) else [runs]
     counts = {r.spec.name: examples_per_step(r)["distinct"].tolist() for r in runs}
-    want = ", ".join(str(per_step(r) if callable(per_step) else per_step) for r in runs)
-    seen = ", ".join("/".join(map(str, sorted(set(c)))) for c in counts.values())   # "16/32": steps that differ
+    named = len(runs) > 1   # several runs: each value says whose it is
+    want = ", ".join(f"{r.spec.name} " * named + str(per_step(r) if callable(per_step) else per_step) for r in runs)
+    seen = ", ".join(f"{n} " * named + "/".join(map(str, sorted(set(c)))) for n, c in counts.items())   # 16/32: steps differ
     steps = "/".join(map(str, sorted({len(c) for c in counts.values()})))
-    verify.equal(f"{', '.join(counts)}: distinct examples in each of {'its' if len(runs) == 1 else 'their'} {steps} "
-                 "optimizer steps", seen, want)
+    verify.equal(f"{'each run' if named else runs[0].spec.name}: distinct examples in each of its {steps} optimizer "
+                 "steps", seen, want)
 
 
 @reading(runs="train")

@@ -264,7 +264,8 @@ def test_no_row_hands_over_another_rows_answer(reference_evidence):
         _unweighted(g)
     report = exercise.judge(_mutated(ev, "gradients", reduced_wrong_global_unweighted), runs)
     said = every_row(report, "gradients")
-    assert "unweighted mean" in said and not shows(said, *_written(ev["gradients"]["reduced"])), said
+    assert "weigh each rank's gradient by b_r / B" in said and not shows(said, *_written(ev["gradients"]["reduced"])), said
+    assert "unweighted mean" not in said and "reduced value" not in said, said   # it would confirm the reduced answer
 
     def parameters_halved(m):
         for row in m.values():

@@ -149,3 +149,26 @@ def test_the_stored_output_rule_catches_each_problem(tmp_path):
     problems = stored_output_problems(tmp_path / "nb.ipynb")
     assert [p.split(":")[0] for p in problems] == ["code cell 0", "code cell 2", "code cell 4", "code cell 5",
                                                    "code cell 6"], problems
+
+
+MAIN_PATH_WORDS = 3000   # a chapter's prose a learner reads straight through; detail is folded (<details>)
+
+
+def main_path_words(path) -> int:
+    """Words of a notebook's markdown outside its folded sections."""
+    cells = json.loads(Path(path).read_text())["cells"]
+    text = "\n".join(re.sub(r"<details>.*?</details>", "", "".join(c["source"]), flags=re.S)
+                     for c in cells if c["cell_type"] == "markdown")
+    return len(re.findall(r"[A-Za-z][\w'-]*", text))
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "notebooks").glob("*.ipynb")), ids=lambda p: p.name)
+def test_a_chapters_main_path_is_at_most_3000_words(path):
+    assert main_path_words(path) <= MAIN_PATH_WORDS
+
+
+def test_folded_prose_is_not_counted(tmp_path):
+    nb = {"cells": [{"cell_type": "markdown", "metadata": {}, "source": ["one two\n<details><summary>x</summary>\n\n",
+                                                                       "three four five\n</details>\nsix"]}]}
+    (tmp_path / "nb.ipynb").write_text(json.dumps(nb))
+    assert main_path_words(tmp_path / "nb.ipynb") == 3

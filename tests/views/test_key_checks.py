@@ -125,6 +125,13 @@ def test_examples_check_fails_when_two_ranks_read_the_same_shard(key_runs):
         tables.global_batch.verify_distinct_examples(duplicated, ASKED)
 
 
+@pytest.mark.slow
+def test_examples_check_of_several_runs_names_the_one_that_failed(key_runs):
+    with pytest.raises(verify.CheckFailed, match=r"expected key-examples 32, key-examples-drops-half 32, "
+                                                  r"seen key-examples 32, key-examples-drops-half 16"):
+        tables.global_batch.verify_distinct_examples([key_runs[EXAMPLES.name], key_runs[DROPS.name]], ASKED)
+
+
 # ---- the notebooks run these same checks -------------------------------------------------------------
 @pytest.mark.parametrize("notebook, call", [
     ("01_synchronized_gradient.ipynb", "tables.gradients.verify_global_batch_gradient("),
