@@ -76,7 +76,8 @@ def run_notebook(nb: Path, scratch: Path, inplace: bool = False) -> tuple[list[d
     env = {**os.environ, "DDPLAB_RECORD_CLAIMS": str(record), "DDPLAB_RUNS": str(runs)}
     where = ["--output-dir", str(scratch), "--output", "executed"]
     if inplace:   # the outputs as a learner's run leaves them: runs under the notebook's own runs/
-        where, runs = ["--inplace"], Path(os.environ.get("DDPLAB_RUNS", nb.parent / "runs"))
+        # one stream a cell, as a learner's JupyterLab shows it (nbconvert may split a print's newline off)
+        where, runs = ["--inplace", "--CoalesceStreamsPreprocessor.enabled=True"], Path(os.environ.get("DDPLAB_RUNS", nb.parent / "runs"))
         env["DDPLAB_RUNS"] = str(runs)
     load = os.getloadavg()[0]
     started = time.time()
