@@ -103,7 +103,7 @@ class Verdict:
         """The verdict in one line: the answer, the claim in plain words and the size of what was seen; the
         statistics behind it are `details()`."""
         said = {HOLDS: "holds", CONTRADICTED: "contradicted", UNRESOLVED: "cannot resolve"}[self.outcome]
-        why = ", too few rounds" if not (math.isfinite(self.low) and math.isfinite(self.high)) else ", in the noise"
+        why = ", too few rounds" if not (math.isfinite(self.low) and math.isfinite(self.high)) else ", noise too wide"
         seen = f"seen {self.effect()}" + (why if self.outcome == UNRESOLVED else "")
         return f"{said}: {self.headline} ({seen})"
 
@@ -115,7 +115,8 @@ class Verdict:
         digits = 2 + max(1, math.ceil(-math.log10(200 * self.alpha)))
         level = f"{100 * (1 - 2 * self.alpha):.{digits}g}%"
         lines = [f"measured: {self.measured}"] if self.measured else []
-        lines.append(f"{self.what} {_g(self.center)}{u}, {level} interval [{_g(self.low)}, {_g(self.high)}]{u}; "
+        g = (lambda x: f"{x:.3g}" if math.isfinite(x) else _g(x)) if self.effect().endswith("x") else _g
+        lines.append(f"{self.what} {g(self.center)}{u}, {level} interval [{g(self.low)}, {g(self.high)}]{u}; "
                      f"the claim: {self.claimed}")
         if self.advice:
             lines.append(f"to resolve it: {self.advice}")
@@ -257,7 +258,7 @@ def this_run() -> str:
         return f"this run (load {load:.1f} on {cores} cores): no timing claim checked yet"
     open_ = [has for v, has in checked if not v.resolved]
     said = (f"this run (load {load:.1f} on {cores} cores): {len(checked) - len(open_)} of {len(checked)} timing claims "
-            "resolved")
+            "(checks) resolved")
     if not open_:
         return said
     missing = open_.count(False)

@@ -162,7 +162,7 @@ def test_a_verdict_reads_in_one_line_and_folds_its_statistics():
     ratio = claims.paired("a is slower than b (per-step ratio)", [2.0] * 12, [1.0] * 12, ratio=True, above=1)
     assert str(ratio) == "holds: a is slower than b (seen 2x)"
     weak = claims.judge("x shrinks [the weakest of 3 pairs: 3 hold]", [(-1) ** i * (i + 1.0) for i in range(12)], below=0)
-    assert str(weak) == "cannot resolve: x shrinks (seen -0.5 ms, in the noise)"
+    assert str(weak) == "cannot resolve: x shrinks (seen -0.5 ms, noise too wide)"
     assert "to resolve it: " in weak.details() and "weakest of 3 pairs" in weak.details()
 
 
@@ -208,12 +208,12 @@ def test_this_run_counts_the_claims_checked_and_their_references(tmp_path, monke
     assert "no timing claim checked yet" in claims.this_run()
     claims.check(claims.judge("a holds (per step)", [5.0 + i for i in range(12)], above=0))
     claims.check(claims.judge("a holds (per step)", [6.0 + i for i in range(12)], above=0))   # a cell run again
-    assert claims.this_run().endswith(": 1 of 1 timing claims resolved")
+    assert claims.this_run().endswith(": 1 of 1 timing claims (checks) resolved")
     monkeypatch.setattr(references, "REFERENCES", _store(tmp_path))
     noise = [(-1) ** i * (i + 1.0) for i in range(12)]
     claims.check(claims.judge("the split shortens the tail (by 1 ms)", noise, below=0))
-    assert claims.this_run().endswith("1 of 2 timing claims resolved; each one that did not shows a quiet reference "
+    assert claims.this_run().endswith("1 of 2 timing claims (checks) resolved; each one that did not shows a quiet reference "
                                       "run beside it")
     claims.check(claims.judge("b shrinks", noise, below=0))
-    assert claims.this_run().endswith("1 of 3 timing claims resolved; 1 of the 2 that did not has no reference run yet")
+    assert claims.this_run().endswith("1 of 3 timing claims (checks) resolved; 1 of the 2 that did not has no reference run yet")
     assert claims.this_run().startswith("this run (load ")
