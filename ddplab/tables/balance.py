@@ -108,7 +108,7 @@ def judge_quadratic_term(run):
 
     row = balance_fit(run).loc["cost"]
     se = row["b_se_ms_per_sq"] * _t_over_z(int(row["dof"]), claims.ALPHA)
-    return claims.estimate(f"the fitted quadratic term is positive: long sequences cost more a token (ms per "
+    return claims.estimate(f"quadratic term > 0: a token costs more in a longer sequence (ms per "
                            f"squared token; the standard error printed is the table's b_se_ms_per_sq widened to "
                            f"Student's t for {int(row['dof'])} degrees of freedom)",
                            row["b_ms_per_sq"], se, above=0.0)
@@ -240,7 +240,7 @@ def verify_cost_explains_imbalance(table: pd.DataFrame, policy: str = "tokens", 
     from .. import claims, verify
 
     row = table.loc[policy]
-    name = (f"{policy} split: the rank gap is at least {share:g} of the cost model's prediction (ranks "
+    name = (f"{policy} split: the rank gap is at least {share:g} of the cost model's (ranks "
             f"{int(row['slow_rank'])} and {int(row['fast_rank'])}: {row['measured_gap_ms']:.1f} ms, median; the cost "
             f"model {row['cost_model_gap_ms']:.1f} ms, the token count {row['tokens_model_gap_ms']:.1f} ms; "
             "measured over predicted, per step)")

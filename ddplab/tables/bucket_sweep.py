@@ -225,7 +225,7 @@ def judge_split_tail(tails: pd.DataFrame, uncut: str, split: str, on: str = "") 
 def judge_split_compute(last_ready: pd.DataFrame, uncut: str, split: str, on: str = "") -> claims.Verdict:
     """`last_ready` = steps(run, last_ready_ms, plans): the split's last gradient is ready later than the
     uncut plan's (paired per step, above 0). Beside `judge_split_tail`: a shorter tail with no less compute."""
-    return claims.paired(f"{split} computes no less: its backward ends after {uncut}'s{f' ({on})' if on else ''} "
+    return claims.paired(f"{split} computes no less: backward ends after {uncut}'s{f' ({on})' if on else ''} "
                          "(last gradient ready, split minus uncut, per step)", *_pairs(last_ready, split, uncut), above=0.0)
 
 
@@ -301,8 +301,8 @@ def judge_isolated_price(run, name: str, summed_isolated_ms: float, within: floa
     """The hypothesis "nothing is hidden: plan `name` adds its buckets' isolated costs summed, to within
     `within`" (per step, added over `summed_isolated_ms`): a finding about the machine, not a check."""
     values = (added_ms(run, name) / summed_isolated_ms).tolist()
-    return claims.judge(f"what {name} adds is within {within:.0%} of its isolated costs summed (added over the "
-                        "isolated sum, per step)", values, within=(1 - within, 1 + within), unit="x")
+    return claims.judge(f"{name} adds within {within:.0%} of its isolated costs summed (added over the isolated "
+                        "sum, per step)", values, within=(1 - within, 1 + within), unit="x")
 
 
 @reading(run="bucket-sweep")

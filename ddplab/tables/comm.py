@@ -94,7 +94,7 @@ def judge_busbw_ceiling(run, ceiling_bytes_per_s: float, what: str = "one loopba
         raise ValueError(f"run: a bus bandwidth needs at least 2 ranks (this run has {w}: one rank sends nothing)")
     best = max(ms, key=lambda n: comm.busbw(n, statistics.median(ms[n]) / 1e3, w))
     ratios = [comm.busbw(best, t / 1e3, w) / ceiling_bytes_per_s for t in ms[best]]
-    return claims.judge(f"on {w} ranks each rank's link carried less than {what} can (bus bandwidth at "
+    return claims.judge(f"on {w} ranks each link carried less than {what} can (bus bandwidth at "
                         f"{size_label(best)}, per call, over that rate: {ceiling_bytes_per_s / 1e9:.2f} GB/s)",
                         ratios, below=1.0, unit="x", what=f"median over {len(ratios)} calls")
 

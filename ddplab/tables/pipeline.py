@@ -67,7 +67,7 @@ def judge_formula_floor(runs, tolerance: float = FLOOR_TOLERANCE) -> dict[tuple[
     for (schedule, p, m), per_round in pairs.items():
         formula = bubble_fraction(p, m)
         out[(schedule, p, m)] = claims.judge(
-            f"{_label(schedule, p, m)}: idle share minus the formula's {formula:.3f} is above -{tolerance:g} "
+            f"{_label(schedule, p, m)}: idle share minus the formula ({formula:.3f}) > -{tolerance:g} "
             "((p-1)/(m+p-1); not computing minus formula, per round)",
             [b["not_computing"] - formula for b in per_round.values()], above=-tolerance, unit="", alpha=alpha)
     return out

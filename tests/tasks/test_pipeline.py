@@ -272,7 +272,7 @@ def test_the_formula_is_a_floor_that_waits_and_preemption_leave_standing(monkeyp
 def test_a_formula_above_what_the_stages_idled_is_contradicted(monkeypatch, wrong):
     even = fake_run(2, [2, 2], [4, 4], microbatches=(1, 2, 4), rounds=FLOOR_ROUNDS, jitter=0.2)
     monkeypatch.setattr(views, "bubble_fraction", wrong)
-    with pytest.raises(verify.CheckFailed, match=r"NOT verified: contradicted: .* idle share minus the formula's"):
+    with pytest.raises(verify.CheckFailed, match=r"NOT verified: contradicted: .* idle share minus the formula \("):
         views.check_formula_floor(even)
 
 
