@@ -255,15 +255,14 @@ def this_run() -> str:
     load, cores = os.getloadavg()[0], os.cpu_count()
     checked = list(_CHECKED.values())
     if not checked:
-        return f"this run (load {load:.1f} on {cores} cores): no timing claim checked yet"
+        return f"this run (load {load:.1f}, {cores} cores): no timing check yet"
     open_ = [has for v, has in checked if not v.resolved]
-    said = (f"this run (load {load:.1f} on {cores} cores): {len(checked) - len(open_)} of {len(checked)} timing claims "
-            "(checks) resolved")
+    said = f"this run (load {load:.1f}, {cores} cores): {len(checked) - len(open_)} of {len(checked)} timing checks resolved"
     if not open_:
         return said
     missing = open_.count(False)
-    return said + ("; each one that did not shows a quiet reference run beside it" if not missing else
-                   f"; {missing} of the {len(open_)} that did not {'has' if missing == 1 else 'have'} no reference run yet")
+    return said + ("; each unresolved one shows a quiet reference run" if not missing else
+                   f"; {missing} of the {len(open_)} unresolved {'has' if missing == 1 else 'have'} no reference run yet")
 
 
 def family(k: int, alpha: float = ALPHA) -> float:

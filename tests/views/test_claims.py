@@ -205,15 +205,14 @@ def test_a_true_family_is_contradicted_by_chance_at_most_alpha():
 
 def test_this_run_counts_the_claims_checked_and_their_references(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(claims, "_CHECKED", {})
-    assert "no timing claim checked yet" in claims.this_run()
+    assert "no timing check yet" in claims.this_run()
     claims.check(claims.judge("a holds (per step)", [5.0 + i for i in range(12)], above=0))
     claims.check(claims.judge("a holds (per step)", [6.0 + i for i in range(12)], above=0))   # a cell run again
-    assert claims.this_run().endswith(": 1 of 1 timing claims (checks) resolved")
+    assert claims.this_run().endswith(": 1 of 1 timing checks resolved")
     monkeypatch.setattr(references, "REFERENCES", _store(tmp_path))
     noise = [(-1) ** i * (i + 1.0) for i in range(12)]
     claims.check(claims.judge("the split shortens the tail (by 1 ms)", noise, below=0))
-    assert claims.this_run().endswith("1 of 2 timing claims (checks) resolved; each one that did not shows a quiet reference "
-                                      "run beside it")
+    assert claims.this_run().endswith("1 of 2 timing checks resolved; each unresolved one shows a quiet reference run")
     claims.check(claims.judge("b shrinks", noise, below=0))
-    assert claims.this_run().endswith("1 of 3 timing claims (checks) resolved; 1 of the 2 that did not has no reference run yet")
+    assert claims.this_run().endswith("1 of 3 timing checks resolved; 1 of the 2 unresolved has no reference run yet")
     assert claims.this_run().startswith("this run (load ")
