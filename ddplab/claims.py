@@ -92,10 +92,15 @@ class Verdict:
         """The claim's trailing notes on how it was measured ("per step, split minus uncut"), or ""."""
         return _split_claim(self.claim)[1]
 
+    @property
+    def is_ratio(self) -> bool:
+        """A ratio (`unit="x"`, or `paired`'s ratios): shown as "1.84x", without a sign."""
+        return self.unit == "x" or (self.unit == "" and "ratio" in self.what)
+
     def effect(self) -> str:
         """What this run saw, in the claim's unit: "+19.6 ms", "1.84x" for a ratio (`unit="x"`, or `paired`'s
         ratios), "+0.252" where the quantity has no unit."""
-        if self.unit == "x" or (self.unit == "" and "ratio" in self.what):
+        if self.is_ratio:
             return f"{self.center:.3g}x" if math.isfinite(self.center) else _g(self.center)
         return _g(self.center) + _suffix(self.unit)
 
@@ -115,7 +120,7 @@ class Verdict:
         digits = 2 + max(1, math.ceil(-math.log10(200 * self.alpha)))
         level = f"{100 * (1 - 2 * self.alpha):.{digits}g}%"
         lines = [f"measured: {self.measured}"] if self.measured else []
-        g = (lambda x: f"{x:.3g}" if math.isfinite(x) else _g(x)) if self.effect().endswith("x") else _g
+        g = (lambda x: f"{x:.3g}" if math.isfinite(x) else _g(x)) if self.is_ratio else _g
         lines.append(f"{self.what} {g(self.center)}{u}, {level} interval [{g(self.low)}, {g(self.high)}]{u}; "
                      f"the claim: {self.claimed}")
         if self.advice:

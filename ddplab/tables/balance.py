@@ -240,7 +240,7 @@ def verify_cost_explains_imbalance(table: pd.DataFrame, policy: str = "tokens", 
     from .. import claims, verify
 
     row = table.loc[policy]
-    name = (f"{policy} split: the rank gap is at least {share:g} of the cost model's (ranks "
+    name = (f"{policy} split: the rank gap is at least {share:g} of the cost model's gap (ranks "
             f"{int(row['slow_rank'])} and {int(row['fast_rank'])}: {row['measured_gap_ms']:.1f} ms, median; the cost "
             f"model {row['cost_model_gap_ms']:.1f} ms, the token count {row['tokens_model_gap_ms']:.1f} ms; "
             "measured over predicted, per step)")

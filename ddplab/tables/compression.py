@@ -221,12 +221,18 @@ def judge_pays(run, hooks=("fp16", "powersgd")) -> claims.Verdict:
 
     alpha, base = claims.family(len(hooks)), paired_ms(run, "allreduce")
     where = f"on the {run.spec.link.name} link" if run.spec.link is not None else "on loopback"
-    weakest = claims.weakest([claims.paired(f"{h} shortens the step against the float32 all-reduce {where}",
-                                            paired_ms(run, h), base, below=0.0, alpha=alpha) for h in hooks],
-                             then=lambda v: -v.high)   # the weakest "below 0": the highest upper end
-    hook = weakest.claim.split(" ", 1)[0]
-    return dataclasses.replace(weakest, claim=f"{', '.join(hooks)} each shorten the step against float32 {where} "
-                                              f"(the weakest of {len(hooks)}, {hook}, per step)")
+    members = [claims.paired(f"{h} shortens the step against the float32 all-reduce {where}", paired_ms(run, h), base,
+                             below=0.0, alpha=alpha) for h in hooks]
+    weakest = claims.weakest(members, then=lambda v: -v.high)   # the weakest "below 0": the highest upper end
+    link = f"{run.spec.link.name} link" if run.spec.link is not None else "loopback"
+    return dataclasses.replace(weakest, claim=family_claim(hooks, link, hooks[members.index(weakest)]))
+
+
+@reading_no_run
+def family_claim(hooks, link: str, weakest: str) -> str:
+    """`judge_pays`'s claim: every hook named in the headline, the weakest in a trailing bracket, which the
+    claim's key leaves out (`references.claim_key`), so one claim keeps one key whichever hook is weakest."""
+    return f"{', '.join(hooks)} each shorten the step against float32 ({link}) (per step) [the weakest of {len(hooks)}: {weakest}]"
 
 
 @reading_no_run

@@ -170,3 +170,19 @@ def test_gloos_framing_grows_by_its_pieces_as_the_rule_says(runs):
         framing = {b - comm.ring_bytes_per_rank(n, 2) for c in per_rank for b in c.write_bytes}
         assert framing == {compression.gloo_framing(n, 2)}, (n, framing)
     assert compression.gloo_framing(15 * 2 ** 20, 2) == 4 * compression.gloo_framing(4 * 2 ** 20, 2)
+
+
+def test_the_family_claim_keeps_one_key_whichever_hook_is_weakest():
+    """`judge_pays` names every hook in its headline and the weakest in a bracket that the claim's key leaves out:
+    the same claim, whichever hook came out weakest, has one reference run and one line in this run's tally."""
+    from ddplab import claims
+    from ddplab.references import claim_key
+    from ddplab.tables.compression import family_claim
+
+    hooks, where = ("fp16", "bf16", "powersgd"), "1GbE link"
+    keys = {claim_key(family_claim(hooks, where, h)) for h in hooks}
+    assert len(keys) == 1
+    v = claims.paired(family_claim(hooks, where, "bf16"), [1.0 + i for i in range(12)], [5.0 + i for i in range(12)],
+                      below=0)
+    assert v.headline == "fp16, bf16, powersgd each shorten the step against float32 (1GbE link)"
+    assert "the weakest of 3: bf16" in v.details()

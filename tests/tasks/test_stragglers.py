@@ -171,7 +171,7 @@ def test_the_wait_check_is_contradicted_where_no_one_waits_and_unresolved_on_noi
     assert stragglers.judge_wait_for_delay(stand_in(same, lost)).holds
     assert stragglers.judge_wait_for_delay(stand_in([3 * d for d in lost], lost)).holds   # load on the late rank
     # a delay off the early rank's critical path: it waits (almost) nothing
-    with pytest.raises(verify.CheckFailed, match="contradicted: stand-in: the last bucket waits out rank"):
+    with pytest.raises(verify.CheckFailed, match="contradicted: stand-in: ranks wait at least 0.5 of rank"):
         stragglers.check_wait_for_delay([stand_in([rng.uniform(0, 2) for _ in lost], lost)])
     edge = [d * (0.5 + rng.gauss(0, 0.3)) for d in lost]   # pure noise about the claim's edge: half the delay
     assert stragglers.judge_wait_for_delay(stand_in(edge, lost)).outcome == claims.UNRESOLVED

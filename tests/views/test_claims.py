@@ -160,7 +160,8 @@ def test_a_verdict_reads_in_one_line_and_folds_its_statistics():
     assert html.startswith("<details><summary><code>holds: the split") and "99.8% interval" in html
     assert repr(v).splitlines()[0] == line and all(x.startswith("    ") for x in repr(v).splitlines()[1:])
     ratio = claims.paired("a is slower than b (per-step ratio)", [2.0] * 12, [1.0] * 12, ratio=True, above=1)
-    assert str(ratio) == "holds: a is slower than b (seen 2x)"
+    assert str(ratio) == "holds: a is slower than b (seen 2x)" and ratio.is_ratio
+    assert "paired ratios 2, 99.8% interval [2, 2]; the claim: > 1" in ratio.details()   # a ratio has no sign
     weak = claims.judge("x shrinks [the weakest of 3 pairs: 3 hold]", [(-1) ** i * (i + 1.0) for i in range(12)], below=0)
     assert str(weak) == "cannot resolve: x shrinks (seen -0.5 ms, noise too wide)"
     assert "to resolve it: " in weak.details() and "weakest of 3 pairs" in weak.details()
