@@ -108,9 +108,12 @@ class Verdict:
         """The verdict in one line: the answer, the claim in plain words and the size of what was seen; the
         statistics behind it are `details()`."""
         said = {HOLDS: "holds", CONTRADICTED: "contradicted", UNRESOLVED: "cannot resolve"}[self.outcome]
+        return f"{said}: {self.seen()}"
+
+    def seen(self) -> str:
+        """The line without its answer: the claim in plain words and what this run saw."""
         why = ", too few rounds" if not (math.isfinite(self.low) and math.isfinite(self.high)) else ", noise too wide"
-        seen = f"seen {self.effect()}" + (why if self.outcome == UNRESOLVED else "")
-        return f"{said}: {self.headline} ({seen})"
+        return f"{self.headline} (seen {self.effect()}{why if self.outcome == UNRESOLVED else ''})"
 
     def details(self) -> str:
         """The statistics behind the one line: how it was measured, the interval, the claim's bound and, where
@@ -239,14 +242,13 @@ def check(verdict: Verdict) -> Verdict:
     claim beside it); raise CheckFailed only when the run contradicts the claim. Returns the verdict
     (a notebook cell that ends with it ends with `;`)."""
     _record(verdict)
-    _CHECKED[claim_key(verdict.claim)] = (verdict, bool(reference(verdict.claim)))
+    ref = reference(verdict.claim)
+    _CHECKED[claim_key(verdict.claim)] = (verdict, bool(ref))
     if verdict.contradicted:
         raise CheckFailed(f"NOT verified: {verdict}\n" + verdict.details())
     lines, details = str(verdict), verdict.details()
-    if not verdict.resolved:
-        ref, source = reference(verdict.claim), reference_source(verdict.claim)
-        if ref:
-            lines, details = f"{lines}\n  {ref}", f"{details}\nthe reference run: {source}"
+    if not verdict.resolved and ref:
+        lines, details = f"{lines}\n  {ref}", f"{details}\nthe reference run: {reference_source(verdict.claim)}"
     show(Folded(lines, details))
     return verdict
 
@@ -299,7 +301,7 @@ def finding(verdict: Verdict) -> str:
     """A verdict as this run's answer to an open question (one the machine decides, such as whether a
     plan beats another here), printed as such and never failing: "yes", "no, the opposite" or "not
     resolved", then the claim and what was seen."""
-    return f"this run's answer, {answer(verdict)}: {str(verdict).split(': ', 1)[1]}"
+    return f"this run's answer, {answer(verdict)}: {verdict.seen()}"
 
 
 def answer(verdict: Verdict) -> str:

@@ -32,15 +32,12 @@ def judge(ev, exp, runs) -> list[Finding]:
                         f"one of the {exp.world_size} ranks, since every rank holds its own copy")]
     d = exp.world_size
     out = []
+    wrongs = {cat: [(r, v, row[cat]) for r, row in held.items()
+                    if (v := number(rows[r][cat], f"memory[{r}][{cat!r}]")) != row[cat]] for cat in CATEGORIES}
     # a row that passes states its bytes only when every row passes: gradients are the parameters' bytes and
     # Adam's state twice them, so a passing row would hand over a failing row's answer
-    all_right = all(number(rows[r][c], f"memory[{r}][{c!r}]") == row[c] for c in CATEGORIES for r, row in held.items())
-    for cat in CATEGORIES:
-        wrong = []
-        for r, row in held.items():
-            v = number(rows[r][cat], f"memory[{r}][{cat!r}]")
-            if v != row[cat]:
-                wrong.append((r, v, row[cat]))
+    all_right = not any(wrongs.values())
+    for cat, wrong in wrongs.items():
         if not wrong and not all_right:
             out.append(Finding("memory", cat, True, "every rank's value is exactly what the ledger counts"))
             continue
