@@ -1,6 +1,6 @@
 """Make the reference runs that notebooks show beside a claim this run could not resolve.
 
-    python bench/reference_runs.py                         # notebooks 03-09, once each
+    python bench/reference_runs.py                         # notebooks 03-11, once each
     python bench/reference_runs.py --repeat 3 notebooks/05_buckets_and_overlap.ipynb
 
 Executes each notebook (nbconvert, in a scratch copy: the notebook in the repository is left as it is,
@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from ddplab.references import REFERENCES  # noqa: E402
 
-DEFAULT = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "notebooks").glob("0[3-9]_*.ipynb"))
+DEFAULT = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "notebooks").glob("*.ipynb") if "03" <= p.name[:2] <= "11")
 
 
 def machine() -> str:
@@ -127,8 +127,10 @@ def main() -> int:
                 verdicts, meta, seconds, rc = run_notebook(nb, Path(tmp), a.inplace)
             run_id = f"{nb.stem}@{datetime.now(timezone.utc):%Y-%m-%dT%H:%M:%SZ}"
             # a reference shows what the lesson looks like when it resolves: a claim that held, in a run
-            # that went through (a contradicted claim failed its cell, and is the run's news, not a reference)
-            resolved = [v for v in verdicts if v["outcome"] == "holds"] if rc == 0 else []
+            # that went through (a contradicted claim failed its cell, and is the run's news, not a reference);
+            # an open question a table shows (`claims.noted`) is resolved by either answer
+            resolved = [v for v in verdicts if v["outcome"] == "holds" or (v.get("finding") and v["outcome"] == "contradicted")
+                        ] if rc == 0 else []
             if resolved:
                 store["runs"][run_id] = {"notebook": nb.name, "machine": machine(), "date": f"{datetime.now(timezone.utc):%Y-%m-%d}",
                                          "commit": commit(), "python": platform.python_version(),

@@ -18,11 +18,11 @@ shows one line, the answer first, with what this run saw (the statistics fold be
 
     holds: the straggler's peer waits longer (seen +19.6 ms)
 
-A quantity estimated with a standard error (a fitted slope) goes through `estimate` with a normal
-interval at the same `alpha`. Where this run cannot resolve a claim, `check` prints beside it the same
-claim's verdict from a quiet reference run (`ddplab.references`), labelled as such: it never decides
-anything. With `$DDPLAB_RECORD_CLAIMS` set to a file, `check` also appends each verdict to it as one
-JSON line (how `bench/reference_runs.py` collects them). Used by notebooks 03-10 and their tests.
+A fitted quantity with a standard error goes through `estimate` (a normal interval at the same `alpha`).
+Where this run cannot resolve a claim, `check` prints beside it a quiet reference run's verdict of the
+same claim (`ddplab.references`), labelled as such: it never decides anything. `noted` does the same for
+an open question a table shows. With `$DDPLAB_RECORD_CLAIMS` set to a file, both append each verdict to
+it as a JSON line (how `bench/reference_runs.py` collects them).
 """
 
 from __future__ import annotations
@@ -35,12 +35,12 @@ from dataclasses import asdict, dataclass
 from statistics import NormalDist
 
 from ddplab.folded import Folded, show
-from ddplab.references import claim_key, reference, reference_source
+from ddplab.references import claim_key, reference, reference_source, stored
 from ddplab.signtest import ALPHA, median_interval, min_rounds
 from ddplab.verify import CheckFailed
 
-__all__ = ["ALPHA", "Verdict", "answer", "check", "claim_key", "estimate", "family", "finding", "judge", "median_interval", "min_rounds", "paired",
-           "reference", "this_run", "weakest"]
+__all__ = ["ALPHA", "Verdict", "answer", "check", "claim_key", "estimate", "family", "finding", "judge", "median_interval",
+           "min_rounds", "noted", "paired", "reference", "this_run", "weakest"]
 
 HOLDS, CONTRADICTED, UNRESOLVED = "holds", "contradicted", "cannot resolve"
 
@@ -262,9 +262,9 @@ def this_run() -> str:
     load, cores = os.getloadavg()[0], os.cpu_count()
     checked = list(_CHECKED.values())
     if not checked:
-        return f"this run (load {load:.1f}, {cores} cores): no timing check yet"
+        return f"this run (load {load:.1f}, {cores} cores): no timing claim yet"
     open_ = [has for v, has in checked if not v.resolved]
-    said = f"this run (load {load:.1f}, {cores} cores): {len(checked) - len(open_)} of {len(checked)} timing checks resolved"
+    said = f"this run (load {load:.1f}, {cores} cores): {len(checked) - len(open_)} of {len(checked)} timing claims resolved"
     if not open_:
         return said
     missing = open_.count(False)
@@ -311,9 +311,20 @@ def answer(verdict: Verdict) -> str:
     return {HOLDS: "yes", CONTRADICTED: no, UNRESOLVED: "not resolved"}[verdict.outcome]
 
 
-def _record(verdict: Verdict) -> None:
+def noted(verdict: Verdict) -> str:
+    """Note an open question's verdict that a table shows (never failing): recorded for the reference runs,
+    counted by `this_run`. Where this run cannot resolve it, returns a quiet reference run's answer in
+    words ("yes, seen -12.3 ms (2026-12-06)"), else ""."""
+    _record(verdict, finding=True)
+    ref = {} if verdict.resolved else stored(verdict.claim)
+    _CHECKED[claim_key(verdict.claim)] = (verdict, bool(ref))
+    word = {HOLDS: "yes", CONTRADICTED: "no, the opposite"}.get(ref.get("outcome"), ref.get("outcome"))
+    return f"{word}, seen {ref['seen'] or '?'} ({ref['date']})" if ref else ""
+
+
+def _record(verdict: Verdict, finding: bool = False) -> None:
     path = os.environ.get("DDPLAB_RECORD_CLAIMS")
     if path:
         with open(path, "a") as f:
             f.write(json.dumps({"key": claim_key(verdict.claim), "line": str(verdict), "seen": verdict.effect(),
-                                **asdict(verdict)}) + "\n")
+                                "finding": finding, **asdict(verdict)}) + "\n")

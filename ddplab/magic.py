@@ -14,12 +14,15 @@ Each rank's namespace starts with `rank`, `world_size`, `local_rank`, `device`, 
 column per rank; an exception shows its rank and traceback in that rank's column and fails the cell.
 After each cell, `_ddp` in the notebook is its `CellResult`: `_ddp.value(rank)` is the repr of that
 rank's last expression, so a normal cell can check what the ranks answered.
-A cell that hangs (say only rank 0 calls `all_reduce`) is bounded by the session's `--timeout` (plus
-5 s for the whole cell): the rank that never joined is named, and the session is torn down
-(`%ddp_start` begins a new one). The cell's `dist` notes each collective it is called for (name,
-shape, dtype), so the failure also says which collective a rank was waiting in, or that it waited in
-none (its own code still running), and whether the ranks called one collective with different sizes. Once a cell has run, `ddplab.run` launches cold rather than on this
-session: a cell may have changed what a run depends on (default dtype, grad mode, global hooks).
+A cell that hangs (say only rank 0 calls `all_reduce`) shows, while it waits, where each rank is (in
+which collective, for how long) and when it will be stopped; it fails within the session's `--timeout`
+plus 5 s, all said (`launch/cells.py`): the rank that never joined is named, each rank's stack folds out
+under its column, and the session's ranks restart in the background (the next cell waits for them;
+their variables are gone). The cell's `dist` notes each collective it is called for (name, shape,
+dtype, #n from the cell's first), so the failure also says which collective a rank was waiting in, or
+that it waited in none (its own code still running), and whether the ranks called one collective with
+different sizes. Once a cell has run, `ddplab.run` launches cold rather than on this session: a cell
+may have changed what a run depends on (default dtype, grad mode, global hooks).
 """
 
 from __future__ import annotations
@@ -43,8 +46,8 @@ class CellResult:
     def __init__(self, results: dict, seconds: float, died: str = "", status: dict | None = None, witness=None):
         self.results, self.seconds, self.died = results, seconds, died
         self.status = status or {}   # rank -> the last collective its `dist` was called for, and whether it ended
-        # after a hang: (torch's flight-recorder verdict, rank -> its stack when asked), `launch/cells.py`
-        self.flight, self.stacks = witness if witness else (None, {})
+        # after a hang: (torch's flight-recorder verdict, rank -> its stack when asked, rank -> where that was)
+        self.flight, self.stacks, self.asked = witness if witness else (None, {}, {})   # launch/cells.py
 
     @classmethod
     def running(cls, printed: dict, seconds: float, note: str = "") -> "CellResult":
@@ -79,9 +82,10 @@ class CellResult:
                    if r in unfinished and (not st.get("done") or st.get("raised"))}
         for rank, r in sorted(self.results.items()):
             st = waiting.get(rank) if not (waiting.get(rank) or {}).get("done") else None
+            nth = f" #{st['n']}" if st and "n" in st else ""   # the cell's collective #n through `dist`
             if r is None:
                 out[rank] = (f"its process died: {self.died}" if self.died else
-                             f"never finished: still waiting in dist.{st['op']} ({st['tensor'] or 'no tensor'}), "
+                             f"never finished: still waiting in dist.{st['op']}{nth} ({st['tensor'] or 'no tensor'}), "
                              f"a collective the other ranks did not join" if st else
                              "never finished, and not inside any collective called through the cell's `dist` "
                              "(DDP's own collectives and direct torch.distributed calls are not seen): its own code "
@@ -125,8 +129,8 @@ class CellResult:
         st = self.stacks.get(rank)
         if not st:
             return ""
-        idle = " (idle, between cells: it had left this cell, or was not in it)" if "in wait_for" in st else ""
-        return (f"<details><summary>where rank {rank} was when the launcher asked{idle}</summary>"
+        said = f" ({html.escape(self.asked[rank])})" if self.asked.get(rank) else ""
+        return (f"<details><summary>where rank {rank} was when the launcher asked{said}</summary>"
                 f"<pre style='margin:0;{WRAP}'>{html.escape(st)}</pre></details>")
 
     def _repr_html_(self) -> str:
@@ -156,7 +160,8 @@ class CellResult:
             if r["error"]:
                 lines.append(folded(r["error"]["traceback"]))
             if self.stacks.get(rank):
-                lines.append(f"(where rank {rank} was when the launcher asked)\n{self.stacks[rank]}")
+                said = f": {self.asked[rank]}" if self.asked.get(rank) else ""
+                lines.append(f"(where rank {rank} was when the launcher asked{said})\n{self.stacks[rank]}")
         if self.flight is not None:
             lines.append(str(self.flight))
         return "\n".join(lines)
@@ -210,23 +215,6 @@ def _grouped(failed: dict[int, str]) -> str:
     return "; ".join(f"rank{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))}: {why}" for why, rs in by.items())
 
 
-def _restart(s) -> str:
-    """After a cell that left the process group unusable: the same ranks again, started fresh."""
-    from . import launch
-
-    t0 = time.monotonic()
-    try:
-        new = launch.session.Session(world_size=s.world_size, backend=s.backend, device=s.device,
-                                     pin_cpus=s.pin_cpus, timeout_s=s.timeout_s, runs_dir=s.dir.parent.parent)
-    except KeyboardInterrupt:   # (a Ctrl-C while the new ranks start: they are stopped)
-        return "The session was stopped, and its restart interrupted: %ddp_start"
-    except Exception as e:  # noqa: BLE001 - said in the cell's message; %ddp_start remains
-        return f"The session was stopped, and starting it again failed ({type(e).__name__}: {e}): %ddp_start"
-    return (f"The ranks were restarted: {new.world_size} new ranks in {time.monotonic() - t0:.1f} s (gloo cannot "
-            f"rebuild a process group a collective failed in, so the processes were replaced). Every rank's "
-            f"variables are gone: run the cells that set them up again")
-
-
 def _parse_ranks(text: str | None):
     if not text:
         return None
@@ -255,6 +243,7 @@ def load(ip) -> None:
             """Start a session of warm ranks for %%ddp cells (and for ddplab.run)."""
             args = parse_argstring(DDPMagics.ddp_start, line)
             _LAST_START["n"] = args.nproc
+            launch.cells.restarted()   # ranks restarting after a hung cell are up before the new ones replace them
             t0 = time.monotonic()
             line = display(HTML(f"<small>starting {args.nproc} ranks: torchrun, then each rank imports torch and "
                                 f"joins the process group (a few seconds)...</small>"), display_id=True)
@@ -267,6 +256,7 @@ def load(ip) -> None:
         @line_magic
         def ddp_stop(self, line):
             """Stop the session's ranks."""
+            launch.cells.restarted()   # (those restarting after a hung cell included)
             s = launch.session.current()
             if s is None:
                 print("no session is running")
@@ -284,9 +274,14 @@ def load(ip) -> None:
         def ddp(self, line, cell):
             """Run this cell on every rank of the session; show each rank's output side by side."""
             args = parse_argstring(DDPMagics.ddp, line)
+            waiting = display(HTML("<small>waiting for the ranks the last cell's hang restarts...</small>"),
+                              display_id=True) if launch.cells.restarting() else None
+            restart = launch.cells.restarted()   # after a hung cell its ranks restart while its failure is read
+            if waiting is not None and restart:
+                waiting.update(HTML(f"<small>after the last cell's hang: {html.escape(restart[1])}</small>"))
             s = launch.session.current()
             if s is None or s.implicit:   # the session ddplab.run keeps is replaced at will: not for cell state
-                why = launch.session.last_end() if s is None else None
+                why = (restart[1] if restart and not restart[0] else launch.session.last_end()) if s is None else None
                 raise CellFailed(f"no session for %%ddp cells{f' (the last one ended: {why})' if why else ''}: "
                                  f"run %ddp_start -n {_LAST_START.get('n', 2)} first")
             t0 = time.monotonic()
@@ -310,8 +305,11 @@ def load(ip) -> None:
                 what = _grouped(failed)
                 if result.flight is not None and result.flight.ranks:
                     what += f". {result.flight}"
-                if not s.alive():
-                    what += ". " + _restart(s)
+                if not s.alive():   # gloo cannot rebuild a process group a collective failed in
+                    launch.cells.restart_later(s)
+                    what += (f". The ranks were stopped (gloo cannot rebuild a process group a collective failed "
+                             f"in), and {s.world_size} new ones are starting: the next %%ddp cell waits for them. Every "
+                             f"rank's variables are gone: run the cells that set them up again")
                 if args.no_raise:
                     import sys
 

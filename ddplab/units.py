@@ -25,9 +25,13 @@ def rel_error(predicted: float, measured: float) -> float:
     return (predicted - measured) / measured
 
 
-def size_label(n: int) -> str:
-    """4096 -> '4 KiB'; 3 * 2**20 -> '3 MiB'; 12 -> '12 B'."""
-    for unit, scale in (("MiB", MIB), ("KiB", KIB)):
-        if n >= scale:
-            return f"{n / scale:g} {unit}"
-    return f"{n} B"
+def size_label(n: int, digits: int = 6) -> str:
+    """4096 -> '4 KiB'; 3 * 2**20 -> '3 MiB'; 12 -> '12 B'; at most `digits` significant digits where
+    the unit allows (size_label(1802334, digits=3) -> '1.72 MiB'; 1023 KiB in 3 digits -> '0.999 MiB')."""
+    units = (("MiB", MIB), ("KiB", KIB), ("B", 1))
+    for i, (unit, scale) in enumerate(units):
+        if n >= scale or scale == 1:
+            if i and round(n / scale) >= 10 ** digits:   # too many digits before the point: the larger unit
+                unit, scale = units[i - 1]
+            value = n / scale
+            return f"{value:.{digits}g} {unit}" if value < 10 ** digits else f"{value:.0f} {unit}"

@@ -90,16 +90,32 @@ class FlightVerdict:
     how: str = ""            # "missing" (never joined) or "mismatch" (called another collective or size)
     said: str = ""
     why_not: str = ""
+    earlier: int | None = None   # a `%%ddp` cell's: how many collectives of `group` came before the cell
 
     def __str__(self) -> str:
         if not self.ranks:
             return f"torch's flight recorder analyzer names no rank: {self.why_not}"
         who = ", ".join(map(str, self.ranks))
         head = f"torch's flight recorder analyzer (records of rank(s) {', '.join(map(str, self.dumps))}): rank(s) {who}"
+        which, note = self._which()
         if self.how == "missing":
-            return f"{head} never joined collective #{self.seq} of group {self.group} ({self.collective})"
-        return (f"{head} called something other than the lowest rank's {self.collective} at collective #{self.seq} "
-                f"of group {self.group}")
+            return f"{head} never joined {which} ({self.collective}{f'; {note}' if note else ''})"
+        return f"{head} called something other than the lowest rank's {self.collective} at {which}" + (
+            f" ({note})" if note else "")
+
+    def _which(self) -> tuple[str, str]:
+        """('collective #1 of this cell in group 0:default_pg', what torch's own number counts), or torch's
+        number alone where the cell's start is unknown: torch numbers a group's collectives from its creation,
+        and a session's default group began with the session's start-up barrier (`rank/session.py`)."""
+        if self.earlier is None or self.seq is None or self.seq <= self.earlier:
+            return f"collective #{self.seq} of group {self.group}", ""
+        if self.earlier == 0:   # a group the cell made
+            return f"collective #{self.seq} of this cell in group {self.group}", ""
+        before = ("the session's start-up barrier" + (f" and {self.earlier - 1} collective(s) of earlier cells"
+                                                      if self.earlier > 1 else "")
+                  if self.group.split(":")[0] == "0" else f"{self.earlier} collective(s) of earlier cells")
+        return (f"collective #{self.seq - self.earlier} of this cell in group {self.group}",
+                f"torch's flight recorder numbers it #{self.seq}, after {before}")
 
 
 def flight_verdict(testimonies: dict[int, dict], world_size: int) -> FlightVerdict:
@@ -183,9 +199,20 @@ def testimony(directory, world_size: int, prefix: str = "") -> tuple[FlightVerdi
     testimonies = read(directory, world_size, prefix)
     if not testimonies:
         return None
-    return flight_verdict(testimonies, world_size), {
+    verdict = flight_verdict(testimonies, world_size)
+    verdict.earlier = _earlier(testimonies, verdict.group)
+    return verdict, {
         r: stack(t) for r, t in sorted(testimonies.items())
         if t.get("why") == "asked" and isinstance(t.get("stacks"), dict) and t["stacks"].get("MainThread")}
+
+
+def _earlier(testimonies: dict[int, dict], group: str) -> int | None:
+    """How many collectives of `group` ("name:desc") came before the `%%ddp` cell the testimonies are about,
+    as every rank noted when the cell began (`rank/witness.py`; a group made in the cell: 0), or None: not a
+    cell's testimonies, or the ranks' counts differ."""
+    name = group.split(":")[0]
+    noted = {t["seqs_at_start"].get(name, 0) for t in testimonies.values() if isinstance(t.get("seqs_at_start"), dict)}
+    return noted.pop() if len(noted) == 1 and all(type(x) is int for x in noted) else None
 
 
 def verify_same_rank(ddplab_ranks, verdict: FlightVerdict) -> str:

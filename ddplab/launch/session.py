@@ -119,7 +119,7 @@ class Session:
         self.implicit, self.jobs = implicit, 0
         self.log_offset = 0   # where the current job's part of the session's log starts
         self.cell_status: dict[int, dict] = {}
-        self.cell_witness = None   # after a cell that hung: (torch's flight verdict, rank -> its stack), launch/cells.py
+        self.cell_witness = None   # after a cell that hung: (flight verdict, rank -> stack, rank -> where), launch/cells.py
         self.cells = 0   # %%ddp cells run: they may change a rank's global torch state, so runs then go cold
         self.proc = None
         self.stopped: list[str] = []   # what its cells and jobs started and left running, stopped at close

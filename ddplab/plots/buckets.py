@@ -29,6 +29,19 @@ def _right_ms(s, measured=None) -> float:
     return max(ends)
 
 
+def _rows(spans) -> list[int]:
+    """A row for each (launch_ms, done_ms) span, in launch order, such that no two spans on a row overlap
+    (first fit): gloo runs two all-reduces at once and a launched bucket may queue, so measured spans
+    overlap, and on one row the later would hide the earlier."""
+    ends: list[float] = []
+    rows = []
+    for launch, done in spans:
+        row = next((i for i, end in enumerate(ends) if end <= launch), len(ends))
+        ends[row:row + 1] = [done]
+        rows.append(row)
+    return rows
+
+
 def _draw(ax, s, measured=None, title: str = ""):
     """Lanes: backward compute, predicted all-reduces, and (if given) measured all-reduces; the title
     ends with the predicted exposed tail (no text inside the axes, so none can run off the edge)."""
@@ -46,10 +59,13 @@ def _draw(ax, s, measured=None, title: str = ""):
     if s.exposed_tail_ms > 0:
         ax.axvspan(s.backward_ms, s.comm_end_ms, color=TAIL_COLOR, alpha=0.15)
     if measured:
-        for b in measured["buckets"]:   # gloo runs two buckets at once: alternate halves, so none hides another
-            top = y[MEASURED] - 0.38 if b["index"] % 2 == 0 else y[MEASURED] + 0.02
-            ax.broken_barh([(b["launch_ms"], b["done_ms"] - b["launch_ms"])], (top, 0.36),
-                           facecolors=MEASURED_COLORS[b["index"] % 2], edgecolor="white")
+        spans = sorted((b["launch_ms"], b["done_ms"]) for b in measured["buckets"])
+        rows = _rows(spans)
+        height, drawn = 0.76 / (max(rows, default=0) + 1), {}
+        for (launch, done), row in zip(spans, rows):   # a row's neighbours alternate shades, so each one shows
+            drawn[row] = drawn.get(row, -1) + 1
+            ax.broken_barh([(launch, done - launch)], (y[MEASURED] - 0.38 + row * height, height),
+                           facecolors=MEASURED_COLORS[drawn[row] % 2], edgecolor="white", linewidth=0.5)
         ax.axvline(measured["backward_ms"], color=MEASURED_COLORS[0], lw=1.2, ls="--")
     ax.set_yticks(range(len(lanes)), lanes, fontsize=8)
     ax.set_ylim(len(lanes) - 0.4, -0.6)
@@ -69,7 +85,7 @@ def _legend(fig, schedules, measured: bool):
         handles.append(Patch(color=TAIL_COLOR, alpha=0.15, label="exposed tail: all-reduce after backward"))
     if measured:
         handles += [Patch(color=MEASURED_COLORS[0],
-                          label="all-reduce, measured (rank 0, median step;\nalternate buckets in upper, lower half)"),
+                          label="all-reduce, measured (rank 0, median step;\noverlapping buckets on separate rows)"),
                     Line2D([], [], ls="--", lw=1.2, color=MEASURED_COLORS[0], label="backward() returned, measured")]
     fig.legend(handles=handles, loc="outside upper center", ncol=3, fontsize=8, frameon=False)
 

@@ -4,6 +4,7 @@ DDPOptimizer's split marked, and the step per cap, eager against compiled."""
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
+import numpy as np
 
 
 def ready_times(table, split=None, title: str = ""):
@@ -30,17 +31,26 @@ def ready_times(table, split=None, title: str = ""):
 
 
 def steps(table):
-    """Per cap, the median step eager and compiled (a `tables.compiled_ddp.steps` table)."""
-    fig, ax = plt.subplots(figsize=(6.5, 3.2))
-    x = range(len(table))
-    ax.bar([i - 0.2 for i in x], table["eager_ms"], width=0.4, color="tab:blue", label="eager")
-    ax.bar([i + 0.2 for i in x], table["compiled_ms"], width=0.4, color="tab:red", label="compiled")
-    ax.set_xticks(list(x), [name.split(":", 1)[1].replace("/", "\n") for name in table.index], fontsize=8)
-    ax.set_xlabel("bucket cap (MiB), and the optimize_ddp mode where not ddp_optimizer")
-    ax.set_ylabel("ms per step (median)")
+    """Per compiled arm, the median step eager and compiled, whiskers from each one's first to third
+    quartile over the paired steps, and above each pair this run's finding on compiled against eager
+    with its interval (a `tables.compiled_ddp.steps` table)."""
+    fig, ax = plt.subplots(figsize=(6.5, 3.6), layout="constrained")
+    x = np.arange(len(table))
+    for kind, shift, color in (("eager", -0.2, "tab:blue"), ("compiled", 0.2, "tab:red")):
+        median = table[f"{kind}_ms"]
+        ax.bar(x + shift, median, width=0.4, color=color, label=kind, capsize=4, error_kw={"lw": 1},
+               yerr=[median - table[f"{kind}_q1_ms"], table[f"{kind}_q3_ms"] - median])
+    top = table[["eager_q3_ms", "compiled_q3_ms"]].max(axis=1)
+    for i, (arm, row) in enumerate(table.iterrows()):
+        ax.annotate(f"compiled - eager: {row['interval_ms']} ms\ncompiled faster? {row['compiled faster?']}",
+                    (i, top[arm]), xytext=(0, 6), textcoords="offset points", ha="center", va="bottom", fontsize=7.5)
+    arms = [name.split(":", 1)[1] for name in table.index]   # "2", or "1/no_optimization" in another mode
+    ax.set_xticks(list(x), [arm.replace("/", "\n") for arm in arms], fontsize=8)
+    ax.set_xlabel("bucket cap (MiB)" + (", and the optimize_ddp mode where not ddp_optimizer"
+                                        if any("/" in arm for arm in arms) else ""))
+    ax.set_ylabel("ms per step")
     ax.set_title("The step, eager and compiled, per bucket cap (compile time excluded)", fontsize=10)
-    top = max(table["eager_ms"].max(), table["compiled_ms"].max())
-    ax.set_ylim(0, top * 1.3)   # headroom: the legend sits above the tallest bar, never on it
-    ax.legend(fontsize=8, ncol=2, loc="upper center")
-    fig.tight_layout()
+    ax.set_ylim(0, top.max() * 1.3)   # headroom for the findings above the whiskers
+    fig.legend(loc="outside lower center", ncol=2, fontsize=8, frameon=False,
+               title="bars: median step; whiskers: interquartile range of the paired steps", title_fontsize=8)
     return fig

@@ -23,12 +23,12 @@ def bytes_per_hook(table):
         ax.bar(i, rows.loc[h, "written_median"], color=COLORS.get(h, "tab:purple"), width=0.6)
         ax.plot([i - 0.35, i + 0.35], [rows.loc[h, "predicted_written"]] * 2, color="black", lw=2)
         ratio = "float32" if h == "allreduce" else f"{base / rows.loc[h, 'written_median']:.3g}x fewer"
-        ax.annotate(f"{size_label(int(rows.loc[h, 'written_median']))}\n{ratio}",
+        ax.annotate(f"{size_label(int(rows.loc[h, 'written_median']), digits=3)}\n{ratio}",
                     (i, rows.loc[h, "written_median"]), textcoords="offset points", xytext=(0, 4), ha="center",
                     fontsize=8)
     ax.set_xticks(range(len(hooks)), hooks)
     ax.set_yscale("log")
-    ax.set_ylim(top=base * 8)
+    ax.set_ylim(rows.loc[hooks, "written_median"].min() / 4, base * 8)   # room for the smallest bar to show
     ax.set_ylabel("bytes a rank writes per step")
     ax.set_title("What each hook puts on the wire (bars: measured; black: the payload rule)", fontsize=10)
     fig.tight_layout()
@@ -39,7 +39,8 @@ def steps_per_hook(tables: dict, sources: dict):
     """One panel per run (a `tables.compression.timing` table, keyed by a label): per hook the measured
     step (bar, median over the paired steps), the model's prediction (black tick) and the hook's own
     cost with communication free (hatched); each panel names its link."""
-    fig, axes = plt.subplots(1, len(tables), figsize=(5.2 * len(tables), 3.4), squeeze=False, sharey=True)
+    fig, axes = plt.subplots(1, len(tables), figsize=(5.2 * len(tables), 3.6), squeeze=False, sharey=True,
+                             layout="constrained")
     for ax, (label, table) in zip(axes[0], tables.items()):
         for i, h in enumerate(table.index):
             ax.bar(i, table.loc[h, "measured_ms"], color=COLORS.get(h, "tab:purple"), width=0.6,
@@ -51,25 +52,36 @@ def steps_per_hook(tables: dict, sources: dict):
         ax.set_xticks(range(len(table.index)), table.index, fontsize=8)
         ax.set_title(f"{label}\n{link_of(sources[label])}", fontsize=9)
         ax.set_ylabel("ms per step")
-    axes[0][0].legend(fontsize=7, loc="upper right")
-    fig.tight_layout()
+    # below the panels, where it covers no bar
+    fig.legend(*axes[0][0].get_legend_handles_labels(), loc="outside lower center", ncol=3, fontsize=8, frameon=False)
     return fig
 
 
-def loss_gaps(gaps: dict, start_iter: int | None = None):
+def loss_gaps(gaps: dict, start_iter: int | None = None, summed: dict | None = None):
     """Each hook's global loss minus the float32 all-reduce's, step by step (symlog: fp16's gap is
-    a millionth, PowerSGD's can be a tenth), with where PowerSGD starts compressing."""
-    fig, ax = plt.subplots(figsize=(7, 3.2))
+    a millionth, PowerSGD's can be a tenth), with where PowerSGD starts compressing; with `summed`
+    (`tables.compression.summed_errors`), a second panel: each hook's summed gradient error so far."""
+    fig, axes = plt.subplots(1, 2 if summed else 1, figsize=(11 if summed else 7, 3.2), squeeze=False)
+    ax = axes[0][0]
     for h, g in gaps.items():
         if h != "allreduce":
-            ax.plot(range(len(g)), g, "o-", ms=3, color=COLORS.get(h, "tab:purple"), label=h)
-    if start_iter is not None:
-        ax.axvline(start_iter - 0.5, color="tab:red", ls=":", lw=1, label="PowerSGD starts compressing")
+            ax.plot(range(1, len(g) + 1), g, "o-", ms=3, color=COLORS.get(h, "tab:purple"), label=h)
     ax.axhline(0, color="black", lw=0.8)
     ax.set_yscale("symlog", linthresh=1e-5)
-    ax.set_xlabel("learning step")
     ax.set_ylabel("loss - float32's loss")
-    ax.set_title("What compression did to the loss, step by step (same start, same batches)", fontsize=10)
-    ax.legend(fontsize=8, ncol=2)
+    ax.set_title("What compression did to the loss (same start, same batches)", fontsize=10)
+    if summed:
+        right = axes[0][1]
+        for h, e in summed.items():
+            if h != "allreduce":
+                right.plot(range(1, len(e) + 1), [100 * x for x in e], "o-", ms=3, color=COLORS.get(h, "tab:purple"), label=h)
+        right.set_ylabel("% off the exact sum")
+        right.set_title("The gradients it delivered, summed over the steps so far,\nagainst the exact averages summed",
+                        fontsize=9)
+    for a in axes[0]:
+        if start_iter is not None:
+            a.axvline(start_iter + 0.5, color="tab:red", ls=":", lw=1, label="PowerSGD starts compressing")
+        a.set_xlabel("learning step")
+        a.legend(fontsize=7, ncol=2)
     fig.tight_layout()
     return fig

@@ -88,13 +88,37 @@ def _mark_waiting_bucket(ax, events, y) -> None:
     tip = lane + 0.38 if lane < peer else lane - 0.38   # the bar's edge that faces the peer's launch marks
     ax.annotate("", xy=(joined, tip), xytext=(joined, peer - 0.5),
                 arrowprops={"arrowstyle": "->", "color": WAIT_COLOR, "lw": 1.3, "ls": "--"})
-    text = f"first bucket: its all-reduce waits {joined - bucket['start_ms']:.1f} ms for rank {late} to join (▼)"
-    if bucket["dur_ms"] > 0.5 * span:   # room inside the bar
-        ax.text(bucket["start_ms"] + 0.01 * span, lane, text, ha="left", va="center", fontsize=8.5, color="white",
-                fontweight="bold", clip_on=True)
-    else:   # beside the arrow, on a white ground
-        ax.text(joined + 0.01 * span, (lane + peer) / 2, text, ha="left", va="center", fontsize=8.5, color=WAIT_COLOR,
-                fontweight="bold", clip_on=True, bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.85})
+    wait = f"first bucket: its all-reduce waits {joined - bucket['start_ms']:.1f} ms"
+    _place_note(ax, f"{wait} for rank {late} to join (▼)", bucket, lane, joined, (lane + peer) / 2, 0.01 * span)
+
+
+def _inside(ax, note, left: float, right: float) -> bool:
+    """Whether `note`, as the figure is laid out now, lies between x = `left` and `right` (data)."""
+    box = note.get_window_extent()
+    lo, hi = (ax.transData.transform((x, 0))[0] for x in (left, right))
+    return lo <= box.x0 and box.x1 <= hi
+
+
+def _place_note(ax, text: str, bucket, lane: float, joined: float, mid: float, pad: float) -> None:
+    """The waiting bucket's note, whole: white inside its bar where it fits there, else on a white ground
+    beside the arrow, right of it or left of it, else on two lines. Measured on the laid-out figure: a note
+    longer than its room would be cut at the bar's end or at the axes' edge, losing its unit."""
+    ax.figure.draw_without_rendering()   # lay the figure out: the axes' width in pixels is known from here
+    style = {"va": "center", "fontsize": 8.5, "fontweight": "bold", "clip_on": True}
+    note = ax.text(bucket["start_ms"] + pad, lane, text, ha="left", color="white", **style)
+    if _inside(ax, note, bucket["start_ms"], bucket["end_ms"]):
+        return
+    note.remove()
+    style |= {"color": WAIT_COLOR, "bbox": {"facecolor": "white", "edgecolor": "none", "alpha": 0.85}}
+    left, right = ax.get_xlim()
+    lines = (text, text.replace(" for rank", "\nfor rank"))
+    for words, ha in ((words, ha) for words in lines for ha in ("left", "right")):
+        note = ax.text(joined + pad if ha == "left" else joined - pad, mid, words, ha=ha, **style)
+        if _inside(ax, note, left, right):
+            return
+        note.remove()
+    wide = "left" if right - joined > joined - left else "right"   # no room anywhere: the wider side, unclipped
+    ax.text(joined + pad if wide == "left" else joined - pad, mid, lines[1], ha=wide, **style | {"clip_on": False})
 
 
 def _names(events) -> str:
@@ -141,7 +165,6 @@ def trace_timeline(run, step: int | None = None, detached: bool = False):
             ax.axhline(i - 0.5, color="#969696", lw=0.8)
     ax.set_yticks(range(len(lanes)), [_lane_label(r, t, lanes, events) for r, t in lanes], fontsize=8)
     _mark_pause(ax, run, events, y)
-    _mark_waiting_bucket(ax, events, y)
     ax.set_ylim(len(lanes) - 0.4, -0.7)
     ax.set_xlabel("ms after the rank left the step's barrier (the barrier releases every rank at once)")
     ax.grid(axis="x", alpha=0.3)
@@ -162,4 +185,5 @@ def trace_timeline(run, step: int | None = None, detached: bool = False):
     handles.append(Line2D([], [], color="black", lw=1, ls="--", label="barrier released: t = 0 on every rank"))
     fig.legend(handles=handles, loc="outside upper center", ncol=3, fontsize=8, frameon=False)
     name_link(fig, run)
+    _mark_waiting_bucket(ax, events, y)   # last: where its note fits depends on the figure's layout
     return fig

@@ -35,6 +35,7 @@ from .comm import ring_bytes_per_rank
 
 HOOKS = ("allreduce", "fp16", "bf16", "powersgd", "noop")
 BYTES_PER_ELEMENT = {"allreduce": 4, "fp16": 2, "bf16": 2}
+SIGNIFICANT_BITS = {"fp16": 11, "bf16": 8}   # with the implicit leading bit: unit roundoff 2^-bits
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,17 @@ class PowerSGD:
     rank: int = 2                    # matrix_approximation_rank
     start_iter: int = 2              # start_powerSGD_iter: plain all-reduce before this step
     min_compression_rate: float = 2.0
+
+
+def rounding_bound(hook: str, ranks: int) -> float:
+    """The most a cast-and-sum hook's average may differ from the exact one, element by element, as a
+    fraction of the mean of the ranks' |g|: (1 + u)^D - 1, about D u, with u = 2^-bits the format's unit
+    roundoff. Each rank's cast rounds its value by at most u of it, and each of the D - 1 additions rounds
+    the partial sum by at most u of it. Holds where every rank's share |g| / D is a normal number of the
+    format (fp16: at least 2^-14); below that, rounding is coarser."""
+    if hook not in SIGNIFICANT_BITS or ranks < 1:
+        raise ValueError(f"hook, ranks: need one of {sorted(SIGNIFICANT_BITS)} and ranks >= 1, got {hook!r}, {ranks}")
+    return (1 + 2.0 ** -SIGNIFICANT_BITS[hook]) ** ranks - 1
 
 
 def matrix_view(shape) -> tuple[int, int]:

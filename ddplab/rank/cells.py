@@ -136,6 +136,7 @@ class TracedDist:
 
     def __init__(self, dist):
         self._dist, self.status = dist, None
+        self.calls = 0   # collectives called through it in this cell: the status numbers them from 1 (#n)
 
     def __getattr__(self, name):
         f = getattr(self._dist, name)
@@ -145,7 +146,9 @@ class TracedDist:
         @functools.wraps(f)
         def traced(*args, **kwargs):
             group = getattr(kwargs.get("group"), "group_name", None)   # the same on every rank of the group
-            call = {"op": name, "tensor": _describe(args, kwargs), "group": None if group is None else str(group)}
+            self.calls += 1
+            call = {"op": name, "tensor": _describe(args, kwargs), "group": None if group is None else str(group),
+                    "n": self.calls}
             self._write({**call, "done": False})
             raised = None
             try:   # (with async_op=True the call returns at once: the wait on its work is not seen)
@@ -162,6 +165,25 @@ class TracedDist:
             from ..rundir import write_json_atomic
 
             write_json_atomic(self.status, d)
+
+
+def group_seqs() -> dict[str, int]:
+    """Each process group's name -> how many collectives it has run (the sequence number torch's flight
+    recorder gave its last), noted as a cell starts: a hung cell's collective is then numbered within the
+    cell, not from the session's start-up barrier on (`witnesses.FlightVerdict`)."""
+    try:
+        from torch.distributed.distributed_c10d import _world
+
+        groups = dict(_world.pg_names)
+    except Exception:  # noqa: BLE001 - torch's private table: without it torch's own numbering is said
+        return {}
+    seqs = {}
+    for pg, name in groups.items():
+        try:
+            seqs[str(name)] = int(pg._get_sequence_number_for_group())
+        except Exception:  # noqa: BLE001 - (a backend without the count: that group keeps torch's numbering)
+            pass
+    return seqs
 
 
 def namespace(env, device) -> dict:
@@ -181,7 +203,7 @@ def run_cell(code: str, ns: dict, status=None, stream=None) -> dict:
     `status`: the file where `dist`'s collectives say what they were called with (`TracedDist`);
     `stream`: the file what it prints goes to as it prints it (the launcher shows it live)."""
     if isinstance(ns.get("dist"), TracedDist):
-        ns["dist"].status = status
+        ns["dist"].status, ns["dist"].calls = status, 0
     sink = None
     if stream is not None:
         try:

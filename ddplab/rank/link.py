@@ -82,7 +82,8 @@ def deactivate() -> None:
         _active = None
 
 
-def hold(fut, n_bytes: int, calls: int = 1):
+def hold(fut, n_bytes: int, calls: int = 1, bandwidth: float = 1.0):
     """`fut` (a real collective's future, or the last of a hook's `calls` all-reduces carrying `n_bytes`
-    in all), completed no earlier than the active link delivers it."""
-    return fut if _active is None else _active.hold(fut, n_bytes, calls)
+    in all), completed no earlier than the active link delivers it; `bandwidth` times the link's rate
+    (2: a link twice as fast, with the same latency)."""
+    return fut if _active is None else _active.hold(fut, n_bytes / bandwidth, calls)

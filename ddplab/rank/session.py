@@ -52,7 +52,8 @@ def serve(session_dir: Path, env, run_experiments) -> int:
         if job.get("stop"):
             break
         if "cell" in job:   # a %%ddp cell: this rank's namespace lives from cell to cell (runs go cold after one)
-            witness.at(session_dir, env.rank, f"job{n}.")   # a hung cell's testimony, if the launcher asks (all ranks)
+            # a hung cell's testimony, if the launcher asks (all ranks), numbering its collectives from the cell's start
+            witness.at(session_dir, env.rank, f"job{n}.", cells.group_seqs())
             if env.rank in job["ranks"]:
                 ns = ns if ns is not None else cells.namespace(env, device)
                 status = session_dir / f"job{n}.rank{env.rank}.cell.status"

@@ -30,6 +30,7 @@ from ..rundir import witness_file
 SIGNAL = signal.Signals(WITNESS_SIGNAL)
 FRAMES = 40              # innermost frames kept per thread
 _where: tuple[Path, int, str] | None = None   # (directory, rank, file name prefix)
+_seqs: dict | None = None   # a session's cell: each group's collectives before it began (`rank/cells.py`)
 _lock = threading.Lock()
 
 
@@ -53,10 +54,11 @@ def start() -> None:
     threading.Thread(target=serve, name="ddplab-witness", daemon=True).start()
 
 
-def at(directory, rank: int, prefix: str = "") -> None:
-    """Where this rank's testimony goes from now on (its current run, or a session's cell)."""
-    global _where
-    _where = (Path(directory), rank, prefix)
+def at(directory, rank: int, prefix: str = "", seqs: dict | None = None) -> None:
+    """Where this rank's testimony goes from now on (its current run, or a session's cell, with `seqs`:
+    how many collectives each process group had run when the cell began)."""
+    global _where, _seqs
+    _where, _seqs = (Path(directory), rank, prefix), seqs
 
 
 def _stacks() -> dict[str, list[dict]]:
@@ -97,7 +99,8 @@ def write(why: str) -> Path | None:
         from ..rundir import write_json_atomic
 
         write_json_atomic(path, {"rank": where[1], "pid": os.getpid(), "t_ns": time.time_ns(), "why": why,
-                                 "stacks": _stacks(), "flight": _flight()})
+                                 "stacks": _stacks(), "flight": _flight(),
+                                 **({"seqs_at_start": _seqs} if _seqs is not None else {})})
     finally:
         _lock.release()
     return path

@@ -20,6 +20,9 @@ class LearnStep:
     grad_error: float      # |reduced - exact average| / |exact average|, over the whole gradient
     write_bytes: int       # bytes this rank wrote during backward
     magnitude: float = 1.0  # |mean over ranks of |g||| / |exact average|: >= 1, large where the ranks' gradients cancel
+    worst_element: float = 0.0   # max over elements of |reduced - exact| / (mean over ranks of |g|), over the
+                                 # elements where every rank's |g| / ranks is in fp16's normal range (>= 2^-14)
+    cumulative_error: float = 0.0  # |sum of reduced - sum of exact averages| / |sum of exact|, steps so far
 
 
 @dataclass(frozen=True)

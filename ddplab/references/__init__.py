@@ -14,7 +14,7 @@ import json
 import re
 from pathlib import Path
 
-__all__ = ["REFERENCES", "claim_key", "reference", "reference_source"]
+__all__ = ["REFERENCES", "claim_key", "reference", "reference_source", "stored"]
 
 REFERENCES = Path(__file__).with_name("claims.json")
 _NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:e[-+]?\d+)?")
@@ -55,16 +55,24 @@ def _entry(claim: str, path: Path | None) -> tuple[dict, dict] | None:
     return (entry, run) if isinstance(run, dict) else None
 
 
+def stored(claim: str, path: Path | None = None) -> dict:
+    """A stored reference run's verdict of `claim`: its outcome, what it saw and its date; {} where none."""
+    found = _entry(claim, path)
+    if not found:
+        return {}
+    entry, run = found
+    return {"outcome": entry.get("outcome", "?"), "seen": entry.get("seen") or _seen_in(str(entry.get("line", ""))),
+            "date": run.get("date", "?")}
+
+
 def reference(claim: str, path: Path | None = None) -> str:
     """A stored reference run's verdict of `claim` in one line, labelled as not this run (its answer, what
     it saw, its date), or "" where none is stored; `reference_source` says where it ran."""
-    found = _entry(claim, path)
-    if not found:
+    ref = stored(claim, path)
+    if not ref:
         return ""
-    entry, run = found
-    seen = entry.get("seen") or _seen_in(str(entry.get("line", "")))
-    return (f"a reference run (not this run, {run.get('date', '?')}) resolved it: {entry.get('outcome', '?')}"
-            + (f" (seen {seen})" if seen else ""))
+    return (f"a reference run (not this run, {ref['date']}) resolved it: {ref['outcome']}"
+            + (f" (seen {ref['seen']})" if ref["seen"] else ""))
 
 
 def reference_source(claim: str, path: Path | None = None) -> str:

@@ -16,8 +16,8 @@ from .tasks import MODEL_FIELDS, RUN_FIELDS, Phase, TaskSpec, register
 # bare = torch DDP without probes, plan = BucketedSync with DDP's rule, split = the same with its last
 # bucket cut in two, ddp-split = the split plan run by torch DDP itself (one `bucket_cap_mb_list` cap per
 # bucket); "ddp:default" and "bare:default" leave bucket_cap_mb at None
-PLAN_KINDS = ("ddp", "bare", "plan", "split", "ddp-split")
-_PLAN = re.compile(r"^(ddp|bare|plan|split|ddp-split):(default|\d+(\.\d+)?(e-?\d+)?)$")
+PLAN_KINDS = ("ddp", "bare", "plan", "split", "ddp-split", "ddp-2x")
+_PLAN = re.compile(r"^(ddp|bare|plan|split|ddp-split|ddp-2x):(default|\d+(\.\d+)?(e-?\d+)?)$")
 
 
 class Plan(NamedTuple):
@@ -44,7 +44,7 @@ def _plan_ok(plan) -> bool:
     if not isinstance(plan, str) or not _PLAN.match(plan):
         return False
     kind, cap = Plan.parse(plan)
-    return 0 < cap <= 2 ** 20 if cap is not None else kind in ("ddp", "bare")   # at most 1 TiB
+    return 0 < cap <= 2 ** 20 if cap is not None else kind in ("ddp", "bare", "ddp-2x")   # at most 1 TiB
 
 
 @register
@@ -78,6 +78,9 @@ class BucketSweep(TaskSpec):
                               f"{', '.join(PLAN_KINDS)} and a cap > 0 ('default' for ddp and bare) (got {plans!r})")
         for name in ("rounds", "steps_per_round"):
             int_in(f"task.{name}", getattr(self, name), 1, 10 ** 4)
+        if exp.link is None and any(p.startswith("ddp-2x:") for p in plans):
+            bad("task.plans", f"a 'ddp-2x' plan runs on a link with twice the bandwidth of Experiment.link, and this "
+                              f"experiment has no link (set link='1GbE', say; got plans {plans!r})")
         same_work_on_every_rank(exp, "a bucket sweep")
 
     def total_steps(self, exp) -> int:

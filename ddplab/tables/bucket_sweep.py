@@ -4,8 +4,8 @@ step in the round) so that a step of one plan pairs with the same step of anothe
 `steps`; the plans take turns a step at a time, the compute-only baseline at both ends of every
 pass), and the timing claims judged on those pairs by `claims` (the `judge_*` functions; `ordered`,
 `faster_than`; `split_finding` and `judge_isolated_price` answer hypotheses, printed, not checked).
-Numbers in, DataFrames out (no processes); `tables/buckets.py` puts the simulator beside them.
-Used by notebook 05, its bucket slider, `ddplab tune-buckets` and bench/simulator_accuracy.py.
+Numbers in, DataFrames out (no processes); `tables/buckets.py` puts the simulator beside them. Used by
+notebook 05, its bucket slider, `ddplab tune-buckets` and bench/simulator_accuracy.py.
 """
 
 from __future__ import annotations
@@ -200,17 +200,20 @@ def ordered(table: pd.DataFrame, a: str, b: str) -> claims.Verdict:
 
 
 @reading_no_run
-def faster_than(table: pd.DataFrame, base: str, plans) -> dict[str, claims.Verdict]:
-    """Per plan: "its step is faster than `base`'s" (plan minus base, paired per step, below 0)."""
-    return {p: claims.paired(f"{p} is faster than {base}", *_pairs(table, p, base), below=0.0) for p in plans}
+def faster_than(table: pd.DataFrame, base: str, plans, what: str = "is faster than") -> dict[str, claims.Verdict]:
+    """Per plan: "its step is faster than `base`'s" (plan minus base, paired per step, below 0); `what` words
+    another quantity's claim (a table of exposed tails: "leaves a shorter exposed tail than")."""
+    return {p: claims.paired(f"{p} {what} {base}", *_pairs(table, p, base), below=0.0) for p in plans}
 
 
 @reading_no_run
 def verdict_table(verdicts: dict) -> pd.DataFrame:
     """One row per verdict of an open question (`faster_than`): its median, interval and this run's answer
-    (`claims.answer`: "yes", "no, the opposite" or "not resolved"; never a failed check's word)."""
-    return pd.DataFrame({k: {"median": v.center, "low": v.low, "high": v.high, "answer": claims.answer(v)}
-                         for k, v in verdicts.items()}).T.astype({"median": float, "low": float, "high": float})
+    (`claims.answer`: "yes", "no, the opposite" or "not resolved"; never a failed check's word), and where
+    this run cannot resolve it, a quiet reference run's answer (`claims.noted`; the column only if any)."""
+    table = pd.DataFrame({k: {"median": v.center, "low": v.low, "high": v.high, "answer": claims.answer(v), "reference run":
+                              claims.noted(v)} for k, v in verdicts.items()}).T.astype({"median": float, "low": float, "high": float})
+    return table if table["reference run"].any() else table.drop(columns="reference run")
 
 
 @reading_no_run

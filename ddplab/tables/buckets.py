@@ -17,6 +17,7 @@ bench/simulator_accuracy.py.
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 import pandas as pd
 
@@ -25,6 +26,7 @@ from ..predict.buckets import Cost, Schedule, ddp_plan, simulate, split_bucket, 
 from ..predict.buckets import calibrate as fit_one_knob   # this module has a calibrate of its own
 from ..predict.comm import AlphaBeta
 from ..spec.bucket_sweep import Plan
+from ..record.timeline import exposed_tail_ms
 from ..units import MIB, rel_error
 from . import bucket_sweep
 from .bucket_sweep import Inputs, sweep_record, cap_of, inputs, measured
@@ -294,3 +296,34 @@ def candidates(ins: Inputs, cost: Cost, caps_mb, split_cap_mb: float | None = No
                      "backward_left_ms": max(0.0, s.backward_ms - last.ready_ms),
                      "exposed_tail_ms": s.exposed_tail_ms, "step_ms": s.step_ms})
     return pd.DataFrame(rows).set_index("plan")
+
+
+@reading(run="bucket-sweep")
+def modelled_tails(run, link: AlphaBeta, plans) -> dict[str, float]:
+    """The textbook model's exposed tail (ms) per plan of a run on an emulated link (the loopback line `link`,
+    then the link's wire time; a "ddp-2x" plan's at twice the link's rate, as the rank holds it)."""
+    if getattr(run.spec, "link", None) is None:
+        raise ValueError(f"run: {run.spec.name!r} ran on loopback; modelled_tails is for a run on Experiment.link")
+    ins, textbook = inputs(run), costs(run, link, plans=[p.replace("ddp-2x:", "ddp:") for p in plans])["textbook"]
+    fast = replace(textbook, link_hold=replace(textbook.link_hold, beta_s_per_byte=textbook.link_hold.beta_s_per_byte / 2))
+    return {p: predict(ins, plan_for(run, p, ins), fast if p.startswith("ddp-2x:") else textbook).exposed_tail_ms for p in plans}
+
+
+@reading(run="bucket-sweep")
+def tails_beside_model(run, link: AlphaBeta, plans) -> pd.DataFrame:
+    """Per plan of a run on an emulated link: the exposed tail (ms) in the textbook model (`modelled_tails`)
+    and measured (median over its steps), and each one's saving against the first plan's."""
+    model, seen = modelled_tails(run, link, plans), bucket_sweep.steps(run, exposed_tail_ms, list(plans)).median()
+    table = pd.DataFrame({"modelled_ms": model, "measured_ms": {p: float(seen[p]) for p in plans}})
+    table["modelled_saving_ms"] = table["modelled_ms"].iloc[0] - table["modelled_ms"]
+    table["measured_saving_ms"] = table["measured_ms"].iloc[0] - table["measured_ms"]
+    return table.rename_axis("plan")
+
+
+@reading(run="bucket-sweep")
+def wire_against_backward(run) -> str:
+    """One sentence: how long the whole gradient needs on the run's emulated link against its backward."""
+    own = inputs(run)
+    wire_ms = run.spec.link.wire_s(own.gradient_bytes, run.world_size) * 1e3
+    return (f"the whole gradient needs {wire_ms:.0f} ms on this wire, backward {own.backward_ms:.0f} ms: a smaller late "
+            f"bucket helps only as far as the earlier buckets' transfers fit inside backward")

@@ -6,6 +6,7 @@ here; the step is judged by `claims` on the paired steps of one cap."""
 from __future__ import annotations
 
 import statistics
+from collections import Counter
 
 import pandas as pd
 
@@ -144,15 +145,33 @@ def verify_same_training(run, rel: float = SAME_TRAINING_REL) -> None:
 
 @reading(run="compiled-ddp")
 def bursts(run, cap=None) -> pd.DataFrame:
-    """At one cap, per compiled piece (DDPOptimizer's bucket, in DDP's order): its parameters, and how
-    long their gradients took to become ready from the first to the last, eager and compiled (ms)."""
+    """At one cap, per compiled piece (DDPOptimizer's bucket, in DDP's order): its own parameters, and how
+    long their gradients took to become ready from the first to the last, eager and compiled (ms). A
+    parameter in several pieces (a tied weight) is left out of each: its gradient is ready once, after its
+    last use; `attrs["shared"]` names it with its pieces and when it was ready compiled."""
     order = ready_order(run, cap)
+    split = _arm(run, "compiled", cap).split
+    counts = Counter(p for b in split for p in b.params)
     rows = []
-    for i, b in enumerate(_arm(run, "compiled", cap).split):
-        part = order.loc[[p for p in b.params if p in order.index]]
+    for i, b in enumerate(split):
+        part = order.loc[[p for p in b.params if p in order.index and counts[p] == 1]]
         rows.append({"piece": i, "parameters": len(part), "eager_spread_ms": part["eager_ms"].max() - part["eager_ms"].min(),
                      "compiled_spread_ms": part["compiled_ms"].max() - part["compiled_ms"].min()})
-    return pd.DataFrame(rows).set_index("piece")
+    table = pd.DataFrame(rows).set_index("piece")
+    table.attrs["shared"] = {p: ([i for i, b in enumerate(split) if p in b.params], float(order.loc[p, "compiled_ms"]))
+                             for p, n in counts.items() if n > 1 and p in order.index}
+    return table
+
+
+@reading_no_run
+def burst_reading(table: pd.DataFrame) -> str:
+    """One sentence from a `bursts` table: each piece's ready span, compiled against eager, and the shared
+    parameters left out."""
+    shared = "; ".join(f"{p}, in pieces {' and '.join(map(str, pieces))}, is ready once, {ms:.1f} ms into backward"
+                       for p, (pieces, ms) in table.attrs.get("shared", {}).items())
+    return (f"Compiled, each piece's own gradients became ready within {table['compiled_spread_ms'].max():.2f} ms of "
+            f"each other; eager, within {table['eager_spread_ms'].min():.1f} to {table['eager_spread_ms'].max():.1f} ms"
+            + (f". Left out: {shared}" if shared else ""))
 
 
 @reading_no_run
@@ -166,6 +185,17 @@ def order_moves(table: pd.DataFrame) -> str:
 
 
 @reading(run="compiled-ddp")
+def verify_compile_moves_readiness(run) -> None:
+    """Compiling changes when gradients become ready: on every rank, at every cap, the compiled step's ready
+    order differs from eager's (torch's default mode). Raises `verify.CheckFailed` where it is the same."""
+    moved = [sum(x != y for x, y in zip([e.param for e in ea.ready], [e.param for e in ca.ready]))
+             for r in run.ranks for ea in r.result.arms for ca in r.result.arms
+             if not ea.compiled and ca.compiled and ca.mode == "ddp_optimizer" and ca.cap_mb == ea.cap_mb]
+    verify.above("gradients whose place in the ready order compiling changed, fewest over ranks and caps",
+                 min(moved) if moved else 0, 0)
+
+
+@reading(run="compiled-ddp")
 def paired_ms(run, name: str, field: str = "step_ms") -> list[float]:
     """An arm's timed steps in (round, step) order, each timed by its slowest rank."""
     return slowest_rank([[getattr(s, field) for s in _arms(run, r.rank)[name].steps] for r in run.ranks])
@@ -174,19 +204,23 @@ def paired_ms(run, name: str, field: str = "step_ms") -> list[float]:
 @reading(run="compiled-ddp")
 def steps(run) -> pd.DataFrame:
     """Per compiled arm (cap and mode): the first compiled step (its compile), eager's, then the median step
-    of each and this run's finding on compiled against eager (paired steps; a family over the arms)."""
+    of each and this run's finding on compiled against eager (paired steps; a family over the arms), with a
+    quiet reference run's answer where this run cannot resolve it (`claims.noted`; the column only if any);
+    last, each arm's quartiles over its paired steps (`eager_q1_ms` ... `compiled_q3_ms`), their spread."""
     arms = _arms(run)
     compiled = [a for a in arms.values() if a.compiled]
     alpha = claims.family(len(compiled))
     rows = []
     for c in compiled:
         e = arms[c.name.replace("compiled", "eager", 1)]
-        v = claims.paired(f"compiled ({c.mode}) is faster than eager at cap {_cap(c.cap_mb)}", paired_ms(run, c.name),
-                          paired_ms(run, e.name), below=0.0, alpha=alpha)
+        timed = {"eager": paired_ms(run, e.name), "compiled": paired_ms(run, c.name)}
+        v = claims.paired(f"compiled ({c.mode}) is faster than eager at cap {_cap(c.cap_mb)}", timed["compiled"],
+                          timed["eager"], below=0.0, alpha=alpha)
         rows.append({"arm": c.name, "first_step_s_compiled": c.first_steps_s[0],
                      "first_step_s_eager": e.first_steps_s[0],
-                     "eager_ms": statistics.median(paired_ms(run, e.name)),
-                     "compiled_ms": statistics.median(paired_ms(run, c.name)),
+                     "eager_ms": statistics.median(timed["eager"]), "compiled_ms": statistics.median(timed["compiled"]),
                      "difference_ms": v.center, "interval_ms": f"[{v.low:+.1f}, {v.high:+.1f}]",
-                     "compiled faster?": claims.answer(v)})
-    return pd.DataFrame(rows).set_index("arm")
+                     "compiled faster?": claims.answer(v), "reference run": claims.noted(v),
+                     **{f"{kind}_q{q}_ms": pd.Series(ms).quantile(q / 4) for kind, ms in timed.items() for q in (1, 3)}})
+    table = pd.DataFrame(rows).set_index("arm")
+    return table if table["reference run"].any() else table.drop(columns="reference run")

@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from .. import claims, verify
+from ..signtest import median_interval
 from ..predict import comm, compression
 from ..units import rel_error
 from .stats import slowest_rank
@@ -116,11 +117,14 @@ def verify_bytes(table: pd.DataFrame, rel: float = 0.02) -> None:
 
 @reading(run="compression")
 def learning(run) -> pd.DataFrame:
-    """Per hook, over the learning steps (the same batches from the same start): the final global loss,
-    its gap to the float32 all-reduce's, the largest gap on the way, the reduced gradient's error against
-    the exact average of the same local gradients (median over the steps it compressed), the same error
-    over the mean of the ranks' |g| instead (what a sum's rounding is relative to), and how far the
-    parameters ended from the float32 run's (over how far that run moved)."""
+    """Per hook, over the learning steps (the same batches from the same start):
+    - `final_loss`, `loss_gap` (its gap to the float32 all-reduce's at the end), `largest_gap` on the way;
+    - `step_error`: the averaged gradient it delivered against the exact average of the same local
+      gradients, |delivered - exact| / |exact|, median over the steps it compressed;
+    - `summed_error`: the same for the sums over all the learning steps (what error feedback reduces);
+    - `worst_element`: the largest error of any element in any step, over the mean of the ranks' |g| for
+      that element (what a cast-and-sum's rounding is bounded by: `predict.compression.rounding_bound`);
+    - `param_gap`: how far the parameters ended from the float32 run's, over how far that run moved."""
     arms = _arms(run)
     psgd, base = _psgd(run), arms["allreduce"]
     if not base.learn:
@@ -131,9 +135,9 @@ def learning(run) -> pd.DataFrame:
         compressed = [s for t, s in enumerate(a.learn) if hook != "powersgd" or t >= psgd.start_iter]
         rows.append({"hook": hook, "final_loss": a.learn[-1].loss, "loss_gap": gaps[-1],
                      "largest_gap": max(gaps, key=abs),
-                     "grad_error_median": statistics.median(s.grad_error for s in compressed),
-                     "rounding_error_median": statistics.median(s.grad_error / s.magnitude for s in compressed),
-                     "param_gap": a.param_gap})
+                     "step_error": statistics.median(s.grad_error for s in compressed),
+                     "summed_error": a.learn[-1].cumulative_error,
+                     "worst_element": max(s.worst_element for s in compressed), "param_gap": a.param_gap})
     return pd.DataFrame(rows).set_index("hook")
 
 
@@ -142,6 +146,41 @@ def loss_gaps(run) -> dict[str, list[float]]:
     """Per hook, its global loss minus the float32 all-reduce's, step by step (the learning steps)."""
     arms = _arms(run)
     return {h: [s.loss - b.loss for s, b in zip(a.learn, arms["allreduce"].learn)] for h, a in arms.items()}
+
+
+@reading(run="compression")
+def summed_errors(run) -> dict[str, list[float]]:
+    """Per hook, `learning`'s summed error after each learning step (the sums over the steps so far)."""
+    return {h: [s.cumulative_error for s in a.learn] for h, a in _arms(run).items()}
+
+
+@reading(run="compression")
+def powersgd_reading(run) -> str:
+    """What this run's learning steps say about PowerSGD, in sentences computed from them: its loss gap
+    against noop's (no averaging at all), its error per step and summed, and whether the summed error
+    fell (error feedback catching up) or grew over the steps it compressed. Ends with what holds on
+    every run: torch's default start, read from the running torch."""
+    import inspect
+
+    from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState
+
+    table, start = learning(run), _psgd(run).start_iter
+    p, noop = table.loc["powersgd"], table.loc["noop"]
+    summed = summed_errors(run)["powersgd"][start:]
+    n = len(summed_errors(run)["powersgd"])
+    gap = (f"within noop's {noop['loss_gap']:+.2g}" if abs(p["loss_gap"]) <= abs(noop["loss_gap"]) else
+           f"{abs(p['loss_gap'] / noop['loss_gap']):.0f}x noop's {noop['loss_gap']:+.2g}" if noop["loss_gap"] else
+           "where noop's is 0")
+    trend = ("and still growing: error feedback had not yet sent what PowerSGD dropped"
+             if len(summed) > 1 and summed[-1] > summed[0] else
+             "and falling: error feedback was sending what PowerSGD dropped")
+    default = inspect.signature(PowerSGDState).parameters["start_powerSGD_iter"].default
+    return (f"After {n} steps, compressing from step {start + 1}, PowerSGD's loss is {p['loss_gap']:+.3g} from "
+            f"float32's, {gap} (no averaging at all).\n"
+            f"Each step it delivered a gradient {p['step_error']:.0%} off the true average. Summed over the steps, "
+            f"{p['summed_error']:.0%} off (noop's: {noop['summed_error']:.0%}),\n{trend}.\n"
+            f"torch runs the plain all-reduce for the first start_powerSGD_iter steps ({default} by default):\n"
+            f"early steps are the most sensitive to a wrong gradient.")
 
 
 @reading(run="compression")
@@ -186,6 +225,24 @@ def timing(run) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index("hook")
 
 
+@reading(run="compression")
+def cost_reading(run, table: pd.DataFrame) -> str:
+    """One line per hook whose `compress_ms` (its one-rank step minus float32's there) is not above 0, and
+    for noop (which does nothing): noise (the paired one-rank steps' interval holds 0), a real saving (it
+    skips the work even a one-rank all-reduce does) or, for noop, a real cost (the machine drifted)."""
+    lines, base = [], paired_ms(run, "allreduce", "local")
+    for hook in [h for h in table.index if h != "allreduce" and (h == "noop" or table.loc[h, "compress_ms"] <= 0)]:
+        diffs = [a - b for a, b in zip(paired_ms(run, hook, "local"), base)]
+        center, low, high = median_interval(diffs)
+        said = ("noise: the interval holds 0" if low <= 0 <= high else
+                "real: it skips what even a one-rank all-reduce does (a call, a copy, a future)" if high < 0 else
+                "the machine drifting between the arms, since noop does nothing" if hook == "noop" else
+                "a real cost")
+        lines.append(f"{hook}'s compress_ms of {center:+.2f} ms is {said} ([{low:+.2f}, {high:+.2f}] ms over "
+                     f"{len(diffs)} paired one-rank steps)")
+    return "\n".join(lines)
+
+
 @reading_no_run
 def predictor_error(table: pd.DataFrame) -> float:
     """The step model's median absolute relative error over the hooks of a `timing` table."""
@@ -196,7 +253,8 @@ def predictor_error(table: pd.DataFrame) -> float:
 def verdicts(run, table: pd.DataFrame) -> pd.DataFrame:
     """Per compressing hook, the model's call (faster or slower than the float32 all-reduce, by its
     predicted steps) judged on the paired measured steps: this run agrees, says the opposite, or cannot
-    resolve it. A family: each claim at `claims.family(k)`. A finding of this run, never a failing check."""
+    resolve it. A family: each claim at `claims.family(k)`. A finding of this run, never a failing check;
+    where it cannot resolve, a quiet reference run's answer beside it (`claims.noted`; the column only if any)."""
     hooks = [h for h in table.index if h not in ("allreduce", "noop")]
     alpha, base = claims.family(len(hooks)), paired_ms(run, "allreduce")
     rows = []
@@ -208,8 +266,10 @@ def verdicts(run, table: pd.DataFrame) -> pd.DataFrame:
                           **({"below": 0.0} if faster else {"above": 0.0}))
         rows.append({"hook": hook, "predicted_delta_ms": delta, "measured_delta_ms": v.center,
                      "interval_ms": f"[{v.low:+.2f}, {v.high:+.2f}]", "model's call": "shorter" if faster else "longer",
-                     "this run": {claims.HOLDS: "agrees", claims.CONTRADICTED: "the opposite"}.get(v.outcome, "not resolved")})
-    return pd.DataFrame(rows).set_index("hook")
+                     "this run": {claims.HOLDS: "agrees", claims.CONTRADICTED: "the opposite"}.get(v.outcome, "not resolved"),
+                     "reference run": claims.noted(v)})
+    table = pd.DataFrame(rows).set_index("hook")
+    return table if table["reference run"].any() else table.drop(columns="reference run")
 
 
 @reading(run="compression")

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from ddplab.launch import session as sessions
+from ddplab.launch import cells, session as sessions
 from ddplab.magic import CellFailed
 
 from tests.support import leftovers
@@ -128,20 +128,35 @@ def test_after_a_cell_runs_go_cold_so_a_cell_cannot_change_a_run(ip, tmp_path):
 
 def _short_session(ip):
     """A live session of 2 ranks whose collectives time out after 3 s (a cell that hangs restarts one
-    alike): the one the last test left, or a new one."""
+    alike): the one the last test left (once its restart is done), or a new one."""
+    cells.restarted()
     s = sessions.current()
     if s is None or not s.alive() or s.world_size != 2 or s.timeout_s != 3:
         ip.run_line_magic("ddp_start", "-n 2 --timeout 3")
     return sessions.current()
 
 
-def test_the_rank_that_skipped_a_collective_is_named(ip):
-    session = sessions.current()
-    out, error = _cell(ip, "if rank != 0:\n    dist.all_reduce(torch.ones(1))")
+def test_the_rank_that_skipped_a_collective_is_named_and_where_each_rank_waits_shows_while_it_hangs(ip):
+    """Issue 53: while the cell hangs, each rank's state and wait, every second, and when it will stop; the
+    failure within the timeout + 5 s, the waiting rank's stack taken inside its collective and the rank that
+    finished said to be idle, and the cell's first collective numbered #1."""
+    session = _short_session(ip)
+    t0 = time.monotonic()
+    shown, error = _shown_while_running(ip, "if rank != 0:\n    dist.all_reduce(torch.ones(1))")
+    seconds = time.monotonic() - t0
+    text = str(error)
     assert error is not None, "rank 1 waited in an all_reduce rank 0 never called"
-    assert "rank 0: finished the cell without joining the collective rank(s) 1 waited in" in str(error), str(error)
+    assert seconds <= session.timeout_s + cells.CELL_GRACE_S, seconds
+    assert "rank 0: finished the cell without joining the collective rank(s) 1 waited in" in text, text
+    assert ("rank(s) 0 never joined collective #1 of this cell in group 0:default_pg (gloo:all_reduce; torch's flight "
+            "recorder numbers it #") in text, text
+    running = [h for h in shown if "running..." in h]
+    for s in (1, 2):   # shown at least every second while it waits
+        assert any(f"rank 1: in dist.all_reduce #1 (shape (1,) float32) for {s} s" in h and
+                   "rank 0: finished the cell" in h and "the cell is stopped by 8 s" in h for h in running), running
+    assert "where rank 1 was when the launcher asked (waiting in dist.all_reduce #1 (shape (1,) float32) for" in \
+        shown[-1] and "where rank 0 was when the launcher asked (idle, between cells: it had finished" in shown[-1]
     assert not session.alive()
-    _short_session(ip)   # a fresh session for the tests below
 
 
 def test_a_collective_only_some_ranks_call_is_named_by_torch_and_the_ranks_come_back(ip):
@@ -149,20 +164,23 @@ def test_a_collective_only_some_ranks_call_is_named_by_torch_and_the_ranks_come_
     recorder analyzer on the ranks' records), each rank's stack; the ranks restarted, the next cell runs."""
     session = _short_session(ip)
     ip.run_cell_magic("ddp", "", "x = torch.ones(2)\ndist.all_reduce(x)")   # one collective both ranks join
+    t0 = time.monotonic()
     out, error = _cell(ip, "dist.all_reduce(torch.ones(1))", line="--ranks 0")
+    assert time.monotonic() - t0 <= session.timeout_s + cells.CELL_GRACE_S   # the restart is not the cell's
     text = str(error)
     assert error is not None and text.count("rank 0:") == 1, text
-    assert re.search(r"rank\(s\) 1 never joined collective #\d+ of group \S+ \(gloo:all_reduce\)", text), text
-    assert "The ranks were restarted: 2 new ranks" in text and "variables are gone" in text, text
+    assert re.search(r"rank\(s\) 1 never joined collective #1 of this cell in group \S+ \(gloo:all_reduce; torch's "
+                     r"flight recorder numbers it #3, after the session's start-up barrier and 1 collective\(s\) of "
+                     r"earlier cells\)", text), text
+    assert "2 new ones are starting: the next %%ddp cell waits for them" in text and "variables are gone" in text, text
     shown = out.data["text/html"]
-    assert "where rank 1 was when the launcher asked" in shown and "session.py" in shown, shown   # idle, between jobs
+    assert "where rank 1 was when the launcher asked (idle, between cells: it was not in this cell)" in shown and \
+        "session.py" in shown, shown
     flight = ip.user_ns["_ddp"].flight
-    seq = flight.seq
-    assert flight.ranks == [1] and seq >= 2, str(flight)   # after the collective both joined
-    assert not session.alive() and sessions.current() is not session and sessions.current().alive()
-    assert re.search(r"2 new ranks in ([\d.]+) s", text), text   # (how soon it is named: bench/hang_witness.py)
+    assert flight.ranks == [1] and (flight.seq, flight.earlier) == (3, 2), str(flight)   # after the one both joined
     ip.run_cell_magic("ddp", "", "rank")   # the next cell runs, no %ddp_start, no kernel restart
     assert ip.user_ns["_ddp"].value(1) == "1"
+    assert not session.alive() and sessions.current() is not session and sessions.current().alive()
     deadline = time.monotonic() + 5
     while leftovers(session.dir) and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -170,8 +188,10 @@ def test_a_collective_only_some_ranks_call_is_named_by_torch_and_the_ranks_come_
 
 
 def test_a_rank_whose_own_code_never_ends_is_told_apart_from_one_waiting_in_a_collective(ip):
-    _short_session(ip)
+    session = _short_session(ip)
+    t0 = time.monotonic()
     out, error = _cell(ip, "if rank == 1:\n    while True:\n        pass\nelse:\n    dist.all_reduce(torch.ones(3))")
+    assert time.monotonic() - t0 <= session.timeout_s + cells.CELL_GRACE_S   # testimonies and teardown included
     text = str(error)
     assert "rank 1: never finished, and not inside any collective called through the cell's `dist`" in text, text
     assert "rank 0:" in text, text

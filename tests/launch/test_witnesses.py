@@ -111,6 +111,22 @@ def test_the_diagnosis_prints_torchs_verdict_and_the_stacks_beside_its_own():
     assert "--- rank 1 when the launcher asked" in text and "inject_fault" in text
 
 
+def test_a_cells_collective_is_numbered_from_the_cells_start_and_torchs_number_explained(tmp_path):
+    """In a `%%ddp` cell torch's sequence number counts the session's start-up barrier and earlier cells'
+    collectives (issue 53: a learner's first all-reduce read "#2"); each rank notes where the cell began."""
+    for before, said in ((9, "#1 of this cell in group 0:default_pg (gloo:all_reduce; torch's flight recorder numbers it "
+                              "#10, after the session's start-up barrier and 8 collective(s) of earlier cells)"),
+                         (1, "#9 of this cell in group 0:default_pg (gloo:all_reduce; torch's flight recorder numbers it "
+                             "#10, after the session's start-up barrier)")):
+        for r, t in _stall().items():
+            (tmp_path / f"job3.rank{r}.witness.json").write_text(json.dumps({**t, "seqs_at_start": {"0": before}}))
+        verdict, _ = witnesses.testimony(tmp_path, 2, prefix="job3.")
+        assert verdict.earlier == before and f"rank(s) 1 never joined collective {said}" in str(verdict), str(verdict)
+    (tmp_path / "job3.rank1.witness.json").write_text(json.dumps({**_stall()[1], "seqs_at_start": {"0": 8}}))
+    verdict, _ = witnesses.testimony(tmp_path, 2, prefix="job3.")   # the ranks disagree: torch's number alone
+    assert verdict.earlier is None and "never joined collective #10 of group 0:default_pg (gloo:all_reduce)" in str(verdict)
+
+
 def test_a_rank_that_called_another_collective_is_what_torch_calls_the_culprit():
     t = copy.deepcopy(_stall())
     other = copy.deepcopy(t[0]["flight"]["entries"][-1])   # rank 0's collective #10, an all_reduce

@@ -321,7 +321,7 @@ def test_the_ddp_magic_shows_every_rank_side_by_side(page, lab):
     page.keyboard.press("Shift+Enter")
     failed = hung.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']")
     expect(failed).to_contain_text("never joined collective #", timeout=60_000)
-    expect(failed).to_contain_text("The ranks were restarted")
+    expect(failed).to_contain_text("2 new ones are starting: the next %%ddp cell waits for them")
     expect(hung.locator("details summary")).to_contain_text(["where rank 1 was when the launcher asked"])
     after.locator(".jp-InputArea-editor").click()
     page.keyboard.press("Shift+Enter")

@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from ddplab.predict import compression
 from ddplab.predict.compression import PowerSGD
@@ -134,3 +135,23 @@ def test_the_comparison_runs_on_an_emulated_link_and_round_trips():
     exp = Experiment(world_size=2, task=Compression(), link=Link.named("1GbE"))
     assert Experiment.from_json(exp.to_json()) == exp
     assert Link.named("1GbE").wire_s(1000, 2, calls=3) == pytest.approx(3 * 2 * 50e-6 + 1000 * 8 / 1e9)
+
+
+@pytest.mark.parametrize("hook, dtype", [("fp16", torch.float16), ("bf16", torch.bfloat16)])
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_rounding_bound_holds_and_is_tight_for_a_cast_and_sum(hook, dtype, ranks):
+    """torch's hook casts each rank's gradient, divides by D and sums in the format: every element's error
+    stays within the bound, and the worst comes close to it (the bound is not loose by a factor)."""
+    gen = torch.Generator().manual_seed(ranks)
+    g = torch.randn(ranks, 200_000, generator=gen) * torch.exp(torch.randn(ranks, 200_000, generator=gen))
+    total = torch.zeros(g.shape[1], dtype=dtype)
+    for r in range(ranks):
+        total = total + g[r].to(dtype).div_(ranks)
+    exact = g.double().mean(0)
+    scale = g.double().abs().mean(0)
+    normal = g.abs().min(0).values / ranks >= 2.0 ** -14
+    worst = float(((total.double() - exact).abs()[normal] / scale[normal]).max())
+    bound = compression.rounding_bound(hook, ranks)
+    assert 0.6 * bound < worst <= bound
+    with pytest.raises(ValueError, match="hook, ranks"):
+        compression.rounding_bound("powersgd", ranks)

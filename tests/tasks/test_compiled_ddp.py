@@ -70,6 +70,28 @@ def test_every_gradient_is_seen_ready_under_compile(runs):
 
 
 @pytest.mark.slow
+def test_compiling_moves_readiness_and_a_run_where_it_did_not_fails_the_check(runs):
+    run = runs["compiled-lab"]
+    compiled.verify_compile_moves_readiness(run)
+    eager = {a.cap_mb: a.ready for a in run.ranks[0].result.arms if not a.compiled}
+    same = dataclasses.replace(run, ranks=[dataclasses.replace(r, result=dataclasses.replace(r.result, arms=[
+        dataclasses.replace(a, ready=eager[a.cap_mb]) if a.compiled else a for a in r.result.arms])) for r in run.ranks])
+    with pytest.raises(verify.CheckFailed, match="ready order"):
+        compiled.verify_compile_moves_readiness(same)
+
+
+@pytest.mark.slow
+def test_a_tied_weight_is_left_out_of_each_pieces_burst_and_named(runs):
+    run = runs["compiled-lab"]
+    table = compiled.bursts(run, cap=2.0)
+    split = compiled._arm(run, "compiled", 2.0).split
+    assert table.attrs["shared"] and all(len(pieces) > 1 for pieces, _ in table.attrs["shared"].values())
+    assert table["parameters"].sum() + len(table.attrs["shared"]) == len({p for b in split for p in b.params})
+    text = compiled.burst_reading(table)
+    assert f"{table['compiled_spread_ms'].max():.2f} ms" in text and all(p in text for p in table.attrs["shared"])
+
+
+@pytest.mark.slow
 def test_every_blocks_compiles_are_marked_as_progress_despite_dynamos_reset(runs):
     # the task resets Dynamo before each block, which clears its compile callbacks; the marks must come back
     run = runs["compiled-lab"]

@@ -5,6 +5,8 @@ shared launch (tests/support), sized small: the notebook runs the full compariso
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -99,13 +101,34 @@ def test_every_hook_gets_one_bucket_and_bf16_is_refused_by_name_on_cpu(runs):
         assert "NCCL" in run.ranks[0].result.refused["bf16"]
 
 
-def test_learning_gaps_follow_the_formats(runs):
+def test_learning_errors_follow_the_formats_element_by_element(runs):
+    for name in ("compression-w2", "compression-w4"):
+        run = runs[name]
+        learned, w = hooks.learning(run), run.world_size
+        assert learned.loc["allreduce", "step_error"] == 0 and learned.loc["allreduce", "param_gap"] == 0
+        assert learned.loc["allreduce", "summed_error"] == 0 and learned.loc["allreduce", "worst_element"] == 0
+        for hook in ("fp16", "bf16"):   # every element within the cast-and-sum bound, and near it (not loose)
+            bound = compression.rounding_bound(hook, w)
+            assert 0.3 * bound < learned.loc[hook, "worst_element"] <= bound, (name, hook)
+        assert learned.loc["fp16", "worst_element"] < compression.rounding_bound("bf16", w) / 4
+        assert learned.loc["powersgd", "step_error"] > 10 * learned.loc["bf16", "step_error"]
+        assert learned.loc["noop", "step_error"] > 0.1   # the local gradient is not the average
+
+
+def test_summed_errors_grow_with_the_steps_and_the_reading_says_what_the_run_shows(runs):
     run = runs["compression-w2"]
-    learned = hooks.learning(run)
-    assert learned.loc["allreduce", "grad_error_median"] == 0 and learned.loc["allreduce", "param_gap"] == 0
-    assert learned.loc["fp16", "rounding_error_median"] < 2 * 2 ** -11 < learned.loc["bf16", "rounding_error_median"]
-    assert learned.loc["bf16", "rounding_error_median"] < 2 * 2 ** -8 < learned.loc["powersgd", "grad_error_median"]
-    assert learned.loc["noop", "grad_error_median"] > 0.1   # the local gradient is not the average
+    summed, learned = hooks.summed_errors(run), hooks.learning(run)
+    start = run.spec.task.start_powerSGD_iter
+    assert summed["powersgd"][:start] == [0.0] * start   # the plain all-reduce before PowerSGD starts
+    assert summed["powersgd"][-1] == learned.loc["powersgd", "summed_error"] > 0
+    text = hooks.powersgd_reading(run)
+    assert f"{learned.loc['powersgd', 'loss_gap']:+.3g}" in text and f"{learned.loc['powersgd', 'summed_error']:.0%}" in text
+    grew = summed["powersgd"][-1] > summed["powersgd"][start]
+    assert ("still growing" in text) == grew and ("falling" in text) != grew
+    from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState
+
+    default = inspect.signature(PowerSGDState).parameters["start_powerSGD_iter"].default
+    assert f"({default} by default)" in text   # the running torch's, not a remembered one
 
 
 def test_the_timing_table_reads_the_run_and_needs_the_local_arms(runs):
@@ -186,3 +209,14 @@ def test_the_family_claim_keeps_one_key_whichever_hook_is_weakest():
                       below=0)
     assert v.headline == "fp16, bf16, powersgd each shorten the step against float32 (1GbE link)"
     assert "the weakest of 3: bf16" in v.details()
+
+
+def test_cost_reading_says_noise_exactly_when_the_interval_holds_0(runs):
+    from ddplab.signtest import median_interval
+
+    run = runs["compression-w2"]
+    text = hooks.cost_reading(run, hooks.timing(run))
+    base = hooks.paired_ms(run, "allreduce", "local")
+    _, low, high = median_interval([a - b for a, b in zip(hooks.paired_ms(run, "noop", "local"), base)])
+    line = next(ln for ln in text.splitlines() if ln.startswith("noop's compress_ms"))
+    assert ("noise" in line) == (low <= 0 <= high) and f"[{low:+.2f}, {high:+.2f}] ms" in line

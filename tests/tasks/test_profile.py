@@ -117,17 +117,22 @@ def straggler_trace(rank: int) -> dict:
             "traceEvents": names + events}
 
 
-def test_the_timeline_names_gloo_workers_and_marks_the_pause_and_the_bucket_that_waits(tmp_path):
+def straggler_run(tmp_path):
+    """A stand-in run of `straggler_trace`'s two ranks, with rank 1 the straggler of its spec."""
     import json
 
     from ddplab.spec import Straggler
 
     for rank in (0, 1):
         (tmp_path / f"rank{rank}.json").write_text(json.dumps(straggler_trace(rank)))
-    run = types.SimpleNamespace(
+    return types.SimpleNamespace(
         spec=types.SimpleNamespace(name="straggler", probes=("profile",), straggler=Straggler(rank=1, ms=45.0)),
         path=tmp_path, ranks=[types.SimpleNamespace(rank=r, result=types.SimpleNamespace(
             profile=types.SimpleNamespace(trace=f"rank{r}.json"))) for r in (0, 1)])
+
+
+def test_the_timeline_names_gloo_workers_and_marks_the_pause_and_the_bucket_that_waits(tmp_path):
+    run = straggler_run(tmp_path)
     ax = plots.traces.trace_timeline(run, step=1).axes[0]
     assert [t.get_text() for t in ax.get_yticklabels()] == ["rank 0\nmain thread", "rank 0\ngloo worker 1",
                                                             "rank 1\nmain thread", "rank 1\ngloo worker 1"]
@@ -136,6 +141,22 @@ def test_the_timeline_names_gloo_workers_and_marks_the_pause_and_the_bucket_that
     assert any("waits 44.0 ms for rank 1 to join" in t for t in texts), texts   # from 36 ms to rank 1's launch at 80
     run.spec.straggler = None   # the same trace without a straggler in the spec: no pause to mark
     assert not any("pauses" in t.get_text() for t in plots.traces.trace_timeline(run, step=1).axes[0].texts)
+
+
+def test_the_waiting_buckets_note_is_drawn_whole_with_its_unit(tmp_path):
+    """The note must lie inside the axes (a clipped note lost its unit: "waits 24."), and, where it is
+    white on its bar, inside the bar."""
+    run = straggler_run(tmp_path)
+    fig = plots.traces.trace_timeline(run, step=1)
+    fig.draw_without_rendering()
+    ax = fig.axes[0]
+    [note] = [t for t in ax.texts if "waits" in t.get_text()]
+    assert " ".join(note.get_text().split()) == "first bucket: its all-reduce waits 44.0 ms for rank 1 to join (▼)"
+    box, axes = note.get_window_extent(), ax.get_window_extent()
+    assert axes.x0 <= box.x0 and box.x1 <= axes.x1, f"the note runs past the axes: {box} against {axes}"
+    if note.get_color() == "white":   # inside rank 0's bar, from 36 ms to 85 ms
+        bar = ax.transData.transform([(36, 0), (85, 0)])[:, 0]
+        assert bar[0] <= box.x0 and box.x1 <= bar[1], f"the note runs past its bar: {box} against {bar}"
 
 
 # ---- a real 2-rank run ----------------------------------------------------------------------------------

@@ -98,3 +98,23 @@ def test_an_emulated_link_holds_each_all_reduce_after_it_one_transfer_at_a_time(
     # the hold takes no core: backward is not slowed by it, whatever the interference
     shared = predict.buckets.simulate(grads, plan, Cost(loop, interference=1.0, link_hold=AlphaBeta(4e-3, 0.0)))
     assert shared.backward_ms == predict.buckets.simulate(grads, plan, Cost(loop, interference=1.0)).backward_ms
+
+
+@pytest.mark.slow
+def test_a_plan_on_twice_the_bandwidth_is_held_half_as_long_and_modelled_so(tmp_path):
+    """A real 2-rank run on an emulated 1 GbE link: the one bucket on twice the bandwidth leaves a shorter
+    exposed tail than on the link itself, by about half the wire's time, in the model and measured."""
+    import ddplab
+    from ddplab import recipes, record
+    from ddplab.tables import bucket_sweep
+
+    exp = recipes.split_on_link("1GbE", rounds=2, steps=2, pin_cpus=False, against_bandwidth=True)
+    run = ddplab.run(exp, tmp_path)
+    plans = ["ddp:64", "ddp-2x:64", "ddp-split:64", "ddp:1"]
+    table = buckets.tails_beside_model(run, AlphaBeta(1e-4, 1e-10), plans)
+    half_wire_ms = run.spec.link.wire_s(bucket_sweep.inputs(run).gradient_bytes, 2) * 1e3 / 2
+    assert table.loc["ddp-2x:64", "modelled_saving_ms"] == pytest.approx(half_wire_ms, rel=0.05)
+    assert 0.5 * half_wire_ms < table.loc["ddp-2x:64", "measured_saving_ms"] < 1.5 * half_wire_ms
+    seen = bucket_sweep.steps(run, record.exposed_tail_ms, plans).median()
+    assert table["measured_ms"].to_dict() == pytest.approx(seen.to_dict())
+    assert f"{2 * half_wire_ms:.0f} ms on this wire" in buckets.wire_against_backward(run)

@@ -206,14 +206,29 @@ def test_a_true_family_is_contradicted_by_chance_at_most_alpha():
 
 def test_this_run_counts_the_claims_checked_and_their_references(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(claims, "_CHECKED", {})
-    assert "no timing check yet" in claims.this_run()
+    assert "no timing claim yet" in claims.this_run()
     claims.check(claims.judge("a holds (per step)", [5.0 + i for i in range(12)], above=0))
     claims.check(claims.judge("a holds (per step)", [6.0 + i for i in range(12)], above=0))   # a cell run again
-    assert claims.this_run().endswith(": 1 of 1 timing checks resolved")
+    assert claims.this_run().endswith(": 1 of 1 timing claims resolved")
     monkeypatch.setattr(references, "REFERENCES", _store(tmp_path))
     noise = [(-1) ** i * (i + 1.0) for i in range(12)]
     claims.check(claims.judge("the split shortens the tail (by 1 ms)", noise, below=0))
-    assert claims.this_run().endswith("1 of 2 timing checks resolved; each unresolved one shows a quiet reference run")
+    assert claims.this_run().endswith("1 of 2 timing claims resolved; each unresolved one shows a quiet reference run")
     claims.check(claims.judge("b shrinks", noise, below=0))
-    assert claims.this_run().endswith("1 of 3 timing checks resolved; 1 of the 2 unresolved has no reference run yet")
+    assert claims.this_run().endswith("1 of 3 timing claims resolved; 1 of the 2 unresolved has no reference run yet")
     assert claims.this_run().startswith("this run (load ")
+
+
+def test_a_tables_open_question_is_noted_recorded_and_gets_the_reference_answer(tmp_path, monkeypatch):
+    monkeypatch.setattr(claims, "_CHECKED", {})
+    monkeypatch.setattr(references, "REFERENCES", _store(tmp_path))
+    out = tmp_path / "verdicts.jsonl"
+    monkeypatch.setenv("DDPLAB_RECORD_CLAIMS", str(out))
+    noise = [(-1) ** i * (i + 1.0) for i in range(12)]
+    assert claims.noted(claims.judge("the split shortens the tail (by 1 ms)", noise, below=0)) == "yes, seen -4.1 ms (2026-12-03)"
+    assert claims.noted(claims.judge("the split shortens the tail (by 1 ms)", [-5.0 - i for i in range(12)], below=0)) == ""
+    assert claims.noted(claims.judge("b shrinks", noise, below=0)) == ""   # no reference stored
+    assert claims.noted(claims.judge("b grows", [5.0 + i for i in range(12)], below=0)) == ""   # never raises
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["finding"] for r in rows] == [True] * 4 and rows[-1]["outcome"] == "contradicted"
+    assert claims.this_run().endswith("2 of 3 timing claims resolved; 1 of the 1 unresolved has no reference run yet")

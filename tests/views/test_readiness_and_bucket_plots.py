@@ -124,6 +124,30 @@ def test_the_slider_timeline_names_every_mark_and_keeps_its_text_inside(cap_mb):
     assert halves[0] != halves[1]                              # two measured buckets in flight together: both seen
 
 
+def test_each_of_53_measured_buckets_stays_visible_on_the_slider_timeline():
+    """One bucket per parameter, as at the slider's smallest cap: launch-to-done spans overlap up to three
+    deep (every fourth bucket waits longer), and next ones touch. A bucket that overlaps another in time
+    must sit on another row, and touching ones on a row must differ in shade, else they merge into one bar."""
+    ins = bucket_sweep.Inputs([Grad(f"p{i}", 2 ** 14, 0.5 * (i + 1)) for i in range(53)], backward_ms=30.0,
+                              forward_ms=10.0, optimizer_ms=1.0)
+    s = buckets.predict(ins, buckets.ddp_rule(ins, 0.001), SLOW_LINK)
+    spans = [(0.5 * i, 0.5 * i + (1.5 if i % 4 == 0 else 0.5)) for i in range(53)]
+    measured = {"buckets": [{"index": i, "launch_ms": a, "done_ms": b} for i, (a, b) in enumerate(spans)],
+                "last_ready_ms": 26.5, "backward_ms": 30.0}
+    (ax,) = plots.buckets.timeline(s, measured, "ddp:0.001: 53 bucket(s)", detached=True).axes
+    lane = 2 - 0.4   # the measured lane, third from the top
+    bars = [(v[:, 0].min(), v[:, 0].max(), v[:, 1].min(), v[:, 1].max(), tuple(c.get_facecolor()[0]), c)
+            for c in ax.collections for v in [p.vertices for p in c.get_paths()] if len(v) and v[:, 1].min() >= lane]
+    assert len(bars) == 53
+    for i, (x0, x1, y0, y1, color, c) in enumerate(bars):
+        assert tuple(c.get_edgecolor()[0]) == (1.0, 1.0, 1.0, 1.0) and c.get_linewidth()[0] > 0   # a white edge
+        for u0, u1, v0, v1, other, _ in bars[i + 1:]:
+            if x0 < u1 and u0 < x1:
+                assert y1 <= v0 or v1 <= y0, f"buckets over {x0:.1f}-{x1:.1f} and {u0:.1f}-{u1:.1f} ms hide one another"
+            elif (y0, y1) == (v0, v1) and (x1 == u0 or u1 == x0):
+                assert color != other, f"buckets touching at {max(x0, u0):.1f} ms share a row and a shade"
+
+
 def test_the_error_bands_of_the_sweep_comparison_are_in_its_legend():
     t = pd.DataFrame({"buckets": [8, 2], "measured_ms": [100.0, 90.0], "spread_ms": [2.0, 3.0], "textbook_ms": [80.0, 85.0],
                       "textbook_error": [-0.2, -0.06], "calibration_point": [True, False]}, index=["ddp:1", "ddp:4"])

@@ -26,8 +26,8 @@ class BucketLog:
     On CUDA, launch and done are when the device got there (`clock.GpuStamps`): the bucket's gradients
     written, and the all-reduce finished on the NCCL stream, not when the host queued them."""
 
-    def __init__(self, group=None, names: dict[int, str] | None = None, cuda: bool = False):
-        self.group = group
+    def __init__(self, group=None, names: dict[int, str] | None = None, cuda: bool = False, bandwidth: float = 1.0):
+        self.group, self.bandwidth = group, bandwidth   # bandwidth: times the emulated link's rate (rank/link.py)
         self.names = names or {}
         self.events: list[dict] = []
         self.buffers = {}  # bucket index -> the flat buffer DDP handed over last
@@ -50,7 +50,8 @@ class BucketLog:
             self.stamps.mark(lambda t: event.__setitem__("launch_ns", t))
         buf.div_(dist.get_world_size(self.group))
         # on an emulated link (spec/link.py) its completion waits for the link too: done_ns is when it arrived
-        fut = link.hold(dist.all_reduce(buf, group=self.group, async_op=True).get_future(), event["bytes"])
+        fut = link.hold(dist.all_reduce(buf, group=self.group, async_op=True).get_future(), event["bytes"],
+                        bandwidth=self.bandwidth)
 
         def done(f):  # gloo: on a worker thread when the all-reduce completes; CUDA: see the class
             event["done_ns"] = clock.now_ns()

@@ -8,7 +8,9 @@ Every plan gets its own copy of the same model (same seed), its own wrapper and 
 - "plan:<cap>" / "split:<cap>": `BucketedSync` with DDP's bucketing rule applied to the measured
   ready order, as is or with the last bucket cut in two;
 - "ddp-split:<cap>": the split plan run by torch DDP itself, one `bucket_cap_mb_list` cap per bucket,
-  traced by the probes (its real buckets can be compared with the split's, tensor for tensor).
+  traced by the probes (its real buckets can be compared with the split's, tensor for tensor);
+- "ddp-2x:<cap>": "ddp:<cap>" on an emulated link (`Experiment.link`) with twice its bandwidth, the same
+  latency (what more bandwidth buys, in the same rounds as a split on the link itself).
 Each plan first takes 2 warm-up steps (DDP rebuilds its buckets after the first), then goes back to
 the common starting parameters for one check step with its real buckets: the reduced gradients and
 updated parameters of every synchronized plan are compared with the first plan's, and so are the
@@ -158,11 +160,12 @@ def _arm(ctx, name: str, index: int, base, grads) -> _Arm:
     if kind == "compute":
         return _Arm(name, module, module, ready, None)
     ctx.log.enter("construct", micro=index, detail=name)
-    if kind in ("ddp", "bare"):
+    if kind in ("ddp", "bare", "ddp-2x"):
         wrapper = wrap_in_ddp(module, ctx.device, ctx.group, bucket_cap_mb=cap)
         buckets = None
-        if kind == "ddp":
-            buckets = BucketLog(ctx.group, {id(p): n for n, p in module.named_parameters()}, cuda)
+        if kind != "bare":
+            buckets = BucketLog(ctx.group, {id(p): n for n, p in module.named_parameters()}, cuda,
+                                bandwidth=2.0 if kind == "ddp-2x" else 1.0)
             wrapper.register_comm_hook(None, buckets.hook)
         return _Arm(name, module, wrapper, ready, buckets)
     plan = predict.buckets.ddp_plan(grads, cap * MIB)

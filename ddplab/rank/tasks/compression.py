@@ -70,6 +70,7 @@ class _Arm:
         self.calls = self.iteration = self.bucket_bytes = 0
         self.keep: dict | None = None
         self.learn: list[LearnStep] = []
+        self.sums: list = []   # what the hook delivered and the exact averages, summed over the learning steps
         self.steps: list[HookStep] = []
         self.ddp.register_comm_hook(self.state, self._hook)
 
@@ -112,12 +113,20 @@ class _Arm:
         dist.all_reduce(exact, group=group)
         exact.div_(dist.get_world_size(group))
         error = float((result - exact).norm() / exact.norm().clamp_min(1e-30))
+        world = dist.get_world_size(group)
         scale = local.abs()   # the mean of the ranks' |g|: what the rounding of a sum is relative to
         dist.all_reduce(scale, group=group)
-        magnitude = float(scale.div_(dist.get_world_size(group)).norm() / exact.norm().clamp_min(1e-30))
+        scale.div_(world)
+        magnitude = float(scale.norm() / exact.norm().clamp_min(1e-30))
+        smallest = local.abs()
+        dist.all_reduce(smallest, op=dist.ReduceOp.MIN, group=group)
+        normal = smallest >= world * 2.0 ** -14   # every rank's share stays in fp16's normal range
+        worst = float(((result - exact).abs()[normal] / scale[normal]).max()) if bool(normal.any()) else 0.0
+        self.sums = [result.clone(), exact.clone()] if not self.sums else [self.sums[0] + result, self.sums[1] + exact]
+        cumulative = float((self.sums[0] - self.sums[1]).norm() / self.sums[1].norm().clamp_min(1e-30))
         mean = loss.detach().clone()
         dist.all_reduce(mean, group=group)
-        self.learn.append(LearnStep(float(mean) / dist.get_world_size(group), error, written, magnitude))
+        self.learn.append(LearnStep(float(mean) / world, error, written, magnitude, worst, cumulative))
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
 
