@@ -112,7 +112,7 @@ class Verdict:
 
     def seen(self) -> str:
         """The line without its answer: the claim in plain words and what this run saw."""
-        why = ", too few rounds" if not (math.isfinite(self.low) and math.isfinite(self.high)) else ", noise too wide"
+        why = ", too few values" if not (math.isfinite(self.low) and math.isfinite(self.high)) else ", noise too wide"
         return f"{self.headline} (seen {self.effect()}{why if self.outcome == UNRESOLVED else ''})"
 
     def details(self) -> str:
@@ -180,7 +180,7 @@ def _decide(claim, center, low, high, n, what, unit, alpha, above, below, within
     advice = ""
     if outcome == UNRESOLVED:
         if not (math.isfinite(low) and math.isfinite(high)):
-            advice = f"it takes at least {min_rounds(alpha)} rounds to judge at all"
+            advice = f"it takes at least {min_rounds(alpha)} measured values to judge at all"
         else:
             nearest = min(edges, key=lambda e: abs(center - e))
             margin = abs(center - nearest)
@@ -188,13 +188,13 @@ def _decide(claim, center, low, high, n, what, unit, alpha, above, below, within
             band = within is not None   # a band has no "effect" to grow: only its edge and the noise
             if margin > 0 and scale_rounds and half / margin <= 10:
                 need = max(math.ceil(n * (half / margin) ** 2), n + 1)
-                advice = (f"about {need} rounds (not {n})" + ("" if band else f" or an effect {half / margin:.1f}x larger")
+                advice = (f"about {need} measured values (not {n})" + ("" if band else f" or an effect {half / margin:.1f}x larger")
                           + " would resolve it, noise staying as it is")
             elif margin > 0 and scale_rounds and band:
                 advice = (f"the median sits {_g(margin)}{u} from the band's edge {nearest:.3g}: it would take over 100x "
-                          f"the rounds (not {n}) to tell on which side it lies")
+                          f"the measured values (not {n}) to tell on which side it lies")
             elif margin > 0 and scale_rounds:
-                advice = (f"no effect shows above the noise here: it would take over 100x the rounds (not {n}) or an "
+                advice = (f"no effect shows above the noise here: it would take over 100x the measured values (not {n}) or an "
                           "effect over 10x larger, the median sitting this near the claim's edge")
             elif margin > 0:
                 advice = f"it would take an interval {half / margin:.1f}x narrower"

@@ -8,7 +8,10 @@ alone outside a kernel.
 
 from __future__ import annotations
 
-__all__ = ["Folded", "show"]
+import contextlib
+import time
+
+__all__ = ["Folded", "show", "working"]
 
 
 class Folded:
@@ -28,17 +31,37 @@ class Folded:
         return self.lines + "".join(f"\n    {line}" for line in self.details.splitlines())
 
 
-def show(shown: Folded) -> None:
-    """The lines: in Jupyter with the details folded beneath them, elsewhere the lines alone (a verdict's
-    `details()` has the rest)."""
-    try:
-        from IPython import get_ipython
-        shell = get_ipython()
-    except ImportError:
-        shell = None
-    if shell is not None and getattr(shell, "kernel", None) is not None:
+def show(shown: Folded, plain: str | None = None) -> None:
+    """The lines: in Jupyter with the details folded beneath them, elsewhere `plain` if given, else the lines
+    alone (a verdict's `details()` has the rest)."""
+    if _kernel() is not None:
         from IPython.display import display
 
         display(shown)
     else:
-        print(shown.lines)
+        print(shown.lines if plain is None else plain)
+
+
+def _kernel():
+    try:
+        from IPython import get_ipython
+        shell = get_ipython()
+    except ImportError:
+        return None
+    return shell if shell is not None and getattr(shell, "kernel", None) is not None else None
+
+
+@contextlib.contextmanager
+def working(what: str):
+    """In Jupyter, a line saying what a slow step is doing while it runs ("reading 2 profiler traces..."),
+    then how long it took; elsewhere nothing (a log or a test's output stays as it was)."""
+    if _kernel() is None:
+        yield
+        return
+    from IPython.display import Pretty, display
+
+    handle, t0 = display(Pretty(f"{what}..."), display_id=True), time.perf_counter()
+    try:
+        yield
+    finally:
+        handle.update(Pretty(f"{what}: {time.perf_counter() - t0:.1f} s"))

@@ -22,6 +22,8 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
+from .folded import Folded, show
+
 __all__ = ["CheckFailed", "above", "between", "close", "equal", "below", "that"]
 
 
@@ -32,17 +34,23 @@ class CheckFailed(AssertionError):
         return [f"CheckFailed: {self}"]
 
 
+CUT = 400   # characters of a value a check prints at most
+
+
 def fmt(v) -> str:
-    """A value as a check prints it: floats to 3 significant digits, long lists cut after 8 entries."""
+    """A value as a check prints it: floats to 3 significant digits, long lists cut after 8 entries, any
+    value's text after `CUT` characters."""
     if isinstance(v, bool):
         return str(v)
     if isinstance(v, float):
         return f"{v:.3g}"
     if isinstance(v, (list, tuple)) and len(v) > 8:
-        return "[" + ", ".join(map(fmt, v[:8])) + f", ... ({len(v)} in all)]"
-    if isinstance(v, (list, tuple)):
-        return "[" + ", ".join(map(fmt, v)) + "]"
-    return str(v)
+        text = "[" + ", ".join(map(fmt, v[:8])) + f", ... ({len(v)} in all)]"
+    elif isinstance(v, (list, tuple)):
+        text = "[" + ", ".join(map(fmt, v)) + "]"
+    else:
+        text = str(v)
+    return text if len(text) <= CUT else f"{text[:CUT]} ... ({len(text)} characters)"
 
 
 _fmt = fmt
@@ -74,10 +82,17 @@ def _not_finite(values: list) -> str | None:
     return None
 
 
+LINE = 120   # a longer line shows the claim alone, what was seen and expected folded beneath it (Jupyter)
+
+
 def _report(claim: str, ok: bool, seen: str, expected: str) -> None:
     if not ok:
         raise CheckFailed(f"NOT verified: {claim}: expected {expected}, seen {seen}")
-    print(f"verified: {claim} (seen {seen}, expected {expected})")
+    line = f"verified: {claim} (seen {seen}, expected {expected})"
+    if len(line) <= LINE:
+        print(line)
+    else:
+        show(Folded(f"verified: {claim}", f"seen {seen}\nexpected {expected}"), plain=line)
 
 
 def that(claim: str, ok, seen=None, expected=None) -> None:

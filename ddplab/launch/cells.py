@@ -259,6 +259,14 @@ def restarted() -> tuple[bool, str] | None:
     return _restart.pop("said", None)
 
 
+def restart_finished() -> None:
+    """Wait for ranks restarting after a lost cell (`restart_later`), leaving what came of it for the next
+    cell: a launch meanwhile would share the cores with their start, or race it for the current session."""
+    thread = _restart.get("thread")
+    if thread is not None:
+        thread.join()
+
+
 def restarting() -> bool:
     """Are a lost cell's ranks restarting now (`restart_later`)?"""
     thread = _restart.get("thread")

@@ -27,6 +27,9 @@ def for_launch(exps: list[Experiment], backend: str, device: str, warm: bool | N
                say=None) -> Session | None:
     """The session these experiments run on (the current one if it fits, else a new one when
     `wanted(warm)`), or None: launch cold. `say` gets a line before a new session starts."""
+    from .cells import restart_finished
+
+    restart_finished()   # ranks restarting after a hung %%ddp cell come up first
     if warm is False:
         return None
     s = current()

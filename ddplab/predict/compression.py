@@ -49,13 +49,15 @@ class PowerSGD:
 
 def rounding_bound(hook: str, ranks: int) -> float:
     """The most a cast-and-sum hook's average may differ from the exact one, element by element, as a
-    fraction of the mean of the ranks' |g|: (1 + u)^D - 1, about D u, with u = 2^-bits the format's unit
-    roundoff. Each rank's cast rounds its value by at most u of it, and each of the D - 1 additions rounds
-    the partial sum by at most u of it. Holds where every rank's share |g| / D is a normal number of the
-    format (fp16: at least 2^-14); below that, rounding is coarser."""
+    fraction of the mean of the ranks' |g|: (1 + u)^k - 1, about k u, with u = 2^-bits the format's unit
+    roundoff. torch's hook casts each rank's value (one rounding), divides it by D in the format (exact
+    when D is a power of two, one more rounding otherwise) and the all-reduce adds D values (D - 1
+    roundings of the partial sum): k = D, or D + 1. Holds where every rank's share |g| / D is a normal
+    number of the format (fp16: at least 2^-14); below that, rounding is coarser."""
     if hook not in SIGNIFICANT_BITS or ranks < 1:
         raise ValueError(f"hook, ranks: need one of {sorted(SIGNIFICANT_BITS)} and ranks >= 1, got {hook!r}, {ranks}")
-    return (1 + 2.0 ** -SIGNIFICANT_BITS[hook]) ** ranks - 1
+    roundings = ranks + (0 if ranks & (ranks - 1) == 0 else 1)
+    return (1 + 2.0 ** -SIGNIFICANT_BITS[hook]) ** roundings - 1
 
 
 def matrix_view(shape) -> tuple[int, int]:

@@ -314,9 +314,9 @@ def tails_beside_model(run, link: AlphaBeta, plans) -> pd.DataFrame:
     """Per plan of a run on an emulated link: the exposed tail (ms) in the textbook model (`modelled_tails`)
     and measured (median over its steps), and each one's saving against the first plan's."""
     model, seen = modelled_tails(run, link, plans), bucket_sweep.steps(run, exposed_tail_ms, list(plans)).median()
-    table = pd.DataFrame({"modelled_ms": model, "measured_ms": {p: float(seen[p]) for p in plans}})
-    table["modelled_saving_ms"] = table["modelled_ms"].iloc[0] - table["modelled_ms"]
-    table["measured_saving_ms"] = table["measured_ms"].iloc[0] - table["measured_ms"]
+    table = pd.DataFrame({"modelled_tail_ms": model, "measured_tail_ms": {p: float(seen[p]) for p in plans}})
+    table["modelled_saving_ms"] = table["modelled_tail_ms"].iloc[0] - table["modelled_tail_ms"]
+    table["measured_saving_ms"] = table["measured_tail_ms"].iloc[0] - table["measured_tail_ms"]
     return table.rename_axis("plan")
 
 

@@ -22,6 +22,9 @@ from .reads import reading, reading_no_run
 
 
 
+ROUNDING = ("allreduce", "fp16", "bf16")   # hooks whose only error is rounding: worst_element bounds them
+
+
 def _arms(run, group: str = "world", rank: int = 0) -> dict:
     return {a.hook: a for a in run.ranks[rank].result.arms if a.group == group}
 
@@ -121,9 +124,11 @@ def learning(run) -> pd.DataFrame:
     - `final_loss`, `loss_gap` (its gap to the float32 all-reduce's at the end), `largest_gap` on the way;
     - `step_error`: the averaged gradient it delivered against the exact average of the same local
       gradients, |delivered - exact| / |exact|, median over the steps it compressed;
-    - `summed_error`: the same for the sums over all the learning steps (what error feedback reduces);
+    - `summed_error`: the same for the sums over all the learning steps (what error feedback is meant to
+      reduce);
     - `worst_element`: the largest error of any element in any step, over the mean of the ranks' |g| for
       that element (what a cast-and-sum's rounding is bounded by: `predict.compression.rounding_bound`);
+      for the hooks that only round (`ROUNDING`), NaN for the others, whose error is no rounding;
     - `param_gap`: how far the parameters ended from the float32 run's, over how far that run moved."""
     arms = _arms(run)
     psgd, base = _psgd(run), arms["allreduce"]
@@ -137,7 +142,8 @@ def learning(run) -> pd.DataFrame:
                      "largest_gap": max(gaps, key=abs),
                      "step_error": statistics.median(s.grad_error for s in compressed),
                      "summed_error": a.learn[-1].cumulative_error,
-                     "worst_element": max(s.worst_element for s in compressed), "param_gap": a.param_gap})
+                     "worst_element": max(s.worst_element for s in compressed) if hook in ROUNDING else float("nan"),
+                     "param_gap": a.param_gap})
     return pd.DataFrame(rows).set_index("hook")
 
 
@@ -157,28 +163,34 @@ def summed_errors(run) -> dict[str, list[float]]:
 @reading(run="compression")
 def powersgd_reading(run) -> str:
     """What this run's learning steps say about PowerSGD, in sentences computed from them: its loss gap
-    against noop's (no averaging at all), its error per step and summed, and whether the summed error
-    fell (error feedback catching up) or grew over the steps it compressed. Ends with what holds on
-    every run: torch's default start, read from the running torch."""
+    against noop's (no averaging at all), its error in the median step and summed, and whether the summed
+    error grew or fell over the steps it compressed (with error feedback, growing means what it dropped
+    piles up faster than it is sent). Ends with what holds on every run: torch's default start, read from
+    the running torch."""
     import inspect
 
     from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState
 
     table, start = learning(run), _psgd(run).start_iter
     p, noop = table.loc["powersgd"], table.loc["noop"]
-    summed = summed_errors(run)["powersgd"][start:]
-    n = len(summed_errors(run)["powersgd"])
+    every = summed_errors(run)["powersgd"]
+    summed, n = every[start:], len(every)
+    ratio = abs(p["loss_gap"] / noop["loss_gap"]) if noop["loss_gap"] else 0.0
     gap = (f"within noop's {noop['loss_gap']:+.2g}" if abs(p["loss_gap"]) <= abs(noop["loss_gap"]) else
-           f"{abs(p['loss_gap'] / noop['loss_gap']):.0f}x noop's {noop['loss_gap']:+.2g}" if noop["loss_gap"] else
+           f"{ratio:.{0 if ratio >= 10 else 1}f}x noop's {noop['loss_gap']:+.2g}" if noop["loss_gap"] else
            "where noop's is 0")
-    trend = ("and still growing: error feedback had not yet sent what PowerSGD dropped"
-             if len(summed) > 1 and summed[-1] > summed[0] else
-             "and falling: error feedback was sending what PowerSGD dropped")
+    feedback = run.spec.task.use_error_feedback
+    trend = ("one compressed step: no trend yet" if len(summed) < 2 else
+             "and growing" + (": what it dropped piled up faster than error feedback sent it" if feedback else
+                              " (no error feedback: what it drops is lost)") if summed[-1] > summed[0] else
+             "and falling as the steps add up")
     default = inspect.signature(PowerSGDState).parameters["start_powerSGD_iter"].default
+    over = (" (farther than sending zeros would be" + (": it adds last step's leftovers)" if feedback else ")")
+            if p["step_error"] > 1 else "")
     return (f"After {n} steps, compressing from step {start + 1}, PowerSGD's loss is {p['loss_gap']:+.3g} from "
             f"float32's, {gap} (no averaging at all).\n"
-            f"Each step it delivered a gradient {p['step_error']:.0%} off the true average. Summed over the steps, "
-            f"{p['summed_error']:.0%} off (noop's: {noop['summed_error']:.0%}),\n{trend}.\n"
+            f"In the median step it delivered a gradient {p['step_error']:.0%} off the true average{over}.\n"
+            f"Summed over the steps, {p['summed_error']:.0%} off (noop's: {noop['summed_error']:.0%}), {trend}.\n"
             f"torch runs the plain all-reduce for the first start_powerSGD_iter steps ({default} by default):\n"
             f"early steps are the most sensitive to a wrong gradient.")
 
@@ -228,16 +240,16 @@ def timing(run) -> pd.DataFrame:
 @reading(run="compression")
 def cost_reading(run, table: pd.DataFrame) -> str:
     """One line per hook whose `compress_ms` (its one-rank step minus float32's there) is not above 0, and
-    for noop (which does nothing): noise (the paired one-rank steps' interval holds 0), a real saving (it
-    skips the work even a one-rank all-reduce does) or, for noop, a real cost (the machine drifted)."""
+    for noop (which does nothing): noise (the paired one-rank steps' interval holds 0), a real saving, or,
+    for noop, a real cost (which can only be the machine drifting)."""
     lines, base = [], paired_ms(run, "allreduce", "local")
     for hook in [h for h in table.index if h != "allreduce" and (h == "noop" or table.loc[h, "compress_ms"] <= 0)]:
         diffs = [a - b for a, b in zip(paired_ms(run, hook, "local"), base)]
         center, low, high = median_interval(diffs)
         said = ("noise: the interval holds 0" if low <= 0 <= high else
-                "real: it skips what even a one-rank all-reduce does (a call, a copy, a future)" if high < 0 else
-                "the machine drifting between the arms, since noop does nothing" if hook == "noop" else
-                "a real cost")
+                "real: it skips what even a one-rank all-reduce does (a call, a copy, a future)" if high < 0 and
+                hook == "noop" else "real: on one rank it ran faster than float32's hook" if high < 0 else
+                "the machine drifting between the arms, since noop does nothing")
         lines.append(f"{hook}'s compress_ms of {center:+.2f} ms is {said} ([{low:+.2f}, {high:+.2f}] ms over "
                      f"{len(diffs)} paired one-rank steps)")
     return "\n".join(lines)
@@ -257,12 +269,13 @@ def verdicts(run, table: pd.DataFrame) -> pd.DataFrame:
     where it cannot resolve, a quiet reference run's answer beside it (`claims.noted`; the column only if any)."""
     hooks = [h for h in table.index if h not in ("allreduce", "noop")]
     alpha, base = claims.family(len(hooks)), paired_ms(run, "allreduce")
+    where = f"{run.spec.link.name} link" if run.spec.link is not None else "loopback"   # one claim per link
     rows = []
     for hook in hooks:
         delta = table.loc[hook, "predicted_ms"] - table.loc["allreduce", "predicted_ms"]
         faster = delta < 0
         v = claims.paired(f"the model's call: {hook} makes the step {'shorter' if faster else 'longer'} than the "
-                          f"float32 all-reduce", paired_ms(run, hook), base, alpha=alpha,
+                          f"float32 all-reduce ({where})", paired_ms(run, hook), base, alpha=alpha,
                           **({"below": 0.0} if faster else {"above": 0.0}))
         rows.append({"hook": hook, "predicted_delta_ms": delta, "measured_delta_ms": v.center,
                      "interval_ms": f"[{v.low:+.2f}, {v.high:+.2f}]", "model's call": "shorter" if faster else "longer",

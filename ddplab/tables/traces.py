@@ -26,12 +26,14 @@ profiler saw the forward produce for backward: a few percent above the saved-ten
 from __future__ import annotations
 
 import bisect
+import functools
 import json
 from pathlib import Path
 
 import pandas as pd
 
 from .. import rundir
+from ..folded import working
 from .reads import reading, reading_no_run
 
 
@@ -179,6 +181,13 @@ def _profiles(run) -> list:
 
 
 def _load(path: Path) -> dict:
+    stat = Path(path).stat()
+    return _parsed(str(path), stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=8)
+def _parsed(path: str, mtime_ns: int, size: int) -> dict:
+    """A trace file's JSON, parsed once per version of the file (its readers only read it)."""
     with open(path) as f:
         return json.load(f)
 
@@ -187,14 +196,18 @@ def _load(path: Path) -> dict:
 def trace_events(run) -> pd.DataFrame:
     """Every rank's `rank_events`, one table (rank, step, kind, name, main_thread, thread, start/end/dur
     in ms after the step's barrier end on that rank)."""
-    return pd.concat([rank_events(_load(Path(run.path) / p.trace)) for _, p in _profiles(run)], ignore_index=True)
+    profiles = _profiles(run)
+    with working(f"reading {len(profiles)} ranks' profiler traces"):
+        return pd.concat([rank_events(_load(Path(run.path) / p.trace)) for _, p in profiles], ignore_index=True)
 
 
 @reading(run="train")
 def memory_timeline(run) -> pd.DataFrame:
     """Every rank's `rank_memory_timeline`, one table: bytes per category over the profiled steps."""
-    return pd.concat([rank_memory_timeline(_load(Path(run.path) / p.memory_timeline), _load(Path(run.path) / p.trace))
-                      for _, p in _profiles(run)], ignore_index=True)
+    profiles = _profiles(run)
+    with working(f"reading {len(profiles)} ranks' memory timelines"):
+        return pd.concat([rank_memory_timeline(_load(Path(run.path) / p.memory_timeline), _load(Path(run.path) / p.trace))
+                          for _, p in profiles], ignore_index=True)
 
 
 @reading_no_run
@@ -228,7 +241,8 @@ def hta_analysis(run):
     folder = str(trace_folder(run))
     logging.disable(logging.WARNING)
     try:
-        return TraceAnalysis(trace_dir=folder, include_last_profiler_step=True)
+        with working("Holistic Trace Analysis parsing every rank's trace"):
+            return TraceAnalysis(trace_dir=folder, include_last_profiler_step=True)
     finally:
         logging.disable(logging.NOTSET)
 

@@ -90,3 +90,17 @@ def test_the_cells_table_says_where_each_rank_was_when_asked():
     assert "where rank 1 was when the launcher asked (idle, between cells: it had finished this cell" in shown
     assert CellResult(answers, 10.2, status=status).failed[0].startswith(
         "never finished: still waiting in dist.all_reduce #1 (shape (1,) float32)")
+
+
+def test_a_launch_waits_for_ranks_restarting_after_a_lost_cell_and_leaves_their_news(monkeypatch):
+    import threading
+    import time
+
+    from ddplab.launch import cells, reuse
+
+    done = []
+    thread = threading.Thread(target=lambda: (time.sleep(0.3), done.append(1)))
+    monkeypatch.setattr(cells, "_restart", {"thread": thread, "said": (True, "2 new ranks started in 0.3 s")})
+    thread.start()
+    assert reuse.for_launch([], "gloo", "cpu", False, 10.0) is None   # warm=False: cold, after the restart
+    assert done == [1] and cells.restarted() == (True, "2 new ranks started in 0.3 s")

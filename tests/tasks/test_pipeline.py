@@ -244,14 +244,14 @@ def test_pure_noise_cannot_resolve_either_claim(monkeypatch, seed):
                     not_computing={("GPipe", 1): noise(0.5 - views.FLOOR_TOLERANCE),
                                    ("GPipe", 4): noise(formula - views.FLOOR_TOLERANCE)})
     shrinks = views.judge_bubble_shrinks(run)[("GPipe", 2)]
-    assert shrinks.outcome == "cannot resolve" and "rounds" in shrinks.advice
+    assert shrinks.outcome == "cannot resolve" and "measured values" in shrinks.advice
     assert [v.outcome for v in views.judge_formula_floor(run).values()] == ["cannot resolve"] * 2
 
 
 def test_too_few_rounds_judge_nothing(monkeypatch):
     run = synthetic(monkeypatch, {("GPipe", 1): [0.5] * 9, ("GPipe", 8): [0.1] * 9})
     v = views.judge_bubble_shrinks(run)[("GPipe", 2)]
-    assert v.outcome == "cannot resolve" and "at least 10 rounds" in v.advice
+    assert v.outcome == "cannot resolve" and "at least 10 measured values" in v.advice
 
 
 def test_the_formula_is_a_floor_that_waits_and_preemption_leave_standing(monkeypatch, capsys):
@@ -462,7 +462,7 @@ def test_two_real_rounds_judge_no_bubble_claim_and_say_what_it_would_take(pipeli
     # claims on 14 real rounds run in notebook 09 under nbval
     shrinks = views.check_bubble_shrinks(pipeline_runs)
     floor = views.check_formula_floor(pipeline_runs)
-    assert len(shrinks) == 4 and all(v.outcome == claims.UNRESOLVED and "rounds" in v.advice for v in [*shrinks, floor])
+    assert len(shrinks) == 4 and all(v.outcome == claims.UNRESOLVED and "measured values" in v.advice for v in [*shrinks, floor])
     out = capsys.readouterr().out
     assert out.count("\n") == 5 and "verified" not in out
     t = views.bubble(pipeline_runs)

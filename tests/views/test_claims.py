@@ -44,7 +44,7 @@ def test_each_outcome_is_reached_and_only_contradicted_fails():
     assert claims.judge("longer", effect, below=0).contradicted
     noise = [rng.gauss(0, 5) for _ in range(12)]
     v = claims.judge("noise", noise, above=0)
-    assert v.outcome == "cannot resolve" and ("rounds" in v.advice or "edge" in v.advice)
+    assert v.outcome == "cannot resolve" and ("measured values" in v.advice or "edge" in v.advice)
     assert claims.judge("few", effect[:5], above=0).outcome == "cannot resolve"
     v = claims.judge("noise", noise, above=0)
     claims.check(v)
@@ -232,3 +232,29 @@ def test_a_tables_open_question_is_noted_recorded_and_gets_the_reference_answer(
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["finding"] for r in rows] == [True] * 4 and rows[-1]["outcome"] == "contradicted"
     assert claims.this_run().endswith("2 of 3 timing claims resolved; 1 of the 1 unresolved has no reference run yet")
+
+
+def test_working_says_nothing_outside_a_kernel_and_a_line_then_its_time_inside(monkeypatch, capsys):
+    import ddplab.folded as folded
+
+    with folded.working("reading 2 ranks' profiler traces"):
+        pass
+    assert capsys.readouterr().out == ""
+    shown = []
+
+    class Handle:
+        def update(self, obj):
+            shown.append(("update", obj.data))
+
+    def display(obj, display_id=False):
+        shown.append(("display", obj.data))
+        return Handle()
+
+    import IPython.display
+
+    monkeypatch.setattr(folded, "_kernel", lambda: object())
+    monkeypatch.setattr(IPython.display, "display", display)
+    with folded.working("reading 2 ranks' profiler traces"):
+        pass
+    assert shown[0] == ("display", "reading 2 ranks' profiler traces...")
+    assert shown[1][0] == "update" and shown[1][1].startswith("reading 2 ranks' profiler traces: ") and shown[1][1].endswith(" s")

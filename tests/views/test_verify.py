@@ -60,3 +60,26 @@ def test_a_check_fed_a_wrong_value_fails_saying_expected_versus_seen(call, messa
     assert message in str(info.value)
     assert isinstance(info.value, AssertionError)
     assert info.value._render_traceback_() == [f"CheckFailed: {info.value}"]   # one line in a notebook
+
+
+def test_a_long_check_prints_its_claim_with_seen_and_expected_folded_and_long_values_cut(capsys):
+    from ddplab.folded import Folded
+
+    names = [[f"blocks.{i}.mlp.{j}.weight" for j in range(8)] for i in range(8)]
+    verify.equal("that bucket holds every parameter", names, names)
+    line = capsys.readouterr().out.strip()
+    assert line.startswith("verified: that bucket holds every parameter (seen [[blocks.0.mlp.0.weight")
+    assert "characters)" in line and len(line) < 2 * verify.CUT + 120   # each value cut at CUT characters
+    shown = []
+    import ddplab.verify as v
+    orig = v.show
+    try:
+        v.show = lambda folded, plain=None: shown.append((folded, plain))
+        verify.equal("that bucket holds every parameter", names, names)
+    finally:
+        v.show = orig
+    folded, plain = shown[0]
+    assert isinstance(folded, Folded) and folded.lines == "verified: that bucket holds every parameter"
+    assert folded.details.startswith("seen [[blocks.0") and "\nexpected [[blocks.0" in folded.details and plain == line
+    verify.equal("four ranks", 4, 4)   # a short one stays one printed line
+    assert capsys.readouterr().out == "verified: four ranks (seen 4, expected 4)\n"

@@ -121,7 +121,7 @@ class _Arm:
         smallest = local.abs()
         dist.all_reduce(smallest, op=dist.ReduceOp.MIN, group=group)
         normal = smallest >= world * 2.0 ** -14   # every rank's share stays in fp16's normal range
-        worst = float(((result - exact).abs()[normal] / scale[normal]).max()) if bool(normal.any()) else 0.0
+        worst = float(((result - exact).abs()[normal] / scale[normal]).max()) if bool(normal.any()) else float("nan")
         self.sums = [result.clone(), exact.clone()] if not self.sums else [self.sums[0] + result, self.sums[1] + exact]
         cumulative = float((self.sums[0] - self.sums[1]).norm() / self.sums[1].norm().clamp_min(1e-30))
         mean = loss.detach().clone()
