@@ -51,18 +51,30 @@ def tally(rows: list[dict], busy: int | None = None) -> str:
                        f"load at start {loads[0]:.1f}-{loads[-1]:.1f}; "
                        f"{sum(r['seconds'] for r in runs) / len(runs):.0f} s a run")
         counts: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+        open_questions = set()
         for r in runs:
             seen = {}
-            for key, outcome in r["claims"]:
+            for key, outcome, *finding in r["claims"]:
                 seen.setdefault(key, []).append(outcome)
+                if finding and finding[0]:
+                    open_questions.add(key)
             for key, outcomes in seen.items():   # a claim checked twice in one run counts by its weakest
                 worst = ("contradicted" if "contradicted" in outcomes else
                          "cannot resolve" if "cannot resolve" in outcomes else "holds")
                 counts[key][worst] += 1
+        checked = [k for k in counts if k not in open_questions]
+        resolving = [k for k in checked if sum(counts[k].values()) and
+                     (counts[k]["holds"] + counts[k]["contradicted"]) >= 0.9 * sum(counts[k].values())]
+        out.append(f"  claims resolved in at least 9 of 10 runs: {len(resolving)} of {len(checked)}; "
+                   f"open questions a table answers (yes, the opposite or not resolved): {len(open_questions)}")
         for key, c in counts.items():
             n = sum(c.values())
-            out.append(f"  held {c['holds']:2d}/{n}, unresolved {c['cannot resolve']:2d}, contradicted "
-                       f"{c['contradicted']}: {key[:150]}")
+            if key in open_questions:
+                out.append(f"  question: yes {c['holds']:2d}/{n}, the opposite {c['contradicted']}, not resolved "
+                           f"{c['cannot resolve']:2d}: {key[:150]}")
+            else:
+                out.append(f"  held {c['holds']:2d}/{n}, unresolved {c['cannot resolve']:2d}, contradicted "
+                           f"{c['contradicted']}: {key[:150]}")
     return "\n".join(out)
 
 
@@ -74,13 +86,13 @@ def read_rows(path: Path) -> list[dict]:
 def suite_rows(folder: Path, known: list[dict]) -> list[dict]:
     """One row per (verdict file, notebook), in `tally`'s shape, from the verdict files of suite runs: each
     claim goes to the notebook a row of `known` recorded it in ("(other)" where none did)."""
-    where = {key: r["notebook"] for r in known for key, _ in r["claims"]}
+    where = {c[0]: r["notebook"] for r in known for c in r["claims"]}
     rows = []
     for f in sorted(folder.glob("*.jsonl")):
         verdicts = read_rows(f)
         by_nb: dict[str, list] = defaultdict(list)
         for v in verdicts:
-            by_nb[where.get(v["key"], "(other)")].append([v["key"], v["outcome"]])
+            by_nb[where.get(v["key"], "(other)")].append([v["key"], v["outcome"], bool(v.get("finding"))])
         rows += [{"notebook": nb, "run": f.stem, "busy": -1, "load_start": 0.0, "seconds": 0.0, "rc": 0,
                   "claims": claims} for nb, claims in by_nb.items()]
     return rows
@@ -120,14 +132,15 @@ def main() -> int:
                 row = {"notebook": nb.name, "run": i + 1, "busy": a.busy, "load_start": round(load, 2),
                        "load_end": round(os.getloadavg()[0], 2), "seconds": round(seconds, 1), "rc": rc,
                        "date": f"{datetime.now(timezone.utc):%Y-%m-%dT%H:%M:%SZ}", "commit": commit(),
-                       "claims": [[v["key"], v["outcome"]] for v in verdicts]}
+                       "claims": [[v["key"], v["outcome"], bool(v.get("finding"))] for v in verdicts]}
                 rows.append(row)
                 with a.out.open("a") as f:
                     f.write(json.dumps(row) + "\n")
-                held = sum(v["outcome"] == "holds" for v in verdicts)
+                held = sum(v["outcome"] == "holds" for v in verdicts if not v.get("finding"))
                 print(f"{nb.name} run {i + 1}/{a.runs} busy {a.busy}: rc {rc}, {seconds:.0f} s, load {load:.1f}; "
-                      f"{held} of {len(verdicts)} claims held, "
-                      f"{sum(v['outcome'] == 'contradicted' for v in verdicts)} contradicted", flush=True)
+                      f"{held} of {sum(not v.get('finding') for v in verdicts)} claims held, "
+                      f"{sum(v['outcome'] == 'contradicted' for v in verdicts if not v.get('finding'))} contradicted; "
+                      f"{sum(bool(v.get('finding')) for v in verdicts)} open questions", flush=True)
                 code = code or rc
     print(tally(rows))
     return code

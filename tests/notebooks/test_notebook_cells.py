@@ -99,6 +99,7 @@ def test_stored_outputs_hold_no_progress_bars_and_no_empty_outputs(path):
 VERDICT_LINE = re.compile(r"^\s*(?:holds|contradicted|cannot resolve|this run's (?:answer|finding))\b"
                           r"|^(?!\s*(?:NOT )?verified: ).*\(seen ")
 LONGEST_VERDICT = 120   # characters: a verdict is read in one line; its statistics are folded beneath it
+LONGEST_CHECK = 200     # characters: a check says its claim and what it saw; a longer one folds the values beneath
 
 
 def _plain_text(o) -> str:
@@ -109,7 +110,8 @@ def _plain_text(o) -> str:
 
 
 def stored_output_problems(path) -> list[str]:
-    """What a learner opening the stored notebook would trip on: a verdict line too long to read at a glance,
+    """What a learner opening the stored notebook would trip on: a verdict line too long to read at a glance, a
+    check's line that dumps its values (`verify` folds what was seen beneath a long claim),
     "contradicted" in a cell that passed (only a claim that failed its cell is called that), and a file cited
     in an output that the repository does not have."""
     from tests.test_citations import missing_citations
@@ -120,6 +122,8 @@ def stored_output_problems(path) -> list[str]:
         text = "\n".join(_plain_text(o) for o in outputs if o["output_type"] != "error")
         problems += [f"code cell {i}: a verdict of {len(line.strip())} characters: {line.strip()[:80]}..."
                      for line in text.splitlines() if VERDICT_LINE.search(line) and len(line.strip()) > LONGEST_VERDICT]
+        problems += [f"code cell {i}: a check's line of {len(line)} characters: {line[:80]}..."
+                     for line in text.splitlines() if line.startswith("verified: ") and len(line) > LONGEST_CHECK]
         if "contradicted" in text and not any(o["output_type"] == "error" for o in outputs):
             problems.append(f"code cell {i}: says 'contradicted' in a cell that passed")
         problems += [f"code cell {i}: cites {m}" for m in missing_citations(text)]
@@ -144,11 +148,12 @@ def test_the_stored_output_rule_catches_each_problem(tmp_path):
                     cell("contradicted: x (seen +1 ms)\n"), cell("contradicted: x (seen +1 ms)\n", error=True),
                     cell("see " + "notes/" + "ddp-internals.md and docs/layout.md\n"),
                     {"cell_type": "code", "metadata": {}, "source": ["x"], "outputs": [shown]},
-                    cell("x -> y: the tail " + "c" * 110 + " (seen +1 ms)\n")]}
+                    cell("x -> y: the tail " + "c" * 110 + " (seen +1 ms)\n"),
+                    cell("verified: short claim (seen [" + "d, " * 80 + "], expected [...])\n")]}
     (tmp_path / "nb.ipynb").write_text(json.dumps(nb))
     problems = stored_output_problems(tmp_path / "nb.ipynb")
     assert [p.split(":")[0] for p in problems] == ["code cell 0", "code cell 2", "code cell 4", "code cell 5",
-                                                   "code cell 6"], problems
+                                                   "code cell 6", "code cell 7"], problems
 
 
 MAIN_PATH_WORDS = 3000   # a chapter's prose a learner reads straight through; detail is folded (<details>)
