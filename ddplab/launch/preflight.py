@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from .. import host
+from ..folded import working
 from ..spec import Experiment
 from ..predict.memory import rank_bytes_estimate
 from ..spec.experiment import BUILTIN_MODELS
@@ -66,7 +67,8 @@ def _checked_build(exp: Experiment, gradients: bool = False):
 
     from ..rank import models  # builds the user's model once here, to say what is wrong in this process
 
-    with _importable_from_here(), torch.random.fork_rng(devices=[]):   # as in the ranks (PYTHONPATH)
+    said = working(f"ddplab: building {exp.model} here, to check it before any rank starts")
+    with said, _importable_from_here(), torch.random.fork_rng(devices=[]):   # as in the ranks (PYTHONPATH)
         reads_tokens = exp.task.feeds_own_data
         try:
             with _no_process_exit():

@@ -42,6 +42,7 @@ class CompiledArm:
     steps: list[CompiledStep] = field(default_factory=list)
     mode: str = "ddp_optimizer"        # torch._dynamo.config.optimize_ddp of the block the arm ran in
     param_gap: float | None = None     # compiled: largest relative difference from the eager arm's parameters
+    bucket_launch_ns: list[int] = field(default_factory=list)   # when each of `ddp_buckets` was launched
 
 
 @dataclass(frozen=True)

@@ -205,8 +205,10 @@ def judge_compute_growth(small_run, large_run, above: float = 1.0, warmup: int =
     a, b = compute_ms(large_run, warmup), compute_ms(small_run, warmup)
     n = min(len(a), len(b))
     lb, sb = large_run.spec.local_batch_of(0), small_run.spec.local_batch_of(0)
-    return claims.paired(f"compute grows with the batch: {lb} examples take over {above:g}x the time of {sb} "
-                         "(per-step ratio, forward + backward)", a[:n], b[:n], ratio=True, above=above)
+    return claims.judge(f"compute grows with the batch: {lb} examples take over {above:g}x the time of {sb} "
+                        "(per-step ratio, forward + backward)", [x / y for x, y in zip(a[:n], b[:n])], above=above,
+                        unit="x", what=f"median of {n} ratios, step i of one run over step i of the other (the runs "
+                                       "one after the other, not interleaved)")
 
 
 @reading(runs="train")

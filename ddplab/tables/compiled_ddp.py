@@ -121,11 +121,45 @@ def verify_ready_under_compile(run) -> None:
 @reading(run="compiled-ddp")
 def modes(run) -> pd.DataFrame:
     """Per compiled arm (cap and `optimize_ddp` mode), what rank 0 saw in one step: graphs compiled, the
-    gradients whose post-accumulate-grad hook fired, and the buckets DDP's comm hook was handed."""
-    return pd.DataFrame([{"arm": a.name, "mode": a.mode, "graphs_compiled": a.graphs_compiled,
-                          "gradients_seen_ready": len(a.ready), "ddp_buckets_seen": len(a.ddp_buckets),
-                          "param_gap_to_eager": max(r.result.arms[i].param_gap for r in run.ranks)}
-                         for i, a in enumerate(run.ranks[0].result.arms) if a.compiled]).set_index("arm")
+    gradients whose post-accumulate-grad hook fired, the buckets DDP's comm hook was handed, and when its
+    first gradient became ready and its first all-reduce was launched, as fractions of its backward (from
+    its start to the last gradient ready; `backward_fractions`), beside its eager twin's."""
+    arms = run.ranks[0].result.arms
+    eager = {a.cap_mb: a for a in arms if not a.compiled}
+    rows = []
+    for i, a in enumerate(arms):
+        if a.compiled:
+            first_ready, first_launch = backward_fractions(a)
+            rows.append({"arm": a.name, "mode": a.mode, "graphs_compiled": a.graphs_compiled,
+                         "gradients_seen_ready": len(a.ready), "ddp_buckets_seen": len(a.ddp_buckets),
+                         "first_ready_at": first_ready, "first_all_reduce_at": first_launch,
+                         "eager_first_ready_at": backward_fractions(eager[a.cap_mb])[0] if a.cap_mb in eager else None,
+                         "param_gap_to_eager": max(r.result.arms[i].param_gap for r in run.ranks)})
+    return pd.DataFrame(rows).set_index("arm")
+
+
+@reading_no_run
+def backward_fractions(arm) -> tuple[float, float]:
+    """(first gradient ready, first all-reduce launched), each as a fraction of the arm's backward: from its
+    start to its last gradient ready (NaN where the arm recorded none)."""
+    if not arm.ready:
+        return float("nan"), float("nan")
+    start, span = arm.backward_start_ns, max(e.t_ns for e in arm.ready) - arm.backward_start_ns
+    launch = (min(arm.bucket_launch_ns) - start) / span if arm.bucket_launch_ns and span > 0 else float("nan")
+    return (min(e.t_ns for e in arm.ready) - start) / span if span > 0 else float("nan"), launch
+
+
+@reading(run="compiled-ddp")
+def verify_no_optimization_waits(run) -> None:
+    """`no_optimization` compiles one graph, so its backward is one node that computes every gradient before
+    any is accumulated: on every rank, no gradient of such an arm is ready before half of its backward
+    (its eager twin's first is ready within the first few percent). Raises `verify.CheckFailed` otherwise."""
+    seen = [backward_fractions(a)[0] for r in run.ranks for a in r.result.arms if a.compiled and a.mode == "no_optimization"]
+    if not seen:
+        raise ValueError(f"run: {run.spec.name!r} has no no_optimization arm; run recipes.eager_and_compiled("
+                         f"modes=('no_optimization',))")
+    verify.above("no_optimization: its first gradient is ready only after half of backward (fraction of backward, "
+                 "every rank)", seen, 0.5)
 
 
 @reading(run="compiled-ddp")

@@ -81,6 +81,31 @@ def test_compiling_moves_readiness_and_a_run_where_it_did_not_fails_the_check(ru
 
 
 @pytest.mark.slow
+def test_no_optimizations_check_fails_where_gradients_are_ready_early_and_passes_where_late(runs):
+    run = runs["compiled-lab"]
+    eager = [a for a in run.ranks[0].result.arms if not a.compiled]
+    assert all(compiled.backward_fractions(a)[0] < 0.2 for a in eager)   # eager: its first gradient early
+
+    def relabel(late: bool):
+        def arm(a):
+            if not (a.compiled and a.mode == "ddp_optimizer"):
+                return a
+            last = max(e.t_ns for e in a.ready)
+            ready = [dataclasses.replace(e, t_ns=last - i) for i, e in enumerate(a.ready)] if late else a.ready
+            return dataclasses.replace(a, mode="no_optimization", ready=ready)
+        return dataclasses.replace(run, ranks=[dataclasses.replace(r, result=dataclasses.replace(
+            r.result, arms=[arm(a) for a in r.result.arms])) for r in run.ranks])
+
+    with pytest.raises(verify.CheckFailed, match="no_optimization"):   # DDPOptimizer's pieces: ready from ~25%
+        compiled.verify_no_optimization_waits(relabel(late=False))
+    compiled.verify_no_optimization_waits(relabel(late=True))
+    with pytest.raises(ValueError, match="no no_optimization arm"):
+        compiled.verify_no_optimization_waits(run)
+    table = compiled.modes(run).dropna(subset=["first_ready_at"])   # the Python reducer's arm goes unprobed
+    assert len(table) and (table["first_all_reduce_at"] >= table["first_ready_at"]).all()   # a bucket launches once ready
+
+
+@pytest.mark.slow
 def test_a_tied_weight_is_left_out_of_each_pieces_burst_and_named(runs):
     run = runs["compiled-lab"]
     table = compiled.bursts(run, cap=2.0)

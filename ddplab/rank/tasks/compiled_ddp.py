@@ -141,7 +141,7 @@ class _Arm:
         self.optimizer = torch.optim.SGD(self.module.parameters(), lr=1e-3)
         self.first_steps_s: list[float] = []
         self.steps: list[CompiledStep] = []
-        self.last_ready, self.last_backward_ns, self.last_buckets = [], 0, []
+        self.last_ready, self.last_backward_ns, self.last_buckets, self.last_launches = [], 0, [], []
 
     def step(self, x, y, group, round_: int | None = None) -> None:
         dist.barrier(group=group)
@@ -163,7 +163,8 @@ class _Arm:
         self.optimizer.zero_grad(set_to_none=True)
         t3 = clock.now_ns()
         self.last_ready, self.last_backward_ns = (self.ready.take() if self.ready else []), t1
-        self.last_buckets = [b.params for b in self.buckets.take()]
+        launched = self.buckets.take()
+        self.last_buckets, self.last_launches = [b.params for b in launched], [b.launch_ns for b in launched]
         if round_ is None:
             self.first_steps_s.append((t3 - t0) / 1e9)
         else:
@@ -208,6 +209,6 @@ def run(ctx):
         for a in (eager, compiled):
             arms.append(CompiledArm(a.name, cap, a.compiled, a.first_steps_s, a.graphs, split if a.compiled else None,
                                     recorded if a.compiled else 0, a.last_buckets, a.last_ready,
-                                    a.last_backward_ns, a.steps, mode, gap if a.compiled else None))
+                                    a.last_backward_ns, a.steps, mode, gap if a.compiled else None, a.last_launches))
     sizes = {n: p.numel() * p.element_size() for n, p in base.named_parameters()}
     return CompiledDdpRecord(task.backend, sizes, arms), {}
