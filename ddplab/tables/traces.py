@@ -204,10 +204,29 @@ def trace_events(run) -> pd.DataFrame:
 @reading(run="train")
 def memory_timeline(run) -> pd.DataFrame:
     """Every rank's `rank_memory_timeline`, one table: bytes per category over the profiled steps."""
-    profiles = _profiles(run)
+    profiles, gaps = _profiles(run), memory_gaps(run)
+    if len(gaps) == len(profiles):
+        raise ValueError(f"run {run.spec.name!r}: no rank has a memory timeline: " + "; ".join(gaps.values()))
     with working(f"reading {len(profiles)} ranks' memory timelines"):
-        return pd.concat([rank_memory_timeline(_load(Path(run.path) / p.memory_timeline), _load(Path(run.path) / p.trace))
-                          for _, p in profiles], ignore_index=True)
+        table = pd.concat([rank_memory_timeline(_load(Path(run.path) / p.memory_timeline), _load(Path(run.path) / p.trace))
+                           for rank, p in profiles if rank not in gaps], ignore_index=True)
+    table.attrs["unavailable"] = gaps
+    return table
+
+
+@reading(run="train")
+def memory_gaps(run) -> dict[int, str]:
+    """The ranks whose memory timeline torch could not build (the probe keeps the reason), and why: the
+    rest of the lesson reads the other ranks, and says so."""
+    return {rank: str(t["unavailable"]) for rank, p in _profiles(run)
+            if "unavailable" in (t := _load(Path(run.path) / p.memory_timeline))}
+
+
+@reading(run="train")
+def memory_gap_reading(run) -> str:
+    """One line per rank without a memory timeline (`memory_gaps`), "" where every rank has one."""
+    return "\n".join(f"rank {rank} has no memory timeline: {why}; what follows reads the other ranks"
+                      for rank, why in memory_gaps(run).items())
 
 
 @reading_no_run

@@ -67,12 +67,17 @@ def memory_timeline(prof, device: torch.device) -> dict:
     `export_memory_timeline` writes [times, sizes]: sizes[i][0] is always 0 (the base the profiler's
     own plot stacks on) and sizes[i][k + 1] is the category with `_CATEGORY_TO_INDEX[category] == k`."""
     assert set(_CATEGORY_TO_INDEX) == set(CATEGORY_NAMES), f"the profiler's categories: {list(_CATEGORY_TO_INDEX)}"
+    columns = sorted(_CATEGORY_TO_INDEX, key=_CATEGORY_TO_INDEX.get)
     with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)   # deprecated for CUDA's allocator snapshots: none on CPU
-        prof.export_memory_timeline(os.path.join(tmp, "timeline.json"), device=str(device))
+        try:
+            prof.export_memory_timeline(os.path.join(tmp, "timeline.json"), device=str(device))
+        except AssertionError as e:   # torch's analyzer fails on some traces (pytorch/pytorch#167838): say so
+            return {"device": str(device), "categories": [CATEGORY_NAMES[c] for c in columns], "times_us": [],
+                    "bytes": [], "unavailable": f"torch's memory profiler failed on this rank's trace "
+                                                f"(AssertionError: {str(e)[:160]}; pytorch/pytorch#167838)"}
         with open(os.path.join(tmp, "timeline.json")) as f:
             times, sizes = json.load(f)
-    columns = sorted(_CATEGORY_TO_INDEX, key=_CATEGORY_TO_INDEX.get)
     return {"device": str(device), "categories": [CATEGORY_NAMES[c] for c in columns], "times_us": times,
             "bytes": [[row[_CATEGORY_TO_INDEX[c] + 1] for c in columns] for row in sizes]}
 
