@@ -74,16 +74,16 @@ def wait_gaps(run, early: int, late: int, final_only: bool = False, skip: int = 
 
 @reading(run="train")
 def judge_last(run, late: int, final_only: bool = False, skip: int = SKIP):
-    """The claim "rank `late` joins the all-reduces after every other rank", judged on this run's
-    paired waits, one value per step (one verdict per other rank, the weakest first: a contradiction,
-    else an unresolved)."""
+    """The claim "rank `late` joins the all-reduces after every other rank, in most steps" (the median step:
+    a few steps may go the other way), judged on this run's paired waits, one value per step (one verdict
+    per other rank, the weakest first: a contradiction, else an unresolved)."""
     from .. import claims
 
-    where = "each step's final all-reduce" if final_only else "every all-reduce of each step"
+    where = "the step's final all-reduce" if final_only else "every all-reduce of the step"   # in most steps:
     what = "rank {r}'s wait minus rank {late}'s" if final_only else \
         "per step, the smallest over its buckets of rank {r}'s wait minus rank {late}'s"
     others = [r for r in sorted(x.rank for x in run.ranks) if r != late]
-    verdicts = [claims.judge(f"rank {late} joins {where} after rank {r} ({what.format(r=r, late=late)})",
+    verdicts = [claims.judge(f"rank {late} joins {where} after rank {r} in most steps ({what.format(r=r, late=late)})",
                              wait_gaps(run, r, late, final_only, skip), above=0.0, alpha=claims.family(len(others)))
                 for r in others]
     return claims.weakest(verdicts)

@@ -102,8 +102,9 @@ def test_an_emulated_link_holds_each_all_reduce_after_it_one_transfer_at_a_time(
 
 @pytest.mark.slow
 def test_a_plan_on_twice_the_bandwidth_is_held_half_as_long_and_modelled_so(tmp_path):
-    """A real 2-rank run on an emulated 1 GbE link: the one bucket on twice the bandwidth leaves a shorter
-    exposed tail than on the link itself, by about half the wire's time, in the model and measured."""
+    """A real 2-rank run on an emulated 1 GbE link with every plan of the bandwidth question: the model gives
+    the one bucket on twice the bandwidth half the wire's time less, the measured tails are the steps'
+    medians, and the sentence names the wire's time."""
     import ddplab
     from ddplab import recipes, record
     from ddplab.tables import bucket_sweep
@@ -114,7 +115,41 @@ def test_a_plan_on_twice_the_bandwidth_is_held_half_as_long_and_modelled_so(tmp_
     table = buckets.tails_beside_model(run, AlphaBeta(1e-4, 1e-10), plans)
     half_wire_ms = run.spec.link.wire_s(bucket_sweep.inputs(run).gradient_bytes, 2) * 1e3 / 2
     assert table.loc["ddp-2x:64", "modelled_saving_ms"] == pytest.approx(half_wire_ms, rel=0.05)
-    assert 0.5 * half_wire_ms < table.loc["ddp-2x:64", "measured_saving_ms"] < 1.5 * half_wire_ms
+    # what it saved in this run is timing, judged by chapter 05 on 20 paired steps, not here on 4
     seen = bucket_sweep.steps(run, record.exposed_tail_ms, plans).median()
     assert table["measured_tail_ms"].to_dict() == pytest.approx(seen.to_dict())
     assert f"{2 * half_wire_ms:.0f} ms on this wire" in buckets.wire_against_backward(run)
+
+
+def test_a_hold_at_twice_the_bandwidth_puts_half_the_bytes_on_the_wire(monkeypatch):
+    """rank/link.py: `bandwidth` scales the bytes the wire carries (its latency stays), and the bucket probe
+    passes its own (`ddp-2x` plans: 2)."""
+    from ddplab.rank import link
+    from ddplab.rank.probes import buckets as probe
+
+    held = []
+
+    class Wire:
+        def hold(self, fut, n_bytes, calls):
+            held.append((n_bytes, calls))
+            return fut
+
+    monkeypatch.setattr(link, "_active", Wire())
+    link.hold("fut", 1000, 3, bandwidth=2.0)
+    link.hold("fut", 1000)
+    assert held == [(500.0, 3), (1000.0, 1)]
+    seen = []
+    monkeypatch.setattr(probe.link, "hold", lambda fut, n, calls=1, bandwidth=1.0: seen.append(bandwidth) or fut)
+    monkeypatch.setattr(probe.dist, "get_world_size", lambda group=None: 2)
+
+    class Work:
+        def get_future(self):
+            import torch
+            fut = torch.futures.Future()
+            fut.set_result([torch.ones(4)])
+            return fut
+
+    monkeypatch.setattr(probe.dist, "all_reduce", lambda buf, group=None, async_op=False: Work())
+    import torch
+    probe.BucketLog(bandwidth=2.0).launch(0, torch.ones(4), ["w"]).wait()
+    assert seen == [2.0]
