@@ -16,7 +16,7 @@ from .. import failures, processes, rundir
 from .torchrun import interrupts_caught
 
 CELL_GRACE_S = 5.0   # beyond the default group's timeout: a cell's whole bound, testimonies and teardown included
-KILL_RESERVE_S = 0.5   # of that grace, what is left for stopping the ranks once the wait for answers ends
+KILL_RESERVE_S = 1.5   # of that grace, what is left for stopping the ranks once the wait for answers ends
 ASK_LEAD_S = 1.0   # a rank this long before its collective times out is asked for its testimony while it waits
 LIVE_S = 0.25   # how often what the ranks printed and where they are is read while the cell runs
 STATE_S = 1.0   # and shown at least this often (the seconds each rank has waited)
