@@ -29,6 +29,11 @@ def _arms(run, group: str = "world", rank: int = 0) -> dict:
     return {a.hook: a for a in run.ranks[rank].result.arms if a.group == group}
 
 
+def _link(run) -> str:
+    """What the run's all-reduces travelled on, as its claims name it: "1GbE link" or "loopback"."""
+    return f"{run.spec.link.name} link" if run.spec.link is not None else "loopback"
+
+
 def _psgd(run) -> compression.PowerSGD:
     t = run.spec.task
     return compression.PowerSGD(t.matrix_approximation_rank, t.start_powerSGD_iter, t.min_compression_rate)
@@ -269,7 +274,7 @@ def verdicts(run, table: pd.DataFrame) -> pd.DataFrame:
     where it cannot resolve, a quiet reference run's answer beside it (`claims.noted`; the column only if any)."""
     hooks = [h for h in table.index if h not in ("allreduce", "noop")]
     alpha, base = claims.family(len(hooks)), paired_ms(run, "allreduce")
-    where = f"{run.spec.link.name} link" if run.spec.link is not None else "loopback"   # one claim per link
+    where = _link(run)   # one claim per link
     rows = []
     for hook in hooks:
         delta = table.loc[hook, "predicted_ms"] - table.loc["allreduce", "predicted_ms"]
@@ -297,7 +302,7 @@ def judge_pays(run, hooks=("fp16", "powersgd")) -> claims.Verdict:
     members = [claims.paired(f"{h} shortens the step against the float32 all-reduce {where}", paired_ms(run, h), base,
                              below=0.0, alpha=alpha) for h in hooks]
     weakest = claims.weakest(members, then=lambda v: -v.high)   # the weakest "below 0": the highest upper end
-    link = f"{run.spec.link.name} link" if run.spec.link is not None else "loopback"
+    link = _link(run)
     return dataclasses.replace(weakest, claim=family_claim(hooks, link, hooks[members.index(weakest)]))
 
 
