@@ -241,15 +241,11 @@ def check(verdict: Verdict) -> Verdict:
     """Print the verdict's line (and, where it cannot resolve, a reference run's verdict of the same
     claim beside it); raise CheckFailed only when the run contradicts the claim. Returns the verdict
     (a notebook cell that ends with it ends with `;`)."""
-    _record(verdict)
-    ref = reference(verdict.claim)
-    _CHECKED[claim_key(verdict.claim)] = (verdict, bool(ref))
+    ref = _count(verdict) and reference(verdict.claim)
     if verdict.contradicted:
         raise CheckFailed(f"NOT verified: {verdict}\n" + verdict.details())
-    lines, details = str(verdict), verdict.details()
-    if not verdict.resolved and ref:
-        lines, details = f"{lines}\n  {ref}", f"{details}\nthe reference run: {reference_source(verdict.claim)}"
-    show(Folded(lines, details))
+    source = f"\nthe reference run: {reference_source(verdict.claim)}" if ref else ""
+    show(Folded(str(verdict) + (f"\n  {ref}" if ref else ""), verdict.details() + source))
     return verdict
 
 
@@ -315,16 +311,19 @@ def noted(verdict: Verdict) -> str:
     """Note an open question's verdict that a table shows (never failing): recorded for the reference runs,
     counted by `this_run`. Where this run cannot resolve it, returns a quiet reference run's answer in
     words ("yes, seen -12.3 ms (2026-12-06)"), else ""."""
-    _record(verdict, finding=True)
-    ref = {} if verdict.resolved else stored(verdict.claim)
-    _CHECKED[claim_key(verdict.claim)] = (verdict, bool(ref))
+    ref = _count(verdict, finding=True)
     word = {HOLDS: "yes", CONTRADICTED: "no, the opposite"}.get(ref.get("outcome"), ref.get("outcome"))
     return f"{word}, seen {ref['seen'] or '?'} ({ref['date']})" if ref else ""
 
 
-def _record(verdict: Verdict, finding: bool = False) -> None:
+def _count(verdict: Verdict, finding: bool = False) -> dict:
+    """Count `verdict` for `this_run` (appended to $DDPLAB_RECORD_CLAIMS, if set); returns the reference
+    run's entry of its claim where this run cannot resolve it (`references.stored`), else {}."""
     path = os.environ.get("DDPLAB_RECORD_CLAIMS")
     if path:
         with open(path, "a") as f:
             f.write(json.dumps({"key": claim_key(verdict.claim), "line": str(verdict), "seen": verdict.effect(),
                                 "finding": finding, **asdict(verdict)}) + "\n")
+    ref = {} if verdict.resolved else stored(verdict.claim)
+    _CHECKED[claim_key(verdict.claim)] = (verdict, bool(ref))
+    return ref

@@ -69,6 +69,12 @@ class Cost:
         if self.copy_bytes_per_s is not None and not self.copy_bytes_per_s > 0:
             raise ValueError(f"Cost.copy_bytes_per_s: must be > 0 or None (got {self.copy_bytes_per_s!r})")
 
+    def link_faster(self, times: float) -> "Cost":
+        """This cost on an emulated link with `times` its bandwidth (the same latency); as it is without one."""
+        if self.link_hold is None or times == 1:
+            return self
+        return replace(self, link_hold=replace(self.link_hold, beta_s_per_byte=self.link_hold.beta_s_per_byte / times))
+
     def allreduce_ms(self, n_bytes: int) -> float:
         """One bucket's cost alone: the all-reduce, scaled, plus its copies in and out (if priced)."""
         copy = 2 * n_bytes / self.copy_bytes_per_s if self.copy_bytes_per_s else 0.0

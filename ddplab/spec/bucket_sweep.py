@@ -30,6 +30,11 @@ class Plan(NamedTuple):
     def __str__(self) -> str:
         return f"{self.kind}:{'default' if self.cap_mb is None else f'{self.cap_mb:g}'}"
 
+    @property
+    def link_bandwidth(self) -> float:
+        """Times `Experiment.link`'s bandwidth this plan's all-reduces are held to: 2 for "ddp-2x", else 1."""
+        return 2.0 if self.kind == "ddp-2x" else 1.0
+
     @classmethod
     def parse(cls, name: str) -> "Plan":
         """"split:4" -> Plan("split", 4.0); "ddp:default" -> Plan("ddp", None); ValueError naming the plan

@@ -17,7 +17,6 @@ bench/simulator_accuracy.py.
 from __future__ import annotations
 
 import itertools
-from dataclasses import replace
 
 import pandas as pd
 
@@ -123,7 +122,7 @@ def compare(run, link: AlphaBeta, calibrate_on: str | None = None, plans=None) -
         m = table.loc[p, "step_ms"]
         row = {"plan": p, "buckets": len(layouts[p]), "measured_ms": m, "spread_ms": table.loc[p, "spread_ms"]}
         for name, cost in models.items():
-            pred = predict(ins, layouts[p], cost).step_ms
+            pred = predict(ins, layouts[p], cost.link_faster(Plan.parse(p).link_bandwidth)).step_ms
             row[f"{name}_ms"], row[f"{name}_error"] = pred, rel_error(pred, m)
         row["calibration_point"] = p == calibrate_on
         rows.append(row)
@@ -301,12 +300,12 @@ def candidates(ins: Inputs, cost: Cost, caps_mb, split_cap_mb: float | None = No
 @reading(run="bucket-sweep")
 def modelled_tails(run, link: AlphaBeta, plans) -> dict[str, float]:
     """The textbook model's exposed tail (ms) per plan of a run on an emulated link (the loopback line `link`,
-    then the link's wire time; a "ddp-2x" plan's at twice the link's rate, as the rank holds it)."""
+    then the link's wire time, at the plan's `Plan.link_bandwidth`, as the rank holds it)."""
     if getattr(run.spec, "link", None) is None:
         raise ValueError(f"run: {run.spec.name!r} ran on loopback; modelled_tails is for a run on Experiment.link")
-    ins, textbook = inputs(run), costs(run, link, plans=[p.replace("ddp-2x:", "ddp:") for p in plans])["textbook"]
-    fast = replace(textbook, link_hold=replace(textbook.link_hold, beta_s_per_byte=textbook.link_hold.beta_s_per_byte / 2))
-    return {p: predict(ins, plan_for(run, p, ins), fast if p.startswith("ddp-2x:") else textbook).exposed_tail_ms for p in plans}
+    ins, textbook = inputs(run), costs(run, link, plans=plans)["textbook"]
+    return {p: predict(ins, plan_for(run, p, ins), textbook.link_faster(Plan.parse(p).link_bandwidth)).exposed_tail_ms
+            for p in plans}
 
 
 @reading(run="bucket-sweep")

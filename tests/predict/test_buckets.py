@@ -138,3 +138,11 @@ def test_buckets_launch_in_plan_order_like_ddp():
     s = buckets.simulate(g, [["p0"], ["p1"]], Cost(LINK), backward_ms=20.0)
     assert [b.ready_ms for b in s.buckets] == pytest.approx([10.0, 10.0])
     assert s.buckets[1].start_ms == pytest.approx(s.buckets[0].finish_ms)
+
+
+def test_a_cost_on_a_faster_link_holds_its_bytes_for_less_and_keeps_the_latency():
+    link = AlphaBeta(1e-4, 1e-9)
+    held = Cost(link, link_hold=AlphaBeta(5e-5, 8e-9))
+    fast = held.link_faster(2.0)
+    assert fast.link_hold == AlphaBeta(5e-5, 4e-9) and fast.link == link
+    assert held.link_faster(1.0) is held and Cost(link).link_faster(2.0) == Cost(link)   # no link: nothing to scale

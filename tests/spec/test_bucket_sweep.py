@@ -19,3 +19,5 @@ def test_a_plan_on_twice_the_bandwidth_needs_a_link():
 
 def test_the_plan_on_twice_the_bandwidth_parses_and_keeps_its_name():
     assert Plan.parse("ddp-2x:64") == Plan("ddp-2x", 64.0) and str(Plan("ddp-2x", 64.0)) == "ddp-2x:64"
+    assert Plan.parse("ddp-2x:64").link_bandwidth == 2.0
+    assert {Plan.parse(p).link_bandwidth for p in ("ddp:64", "ddp-split:64", "bare:default", "split:8")} == {1.0}

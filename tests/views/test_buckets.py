@@ -119,6 +119,9 @@ def test_a_plan_on_twice_the_bandwidth_is_held_half_as_long_and_modelled_so(tmp_
     seen = bucket_sweep.steps(run, record.exposed_tail_ms, plans).median()
     assert table["measured_tail_ms"].to_dict() == pytest.approx(seen.to_dict())
     assert f"{2 * half_wire_ms:.0f} ms on this wire" in buckets.wire_against_backward(run)
+    # the step model prices the same plan at the rate it ran at, not the link's own
+    steps, _ = buckets.compare(run, AlphaBeta(1e-4, 1e-10), plans=["ddp:64", "ddp-2x:64"])
+    assert steps.loc["ddp:64", "textbook_ms"] - steps.loc["ddp-2x:64", "textbook_ms"] == pytest.approx(half_wire_ms, rel=0.05)
 
 
 def test_a_hold_at_twice_the_bandwidth_puts_half_the_bytes_on_the_wire(monkeypatch):

@@ -56,3 +56,16 @@ def test_the_step_table_holds_each_arms_quartiles():
                                                                         for r in (0, 1)])
     row = tables.compiled_ddp.steps(run).loc["compiled:2"]
     assert [row[f"{k}_q{q}_ms"] for k in ("eager", "compiled") for q in (1, 3)] == [22.0, 26.0, 32.0, 36.0]
+
+
+def test_a_gradient_that_slips_ahead_of_the_others_is_one_move_not_all_of_them():
+    from ddplab.tables.compiled_ddp import _moved, order_moves
+
+    eager = [f"g{i}" for i in range(6)]
+    assert _moved(eager, eager) == 0
+    assert _moved(eager, ["g5", *eager[:5]]) == 1           # every position changed, one gradient moved
+    assert _moved(eager, eager[::-1]) == 5                  # reversed: all but one must move
+    assert _moved(eager, ["g1", "g0", "g3", "g2", "g4", "g5"]) == 2
+    table = pd.DataFrame({"eager_position": range(6), "compiled_position": [1, 2, 3, 4, 5, 0],
+                          "eager_ms": [1.0] * 6, "compiled_ms": [2.0] * 6}, index=eager)
+    assert order_moves(table).startswith("1 of 6 gradients change place") and "compiled's g5" in order_moves(table)

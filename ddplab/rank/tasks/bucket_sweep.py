@@ -165,7 +165,7 @@ def _arm(ctx, name: str, index: int, base, grads) -> _Arm:
         buckets = None
         if kind != "bare":
             buckets = BucketLog(ctx.group, {id(p): n for n, p in module.named_parameters()}, cuda,
-                                bandwidth=2.0 if kind == "ddp-2x" else 1.0)
+                                bandwidth=Plan.parse(name).link_bandwidth)
             wrapper.register_comm_hook(None, buckets.hook)
         return _Arm(name, module, wrapper, ready, buckets)
     plan = predict.buckets.ddp_plan(grads, cap * MIB)
