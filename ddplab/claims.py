@@ -176,8 +176,7 @@ def _decide(claim, center, low, high, n, what, unit, alpha, above, below, within
         if not lo < hi:
             raise ValueError(f"within: the band must have low < high, got {within}")
         claimed, ok, bad, edges = f"within [{lo:.3g}, {hi:.3g}]{u}", lo <= low and high <= hi, high < lo or low > hi, [lo, hi]
-    outcome = HOLDS if ok else CONTRADICTED if bad else UNRESOLVED
-    advice = ""
+    outcome, advice = HOLDS if ok else CONTRADICTED if bad else UNRESOLVED, ""
     if outcome == UNRESOLVED:
         if not (math.isfinite(low) and math.isfinite(high)):
             advice = f"it takes at least {min_rounds(alpha)} measured values to judge at all"
@@ -188,7 +187,8 @@ def _decide(claim, center, low, high, n, what, unit, alpha, above, below, within
             band = within is not None   # a band has no "effect" to grow: only its edge and the noise
             if margin > 0 and scale_rounds and half / margin <= 10:
                 need = max(math.ceil(n * (half / margin) ** 2), n + 1)
-                advice = (f"about {need} measured values (not {n})" + ("" if band else f" or an effect {half / margin:.1f}x larger")
+                advice = (f"about {need} measured values (not {n})" + ("" if band else " or a slightly larger effect" if half / margin < 1.1
+                                                                      else f" or an effect {half / margin:.1f}x larger")
                           + " would resolve it, noise staying as it is")
             elif margin > 0 and scale_rounds and band:
                 advice = (f"the median sits {_g(margin)}{u} from the band's edge {nearest:.3g}: it would take over 100x "
@@ -228,13 +228,14 @@ def paired(claim: str, a, b, *, ratio: bool = False, above=None, below=None, wit
 
 
 def estimate(claim: str, value: float, se: float, *, above=None, below=None, within=None, unit: str = "",
-             alpha: float = ALPHA) -> Verdict:
-    """Judge a claim about a fitted quantity with standard error `se`: a normal interval at `alpha`."""
+             alpha: float = ALPHA, widen: tuple[float, str] = (1.0, "")) -> Verdict:
+    """Judge a claim about a fitted quantity with standard error `se`: a normal interval at `alpha`, its
+    half-width times `widen`[0] where the fit needs more (`widen`[1] says why, e.g. Student's t)."""
     if not (math.isfinite(value) and math.isfinite(se) and se >= 0):
         raise ValueError(f"value, se: need finite numbers and se >= 0, got {value}, {se}")
-    z = NormalDist().inv_cdf(1 - alpha)
-    return _decide(claim, value, value - z * se, value + z * se, 1, f"estimate (standard error {se:.2g})", unit, alpha,
-                   above, below, within, scale_rounds=False)
+    z = NormalDist().inv_cdf(1 - alpha) * widen[0]
+    return _decide(claim, value, value - z * se, value + z * se, 1, f"estimate (standard error {se:.2g}{widen[1]})",
+                   unit, alpha, above, below, within, scale_rounds=False)
 
 
 def check(verdict: Verdict) -> Verdict:
@@ -264,7 +265,7 @@ def this_run() -> str:
     if not open_:
         return said
     missing = open_.count(False)
-    return said + ("; each unresolved one shows a quiet reference run" if not missing else
+    return said + ("; each unresolved one shows a reference run" if not missing else
                    f"; {missing} of the {len(open_)} unresolved {'has' if missing == 1 else 'have'} no reference run yet")
 
 

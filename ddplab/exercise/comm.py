@@ -46,12 +46,12 @@ def judge(ev, exp, runs) -> list[Finding]:
         model = ring_bytes_per_rank(truth, d)
         ok = abs(v - model) <= 1.0   # a byte count, written as a float
         if ok:
-            msg = f"{model:,.0f} bytes = 2(D-1)/D x payload"
+            msg = f"{model:,.0f} bytes, what one rank sends in a ring all-reduce of the payload"   # no rule: other D rows
         elif d > 2 and any(abs(v - x) <= 1.0 for x in (truth, 2 * truth, truth * 2 * (d - 1))):
             msg = (f"at D = {d} {v:,.0f} bytes leaves out the ring factor: a ring all-reduce is a reduce-scatter and "
-                   f"an all-gather, each sending (D-1)/D of the payload, so a rank sends 2(D-1)/D x payload")
+                   f"an all-gather; count what one rank sends in each, in chunks of the payload")
         elif payload != truth and abs(v - ring_bytes_per_rank(payload, d)) <= 1.0:
-            msg = (f"at D = {d} {v:,.0f} bytes is 2(D-1)/D x the payload you wrote, the right rule; but the payload "
+            msg = (f"at D = {d} {v:,.0f} bytes follows the right rule from the payload you wrote; but the payload "
                    f"itself is wrong (see above)")
         else:
             msg = (f"at D = {d} {v:,.0f} bytes is not what each rank sends in a ring all-reduce of the payload: "

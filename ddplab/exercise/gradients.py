@@ -84,16 +84,15 @@ def judge(ev, exp, runs) -> list[Finding]:
     mean = sum(local_true) / len(local_true)
     ok = same(glob, ref_true)
     if ok:
-        msg = (f"{ref_true:.9g}: the one-process gradient of all {sum(b)} examples, the local gradients weighted by "
-               f"b_r / B; DDP's reduced value" + (f" ({reduced_true:.9g})" if reduced_ok else "")   # never another row's answer
+        msg = (f"{ref_true:.9g}: the one-process gradient of all {sum(b)} examples; DDP's reduced value"
+               + (f" ({reduced_true:.9g})" if reduced_ok else "")   # never another row's answer, nor the convention's rule
                + " differs from it because the batches are unequal")
     elif abs(glob - mean) <= tol and reduced_ok:   # named only once the reduced row is right: it is that value
         msg = (f"this is the unweighted mean of the ranks' mean gradients (DDP's reduced value): with unequal local "
-               f"batches a rank with more examples must count more; the global-batch gradient is sum_r (b_r / B) g_r, "
-               f"what one process computes on all {sum(b)} examples")
+               f"batches a rank with more examples must count more in what one process computes on all {sum(b)} examples")
     elif abs(glob - mean) <= tol:   # the same mistake, said without confirming the reduced row's answer
         msg = (f"not what one process computes on all {sum(b)} examples: with unequal local batches a rank with more "
-               f"examples must count more, so weigh each rank's gradient by b_r / B")
+               f"examples must count more than one with fewer")
     else:
         msg = (f"{glob:.9g} is not what one process computes on all {sum(b)} examples: read it off rank 0's "
                f"case.tensors(0)['reference']")
@@ -128,7 +127,7 @@ def _judge_convention(conv, run, name: str) -> Finding:
         return Finding("gradients", CONVENTION, True,
                        f"on a case you did not see (local batches {b}, another seed) it gives the one-process gradient")
     col = [c[where] for c in locals_]
-    hint = " (that is the unweighted mean: weigh each rank's value by b_r / B)" \
+    hint = " (that is the unweighted mean: a rank with more examples must count more)" \
         if abs(got[where] - sum(col) / len(col)) <= tol else ""
     return Finding("gradients", CONVENTION, False,
                    f"on a hidden case (local batches {b}) your function gives {got[where]:.9g} for element {where}, "

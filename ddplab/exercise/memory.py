@@ -50,7 +50,7 @@ def judge(ev, exp, runs) -> list[Finding]:
         r, v, t = wrong[0]   # feedback says what is wrong, never the ledger's number
         moment = "forward" if cat == "activations" else "optimizer step"
         if cat in MODEL_STATE and t and abs(v * d - t) <= d:
-            msg = (f"{cat} on rank {r} is 1/{d} of what a rank holds: classic DDP replicates parameters, gradients "
+            msg = (f"{cat} on rank {r} looks divided by the world size: classic DDP replicates parameters, gradients "
                    f"and optimizer state on every rank; it divides none of them by the world size (that is what "
                    f"ZeRO and FSDP change)")
         elif t and abs(v * MIB - t) <= 0.0051 * MIB:

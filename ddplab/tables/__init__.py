@@ -17,9 +17,9 @@ loads only to read saved tensors. Each table declares the runs it reads on its o
     compression (10: DDP's communication hooks, their bytes, their effect on learning, whether they pay),
     compiled_ddp (11: DDPOptimizer's split, readiness and the step under torch.compile)
 
-The key checks of notebooks 01, 02 and 06 are `gradients.verify_global_batch_gradient`,
-`memory.verify_model_state` and `global_batch.verify_distinct_examples` (they raise
-`verify.CheckFailed`; tests/views/test_key_checks.py makes each fail). Used by every notebook.
+The key checks of notebooks 01 and 02 are `gradients.verify_global_batch_gradient` and
+`memory.verify_model_state` (they raise `verify.CheckFailed`; tests/views/test_key_checks.py makes each
+fail). Used by every notebook.
 """
 
 from . import (balance, bucket_sweep, buckets, comm, common_errors, compiled_ddp, compression, coverage, failures,

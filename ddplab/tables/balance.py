@@ -79,7 +79,7 @@ def balance_fit(run) -> pd.DataFrame:
         q = predict.balance.quality(m, samples)
         rows.append({"model": name, "formula": "c + a*tokens + b*sum_sq" if name == "cost" else "c + a*tokens",
                      "c_ms": m.c_ms, "a_ms_per_token": m.a_ms_per_token, "b_ms_per_sq": m.b_ms_per_sq,
-                     "b_se_ms_per_sq": errors.b_ms_per_sq if name == "cost" else 0.0,
+                     "b_se_ms_per_sq": errors.b_ms_per_sq if name == "cost" else float("nan"),   # no b term
                      "dof": dof if name == "cost" else dof + 1, "r2": q.r2,
                      "mean_abs_error_ms": q.mean_abs_error_ms, "max_abs_error_ms": q.max_abs_error_ms,
                      "mean_rel_error": q.mean_rel_error})
@@ -107,11 +107,10 @@ def judge_quadratic_term(run):
     from .. import claims
 
     row = balance_fit(run).loc["cost"]
-    se = row["b_se_ms_per_sq"] * _t_over_z(int(row["dof"]), claims.ALPHA)
-    return claims.estimate(f"quadratic term > 0: a token costs more in a longer sequence (ms per "
-                           f"squared token; the standard error printed is the table's b_se_ms_per_sq widened to "
-                           f"Student's t for {int(row['dof'])} degrees of freedom)",
-                           row["b_ms_per_sq"], se, above=0.0)
+    dof = int(row["dof"])
+    return claims.estimate("quadratic term > 0: a token costs more in a longer sequence (the fitted b, ms per "
+                           "squared token)", row["b_ms_per_sq"], row["b_se_ms_per_sq"], above=0.0,
+                           widen=(_t_over_z(dof, claims.ALPHA), f"; the interval Student's t for {dof} degrees of freedom"))
 
 
 @reading(run="balance-study")

@@ -5,14 +5,13 @@ here; the step is judged by `claims` on the paired steps of one cap."""
 
 from __future__ import annotations
 
-import bisect
 import statistics
 from collections import Counter
 
 import pandas as pd
 
 from .. import claims, verify
-from .stats import slowest_rank
+from .stats import moves, slowest_rank
 from .reads import reading, reading_no_run
 
 SAME_TRAINING_REL = 1e-4   # compiled against eager parameters after the same steps: float32 reassociation only
@@ -170,8 +169,9 @@ def verify_same_training(run, rel: float = SAME_TRAINING_REL) -> None:
     the eager kernels (`EXACT_BACKENDS`) on 2 ranks bit for bit; otherwise within `rel` (Inductor may
     reassociate float32 sums, a ring of 3 or more ranks adds in its buckets' order). Raises
     `verify.CheckFailed` otherwise."""
-    gaps = [a.param_gap for r in run.ranks for a in r.result.arms if a.compiled]
-    what = "largest relative difference between a compiled arm's parameters and its eager twin's, over arms and ranks"
+    arms = [a for r in run.ranks for a in r.result.arms if a.compiled]
+    gaps, modes = [a.param_gap for a in arms], "/".join(sorted({a.mode for a in arms}))
+    what = f"{run.spec.name} ({modes}): largest relative difference between a compiled arm's parameters and its eager twin's"
     if run.spec.task.backend in EXACT_BACKENDS and run.world_size == 2:
         verify.equal(f"{what} ({run.spec.task.backend}: bit for bit)", max(gaps), 0.0)
     else:
@@ -213,29 +213,18 @@ def burst_reading(table: pd.DataFrame) -> str:
 def order_moves(table: pd.DataFrame) -> str:
     """One sentence on how far the ready order moved under compile (from a `ready_order` table)."""
     eager_order = table.sort_values("eager_position")
-    moved = _moved(eager_order.index, table.sort_values("compiled_position").index)
+    moved = moves(eager_order.index, table.sort_values("compiled_position").index)
     first = eager_order.index[0], table["compiled_position"].idxmin()
     return (f"{moved} of {len(table)} gradients change place in the ready order (the fewest that, moved, turn eager's "
             f"order into compiled's); eager's first is {first[0]}, compiled's {first[1]}; the last is ready "
             f"{table['eager_ms'].max():.1f} ms into backward eager, {table['compiled_ms'].max():.1f} ms compiled")
 
 
-def _moved(a, b) -> int:
-    """How many items of order `b` must be taken out and put back elsewhere to give order `a`: the items
-    outside their longest common subsequence (a gradient that slips by one, ahead of all the others, is
-    one move, where counting changed positions would count every gradient after it)."""
-    where = {x: i for i, x in enumerate(a)}
-    tails: list[int] = []   # patience sorting: the longest run of b's items in increasing position in a
-    for i in (where[x] for x in b if x in where):
-        tails[bisect.bisect_left(tails, i):bisect.bisect_left(tails, i) + 1] = [i]
-    return len(b) - len(tails)
-
-
 @reading(run="compiled-ddp")
 def verify_compile_moves_readiness(run) -> None:
     """Compiling changes when gradients become ready: on every rank, at every cap, the compiled step's ready
     order differs from eager's (torch's default mode). Raises `verify.CheckFailed` where it is the same."""
-    moved = [_moved([e.param for e in ea.ready], [e.param for e in ca.ready])
+    moved = [moves([e.param for e in ea.ready], [e.param for e in ca.ready])
              for r in run.ranks for ea in r.result.arms for ca in r.result.arms
              if not ea.compiled and ca.compiled and ca.mode == "ddp_optimizer" and ca.cap_mb == ea.cap_mb]
     verify.above("gradients whose place in the ready order compiling changed, fewest over ranks and caps",
@@ -271,3 +260,15 @@ def steps(run) -> pd.DataFrame:
                      **{f"{kind}_q{q}_ms": pd.Series(ms).quantile(q / 4) for kind, ms in timed.items() for q in (1, 3)}})
     table = pd.DataFrame(rows).set_index("arm")
     return table if table["reference run"].any() else table.drop(columns="reference run")
+
+
+@reading_no_run
+def steps_reading(table: pd.DataFrame) -> str:
+    """One sentence on a `steps` table: at how many arms compiling was faster, slower or not told apart
+    from eager, and the compile paid up front (first compiled step minus first eager step)."""
+    said = table["compiled faster?"].value_counts()
+    up_front = float((table["first_step_s_compiled"] - table["first_step_s_eager"]).sum())
+    parts = [f"{n} {word}" for key, word in (("yes", "faster"), ("no, the opposite", "slower"), ("not resolved", "not told "
+             "apart from eager")) if (n := int(said.get(key, 0)))]
+    tail = ("; the difference, if any, is within this machine's noise" if said.get("not resolved", 0) == len(table) else "")
+    return f"of {len(table)} compiled arm(s): {', '.join(parts)}{tail}; compiling cost {up_front:.1f} s up front"

@@ -311,8 +311,9 @@ def verify_zero_exact(runs, predicted: str = "exact_bytes", step: int = 1) -> No
     miss = (t["measured_bytes"] - t[predicted]).abs()
     worst = miss.idxmax()
     spread = t["exact_minus_even_mib"].abs().max()
+    spread = f"{spread:.2f} MiB" if spread >= 0.01 else f"{spread * 2**20:.0f} B"
     verify.that(f"measured model state == {predicted.replace('_bytes', '')} prediction, to the byte, for all "
-                f"{len(t)} stages x ranks (the even split is up to {spread:.2f} MiB off on a rank)",
+                f"{len(t)} stages x ranks (the even split is up to {spread} off on a rank)",
                 bool((miss == 0).all()),
                 seen=f"worst stage {worst[0]}, rank {worst[1]}: measured {int(t.loc[worst, 'measured_bytes'])} B, "
                      f"predicted {t.loc[worst, predicted]:.0f} B ({miss.max():.0f} B off)",

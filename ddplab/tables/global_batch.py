@@ -1,6 +1,6 @@
 """Tables of global-batch semantics (notebook 06): accumulation with and without no_sync, strong and
 weak scaling, two global batch sizes at a matched example budget, and the examples each optimizer
-step actually consumed, counted from the ranks' records (`verify_distinct_examples`: the chapter's check).
+step actually consumed, counted from the ids the ranks recorded (`distinct_examples`).
 Notebook 08's first common error is read here too: strong scaling claimed after growing the global batch
 (`weak_as_strong`, `fixed_global_batch_setup`, and its row of `common_errors.error_table`, `scaling_error`).
 Step times of separate runs are shown, not judged: they did not run interleaved, so no paired claim holds."""
@@ -11,7 +11,6 @@ import statistics
 
 import pandas as pd
 
-from .. import verify
 from ..units import MIB
 from .gradients import check
 from .reads import reading
@@ -50,20 +49,19 @@ def examples_per_step(run) -> pd.DataFrame:
 
 
 @reading(runs="train", either=("runs",))
-def verify_distinct_examples(runs, per_step) -> None:
-    """Notebook 06's check, in one line for one run or several: every optimizer step of each run took
-    `per_step` distinct examples (a number, or a function of the run), counted from the sample ids its
-    ranks recorded (`examples_per_step`), not from what the spec asked for. Raises `verify.CheckFailed`
-    for a data path that drops examples or ranks that read the same examples, naming the run
-    (tests/views/test_key_checks.py)."""
+def distinct_examples(runs) -> str:
+    """One line for one run or several: how many distinct example ids each optimizer step's ranks were
+    handed (`examples_per_step`). The ids come from the spec's sharding rule (`spec.sharding`, which
+    tests/spec checks), so this is a fact about the rule, printed, not a check of the data path."""
     runs = list(runs) if isinstance(runs, (list, tuple)) else [runs]
-    counts = {r.spec.name: examples_per_step(r)["distinct"].tolist() for r in runs}
-    named = len(runs) > 1   # several runs: each value says whose it is
-    want = ", ".join(f"{r.spec.name} " * named + str(per_step(r) if callable(per_step) else per_step) for r in runs)
-    seen = ", ".join(f"{n} " * named + "/".join(map(str, sorted(set(c)))) for n, c in counts.items())   # 16/32: steps differ
-    steps = "/".join(map(str, sorted({len(c) for c in counts.values()})))
-    verify.equal(f"{'each run' if named else runs[0].spec.name}: distinct examples in each of its {steps} optimizer "
-                 "steps", seen, want)
+    said = []
+    for r in runs:
+        t = examples_per_step(r)
+        counts = "/".join(map(str, sorted(set(t["distinct"]))))
+        dup = int((t["consumed"] - t["distinct"]).sum())
+        said.append(f"{r.spec.name}: {counts} distinct example ids in each of its {len(t)} optimizer steps"
+                    + (f" ({dup} handed out twice)" if dup else ""))
+    return "; ".join(said) + " (the sharding rule's ids, as the ranks recorded them)"
 
 
 @reading(runs="train")

@@ -16,6 +16,7 @@ import pandas as pd
 
 from .. import verify
 from ..predict.memory import CATEGORIES, predict, state_bytes
+from ..spec.experiment import BUILTIN_MODELS
 from ..units import MIB
 from .reads import reading, reading_no_run
 
@@ -27,9 +28,11 @@ MODEL_STATE = ("parameters", "gradients", "ddp_buckets", "optimizer_state")
 
 
 def _predict(run, r, step: int) -> dict:
-    """The memory model for rank result `r`, from the parameters the run recorded (any model: a
-    user's model gets its model-state terms, and None for the activations only shapes can tell)."""
+    """The memory model for rank result `r`: a built-in model's from its spec; a user's model's model-state
+    terms from the parameters the run recorded, and None for the activations only shapes can tell."""
     m = r.memory
+    if run.spec.model in BUILTIN_MODELS:   # from the spec alone: the ranks' own counts would check themselves
+        return predict(run.spec, r.rank, step, None, m.trainable or None)
     if m.parameter_numels:
         return predict(run.spec, r.rank, step, m.parameter_numels, m.trainable)
     return predict(run.spec, r.rank, step)

@@ -3,6 +3,7 @@ quantity timed in interleaved rounds. Judging a claim against that noise is `cla
 
 from __future__ import annotations
 
+import bisect
 import statistics
 
 from .reads import reading_no_run
@@ -36,3 +37,15 @@ def round_summary(rounds: dict[int, list[float]]) -> tuple[float, float]:
     every = [t for v in rounds.values() for t in v]
     per_round = max(1, round(len(every) / len(rounds)))
     return statistics.median(medians), max(robust_spread(medians), robust_spread(every) / per_round ** 0.5)
+
+
+@reading_no_run
+def moves(a, b) -> int:
+    """How many items of order `b` must be taken out and put back elsewhere to give order `a`: the items
+    outside their longest common subsequence (a gradient that slips by one, ahead of all the others, is
+    one move, where counting changed positions would count every gradient after it)."""
+    where = {x: i for i, x in enumerate(a)}
+    tails: list[int] = []   # patience sorting: the longest run of b's items in increasing position in a
+    for i in (where[x] for x in b if x in where):
+        tails[bisect.bisect_left(tails, i):bisect.bisect_left(tails, i) + 1] = [i]
+    return len(b) - len(tails)

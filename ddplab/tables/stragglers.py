@@ -290,8 +290,8 @@ def judge_wait_for_delay(run, skip: int = SKIP, least: float = MIN_WAIT_PER_DELA
 
     ratios = wait_per_delay(run, skip)   # first: it refuses a run without a straggler, naming it
     slow = run.spec.straggler
-    return claims.judge(f"{run.spec.name}: ranks wait at least {least:g} of rank {slow.rank}'s delay "
-                        f"(in {slow.where}; per step, wait over delay)", ratios, above=least, unit="x")
+    return claims.judge(f"{run.spec.name}: ranks wait at least {least:g} of rank {slow.rank}'s delay in {slow.where} "
+                        f"(per step, the early ranks' wait at the last bucket over the delay)", ratios, above=least, unit="x")
 
 
 @reading(runs="train")

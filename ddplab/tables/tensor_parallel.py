@@ -178,11 +178,9 @@ def timing(runs) -> pd.DataFrame:
     on the critical path (the rank blocked in them; separate traced steps), DDP's all-reduce from
     launch to done (`comm_ms`), the part of it in flight while backward still computed
     (`comm_during_backward_ms`; zero with one bucket: it launches when the last gradient is ready)
-    and the part of backward after the last gradient was ready (`exposed_ms`, its tail). `verdict`
-    says whether tensor parallelism was faster or slower than the dense layer on this machine, judged
-    by `claims` on the `paired_steps` (every round ran both), else that this run could not tell them
-    apart, or that it had too few steps to judge at all (under `claims.min_rounds`);
-    `ideal_ms` is the dense step over tp (the split's compute, were splitting free)."""
+    and the part of backward after the last gradient was ready (`exposed_ms`, its tail). `verdict`: is the
+    split slower than the dense layer here, judged on the `paired_steps` (`claims.noted`), or too few steps
+    to judge (under `claims.min_rounds`); `ideal_ms`: the dense step over tp (the split, were it free)."""
     rows = []
     for run in _layer_runs(runs):
         per_round = run.spec.task.steps_per_round
@@ -214,9 +212,12 @@ def timing(runs) -> pd.DataFrame:
                                buckets=len(per_rank[0].ddp_bucket_bytes), on_critical_path=False)
                 rows.append(row)
             dense, tp = steps["dense"], steps["tensor parallel"]
-            # the split step against the dense one, step by step (both ran in every round): a finding of
-            # this machine, judged by `claims` (on 2 shared cores the split is slower; on GPUs it need not be)
-            verdict = claims.paired("the split step is slower than the dense one (per step)", tp, dense, above=0.0)
+            # the split step against the dense one, step by step (both ran in every round): a finding of this
+            # machine (on 2 shared cores the split is slower; on GPUs it need not be), counted by claims.this_run
+            verdict = claims.paired(f"{run.spec.name}, {name}: the split step is slower than the dense one (per step)",
+                                    tp, dense, above=0.0)
+            if verdict.n >= claims.min_rounds(verdict.alpha):
+                claims.noted(verdict)
             tp_row["paired_steps"] = verdict.n
             tp_row["verdict"] = TOO_FEW if verdict.n < claims.min_rounds(verdict.alpha) else VERDICT[verdict.outcome]
     return pd.DataFrame(rows).set_index(["run", "layer", "way"])

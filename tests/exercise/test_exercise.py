@@ -250,6 +250,18 @@ def test_a_passing_row_never_shows_a_failing_rows_answer(reference_evidence):
     assert shows(every_row(exercise.judge(ev, runs)), *_written(right))   # shown once the learner has it right
 
 
+
+def test_no_row_states_the_rule_another_row_asks_for(reference_evidence):
+    """The convention row asks for the global-batch rule and the D > 2 rows for the ring factor: no row, passing
+    or failing, states either (a learner who misses the factor still passes D = 2, whose row would have)."""
+    ev, runs = reference_evidence
+    no_factor = _mutated(ev, "comm", lambda c: c["bytes_per_rank"].__setitem__(4, c["payload_bytes"]))
+    for report in (exercise.judge(ev, runs), exercise.judge(_mutated(ev, "gradients", _unweighted), runs),
+                   exercise.judge(no_factor, runs)):
+        said = " | ".join(f.message for f in report.findings)
+        assert not any(rule in said for rule in ("b_r / B", "sum_r", "2(D-1)/D", "(D-1)/D")), said
+
+
 def test_no_row_hands_over_another_rows_answer(reference_evidence):
     """Two neighbours that used to leak: the global-batch row, written as the unweighted mean while the reduced
     row is wrong, said that mean is DDP's reduced value; a passing gradients or Adam row stated bytes that
@@ -264,7 +276,8 @@ def test_no_row_hands_over_another_rows_answer(reference_evidence):
         _unweighted(g)
     report = exercise.judge(_mutated(ev, "gradients", reduced_wrong_global_unweighted), runs)
     said = every_row(report, "gradients")
-    assert "weigh each rank's gradient by b_r / B" in said and not shows(said, *_written(ev["gradients"]["reduced"])), said
+    assert "must count more" in said and not shows(said, *_written(ev["gradients"]["reduced"])), said
+    assert "b_r / B" not in said and "sum_r" not in said, said   # the convention row's rule, its answer
     assert "unweighted mean" not in said and "reduced value" not in said, said   # it would confirm the reduced answer
 
     def parameters_halved(m):

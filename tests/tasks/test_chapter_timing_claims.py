@@ -32,15 +32,15 @@ SIZES = [2**k for k in range(20, 26)]
 def test_the_fit_holds_on_calls_scattered_around_the_line():
     rng = random.Random(0)
     run = sweep_run({n: [noisy(rng, LINE.predict(n) * 1e3, 0.2) for _ in range(30)] for n in SIZES})
-    pooled, per_size = tables.comm.judge_fit(run, LINE, min_bytes=MIB)
-    assert pooled.holds and per_size.holds, (pooled, per_size)
+    per_size = tables.comm.judge_fit(run, LINE, min_bytes=MIB)
+    assert per_size.holds, per_size
 
 
 def test_a_line_that_misses_one_size_by_far_more_than_half_is_contradicted():
     rng = random.Random(1)
     times = {n: [noisy(rng, LINE.predict(n) * 1e3, 0.05) for _ in range(30)] for n in SIZES}
     times[SIZES[2]] = [4 * t for t in times[SIZES[2]]]          # that size takes 4x: the line predicts -75%
-    pooled, per_size = tables.comm.judge_fit(sweep_run(times), LINE, min_bytes=MIB)
+    per_size = tables.comm.judge_fit(sweep_run(times), LINE, min_bytes=MIB)
     assert per_size.contradicted and "4 MiB" in per_size.claim
     with pytest.raises(Exception, match="NOT verified"):
         claims.check(per_size)
@@ -51,8 +51,8 @@ def test_the_fit_on_wild_noise_cannot_resolve_rather_than_fail():
     # each call 0.3x to 3x the line: the per-size medians' intervals straddle the +-30% band's edges
     # 16 calls a size: enough for a finite interval at claims.family(6), so "cannot resolve" is the noise's
     run = sweep_run({n: [LINE.predict(n) * 1e3 * 10 ** rng.uniform(-0.5, 0.5) for _ in range(16)] for n in SIZES})
-    pooled, per_size = tables.comm.judge_fit(run, LINE)
-    assert pooled.outcome == per_size.outcome == claims.UNRESOLVED, (pooled, per_size)
+    per_size = tables.comm.judge_fit(run, LINE)
+    assert per_size.outcome == claims.UNRESOLVED, per_size
     assert "measured values to judge at all" not in per_size.advice
 
 

@@ -281,7 +281,7 @@ def test_same_training_is_bit_for_bit_under_aot_eager_and_within_rel_under_induc
     from types import SimpleNamespace as NS
 
     def fake(backend, gap, ranks=2):
-        arms = [NS(compiled=False, param_gap=0.0), NS(compiled=True, param_gap=gap)]
+        arms = [NS(compiled=False, param_gap=0.0), NS(compiled=True, param_gap=gap, mode="ddp_optimizer")]
         return NS(spec=NS(name="fake", task=NS(kind="compiled-ddp", backend=backend), probes=()), world_size=ranks,
                   ranks=[NS(rank=r, result=NS(arms=arms)) for r in range(ranks)])
     compiled.verify_same_training(fake("aot_eager", 0.0))

@@ -189,3 +189,16 @@ def test_the_memory_tables_work_for_a_users_model_with_frozen_parameters(shared_
     after_step = table.loc[(0, "after optimizer step")]
     assert not math.isclose(everything["gradients"] / MIB, after_step[("gradients", "measured")], rel_tol=1e-3)
     assert not tables.memory.memory_table(run).empty
+
+
+def test_a_built_in_models_prediction_comes_from_its_spec_not_from_the_ranks_own_counts(memory_runs):
+    """The table's prediction for a built-in model ignores what the ranks recorded, so a rank that held
+    the wrong parameters would show a gap rather than agree with itself."""
+    import dataclasses
+
+    from ddplab import tables
+
+    run = next(r for r in memory_runs.values() if r.spec.sharding == "none")
+    doubled = dataclasses.replace(run, ranks=[dataclasses.replace(r, result=dataclasses.replace(r.result, memory=dataclasses.replace(
+        r.memory, parameter_numels=[2 * n for n in r.memory.parameter_numels]))) for r in run.ranks])
+    assert tables.memory.memory_table(doubled).equals(tables.memory.memory_table(run))

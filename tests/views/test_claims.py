@@ -213,7 +213,7 @@ def test_this_run_counts_the_claims_checked_and_their_references(tmp_path, monke
     monkeypatch.setattr(references, "REFERENCES", _store(tmp_path))
     noise = [(-1) ** i * (i + 1.0) for i in range(12)]
     claims.check(claims.judge("the split shortens the tail (by 1 ms)", noise, below=0))
-    assert claims.this_run().endswith("1 of 2 timing claims resolved; each unresolved one shows a quiet reference run")
+    assert claims.this_run().endswith("1 of 2 timing claims resolved; each unresolved one shows a reference run")
     claims.check(claims.judge("b shrinks", noise, below=0))
     assert claims.this_run().endswith("1 of 3 timing claims resolved; 1 of the 2 unresolved has no reference run yet")
     assert claims.this_run().startswith("this run (load ")

@@ -59,7 +59,8 @@ def test_the_step_table_holds_each_arms_quartiles():
 
 
 def test_a_gradient_that_slips_ahead_of_the_others_is_one_move_not_all_of_them():
-    from ddplab.tables.compiled_ddp import _moved, order_moves
+    from ddplab.tables.compiled_ddp import order_moves
+    from ddplab.tables.stats import moves as _moved
 
     eager = [f"g{i}" for i in range(6)]
     assert _moved(eager, eager) == 0
@@ -69,3 +70,13 @@ def test_a_gradient_that_slips_ahead_of_the_others_is_one_move_not_all_of_them()
     table = pd.DataFrame({"eager_position": range(6), "compiled_position": [1, 2, 3, 4, 5, 0],
                           "eager_ms": [1.0] * 6, "compiled_ms": [2.0] * 6}, index=eager)
     assert order_moves(table).startswith("1 of 6 gradients change place") and "compiled's g5" in order_moves(table)
+
+
+def test_the_step_reading_counts_each_answer_and_the_compile_paid_up_front():
+    from ddplab.tables.compiled_ddp import steps_reading
+
+    table = pd.DataFrame({"compiled faster?": ["yes", "not resolved"], "first_step_s_compiled": [3.0, 2.5],
+                          "first_step_s_eager": [0.5, 0.0]})
+    assert steps_reading(table) == ("of 2 compiled arm(s): 1 faster, 1 not told apart from eager; compiling cost 5.0 s "
+                                    "up front")
+    assert "within this machine's noise" in steps_reading(table.assign(**{"compiled faster?": "not resolved"}))
