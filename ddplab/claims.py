@@ -231,8 +231,8 @@ def estimate(claim: str, value: float, se: float, *, above=None, below=None, wit
              alpha: float = ALPHA, widen: tuple[float, str] = (1.0, "")) -> Verdict:
     """Judge a claim about a fitted quantity with standard error `se`: a normal interval at `alpha`, its
     half-width times `widen`[0] where the fit needs more (`widen`[1] says why, e.g. Student's t)."""
-    if not (math.isfinite(value) and math.isfinite(se) and se >= 0):
-        raise ValueError(f"value, se: need finite numbers and se >= 0, got {value}, {se}")
+    if not (math.isfinite(value) and math.isfinite(se) and se >= 0 and widen[0] > 0):
+        raise ValueError(f"value, se, widen: need finite numbers, se >= 0 and widen > 0, got {value}, {se}, {widen[0]}")
     z = NormalDist().inv_cdf(1 - alpha) * widen[0]
     return _decide(claim, value, value - z * se, value + z * se, 1, f"estimate (standard error {se:.2g}{widen[1]})",
                    unit, alpha, above, below, within, scale_rounds=False)
@@ -255,7 +255,7 @@ _CHECKED: dict[str, tuple[Verdict, bool]] = {}   # this process's checks by clai
 
 def this_run() -> str:
     """One line on this process's timing claims so far (`check`): the machine's load, how many resolved,
-    and whether each unresolved one showed a quiet reference run beside it."""
+    and whether each unresolved one showed a reference run beside it."""
     load, cores = os.getloadavg()[0], os.cpu_count()
     checked = list(_CHECKED.values())
     if not checked:

@@ -46,7 +46,8 @@ def judge(ev, exp, runs) -> list[Finding]:
         model = ring_bytes_per_rank(truth, d)
         ok = abs(v - model) <= 1.0   # a byte count, written as a float
         if ok:
-            msg = f"{model:,.0f} bytes, what one rank sends in a ring all-reduce of the payload"   # no rule: other D rows
+            msg = (f"{model:,.0f} bytes, what one rank sends in a ring all-reduce of the payload" if payload == truth else
+                   "right for this D")   # no rule (other D rows), and no number while the payload row fails: at D = 2 it is the payload
         elif d > 2 and any(abs(v - x) <= 1.0 for x in (truth, 2 * truth, truth * 2 * (d - 1))):
             msg = (f"at D = {d} {v:,.0f} bytes leaves out the ring factor: a ring all-reduce is a reduce-scatter and "
                    f"an all-gather; count what one rank sends in each, in chunks of the payload")

@@ -110,8 +110,9 @@ def predict(exp, rank: int = 0, step: int = 1, numels: list[int] | None = None,
             trainable: list[bool] | None = None) -> dict[str, dict[str, int | None]]:
     """Phase -> category -> bytes on `rank` in optimizer step `step`, sampled as the worker samples:
     after the last forward, after the last backward, after the optimizer step (before zero_grad).
-    Given a run's `numels` and `trainable` (a user's model), the model-state terms come from them and
-    the activations, which only a built-in model's shapes determine, are None (measure them)."""
+    Given `numels` and `trainable` (a user's model as its run recorded it, or a built-in one's from its
+    spec), the model-state terms come from them; the activations only for the transformer and the MLP,
+    whose shapes determine them (else None: measure them)."""
     s = state_bytes(exp, numels, trainable, rank)
     if numels is None or exp.model in ("transformer", "mlp"):
         acts = activation_bytes(exp, rank)

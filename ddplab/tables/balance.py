@@ -71,7 +71,7 @@ def balance_calibration(run) -> pd.DataFrame:
 @reading(run="balance-study")
 def balance_fit(run) -> pd.DataFrame:
     """One row per model ("cost", "tokens"): its coefficients (the quadratic term with its least-squares
-    standard error: 0 where fixed at 0), the fit's residual degrees of freedom, and how well it explains the points."""
+    standard error: NaN for a model without that term), the fit's residual degrees of freedom, and how well it explains the points."""
     samples = _samples(balance_record(run))
     errors, dof = predict.balance.standard_errors(samples)
     rows = []

@@ -8,10 +8,8 @@
   resolved (ties, not verdicts); a prediction of equal times for a resolved pair counts as not ordered;
 - `judge_optimistic`, `judge_closer`: the models against the measurement, judged per step (every
   plan measured in the same round, so the machine's load hits every plan of a step alike);
-- `candidates`, `bucket_table`, `summary`: the worked example's tables of one schedule or a few;
-- `is_last_split`: is one plan another with its last bucket cut in two.
-Numbers in, DataFrames out (no processes). Used by notebook 05, its bucket slider and
-bench/simulator_accuracy.py.
+- `candidates`, `bucket_table`, `summary`: the worked example's tables; `is_last_split`: a cut last bucket?
+Numbers in, DataFrames out (no processes), for notebook 05, its slider and bench/simulator_accuracy.py.
 """
 
 from __future__ import annotations
@@ -76,9 +74,9 @@ def calibrate(ins: Inputs, plan, base: Cost, measured_step_ms: float, knob: str 
 
 @reading_no_run
 def calibration_plan(layouts: dict) -> str:
-    """The plan to calibrate on: the one with the most buckets, where the per-bucket start-up cost
-    dominates (so its fitted value is best determined)."""
-    return max(layouts, key=lambda p: len(layouts[p]))
+    """The plan to calibrate on: the one with the most buckets, where the per-bucket start-up cost dominates
+    (so its fitted value is best determined), among those on the link's own bandwidth (`Plan.link_bandwidth`)."""
+    return max((p for p in layouts if Plan.parse(p).link_bandwidth == 1), key=lambda p: len(layouts[p]))
 
 
 @reading(run="bucket-sweep")
@@ -100,6 +98,8 @@ def _prepare(run, plans, calibrate_on):
     table, ins = measured(run), inputs(run)
     plans = [p for p in (plans or table.index) if p != "compute-only"]
     layouts = {p: plan_for(run, p, ins) for p in plans}
+    if calibrate_on and Plan.parse(calibrate_on).link_bandwidth != 1:
+        raise ValueError(f"calibrate_on: {calibrate_on!r} ran on another bandwidth than the link's; calibrate on a plan of its own")
     return table, ins, layouts, calibrate_on or calibration_plan(layouts)
 
 

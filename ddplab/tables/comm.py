@@ -63,15 +63,16 @@ def call_errors(run, model: comm.AlphaBeta, min_bytes: int = 0) -> dict[int, lis
 @reading(run="allreduce-sweep")
 def judge_fit(run, model: comm.AlphaBeta, min_bytes: int = 0, misses: float = 0.30) -> claims.Verdict:
     """The fitted line against every call it was fitted to: "it misses no size by `misses`", each size's
-    median relative error over its repeats within +-`misses` (the verdict of the size it misses most,
-    judged as a family over the sizes). Noise per call widens the intervals; only a line that is off by
+    median relative error over its repeats within +-`misses` (judged as a family over the sizes; the
+    verdict shown is the weakest size's: a contradicted one first, then an unresolved one, then the
+    largest miss). Noise per call widens the intervals; only a line that is off by
     more than the band at a resolved size contradicts. The errors of every call pooled are not judged:
     a line fitted to these very calls has their median error near 0 whatever its shape."""
     errors = call_errors(run, model, min_bytes)
     above = f" of {size_label(min_bytes)} and more" if min_bytes else ""
     alpha = claims.family(len(errors))   # every size at once: the family is wrong by chance at most ALPHA
-    return claims.weakest([claims.judge(f"the line misses no message size{above} by {misses:.0%} (the size it "
-                                        f"misses most: {size_label(n)})", es, within=(-misses, misses), unit="",
+    return claims.weakest([claims.judge(f"the line misses no message size{above} by {misses:.0%} (weakest size: "
+                                        f"{size_label(n)})", es, within=(-misses, misses), unit="",
                                         alpha=alpha, what=f"median over {len(es)} calls")
                            for n, es in errors.items()], then=lambda v: -abs(v.center))   # the largest |median|
 

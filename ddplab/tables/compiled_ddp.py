@@ -211,7 +211,8 @@ def burst_reading(table: pd.DataFrame) -> str:
 
 @reading_no_run
 def order_moves(table: pd.DataFrame) -> str:
-    """One sentence on how far the ready order moved under compile (from a `ready_order` table)."""
+    """One sentence on how many gradients compile moved in the ready order (`stats.moves`; from a
+    `ready_order` table), and which came first."""
     eager_order = table.sort_values("eager_position")
     moved = moves(eager_order.index, table.sort_values("compiled_position").index)
     first = eager_order.index[0], table["compiled_position"].idxmin()
@@ -227,7 +228,8 @@ def verify_compile_moves_readiness(run) -> None:
     moved = [moves([e.param for e in ea.ready], [e.param for e in ca.ready])
              for r in run.ranks for ea in r.result.arms for ca in r.result.arms
              if not ea.compiled and ca.compiled and ca.mode == "ddp_optimizer" and ca.cap_mb == ea.cap_mb]
-    verify.above("gradients whose place in the ready order compiling changed, fewest over ranks and caps",
+    verify.above("gradients compiling moved in the ready order (the fewest that, moved, turn eager's order into "
+                 "compiled's), fewest over ranks and caps",
                  min(moved) if moved else 0, 0)
 
 

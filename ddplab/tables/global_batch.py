@@ -60,7 +60,7 @@ def distinct_examples(runs) -> str:
         counts = "/".join(map(str, sorted(set(t["distinct"]))))
         dup = int((t["consumed"] - t["distinct"]).sum())
         said.append(f"{r.spec.name}: {counts} distinct example ids in each of its {len(t)} optimizer steps"
-                    + (f" ({dup} handed out twice)" if dup else ""))
+                    + (f" ({dup} extra copies of ids over those steps)" if dup else ""))
     return "; ".join(said) + " (the sharding rule's ids, as the ranks recorded them)"
 
 

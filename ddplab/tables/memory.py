@@ -15,7 +15,7 @@ from __future__ import annotations
 import pandas as pd
 
 from .. import verify
-from ..predict.memory import CATEGORIES, predict, state_bytes
+from ..predict.memory import CATEGORIES, parameter_numels, predict, state_bytes
 from ..spec.experiment import BUILTIN_MODELS
 from ..units import MIB
 from .reads import reading, reading_no_run
@@ -30,12 +30,19 @@ MODEL_STATE = ("parameters", "gradients", "ddp_buckets", "optimizer_state")
 def _predict(run, r, step: int) -> dict:
     """The memory model for rank result `r`: a built-in model's from its spec; a user's model's model-state
     terms from the parameters the run recorded, and None for the activations only shapes can tell."""
+    numels, trainable = _counts(run, r)
+    return predict(run.spec, r.rank, step, numels, trainable) if numels else predict(run.spec, r.rank, step)
+
+
+def _counts(run, r) -> tuple[list[int] | None, list[bool] | None]:
+    """The parameter sizes a prediction starts from: a built-in model's from its spec (the ranks' own
+    counts would check themselves), a user's model's as its ranks recorded them; `trainable` as recorded."""
     m = r.memory
-    if run.spec.model in BUILTIN_MODELS:   # from the spec alone: the ranks' own counts would check themselves
-        return predict(run.spec, r.rank, step, None, m.trainable or None)
-    if m.parameter_numels:
-        return predict(run.spec, r.rank, step, m.parameter_numels, m.trainable)
-    return predict(run.spec, r.rank, step)
+    numels = parameter_numels(run.spec) if run.spec.model in BUILTIN_MODELS else (m.parameter_numels or None)
+    if numels and m.trainable and len(m.trainable) != len(numels):
+        raise ValueError(f"run {run.spec.name!r}: rank {r.rank} recorded {len(m.trainable)} parameters, the spec has "
+                         f"{len(numels)}: the ranks did not build the model the spec describes")
+    return numels, (m.trainable or None)
 
 
 def _mib(v) -> float:
@@ -196,9 +203,8 @@ def memory_cuda(run, step: int = 1) -> pd.DataFrame:
 @reading(run="train")
 def replicated_state_bytes(run, rank: int) -> int:
     """The replicated model's model state on `rank` (`predict.memory.state_bytes`, from the parameter
-    sizes the run recorded): parameters, gradients, DDP's buckets and optimizer state, in bytes."""
-    m = run.ranks[rank].memory
-    return sum(state_bytes(run.spec, m.parameter_numels or None, m.trainable or None, rank).values())
+    sizes of `_counts`): parameters, gradients, DDP's buckets and optimizer state, in bytes."""
+    return sum(state_bytes(run.spec, *_counts(run, run.ranks[rank]), rank).values())
 
 
 @reading(memory_runs="train", probes=("memory",))

@@ -216,8 +216,7 @@ def timing(runs) -> pd.DataFrame:
             # machine (on 2 shared cores the split is slower; on GPUs it need not be), counted by claims.this_run
             verdict = claims.paired(f"{run.spec.name}, {name}: the split step is slower than the dense one (per step)",
                                     tp, dense, above=0.0)
-            if verdict.n >= claims.min_rounds(verdict.alpha):
-                claims.noted(verdict)
+            tp_row["reference"] = claims.noted(verdict) if verdict.n >= claims.min_rounds(verdict.alpha) else ""
             tp_row["paired_steps"] = verdict.n
             tp_row["verdict"] = TOO_FEW if verdict.n < claims.min_rounds(verdict.alpha) else VERDICT[verdict.outcome]
     return pd.DataFrame(rows).set_index(["run", "layer", "way"])
@@ -238,7 +237,8 @@ def timing_sentences(runs) -> list[str]:
         dense, tp, ddp = (part.xs(w, level="way").iloc[0] for w in ("dense", "tensor parallel", "ddp"))
         shared = f" sharing {tp['cpus']} cores" if tp["ranks"] > tp["cpus"] else ""
         n, need = int(tp["paired_steps"]), claims.min_rounds()
-        judged = f"{tp['verdict']} over {n} paired steps" if tp["verdict"] != TOO_FEW else \
+        judged = f"{tp['verdict']} over {n} paired steps" + (f" (a reference run: {tp['reference']})" if tp["reference"]
+                                                             else "") if tp["verdict"] != TOO_FEW else \
             f"{tp['verdict']} ({n} paired steps, under the {need} a verdict needs)"
         out.append(f"{run}, {layer}: the split step took {tp['step_ms']:.2f} ms ({tp['step_ms_min']:.2f}-"
                    f"{tp['step_ms_max']:.2f}) on {tp['ranks']} ranks{shared}, the dense one {dense['step_ms']:.2f} ms "

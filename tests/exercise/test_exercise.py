@@ -301,3 +301,16 @@ def test_a_last_ready_time_taken_at_backwards_return_is_caught(reference_evidenc
 
     report = exercise.judge(_mutated(ev, "buckets", at_return), runs)
     assert not report.passed("buckets") and "not backward()'s return" in _messages(report, "buckets")
+
+
+def test_a_passing_two_rank_row_does_not_show_the_payload_while_the_payload_row_fails(reference_evidence):
+    """At D = 2 the ring sends the payload itself: a passing D = 2 row's byte count is the payload row's answer."""
+    ev, runs = reference_evidence
+    truth = ev["comm"]["payload_bytes"]
+
+    def wrong_payload(c):
+        c["payload_bytes"] = truth + 4096
+        c["bytes_per_rank"][2] = truth   # right at D = 2, whatever the payload row says
+    report = exercise.judge(_mutated(ev, "comm", wrong_payload), runs)
+    said = _messages(report, "comm")
+    assert not report.passed("comm") and not shows(said, *_written(truth)), said

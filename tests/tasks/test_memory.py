@@ -23,7 +23,9 @@ def _memory_exps():
 share("memory", _memory_exps)
 share("frozen-mem", lambda: [Experiment(name="frozen-mem", world_size=2, steps=2, local_batch=4, seq_len=8,
                                         optimizer="adam", model="tests.support.user_models:with_frozen",
-                                        probes=("memory",))])
+                                        probes=("memory",)),
+                             Experiment(name="branchy-mem", world_size=2, steps=2, local_batch=4, seq_len=8,
+                                        model="branchy", probes=("memory",))])
 
 
 @pytest.fixture(scope="module")
@@ -202,3 +204,12 @@ def test_a_built_in_models_prediction_comes_from_its_spec_not_from_the_ranks_own
     doubled = dataclasses.replace(run, ranks=[dataclasses.replace(r, result=dataclasses.replace(r.result, memory=dataclasses.replace(
         r.memory, parameter_numels=[2 * n for n in r.memory.parameter_numels]))) for r in run.ranks])
     assert tables.memory.memory_table(doubled).equals(tables.memory.memory_table(run))
+
+
+def test_a_built_in_model_without_an_activation_model_gets_its_state_predicted_and_activations_measured(shared_runs):
+    """branchy: its parameters come from its spec, and its activations, which no formula here covers, stay
+    unpredicted (NaN) rather than failing the table."""
+    run = shared_runs["frozen-mem"][1]
+    table = tables.memory.memory_table(run)
+    assert (table[("parameters", "measured")] == table[("parameters", "predicted")]).all()
+    assert table[("activations", "predicted")].isna().all() and (table[("activations", "measured")] > 0).all()
