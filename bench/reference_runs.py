@@ -76,8 +76,7 @@ def run_notebook(nb: Path, scratch: Path, inplace: bool = False) -> tuple[list[d
     env = {**os.environ, "DDPLAB_RECORD_CLAIMS": str(record), "DDPLAB_RUNS": str(runs)}
     where = ["--output-dir", str(scratch), "--output", "executed"]
     if inplace:   # the outputs as a learner's run leaves them: runs under the notebook's own runs/
-        # one stream a cell, as a learner's JupyterLab shows it (nbconvert may split a print's newline off)
-        where, runs = ["--inplace", "--CoalesceStreamsPreprocessor.enabled=True"], Path(os.environ.get("DDPLAB_RUNS", nb.parent / "runs"))
+        where, runs = ["--inplace"], Path(os.environ.get("DDPLAB_RUNS", nb.parent / "runs"))
         env["DDPLAB_RUNS"] = str(runs)
     load = os.getloadavg()[0]
     started = time.time()
@@ -101,7 +100,25 @@ def run_notebook(nb: Path, scratch: Path, inplace: bool = False) -> tuple[list[d
     meta = {"load": f"{load:.1f} at start, {os.getloadavg()[0]:.1f} at end", "links": links(runs, started)}
     if p.returncode:
         print(stderr[-3000:], file=sys.stderr)
+    if inplace:
+        coalesce_streams(nb)
     return verdicts, meta, seconds, p.returncode
+
+
+def coalesce_streams(nb: Path) -> None:
+    """One stream output per run of prints, as JupyterLab shows a cell: nbconvert's own coalescing runs
+    before the kernel, not on what it printed, and a print's newline can arrive as an output of its own."""
+    d = json.loads(nb.read_text())
+    for cell in d["cells"]:
+        merged = []
+        for o in cell.get("outputs", []):
+            if merged and o["output_type"] == "stream" == merged[-1]["output_type"] and o["name"] == merged[-1]["name"]:
+                merged[-1]["text"] = "".join(merged[-1]["text"]) + "".join(o["text"])
+            else:
+                merged.append(o)
+        if "outputs" in cell:
+            cell["outputs"] = merged
+    nb.write_text(json.dumps(d, indent=1, ensure_ascii=False) + "\n")
 
 
 def main() -> int:
