@@ -83,8 +83,11 @@ def run_notebook(nb: Path, scratch: Path, inplace: bool = False) -> tuple[list[d
     t0 = time.monotonic()
     # a session of its own, so that however this script ends (Ctrl-C, SIGTERM), the notebook's kernel and
     # the ranks it launched go with it: no orphans
+    # 300 s a cell: the slowest cell takes about 80 s under 2 busy processes; a longer wait is a stall. One seen
+    # here, 2026-12-07, with ipykernel 7.4.0: the kernel idle, its ranks idle, the client waiting for an
+    # execute_reply that never came (as ipython/ipykernel#1554 describes a shell request left unread)
     p = subprocess.Popen([sys.executable, "-m", "jupyter", "nbconvert", "--to", "notebook", "--execute",
-                          "--ExecutePreprocessor.timeout=1200", *where, str(nb)], cwd=nb.parent, env=env,
+                          "--ExecutePreprocessor.timeout=300", *where, str(nb)], cwd=nb.parent, env=env,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     stderr = ""
     try:
