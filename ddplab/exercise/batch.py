@@ -24,9 +24,12 @@ def judge(ev, exp, runs) -> list[Finding]:
                    "matches the declared run" if accum == exp.accum_steps else
                    f"you wrote {accum}, which is not how many micro-steps the declared run accumulates per optimizer "
                    f"step (exp.accum_steps)")]
-    right = sum(truth) * exp.accum_steps
-    if g == right:
-        msg = f"{g} = ({' + '.join(map(str, truth))}) x {exp.accum_steps}: every example of every micro-step on every rank"
+    right, others_ok = sum(truth) * exp.accum_steps, local == truth and accum == exp.accum_steps
+    if g == right:   # the breakdown only once both rows above are right: it would hand over their answers
+        msg = (f"{g} = ({' + '.join(map(str, truth))}) x {exp.accum_steps}: " if others_ok else f"{g}: ") + \
+            "every example of every micro-step on every rank"
+    elif not others_ok:   # a named mistake would confirm facts of the rows above
+        msg = f"{g} is not the sum of the local batches times accum_steps: fix the rows above first"
     elif g == sum(truth) and exp.accum_steps > 1:
         msg = (f"{g} is one micro-step's examples: the global batch counts every micro-step an optimizer step "
                f"accumulates, so it is the sum of the local batches times accum_steps")

@@ -72,7 +72,7 @@ def judge(ev, exp, runs) -> list[Finding]:
         msg = (f"{exposed_true:.2f} ms of communication still running after the last gradient was ready"
                + (f", of {summed_true:.2f} ms summed" if summed_ok else "")   # never another row's answer
                + ": the rest overlapped backward's compute, or another bucket")
-    elif abs(exposed - summed_true) <= tol:
+    elif summed_ok and abs(exposed - summed_true) <= tol:   # said only once the summed row is right: its answer
         msg = (f"{exposed:.2f} ms is the sum of the buckets' durations; the buckets overlap backward and each other, "
                f"so the exposed tail is only the wait after the last gradient was ready: the last done_ms minus "
                f"last_ready_ms (0 if it was done before)")

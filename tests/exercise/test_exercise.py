@@ -314,3 +314,20 @@ def test_a_passing_two_rank_row_does_not_show_the_payload_while_the_payload_row_
     report = exercise.judge(_mutated(ev, "comm", wrong_payload), runs)
     said = _messages(report, "comm")
     assert not report.passed("comm") and not shows(said, *_written(truth)), said
+
+
+def test_the_global_batch_row_confirms_nothing_of_the_rows_above_while_they_fail(reference_evidence):
+    """A right global batch beside a wrong local-batch row must not spell out the local batches; an exposed
+    tail written as the true summed durations beside a wrong summed row must not say it is that sum."""
+    ev, runs = reference_evidence
+    truth = list(ev["batch"]["local_batch"])
+
+    def wrong_local(b):
+        b["local_batch"] = [x + 1 for x in truth]
+    said = _messages(exercise.judge(_mutated(ev, "batch", wrong_local), runs), "batch")
+    assert " + ".join(map(str, truth)) not in said, said
+
+    def summed_wrong_exposed_is_true_sum(b):
+        b["exposed_ms"], b["summed_ms"] = b["summed_ms"], b["summed_ms"] * 3
+    said = _messages(exercise.judge(_mutated(ev, "buckets", summed_wrong_exposed_is_true_sum), runs), "buckets")
+    assert "is the sum of the buckets' durations" not in said, said
