@@ -10,15 +10,16 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
 
 
-def fully_shard_layers(model, group, device, reshard_after_forward: bool = True,
-                       prefetch: bool = False) -> list[tuple[str, nn.Module]]:
+def fully_shard_layers(model, group, device, reshard_after_forward: bool = True, prefetch: bool = False,
+                       mesh: DeviceMesh | None = None) -> list[tuple[str, nn.Module]]:
     """Shard every layer (each element of a ModuleList or Sequential child, else each child with
     parameters), then the root, over the ranks of `group` (None = all ranks); return the layers'
     (name, module), the units FSDP2 gathers one at a time, in the order the built-in models call them.
     `reshard_after_forward=False` keeps a unit's gathered parameters from its forward to its backward;
     `prefetch=True` has each unit start gathering the next one in forward and the previous one in
-    backward (FSDP2's explicit prefetching)."""
-    mesh = DeviceMesh.from_group(group or dist.group.WORLD, device.type)
+    backward (FSDP2's explicit prefetching). `mesh`: one built already (the planner builds it before it
+    enters `FakeTensorMode`, where building one fails)."""
+    mesh = mesh or DeviceMesh.from_group(group or dist.group.WORLD, device.type)
     units = []
     for name, child in model.named_children():
         layers = list(child.named_children()) if isinstance(child, (nn.ModuleList, nn.Sequential)) else [("", child)]

@@ -1,0 +1,290 @@
+"""One planned step: rank 0 of a fake process group of `world_size` ranks runs the model's step under
+`FakeTensorMode`, and torch's own trackers say what it holds and issues. Its own process:
+
+    python -m ddplab.rank.planner spec.json record.json       # what launch/plan.py starts
+
+The fake process group (`init_process_group("fake")`) answers every collective at once without
+sending anything, and fake tensors carry shapes and no data, so torch's DDP, ZeroRedundancyOptimizer
+and FSDP2 run their real code paths for a cluster's world size on one CPU, in seconds. What each
+figure comes from:
+- memory by category and the peak: `MemTracker` (DDP, ZeRO-1) or `FSDPMemTracker` (FSDP2), from
+  `torch.distributed._tools`, over one training step;
+- optimizer state, cross-checked against the optimizer's own state tensors (`optimizer.state`): where
+  the tracker disagrees (it counts foreach's temporaries as state in a step that creates the state),
+  the plan keeps the direct count and names the tool (`Correction`);
+- DDP's buckets: torch's own assignment, from DDP's logging data (`bucket_sizes`);
+- collectives: every c10d op the step dispatches (`CollectiveCounter`, a dispatch mode);
+- FLOPs: `FlopCounterMode` over the forward and backward.
+Three things the fake world needs (docs/at-scale.md): the device mesh is built before entering
+`FakeTensorMode`; DDP is built with `init_sync=False` (its shape check reads data) and a comm hook
+that all-reduces each bucket on the fake group and returns it (the fake group's built-in path hands
+DDP no tensor back); a steady step is planned after one warm-up optimizer step on zero gradients (the
+state exists then, as in every step after the first), so DDP's bucket rebuild, which reads data, never
+runs. Used by notebook 12 and `ddplab plan`.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from ..record.plan import CATEGORIES, Collective, Correction, Figure, PlanRecord
+from ..spec.plan import MAX_PARAMETERS, PlanSpec
+
+OPS = {"allreduce_": "all_reduce", "allreduce_coalesced_": "all_reduce", "_allgather_base_": "all_gather",
+       "allgather_": "all_gather", "allgather_into_tensor_coalesced_": "all_gather",
+       "_reduce_scatter_base_": "reduce_scatter", "reduce_scatter_": "reduce_scatter",
+       "reduce_scatter_tensor_coalesced_": "reduce_scatter", "broadcast_": "broadcast",
+       "all_reduce": "all_reduce", "all_gather_into_tensor": "all_gather", "reduce_scatter_tensor": "reduce_scatter"}
+# bytes one rank sends for a payload of P bytes on a ring of D ranks (chapter 03): all-reduce 2(D-1)/D P;
+# all-gather and reduce-scatter (D-1)/D P (P: the whole gathered or scattered tensor); broadcast, as a chain,
+# (D-1)/D P on average over the ranks
+WIRE = {"all_reduce": 2.0, "all_gather": 1.0, "reduce_scatter": 1.0, "broadcast": 1.0}
+MEM_TRACKER = {"Parameter": "parameters", "Gradient": "gradients", "Optstate": "optimizer_state",
+               "Activation": "activations", "Temp": "temporaries", "Buffer": "parameters", "Other": "temporaries"}
+FSDP_TRACKER = {"Sharded Param": "parameters", "Unsharded Param": "comm_buffers", "Buffer": "parameters",
+                "Sharded Grad": "gradients", "Unsharded Grad": "gradients", "Activation": "activations",
+                "Temp": "temporaries", "All Gather": "comm_buffers", "Reduce Scatter": "comm_buffers",
+                "OptState": "optimizer_state", "Inputs": "activations"}
+
+
+def _bytes(x) -> int:
+    return sum(t.numel() * t.element_size() for t in tree_flatten(x)[0] if isinstance(t, torch.Tensor))
+
+
+class CollectiveCounter(TorchDispatchMode):
+    """Every collective dispatched while active: its kind and its payload (the whole tensor reduced,
+    gathered, scattered or broadcast)."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls: list[tuple[str, int]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        if func.namespace in ("c10d", "_c10d_functional") and name in OPS:
+            op = OPS[name]
+            payload = max(_bytes(args[0]), _bytes(args[1])) if op in ("all_gather", "reduce_scatter") \
+                else _bytes(args[0])
+            self.calls.append((op, payload))
+        return func(*args, **(kwargs or {}))
+
+    def collectives(self, world_size: int) -> list[Collective]:
+        by_op: dict[str, list[int]] = defaultdict(list)
+        for op, payload in self.calls:
+            by_op[op].append(payload)
+        share = (world_size - 1) / world_size
+        return [Collective(op, len(p), sum(p), round(WIRE[op] * share * sum(p))) for op, p in sorted(by_op.items())]
+
+
+def build_model(spec: PlanSpec) -> tuple[nn.Module, int]:
+    """The model (on the current default device or fake mode) and its vocabulary size."""
+    if spec.model.startswith("hf:"):
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        fields = spec.hf_config
+        if fields is not None:
+            config = AutoConfig.for_model(**fields)
+        else:
+            path = Path(spec.model[3:])
+            if not path.is_file():
+                raise ValueError(f"PlanSpec.model: {spec.model}: no such config.json")
+            config = AutoConfig.from_pretrained(str(path.parent), trust_remote_code=False)
+        model = AutoModelForCausalLM.from_config(config)
+        if spec.checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        return model, config.vocab_size
+    from ..spec.experiment import Experiment
+    from .models import build
+
+    exp = Experiment(model=spec.model, vocab_size=spec.vocab_size, d_model=spec.d_model, n_layers=spec.n_layers,
+                     n_heads=spec.n_heads, tie_weights=spec.tie_weights, seq_len=spec.seq_len,
+                     checkpointing=spec.checkpointing and spec.model == "transformer")
+    model = build(exp)
+    if spec.checkpointing and spec.model != "transformer":
+        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import apply_activation_checkpointing
+
+        layers = {id(m) for m in _blocks(model)}
+        apply_activation_checkpointing(model, check_fn=lambda m: id(m) in layers)
+    return model, spec.vocab_size
+
+
+def _blocks(model: nn.Module) -> list[nn.Module]:
+    """The repeated layers: every element of every ModuleList in the model."""
+    return [b for m in model.modules() if isinstance(m, nn.ModuleList) for b in m]
+
+
+def count_parameters(spec: PlanSpec) -> int:
+    """Elements of the model, built on the meta device (no memory, no fake mode)."""
+    with torch.device("meta"):
+        model, _ = build_model(spec.replace(checkpointing=False))
+    return sum(p.numel() for p in model.parameters())
+
+
+def wrap(spec: PlanSpec, model: nn.Module, mesh):
+    """(the model as the strategy wraps it, its optimizer, DDP or None, the layers FSDP2 shards)."""
+    cls = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}[spec.optimizer]
+    kwargs = {"lr": 1e-3, **({} if spec.foreach is None else {"foreach": spec.foreach})}
+    if spec.strategy == "fsdp2":
+        from .parallel.fsdp import fully_shard_layers
+
+        units = fully_shard_layers(model, None, torch.device("cpu"), spec.reshard_after_forward, mesh=mesh)
+        return model, cls(model.parameters(), **kwargs), None, len(units)
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    cap = {} if spec.bucket_cap_mb is None else {"bucket_cap_mb": spec.bucket_cap_mb}
+    ddp = DDP(model, init_sync=False, **cap)
+    ddp.register_comm_hook(spec.world_size, _fake_allreduce)
+    if spec.strategy == "zero1":
+        from .parallel.zero import sharded_optimizer
+
+        return ddp, sharded_optimizer(ddp.parameters(), cls, **kwargs), ddp, len(_blocks(model))
+    return ddp, cls(ddp.parameters(), **kwargs), ddp, len(_blocks(model))
+
+
+def _fake_allreduce(world_size: int, bucket):
+    """DDP's all-reduce of one bucket, on the fake group: the same collective, answered at once."""
+    buf = bucket.buffer()
+    dist.all_reduce(buf)
+    done = torch.futures.Future()
+    done.set_result(buf.div_(world_size))
+    return done
+
+
+def state_bytes(optimizer) -> int:
+    """Bytes of the optimizer's own state tensors (a local shard's, for DTensors), each storage once."""
+    opt = getattr(optimizer, "optim", optimizer)
+    seen = {}
+    for s in opt.state.values():
+        for v in s.values():
+            if torch.is_tensor(v):
+                t = v.to_local() if hasattr(v, "to_local") else v
+                seen[id(t.untyped_storage())] = t.untyped_storage().nbytes()
+    return sum(seen.values())
+
+
+def plan(spec: PlanSpec) -> PlanRecord:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+    from torch.distributed._tools.mem_tracker import MemTracker
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+    from torch.utils.flop_counter import FlopCounterMode
+
+    seconds = {}
+    t0 = time.perf_counter()
+    total = count_parameters(spec)
+    if total > MAX_PARAMETERS:
+        raise ValueError(f"PlanSpec.model: {spec.model} has {total:,} parameters; at most {MAX_PARAMETERS:,} are planned")
+    dist.init_process_group("fake", rank=0, world_size=spec.world_size, store=FakeStore())
+    mesh = DeviceMesh.from_group(dist.group.WORLD, "cpu")   # outside FakeTensorMode: building one there fails
+    torch.set_default_dtype(getattr(torch, spec.dtype))
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        model, vocab = build_model(spec)
+        seconds["build"] = time.perf_counter() - t0
+        net, opt, ddp, layers = wrap(spec, model, mesh)
+        local = sum((p.to_local() if hasattr(p, "to_local") else p).numel() for p in net.parameters())
+        if not spec.first_step:   # warm-up: the optimizer creates its state, as before any later step
+            for p in net.parameters():
+                p.grad = torch.zeros_like(p)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        seconds["wrap"] = time.perf_counter() - t0 - seconds["build"]
+        tracker = FSDPMemTracker(net, opt) if spec.strategy == "fsdp2" else MemTracker()
+        if spec.strategy != "fsdp2":
+            tracker.track_external(net, getattr(opt, "optim", opt))   # ZeRO-1: its local optimizer
+        counter, flops = CollectiveCounter(), FlopCounterMode(display=False)
+        tokens = torch.randint(0, vocab, (spec.local_batch, spec.seq_len))
+        snaps = {}
+        with tracker, counter:
+            with flops:
+                out = net(tokens)
+                logits = getattr(out, "logits", out)
+                snaps["forward"] = _snapshot(tracker)
+                F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), tokens.reshape(-1)).backward()
+            snaps["backward"] = _snapshot(tracker)
+            opt.step()
+            snaps["optimizer"] = _snapshot(tracker)
+            opt.zero_grad(set_to_none=True)
+        seconds["trace"] = time.perf_counter() - t0 - seconds["build"] - seconds["wrap"]
+    return _record(spec, tracker, snaps, opt, ddp, counter, flops, total, local, layers, seconds)
+
+
+def _snapshot(tracker) -> dict[str, tuple[int, dict]]:
+    """The tracker's figures now ("current") and at the peak so far ("peak"): (total, bytes by its kinds)."""
+    out = {}
+    for which in ("current", "peak"):
+        snap = next(iter(tracker.get_tracker_snapshot(which).values()), {})
+        out[which] = (int(snap.get("Total", 0)), {getattr(k, "value", str(k)): int(v) for k, v in snap.items() if k != "Total"})
+    return out
+
+
+def _categories(kinds: dict, names: dict) -> dict[str, int]:
+    out = {c: 0 for c in CATEGORIES}
+    for kind, b in kinds.items():
+        out[names.get(kind, "temporaries")] += b
+    return out
+
+
+def _record(spec, tracker, snaps, opt, ddp, counter, flops, total, local, layers, seconds) -> PlanRecord:
+    tool = type(tracker).__name__
+    names = FSDP_TRACKER if spec.strategy == "fsdp2" else MEM_TRACKER
+    peak_bytes, kinds = snaps["optimizer"]["peak"]
+    phase = next(p for p in ("forward", "backward", "optimizer") if snaps[p]["peak"][0] == peak_bytes)
+    at_peak = _categories(kinds, names)
+    # each category at its largest: activations saved at the end of the forward, gradients after the
+    # backward, optimizer state after the step
+    now = {p: _categories(snaps[p]["current"][1], names) for p in snaps}
+    held = {c: Figure(max(now[p][c] for p in now), tool) for c in CATEGORIES}
+    corrections = []
+    direct, said = state_bytes(opt), held["optimizer_state"].bytes
+    if said != direct:
+        corrections.append(Correction(tool, "optimizer_state", said, direct, "optimizer.state",
+                                      f"{tool} counted {said:,} B of optimizer state after the step; the optimizer's "
+                                      f"own state tensors hold {direct:,} B"))
+        held["optimizer_state"] = Figure(direct, "optimizer.state")
+        excess = max(0, at_peak["optimizer_state"] - direct)
+        at_peak["optimizer_state"] -= excess
+        peak_bytes -= excess
+    buckets = []
+    if ddp is not None:
+        sizes = str(ddp._get_ddp_logging_data().get("bucket_sizes", ""))
+        buckets = [int(x) for x in sizes.replace(",", " ").split()]
+        # the flat buffers DDP allocated at construction, before the tracker started: live all along
+        held["ddp_buckets"] = Figure(sum(buckets), "DDP logging data (bucket_sizes)")
+        at_peak["ddp_buckets"] = sum(buckets)
+        peak_bytes += sum(buckets)
+    between = sum(held[c].bytes for c in ("parameters", "optimizer_state", "ddp_buckets"))
+    return PlanRecord(spec.to_dict(), torch.__version__, total, local, held, at_peak, peak_bytes, tool, phase,
+                      between, counter.collectives(spec.world_size), buckets, layers, int(flops.get_total_flops()),
+                      {k: round(v, 2) for k, v in seconds.items()}, corrections)
+
+
+def main(argv: list[str]) -> int:
+    spec_path, out_path = map(Path, argv)
+    spec = PlanSpec.from_dict(json.loads(spec_path.read_text()))
+    try:
+        record = plan(spec)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    import dataclasses
+
+    tmp = out_path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(dataclasses.asdict(record), indent=1))
+    tmp.rename(out_path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
