@@ -23,8 +23,8 @@ from .spec import Experiment  # noqa: E402
 from .spec.model import ModelWithData  # noqa: E402
 
 __version__ = "0.1.0"
-__all__ = ["Experiment", "ModelWithData", "RunFailed", "Session", "audit_model", "load_run", "run", "run_many",
-           "run_script", "tune_buckets"]
+__all__ = ["Experiment", "ModelWithData", "RunFailed", "Session", "audit_model", "load_run", "plan", "plan_many", "run",
+           "run_many", "run_script", "tune_buckets"]
 
 
 def __getattr__(name):
@@ -47,6 +47,20 @@ def tune_buckets(model, world_size: int = 4, **kwargs):
     from .tools import tune_buckets as _tune
 
     return _tune(model, world_size, **kwargs)
+
+
+def plan(spec=None, **fields):
+    """Plan one step of a model at a cluster's world size, on this machine; see `ddplab.launch.plan.plan_step`."""
+    from .launch.plan import plan_step as _plan
+
+    return _plan(spec, **fields)
+
+
+def plan_many(spec=None, **fields):
+    """Plans for several world sizes and strategies; see `ddplab.launch.plan.plan_many`."""
+    from .launch.plan import plan_many as _many
+
+    return _many(spec, **fields)
 
 
 def run(exp, out=None, **kwargs):

@@ -213,6 +213,7 @@ CONCEPTS = {
     "failures": "a failure provoked on purpose and its diagnosis: which rank, where, why (chapter 08)",
     "profile": "the profile probe: torch.profiler's trace and memory timeline on every rank",
     "evidence": "what a learner writes down in the exercise, piece by piece, that ddplab.exercise checks",
+    "plan": "a model planned at a cluster's world size on one CPU: what a rank holds and issues (a fake process group)",
 }
 PARTS = {   # modules named after their part of a stage rather than a task, chapter or concept, each with its meaning
     "launch": {
@@ -247,6 +248,7 @@ PARTS = {   # modules named after their part of a stage rather than a task, chap
 CLI_GROUPS = {   # a CLI module holds a command group, or fronts the package of the same name
     "commands": "`ddplab run`, `slurm`, `doctor` and `lab`: the lab's own commands",
     "flags": "the flags every command that runs an experiment shares",
+    "plan": "`ddplab plan`: the planner's command (launch/plan.py)",
 }
 TEST_STAGES = {   # tests/<folder>: the ddplab folders whose modules name its test modules
     "exercise": ["exercise"], "guard": ["guard"], "launch": ["launch"], "predict": ["predict"],

@@ -1,10 +1,11 @@
 """The `ddplab` command: flags.py (one flag per Experiment field), commands.py (run, slurm, doctor, lab),
-tools.py (audit, tune-buckets).
+tools.py (audit, tune-buckets), plan.py (plan).
 
     ddplab run --world-size 4 --local-batch 16 --steps 3     # real torchrun ranks, per-rank table
     ddplab run --world-size 2 --fault crash --fault-rank 1   # a failure, diagnosed
     ddplab audit --model mypkg.models:build --world-size 4   # your own model: memory, buckets, bytes, compute/comm
     ddplab tune-buckets --model mypkg.models:build           # a measured bucket_cap_mb recommendation
+    ddplab plan --model hf:llama-2-7b --world-sizes 8,64,1024 --seq-len 2048 --local-batch 1   # at scale, here
     ddplab doctor                                            # versions, backends, GPUs, a 2-rank all-reduce
     ddplab doctor --nodes 2                                  # can the nodes talk? (2 agents here, or srun)
     ddplab slurm --world-size 16 --nodes 2 --gpus-per-node 8 > job.sbatch   # a SLURM batch script
@@ -18,6 +19,7 @@ import argparse
 import sys
 
 from ..spec import Fault, Straggler
+from .plan import add_plan_flags, cmd_plan
 from .commands import cmd_doctor, cmd_lab, cmd_run, cmd_slurm, notebooks_dir
 from .flags import FAULT_FLAGS, RUN_FLAGS, STRAGGLER_FLAGS, add_node_flags, nodes_to_env, add_run_flags, experiment_from_args
 from .tools import AUDIT_FIELDS, TOOL_FIELDS, add_tool_flags, caps, cmd_audit, cmd_tune
@@ -49,6 +51,10 @@ def build_parser() -> argparse.ArgumentParser:
     p_tune.add_argument("--steps", type=int, default=3, help="steps of each plan per round")
     add_node_flags(p_tune)
     p_tune.set_defaults(func=cmd_tune)
+    p_plan = sub.add_parser("plan", help="plan a model at a cluster's world sizes on this machine: memory per rank, "
+                                         "collectives, FLOPs (torch's own code on a fake process group)")
+    add_plan_flags(p_plan)
+    p_plan.set_defaults(func=cmd_plan)
     p_doc = sub.add_parser("doctor", help="versions, backends, GPUs, and a real all-reduce (2 ranks; 2 per node "
                                           "with --nodes: can the nodes talk?)")
     add_node_flags(p_doc)
@@ -91,7 +97,7 @@ def main(argv=None) -> int:
     if argv[:1] == ["lab"] and (args := lab_args(argv[1:])) is not None:
         return args.func(args)
     args = build_parser().parse_args(argv)
-    if args.command != "slurm":   # slurm's --nodes is what it asks SLURM for, not where this process launches
+    if args.command not in ("slurm", "plan"):   # slurm's --nodes is what it asks SLURM for, not where this process launches
         try:
             nodes_to_env(args)
         except ValueError as e:

@@ -13,7 +13,7 @@ figure comes from:
   the tracker disagrees (it counts foreach's temporaries as state in a step that creates the state),
   the plan keeps the direct count and names the tool (`Correction`);
 - DDP's buckets: torch's own assignment, from DDP's logging data (`bucket_sizes`);
-- collectives: every c10d op the step dispatches (`CollectiveCounter`, a dispatch mode);
+- collectives: every c10d op the step dispatches (`CollectiveCounter`, rank/probes/collectives.py);
 - FLOPs: `FlopCounterMode` over the forward and backward.
 Three things the fake world needs (docs/at-scale.md): the device mesh is built before entering
 `FakeTensorMode`; DDP is built with `init_sync=False` (its shape check reads data) and a comm hook
@@ -28,63 +28,27 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections import defaultdict
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
+from torch._subclasses.fake_tensor import (DataDependentOutputException, DynamicOutputShapeException,
+                                           UnsupportedOperatorException)
 
-from ..record.plan import CATEGORIES, Collective, Correction, Figure, PlanRecord
+from ..record.plan import CATEGORIES, Correction, Figure, PlanRecord
 from ..spec.plan import MAX_PARAMETERS, PlanSpec
+from .probes.collectives import CollectiveCounter
+from .untraced import formula_record, module_stack, op_of
 
-OPS = {"allreduce_": "all_reduce", "allreduce_coalesced_": "all_reduce", "_allgather_base_": "all_gather",
-       "allgather_": "all_gather", "allgather_into_tensor_coalesced_": "all_gather",
-       "_reduce_scatter_base_": "reduce_scatter", "reduce_scatter_": "reduce_scatter",
-       "reduce_scatter_tensor_coalesced_": "reduce_scatter", "broadcast_": "broadcast",
-       "all_reduce": "all_reduce", "all_gather_into_tensor": "all_gather", "reduce_scatter_tensor": "reduce_scatter"}
-# bytes one rank sends for a payload of P bytes on a ring of D ranks (chapter 03): all-reduce 2(D-1)/D P;
-# all-gather and reduce-scatter (D-1)/D P (P: the whole gathered or scattered tensor); broadcast, as a chain,
-# (D-1)/D P on average over the ranks
-WIRE = {"all_reduce": 2.0, "all_gather": 1.0, "reduce_scatter": 1.0, "broadcast": 1.0}
+UNTRACEABLE = (DataDependentOutputException, DynamicOutputShapeException, UnsupportedOperatorException)
 MEM_TRACKER = {"Parameter": "parameters", "Gradient": "gradients", "Optstate": "optimizer_state",
-               "Activation": "activations", "Temp": "temporaries", "Buffer": "parameters", "Other": "temporaries"}
-FSDP_TRACKER = {"Sharded Param": "parameters", "Unsharded Param": "comm_buffers", "Buffer": "parameters",
+               "Activation": "activations", "Temp": "temporaries", "Buffer": "buffers", "Other": "temporaries"}
+FSDP_TRACKER = {"Sharded Param": "parameters", "Unsharded Param": "comm_buffers", "Buffer": "buffers",
                 "Sharded Grad": "gradients", "Unsharded Grad": "gradients", "Activation": "activations",
                 "Temp": "temporaries", "All Gather": "comm_buffers", "Reduce Scatter": "comm_buffers",
                 "OptState": "optimizer_state", "Inputs": "activations"}
-
-
-def _bytes(x) -> int:
-    return sum(t.numel() * t.element_size() for t in tree_flatten(x)[0] if isinstance(t, torch.Tensor))
-
-
-class CollectiveCounter(TorchDispatchMode):
-    """Every collective dispatched while active: its kind and its payload (the whole tensor reduced,
-    gathered, scattered or broadcast)."""
-
-    def __init__(self):
-        super().__init__()
-        self.calls: list[tuple[str, int]] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = func.overloadpacket.__name__
-        if func.namespace in ("c10d", "_c10d_functional") and name in OPS:
-            op = OPS[name]
-            payload = max(_bytes(args[0]), _bytes(args[1])) if op in ("all_gather", "reduce_scatter") \
-                else _bytes(args[0])
-            self.calls.append((op, payload))
-        return func(*args, **(kwargs or {}))
-
-    def collectives(self, world_size: int) -> list[Collective]:
-        by_op: dict[str, list[int]] = defaultdict(list)
-        for op, payload in self.calls:
-            by_op[op].append(payload)
-        share = (world_size - 1) / world_size
-        return [Collective(op, len(p), sum(p), round(WIRE[op] * share * sum(p))) for op, p in sorted(by_op.items())]
 
 
 def build_model(spec: PlanSpec) -> tuple[nn.Module, int]:
@@ -124,32 +88,30 @@ def _blocks(model: nn.Module) -> list[nn.Module]:
     return [b for m in model.modules() if isinstance(m, nn.ModuleList) for b in m]
 
 
-def count_parameters(spec: PlanSpec) -> int:
-    """Elements of the model, built on the meta device (no memory, no fake mode)."""
-    with torch.device("meta"):
-        model, _ = build_model(spec.replace(checkpointing=False))
-    return sum(p.numel() for p in model.parameters())
-
-
 def wrap(spec: PlanSpec, model: nn.Module, mesh):
-    """(the model as the strategy wraps it, its optimizer, DDP or None, the layers FSDP2 shards)."""
-    cls = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}[spec.optimizer]
-    kwargs = {"lr": 1e-3, **({} if spec.foreach is None else {"foreach": spec.foreach})}
+    """(the model as the strategy wraps it, DDP or None, the layers FSDP2 shards or checkpointing wraps)."""
     if spec.strategy == "fsdp2":
         from .parallel.fsdp import fully_shard_layers
 
         units = fully_shard_layers(model, None, torch.device("cpu"), spec.reshard_after_forward, mesh=mesh)
-        return model, cls(model.parameters(), **kwargs), None, len(units)
+        return model, None, len(units)
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     cap = {} if spec.bucket_cap_mb is None else {"bucket_cap_mb": spec.bucket_cap_mb}
     ddp = DDP(model, init_sync=False, **cap)
     ddp.register_comm_hook(spec.world_size, _fake_allreduce)
+    return ddp, ddp, len(_blocks(model))
+
+
+def optimizer(spec: PlanSpec, net: nn.Module):
+    """The spec's optimizer over `net`'s parameters; ZeroRedundancyOptimizer around it under ZeRO-1."""
+    cls = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}[spec.optimizer]
+    kwargs = {"lr": 1e-3, **({} if spec.foreach is None else {"foreach": spec.foreach})}
     if spec.strategy == "zero1":
         from .parallel.zero import sharded_optimizer
 
-        return ddp, sharded_optimizer(ddp.parameters(), cls, **kwargs), ddp, len(_blocks(model))
-    return ddp, cls(ddp.parameters(), **kwargs), ddp, len(_blocks(model))
+        return sharded_optimizer(net.parameters(), cls, **kwargs)
+    return cls(net.parameters(), **kwargs)
 
 
 def _fake_allreduce(world_size: int, bucket):
@@ -161,9 +123,9 @@ def _fake_allreduce(world_size: int, bucket):
     return done
 
 
-def state_bytes(optimizer) -> int:
+def state_bytes(opt) -> int:
     """Bytes of the optimizer's own state tensors (a local shard's, for DTensors), each storage once."""
-    opt = getattr(optimizer, "optim", optimizer)
+    opt = getattr(opt, "optim", opt)
     seen = {}
     for s in opt.state.values():
         for v in s.values():
@@ -183,16 +145,28 @@ def plan(spec: PlanSpec) -> PlanRecord:
 
     seconds = {}
     t0 = time.perf_counter()
-    total = count_parameters(spec)
+    with torch.device("meta"):   # shapes only: counted, and (FSDP2) sharded before any fake tensor exists
+        meta_model, vocab = build_model(spec)
+    total = sum(p.numel() for p in meta_model.parameters())
     if total > MAX_PARAMETERS:
         raise ValueError(f"PlanSpec.model: {spec.model} has {total:,} parameters; at most {MAX_PARAMETERS:,} are planned")
     dist.init_process_group("fake", rank=0, world_size=spec.world_size, store=FakeStore())
     mesh = DeviceMesh.from_group(dist.group.WORLD, "cpu")   # outside FakeTensorMode: building one there fails
     torch.set_default_dtype(getattr(torch, spec.dtype))
-    with FakeTensorMode(allow_non_fake_inputs=True):
-        model, vocab = build_model(spec)
+    if spec.strategy == "fsdp2":
+        # fully_shard splits every parameter into world_size chunks: on meta tensors, not fake ones (at 1,024
+        # ranks the fake tensors' dispatch took 33 s), then to_empty gives the shards fake storage
+        model, vocab = meta_model, vocab
         seconds["build"] = time.perf_counter() - t0
-        net, opt, ddp, layers = wrap(spec, model, mesh)
+        net, ddp, layers = wrap(spec, model, mesh)
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        if spec.strategy == "fsdp2":
+            net.to_empty(device="cpu")
+        else:
+            model, vocab = build_model(spec)
+            seconds["build"] = time.perf_counter() - t0
+            net, ddp, layers = wrap(spec, model, mesh)
+        opt = optimizer(spec, net)
         local = sum((p.to_local() if hasattr(p, "to_local") else p).numel() for p in net.parameters())
         if not spec.first_step:   # warm-up: the optimizer creates its state, as before any later step
             for p in net.parameters():
@@ -200,24 +174,49 @@ def plan(spec: PlanSpec) -> PlanRecord:
             opt.step()
             opt.zero_grad(set_to_none=True)
         seconds["wrap"] = time.perf_counter() - t0 - seconds["build"]
-        tracker = FSDPMemTracker(net, opt) if spec.strategy == "fsdp2" else MemTracker()
+        tracker = global_peak_only(FSDPMemTracker)(net, opt) if spec.strategy == "fsdp2" \
+            else global_peak_only(MemTracker)()
         if spec.strategy != "fsdp2":
             tracker.track_external(net, getattr(opt, "optim", opt))   # ZeRO-1: its local optimizer
         counter, flops = CollectiveCounter(), FlopCounterMode(display=False)
         tokens = torch.randint(0, vocab, (spec.local_batch, spec.seq_len))
         snaps = {}
-        with tracker, counter:
-            with flops:
-                out = net(tokens)
-                logits = getattr(out, "logits", out)
-                snaps["forward"] = _snapshot(tracker)
-                F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), tokens.reshape(-1)).backward()
-            snaps["backward"] = _snapshot(tracker)
-            opt.step()
-            snaps["optimizer"] = _snapshot(tracker)
-            opt.zero_grad(set_to_none=True)
+        try:
+            with tracker, counter, module_stack(model) as stack:
+                with flops:
+                    out = net(tokens)
+                    logits = getattr(out, "logits", out)
+                    snaps["forward"] = _snapshot(tracker)
+                    F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), tokens.reshape(-1)).backward()
+                snaps["backward"] = _snapshot(tracker)
+                opt.step()
+                snaps["optimizer"] = _snapshot(tracker)
+                opt.zero_grad(set_to_none=True)
+        except UNTRACEABLE as e:
+            where = stack[-1] if stack else "the step outside any module"
+            return formula_record(spec, total, local, f"{type(e).__name__} on {op_of(e)} in {where}: an operation whose "
+                                                 f"output depends on the data, which fake tensors do not have")
         seconds["trace"] = time.perf_counter() - t0 - seconds["build"] - seconds["wrap"]
     return _record(spec, tracker, snaps, opt, ddp, counter, flops, total, local, layers, seconds)
+
+
+def global_peak_only(tracker_class):
+    """`tracker_class` keeping the step's peak as torch's does, without each module's own peak: torch's
+    `_update_peak_stats` walks every tracked module at every op (41 of 63 s of a 7 B DDP plan), and a plan
+    reads only the global peak. Where a torch release names its fields otherwise, torch's own method runs."""
+
+    class GlobalPeak(tracker_class):
+        def _update_peak_stats(self, peak_state) -> None:
+            fields = ("_curr_mem_snap", "_peak_mem", "_peak_mem_snap")
+            if not all(hasattr(self, f) for f in fields):
+                return super()._update_peak_stats(peak_state)
+            for dev, snap in self._curr_mem_snap.items():
+                if self._peak_mem.get(dev, 0) < snap["Total"]:
+                    self._peak_mem[dev] = snap["Total"]
+                    self._peak_mem_snap[dev] = dict(snap)
+
+    GlobalPeak.__name__ = GlobalPeak.__qualname__ = tracker_class.__name__
+    return GlobalPeak
 
 
 def _snapshot(tracker) -> dict[str, tuple[int, dict]]:
@@ -247,15 +246,20 @@ def _record(spec, tracker, snaps, opt, ddp, counter, flops, total, local, layers
     now = {p: _categories(snaps[p]["current"][1], names) for p in snaps}
     held = {c: Figure(max(now[p][c] for p in now), tool) for c in CATEGORIES}
     corrections = []
-    direct, said = state_bytes(opt), held["optimizer_state"].bytes
+    direct = state_bytes(opt)
+    said = max(held["optimizer_state"].bytes, at_peak["optimizer_state"])
     if said != direct:
         corrections.append(Correction(tool, "optimizer_state", said, direct, "optimizer.state",
-                                      f"{tool} counted {said:,} B of optimizer state after the step; the optimizer's "
-                                      f"own state tensors hold {direct:,} B"))
+                                      f"{tool} counted {said:,} B of optimizer state; the optimizer's own state "
+                                      f"tensors hold {direct:,} B"))
         held["optimizer_state"] = Figure(direct, "optimizer.state")
         excess = max(0, at_peak["optimizer_state"] - direct)
         at_peak["optimizer_state"] -= excess
         peak_bytes -= excess
+        before, kinds = snaps["backward"]["peak"]   # the peak before the step, which the error did not touch
+        if before > peak_bytes:
+            peak_bytes, at_peak, phase = before, _categories(kinds, names), \
+                next(p for p in ("forward", "backward") if snaps[p]["peak"][0] == before)
     buckets = []
     if ddp is not None:
         sizes = str(ddp._get_ddp_logging_data().get("bucket_sizes", ""))
@@ -264,7 +268,7 @@ def _record(spec, tracker, snaps, opt, ddp, counter, flops, total, local, layers
         held["ddp_buckets"] = Figure(sum(buckets), "DDP logging data (bucket_sizes)")
         at_peak["ddp_buckets"] = sum(buckets)
         peak_bytes += sum(buckets)
-    between = sum(held[c].bytes for c in ("parameters", "optimizer_state", "ddp_buckets"))
+    between = sum(held[c].bytes for c in ("parameters", "buffers", "optimizer_state", "ddp_buckets"))
     return PlanRecord(spec.to_dict(), torch.__version__, total, local, held, at_peak, peak_bytes, tool, phase,
                       between, counter.collectives(spec.world_size), buckets, layers, int(flops.get_total_flops()),
                       {k: round(v, 2) for k, v in seconds.items()}, corrections)

@@ -2,7 +2,7 @@
 figure with the torch tool that gave it (pure: no torch). Written by `rank/planner.py`, read by
 `launch/plan.py` into a `Plan`, shown by `tables/plan.py`.
 
-Categories (bytes of this rank): parameters, gradients, optimizer_state, ddp_buckets (DDP's flat
+Categories (bytes of this rank): parameters, buffers (a module's non-trainable state), gradients, optimizer_state, ddp_buckets (DDP's flat
 buffers), comm_buffers (FSDP2's all-gather and reduce-scatter buffers), activations, temporaries.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-CATEGORIES = ("parameters", "gradients", "optimizer_state", "ddp_buckets", "comm_buffers", "activations",
+CATEGORIES = ("parameters", "buffers", "gradients", "optimizer_state", "ddp_buckets", "comm_buffers", "activations",
               "temporaries")
 
 
@@ -62,3 +62,4 @@ class PlanRecord:
     flops: int                    # FlopCounterMode's count for one forward and backward of rank 0's batch
     seconds: dict[str, float]     # build, wrap, trace: where the planner's time went
     corrections: list[Correction] = field(default_factory=list)
+    untraced: str = ""            # why the step could not be traced (then only the formula's model state is here)

@@ -13,20 +13,32 @@ from torch.distributed.fsdp import fully_shard
 def fully_shard_layers(model, group, device, reshard_after_forward: bool = True, prefetch: bool = False,
                        mesh: DeviceMesh | None = None) -> list[tuple[str, nn.Module]]:
     """Shard every layer (each element of a ModuleList or Sequential child, else each child with
-    parameters), then the root, over the ranks of `group` (None = all ranks); return the layers'
-    (name, module), the units FSDP2 gathers one at a time, in the order the built-in models call them.
+    parameters) of the module that holds the blocks (the model, or the first submodule with a ModuleList
+    child: a Hugging Face model's `transformer` or `model`), then the root, over the ranks of `group`
+    (None = all ranks); return the layers' (name, module), the units FSDP2 gathers one at a time, in the
+    order the built-in models call them. A layer holding a tied parameter (a head that reuses the embedding)
+    is left to the root, with the other layer that holds it: FSDP2 refuses one parameter in two units.
     `reshard_after_forward=False` keeps a unit's gathered parameters from its forward to its backward;
     `prefetch=True` has each unit start gathering the next one in forward and the previous one in
     backward (FSDP2's explicit prefetching). `mesh`: one built already (the planner builds it before it
     enters `FakeTensorMode`, where building one fails)."""
     mesh = mesh or DeviceMesh.from_group(group or dist.group.WORLD, device.type)
+    owners: dict[int, int] = {}
+    for m in model.modules():
+        for p in m._parameters.values():
+            if p is not None:
+                owners[id(p)] = owners.get(id(p), 0) + 1
+    tied = {i for i, n in owners.items() if n > 1}
     units = []
-    for name, child in model.named_children():
+    prefix, holder = next(((n, m) for n, m in model.named_modules()
+                           if any(isinstance(c, (nn.ModuleList, nn.Sequential)) for c in m.children())), ("", model))
+    for name, child in holder.named_children():
         layers = list(child.named_children()) if isinstance(child, (nn.ModuleList, nn.Sequential)) else [("", child)]
         for sub, layer in layers:
-            if any(True for _ in layer.parameters()):
+            params = {id(p) for p in layer.parameters()}
+            if params and not params & tied:
                 fully_shard(layer, mesh=mesh, reshard_after_forward=reshard_after_forward)
-                units.append((f"{name}.{sub}" if sub else name, layer))
+                units.append((".".join(x for x in (prefix, name, sub) if x), layer))
     fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward)
     if prefetch:
         modules = [m for _, m in units]

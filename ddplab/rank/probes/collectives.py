@@ -1,5 +1,6 @@
-"""A meter of functional collectives (tensor parallelism, notebook 09): `CollectiveLog`, a dispatch mode
-like torch's `CommDebugMode`, sees every functional collective DTensor inserts (`_c10d_functional.
+"""Meters of collectives. `CollectiveCounter` counts every collective a step dispatches, c10d's and the
+functional ones, with the bytes handed to each (the planner, rank/planner.py; notebook 12). `CollectiveLog` (tensor
+parallelism, notebook 09), a dispatch mode like torch's `CommDebugMode`, sees every functional collective DTensor inserts (`_c10d_functional.
 all_reduce`, then `wait_tensor` where the result is used) on the rank's own thread and records its
 bytes, its group and the time the rank spent issuing and waiting for it: the collective's cost on the
 critical path. Runs inside a rank.
@@ -7,10 +8,25 @@ critical path. Runs inside a rank.
 
 from __future__ import annotations
 
+from collections import defaultdict
+
+import torch
 import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
+from ...record.plan import Collective
 from .. import clock
+
+OPS = {"allreduce_": "all_reduce", "allreduce_coalesced_": "all_reduce", "_allgather_base_": "all_gather",
+       "allgather_": "all_gather", "allgather_into_tensor_coalesced_": "all_gather",
+       "_reduce_scatter_base_": "reduce_scatter", "reduce_scatter_": "reduce_scatter",
+       "reduce_scatter_tensor_coalesced_": "reduce_scatter", "broadcast_": "broadcast",
+       "all_reduce": "all_reduce", "all_gather_into_tensor": "all_gather", "reduce_scatter_tensor": "reduce_scatter"}
+# bytes one rank sends for a payload of P bytes on a ring of D ranks (chapter 03): all-reduce 2(D-1)/D P;
+# all-gather and reduce-scatter (D-1)/D P (P: the whole gathered or scattered tensor); broadcast, as a chain,
+# (D-1)/D P on average over the ranks
+WIRE = {"all_reduce": 2.0, "all_gather": 1.0, "reduce_scatter": 1.0, "broadcast": 1.0}
 
 
 def group_ranks(group_name: str) -> list[int]:
@@ -58,3 +74,32 @@ class CollectiveLog(TorchDispatchMode):
         events, comm = self.events, self.comm_ns
         self.events, self.comm_ns = [], {}
         return events, comm
+
+
+def _bytes(x) -> int:
+    return sum(t.numel() * t.element_size() for t in tree_flatten(x)[0] if isinstance(t, torch.Tensor))
+
+
+class CollectiveCounter(TorchDispatchMode):
+    """Every collective dispatched while active: its kind and its payload (the whole tensor reduced,
+    gathered, scattered or broadcast)."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls: list[tuple[str, int]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        if func.namespace in ("c10d", "_c10d_functional") and name in OPS:
+            op = OPS[name]
+            payload = max(_bytes(args[0]), _bytes(args[1])) if op in ("all_gather", "reduce_scatter") \
+                else _bytes(args[0])
+            self.calls.append((op, payload))
+        return func(*args, **(kwargs or {}))
+
+    def collectives(self, world_size: int) -> list[Collective]:
+        by_op: dict[str, list[int]] = defaultdict(list)
+        for op, payload in self.calls:
+            by_op[op].append(payload)
+        share = (world_size - 1) / world_size
+        return [Collective(op, len(p), sum(p), round(WIRE[op] * share * sum(p))) for op, p in sorted(by_op.items())]

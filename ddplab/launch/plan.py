@@ -1,0 +1,96 @@
+"""Plan a model at a cluster's world size from this machine: the planner process, started and read.
+
+    plan = ddplab.plan(model="hf:llama-2-7b", world_size=64, strategy="fsdp2", seq_len=2048, local_batch=1)
+    plan.peak_bytes, plan.held["optimizer_state"], plan.collectives
+    plans = ddplab.plan_many(model="transformer", world_sizes=(8, 64, 1024), strategies=("ddp", "fsdp2"))
+
+Each plan is one process (`python -m ddplab.rank.planner spec.json record.json`, rank/planner.py):
+rank 0 of a fake process group, one training step under FakeTensorMode. It is started under the lab's
+keeper (launch/torchrun.py `start`), so it dies with its caller, and it is bounded by the spec's
+`timeout_s`. The spec is checked here, before anything starts (a ValueError naming the field).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..record.envelope import parse
+from ..record.plan import PlanRecord
+from ..spec.plan import STRATEGIES, PlanSpec
+from .torchrun import kill_tree, start, worker_env
+
+GIB = 1 << 30
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A planned step: the spec and the planner's record (record/plan.py), with a few readings."""
+
+    spec: PlanSpec
+    record: PlanRecord
+
+    def __getattr__(self, name):   # the record's fields: plan.held, plan.peak_bytes, plan.collectives, ...
+        if name in {f.name for f in dataclasses.fields(PlanRecord)}:
+            return getattr(self.record, name)
+        raise AttributeError(name)
+
+    def fits(self, device_gib: float) -> bool:
+        """Whether the step's peak fits in `device_gib` GiB of device memory (nothing else on the device)."""
+        return self.record.peak_bytes <= device_gib * GIB
+
+    def wire_bytes(self) -> int:
+        """Bytes rank 0 sends in the step, every collective together."""
+        return sum(c.wire_bytes for c in self.record.collectives)
+
+
+class PlanFailed(RuntimeError):
+    """The planner process failed: its last lines say why."""
+
+
+def plan_step(spec: PlanSpec | None = None, **fields) -> Plan:
+    """Plan one step of `spec` (or a PlanSpec built from `fields`) in a planner process."""
+    spec = spec.replace(**fields) if spec is not None else PlanSpec(**fields)
+    with tempfile.TemporaryDirectory(prefix="ddplab-plan-") as d:
+        spec_path, out = Path(d) / "spec.json", Path(d) / "plan.json"
+        spec_path.write_text(spec.to_json())
+        proc = start([sys.executable, "-m", "ddplab.rank.planner", str(spec_path), str(out)], worker_env(),
+                     subprocess.PIPE, text=True)
+        try:
+            said, _ = proc.communicate(timeout=spec.timeout_s)
+        except subprocess.TimeoutExpired:
+            kill_tree(proc, spec_path)
+            raise TimeoutError(f"the plan of {spec.model} at {spec.world_size} ranks ({spec.strategy}) ran past "
+                               f"timeout_s={spec.timeout_s:g} s; the planner was stopped") from None
+        except BaseException:
+            kill_tree(proc, spec_path)
+            raise
+        if proc.returncode != 0 or not out.exists():
+            raise _failure(spec, said or "")
+        record = parse(PlanRecord, json.loads(out.read_text()), "plan")
+    return Plan(spec, record)
+
+
+def _failure(spec: PlanSpec, said: str) -> Exception:
+    """A ValueError the planner raised (bad input it found: a model it cannot trace) is raised here as
+    one; anything else is a PlanFailed with the planner's last lines."""
+    lines = [ln for ln in said.splitlines() if ln.strip() and "Warning" not in ln and not ln.startswith("  warnings.")]
+    last = lines[-1] if lines else ""
+    for prefix in ("ValueError: ", "[rank0]: ValueError: "):
+        if last.startswith(prefix):
+            return ValueError(last[len(prefix):])
+    tail = "\n".join(lines[-12:])
+    return PlanFailed(f"the planner failed on {spec.model} at {spec.world_size} ranks ({spec.strategy}):\n{tail}")
+
+
+def plan_many(spec: PlanSpec | None = None, world_sizes=(8, 64, 1024), strategies=STRATEGIES, **fields) -> list[Plan]:
+    """One plan per world size and strategy, in that order; every spec is checked before the first starts."""
+    base = spec.replace(**fields) if spec is not None else PlanSpec(**fields)
+    specs = [base.replace(world_size=w, strategy=s, **({} if s == "fsdp2" else {"reshard_after_forward": True}))
+             for w in world_sizes for s in strategies]
+    return [plan_step(s) for s in specs]

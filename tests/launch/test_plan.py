@@ -1,0 +1,45 @@
+"""`ddplab.plan` (one planner process on a fake process group, torch's trackers) against real gloo runs of the same
+step: model state and DDP's buckets to the byte, activations and the peak within a stated tolerance."""
+
+from __future__ import annotations
+
+import pytest
+
+import ddplab
+from ddplab import Experiment
+from ddplab.spec.plan import PlanSpec
+
+# seen at 2 ranks: activations -0.2% to +0.8% under DDP and ZeRO-1; under FSDP2 -7% to -20%, because the real
+# run's meter counts the gathered parameters autograd saves for backward as activations, where FSDPMemTracker
+# files them as unsharded parameters (the plan's comm_buffers); peaks +0.9% to +11%
+ACTIVATIONS_TOLERANCE = 0.10
+PEAK_TOLERANCE = 0.15
+STRATEGIES = {"none": "ddp", "zero1": "zero1", "fsdp2": "fsdp2"}
+MODELS = ("transformer", "ddplab.examples.hf_gpt2:gpt2")   # the lab's model, and a Hugging Face GPT-2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world_size", [2, 4])
+@pytest.mark.parametrize("model", MODELS)
+def test_the_plan_equals_a_real_run(model, world_size, tmp_path):
+    base = dict(model=model, world_size=world_size, optimizer="adamw", local_batch=8, seq_len=16, d_model=64,
+                n_heads=4)
+    exps = [Experiment(name=f"plan-{s}", sharding=s, steps=2, probes=("memory",), **base) for s in STRATEGIES]
+    runs = ddplab.run_many(exps, tmp_path / "runs", progress=False)
+    for sharding, run in zip(STRATEGIES, runs):
+        plan = ddplab.plan(PlanSpec(strategy=STRATEGIES[sharding], **base))
+        measured = run.ranks[0].memory.steps[1]   # a step after the one that created the optimizer state
+        where = f"{model}, {sharding}, {world_size} ranks"
+        for category, phase in (("parameters", "forward"), ("gradients", "backward"),
+                                ("optimizer_state", "step"), ("ddp_buckets", "forward")):
+            assert plan.held[category].bytes == measured.phases[phase][category], (where, category)
+        activations = measured.phases["forward"]["activations"]
+        gap = (plan.held["activations"].bytes - activations) / activations
+        assert abs(gap) <= ACTIVATIONS_TOLERANCE or sharding == "fsdp2" and -0.25 <= gap <= 0, (where, gap)
+        peak_gap = (plan.peak_bytes - measured.peak) / measured.peak
+        assert abs(peak_gap) <= PEAK_TOLERANCE, (where, peak_gap)
+        print(f"{where}: activations {gap:+.1%}, peak {peak_gap:+.1%}")
+        if sharding != "fsdp2":   # DDP all-reduces each of its buckets once a step
+            reduce = next(c for c in plan.collectives if c.op == "all_reduce")
+            assert reduce.count == len(plan.buckets_bytes)
+            assert reduce.payload_bytes == sum(plan.buckets_bytes) == measured.phases["forward"]["ddp_buckets"]
