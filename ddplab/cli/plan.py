@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 
+from ..predict.plan import CLUSTERS
 from ..spec.plan import HF_CONFIGS, PLAN_DTYPES, PLAN_OPTIMIZERS, STRATEGIES
 
 
@@ -33,13 +34,15 @@ def add_plan_flags(p) -> None:
     for name, default in (("vocab-size", 64), ("d-model", 64), ("n-layers", 2), ("n-heads", 4)):
         p.add_argument(f"--{name}", type=int, default=default, help="built-in models and factories")
     p.add_argument("--device-gib", type=float, default=None, help="say whether each peak fits a device this large")
+    p.add_argument("--cluster", default="h100-ib", choices=sorted(CLUSTERS),
+                   help="estimate each step's time on this cluster's published figures (an estimate)")
     p.add_argument("--timeout-s", type=float, default=300.0, help="seconds one plan may take")
 
 
 def cmd_plan(args) -> int:
     from ..launch.plan import plan_step
     from ..spec.plan import PlanSpec
-    from ..tables.plan import corrections, plans_table
+    from ..tables.plan import corrections, estimate_table, plans_table
 
     try:
         base = PlanSpec(model=args.model, local_batch=args.local_batch, seq_len=args.seq_len, dtype=args.dtype,
@@ -71,4 +74,9 @@ def cmd_plan(args) -> int:
           f"from FlopCounterMode.")
     for line in corrections(plans):
         print(line)
+    estimates, assumptions = estimate_table([p for p in plans if not p.record.untraced], args.cluster)
+    if len(estimates):
+        print(f"\nStep time on {args.cluster}, an ESTIMATE from published figures, not a measurement:")
+        print(estimates.to_string(index=False))
+        print("\n".join(f"  {a}" for a in assumptions))
     return 0

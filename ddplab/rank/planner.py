@@ -12,7 +12,9 @@ figure comes from:
 - optimizer state, cross-checked against the optimizer's own state tensors (`optimizer.state`): where
   the tracker disagrees (it counts foreach's temporaries as state in a step that creates the state),
   the plan keeps the direct count and names the tool (`Correction`);
-- DDP's buckets: torch's own assignment, from DDP's logging data (`bucket_sizes`);
+- DDP's buckets: their bytes from DDP's logging data (`bucket_sizes`); the buckets of a step after the first
+  from torch's own assignment (`_compute_bucket_assignment_by_size`) over the traced ready order, as DDP
+  rebuilds them;
 - collectives: every c10d op the step dispatches (`CollectiveCounter`, rank/probes/collectives.py);
 - FLOPs: `FlopCounterMode` over the forward and backward.
 Three things the fake world needs (docs/at-scale.md): the device mesh is built before entering
@@ -25,6 +27,7 @@ runs. Used by notebook 12 and `ddplab plan`.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import time
@@ -180,7 +183,9 @@ def plan(spec: PlanSpec) -> PlanRecord:
             tracker.track_external(net, getattr(opt, "optim", opt))   # ZeRO-1: its local optimizer
         counter, flops = CollectiveCounter(), FlopCounterMode(display=False)
         tokens = torch.randint(0, vocab, (spec.local_batch, spec.seq_len))
-        snaps = {}
+        snaps, ready = {}, []
+        hooks = [p.register_post_accumulate_grad_hook(ready.append) for p in net.parameters()
+                 if ddp is not None and p.requires_grad]
         try:
             with tracker, counter, module_stack(model) as stack:
                 with flops:
@@ -189,6 +194,8 @@ def plan(spec: PlanSpec) -> PlanRecord:
                     snaps["forward"] = _snapshot(tracker)
                     F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), tokens.reshape(-1)).backward()
                 snaps["backward"] = _snapshot(tracker)
+                for h in hooks:
+                    h.remove()
                 opt.step()
                 snaps["optimizer"] = _snapshot(tracker)
                 opt.zero_grad(set_to_none=True)
@@ -197,7 +204,7 @@ def plan(spec: PlanSpec) -> PlanRecord:
             return formula_record(spec, total, local, f"{type(e).__name__} on {op_of(e)} in {where}: an operation whose "
                                                  f"output depends on the data, which fake tensors do not have")
         seconds["trace"] = time.perf_counter() - t0 - seconds["build"] - seconds["wrap"]
-    return _record(spec, tracker, snaps, opt, ddp, counter, flops, total, local, layers, seconds)
+    return _record(spec, tracker, snaps, opt, ddp, counter, flops, total, local, layers, seconds, ready)
 
 
 def global_peak_only(tracker_class):
@@ -235,7 +242,19 @@ def _categories(kinds: dict, names: dict) -> dict[str, int]:
     return out
 
 
-def _record(spec, tracker, snaps, opt, ddp, counter, flops, total, local, layers, seconds) -> PlanRecord:
+def rebuilt_buckets(ready: list, params: list, bucket_cap_mb: float | None) -> list[int]:
+    """The buckets DDP rebuilds after its first step, from torch's own assignment: the parameters in the
+    order their gradients became ready (`ready`; any never ready last), a first bucket of 1 MiB, then the
+    cap. (DDP's first step puts every parameter in one bucket unless it looks for unused parameters.)"""
+    seen = {id(p) for p in ready}
+    order = list({id(p): p for p in ready}.values()) + [p for p in params if id(p) not in seen and p.requires_grad]
+    cap = int((25 if bucket_cap_mb is None else bucket_cap_mb) * 2**20)
+    limits = [min(dist._DEFAULT_FIRST_BUCKET_BYTES, cap), cap]
+    indices, _ = dist._compute_bucket_assignment_by_size(order, limits, [False] * len(order))
+    return [sum(order[i].numel() * order[i].element_size() for i in bucket) for bucket in indices]
+
+
+def _record(spec, tracker, snaps, opt, ddp, counter, flops, total, local, layers, seconds, ready) -> PlanRecord:
     tool = type(tracker).__name__
     names = FSDP_TRACKER if spec.strategy == "fsdp2" else MEM_TRACKER
     peak_bytes, kinds = snaps["optimizer"]["peak"]
@@ -260,7 +279,7 @@ def _record(spec, tracker, snaps, opt, ddp, counter, flops, total, local, layers
         if before > peak_bytes:
             peak_bytes, at_peak, phase = before, _categories(kinds, names), \
                 next(p for p in ("forward", "backward") if snaps[p]["peak"][0] == before)
-    buckets = []
+    buckets, collectives = [], counter.collectives(spec.world_size)
     if ddp is not None:
         sizes = str(ddp._get_ddp_logging_data().get("bucket_sizes", ""))
         buckets = [int(x) for x in sizes.replace(",", " ").split()]
@@ -268,9 +287,13 @@ def _record(spec, tracker, snaps, opt, ddp, counter, flops, total, local, layers
         held["ddp_buckets"] = Figure(sum(buckets), "DDP logging data (bucket_sizes)")
         at_peak["ddp_buckets"] = sum(buckets)
         peak_bytes += sum(buckets)
+        if not spec.first_step:   # a later step all-reduces the rebuilt buckets: the same bytes, more calls
+            buckets = rebuilt_buckets(ready, list(ddp.parameters()), spec.bucket_cap_mb)
+            collectives = [dataclasses.replace(c, count=len(buckets)) if c.op == "all_reduce" else c
+                           for c in collectives]
     between = sum(held[c].bytes for c in ("parameters", "buffers", "optimizer_state", "ddp_buckets"))
     return PlanRecord(spec.to_dict(), torch.__version__, total, local, held, at_peak, peak_bytes, tool, phase,
-                      between, counter.collectives(spec.world_size), buckets, layers, int(flops.get_total_flops()),
+                      between, collectives, buckets, layers, int(flops.get_total_flops()),
                       {k: round(v, 2) for k, v in seconds.items()}, corrections)
 
 
@@ -282,8 +305,6 @@ def main(argv: list[str]) -> int:
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
-    import dataclasses
-
     tmp = out_path.with_suffix(".tmp")
     tmp.write_text(json.dumps(dataclasses.asdict(record), indent=1))
     tmp.rename(out_path)

@@ -57,7 +57,7 @@ class PlanRecord:
     peak_phase: str               # forward, backward or optimizer: the tracker's phase at the peak
     held_between_steps: int       # what stays from one step to the next (parameters, state, buckets)
     collectives: list[Collective]
-    buckets_bytes: list[int]      # DDP's buckets at construction (torch's assignment); [] without DDP
+    buckets_bytes: list[int]      # DDP's buckets in the planned step (rebuilt in ready order after the first); []: no DDP
     layers: int                   # the units FSDP2 shards / checkpointing wraps
     flops: int                    # FlopCounterMode's count for one forward and backward of rank 0's batch
     seconds: dict[str, float]     # build, wrap, trace: where the planner's time went

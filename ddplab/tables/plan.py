@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from ..predict.plan import CLUSTERS, step_estimate
 from ..predict.zero import zero_state_bytes
 from ..record.plan import CATEGORIES
 from .reads import reading_no_run
@@ -79,3 +80,22 @@ def corrections(plans) -> list[str]:
         if p.record.untraced:
             out.append(f"{where}: not traced ({p.record.untraced}); model state from the formula only")
     return out
+
+
+@reading_no_run
+def estimate_table(plans, cluster: str = "h100-ib") -> tuple[pd.DataFrame, tuple[str, ...]]:
+    """Each plan's step time on a named cluster (`predict.plan.CLUSTERS`), an estimate: milliseconds at the
+    fast and slow ends of the published figures; and the assumptions, which go beside it."""
+    if cluster not in CLUSTERS:
+        raise ValueError(f"cluster: must be one of {', '.join(CLUSTERS)} (got {cluster!r})")
+    rows, assumptions = [], ()
+    for p in plans:
+        spec = p.spec
+        e = step_estimate(p.record.flops, p.record.collectives, p.record.buckets_bytes, spec.world_size,
+                          spec.strategy, CLUSTERS[cluster])
+        rows.append({"ranks": spec.world_size, "strategy": spec.strategy,
+                     "compute ms": f"{e.compute_s[0] * 1e3:.0f}-{e.compute_s[1] * 1e3:.0f}",
+                     "communication ms": f"{e.comm_s[0] * 1e3:.0f}-{e.comm_s[1] * 1e3:.0f}",
+                     "step ms (estimate)": f"{e.step_s[0] * 1e3:.0f}-{e.step_s[1] * 1e3:.0f}"})
+        assumptions = e.assumptions[:3] + tuple(a for a in e.assumptions[3:] if a not in assumptions)
+    return pd.DataFrame(rows), assumptions

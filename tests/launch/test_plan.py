@@ -1,5 +1,5 @@
 """`ddplab.plan` (one planner process on a fake process group, torch's trackers) against real gloo runs of the same
-step: model state and DDP's buckets to the byte, activations and the peak within a stated tolerance."""
+step: model state, DDP's rebuilt buckets and its all-reduces to the byte, activations and the peak within a stated tolerance."""
 
 from __future__ import annotations
 
@@ -24,10 +24,12 @@ MODELS = ("transformer", "ddplab.examples.hf_gpt2:gpt2")   # the lab's model, an
 def test_the_plan_equals_a_real_run(model, world_size, tmp_path):
     base = dict(model=model, world_size=world_size, optimizer="adamw", local_batch=8, seq_len=16, d_model=64,
                 n_heads=4)
-    exps = [Experiment(name=f"plan-{s}", sharding=s, steps=2, probes=("memory",), **base) for s in STRATEGIES]
+    cap = {"bucket_cap_mb": 0.05}   # DDP: several buckets
+    exps = [Experiment(name=f"plan-{s}", sharding=s, steps=2, probes=("memory",) + (() if s == "fsdp2" else ("buckets",)),
+                       **base, **({} if s == "fsdp2" else cap)) for s in STRATEGIES]
     runs = ddplab.run_many(exps, tmp_path / "runs", progress=False)
     for sharding, run in zip(STRATEGIES, runs):
-        plan = ddplab.plan(PlanSpec(strategy=STRATEGIES[sharding], **base))
+        plan = ddplab.plan(PlanSpec(strategy=STRATEGIES[sharding], **base, **({} if sharding == "fsdp2" else cap)))
         measured = run.ranks[0].memory.steps[1]   # a step after the one that created the optimizer state
         where = f"{model}, {sharding}, {world_size} ranks"
         for category, phase in (("parameters", "forward"), ("gradients", "backward"),
@@ -39,7 +41,9 @@ def test_the_plan_equals_a_real_run(model, world_size, tmp_path):
         peak_gap = (plan.peak_bytes - measured.peak) / measured.peak
         assert abs(peak_gap) <= PEAK_TOLERANCE, (where, peak_gap)
         print(f"{where}: activations {gap:+.1%}, peak {peak_gap:+.1%}")
-        if sharding != "fsdp2":   # DDP all-reduces each of its buckets once a step
+        if sharding != "fsdp2":   # the buckets DDP rebuilt after step 0, and one all-reduce of each a step
+            launched = sorted(run.ranks[0].result.steps[1].buckets, key=lambda b: b.index)
+            assert plan.buckets_bytes == [b.bytes for b in launched] and len(launched) > 2, where
             reduce = next(c for c in plan.collectives if c.op == "all_reduce")
-            assert reduce.count == len(plan.buckets_bytes)
+            assert reduce.count == len(launched)
             assert reduce.payload_bytes == sum(plan.buckets_bytes) == measured.phases["forward"]["ddp_buckets"]

@@ -1,0 +1,107 @@
+"""A step-time estimate for a plan on a named cluster: an estimate, never a measurement (pure: no torch).
+
+    estimate = step_estimate(flops, collectives, buckets_bytes, world_size, strategy, CLUSTERS["h100-ib"])
+
+Three parts, each with its assumption beside it (`StepEstimate.assumptions`):
+- compute: the FLOPs torch counted for rank 0's forward and backward (`FlopCounterMode`, in the plan) over
+  the device's dense BF16 peak times a model FLOPs utilisation (MFU), a range from published runs;
+- communication: each collective on an alpha-beta line, `count x latency + wire bytes / bus bandwidth`, where
+  the wire bytes are the ring's share the plan gives and the bus bandwidth is nccl-tests' figure (a range:
+  what a healthy cluster reaches, and what a report measured);
+- overlap: DDP's buckets as chapter 05 models them (`predict/buckets.py` `simulate`, the textbook's perfect
+  overlap: each bucket launched once its gradients are ready, spread evenly over backward, backward two thirds
+  of the compute); ZeRO-1's broadcasts after the step, not overlapped; FSDP2's gathers and reduce-scatters
+  hidden behind compute at best (prefetch), added to it at worst.
+The figures and their sources: docs/performance-anchors.md. Used by notebook 12 and `ddplab plan`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .buckets import Cost, Grad, simulate
+from .comm import AlphaBeta
+
+BACKWARD_SHARE = 2 / 3   # backward does twice the forward's matrix work: 2/3 of a step's FLOPs
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """A cluster's published figures, each a (fast, slow) pair, and where they come from."""
+
+    name: str
+    peak_tflops: float                  # one device's dense BF16 peak
+    mfu: tuple[float, float]            # model FLOPs utilisation reached by large training runs
+    busbw_gb_s: tuple[float, float]     # all-reduce bus bandwidth (nccl-tests), GB/s
+    latency_us: tuple[float, float]     # a collective's fixed cost
+    sources: str
+
+
+CLUSTERS = {
+    "h100-node": Cluster("8 x H100 SXM, one node, NVLink 4", 989.0, (0.43, 0.38), (480.0, 370.0), (6.0, 20.0),
+                         "H100 datasheet (989 dense BF16 TFLOPS); NVLink all-reduce busbw 370 GB/s (ring) to "
+                         "480 GB/s (NVLS), nccl-tests#212; latency 6-20 us; MFU 38-43%, Llama 3 on H100s"),
+    "h100-ib": Cluster("H100 SXM nodes, 8 x 400 Gb/s NICs each", 989.0, (0.43, 0.38), (470.0, 220.0), (20.0, 50.0),
+                       "H100 datasheet; across nodes 470 GB/s expected and 220 GB/s measured on an "
+                       "underperforming RoCE cluster, nccl#2409; latency 20-50 us, nccl#757 and nccl#1244; MFU "
+                       "38-43%, Llama 3 on H100s"),
+}
+
+
+@dataclass(frozen=True)
+class StepEstimate:
+    """Seconds of one step, fast and slow ends of the range, by part; and the assumptions behind them."""
+
+    compute_s: tuple[float, float]
+    comm_s: tuple[float, float]
+    step_s: tuple[float, float]
+    assumptions: tuple[str, ...]
+
+
+def comm_seconds(collectives, busbw_bytes_per_s: float, latency_s: float) -> float:
+    """Every collective alone, one after another: count x latency + the ring's wire bytes / bus bandwidth."""
+    return sum(c.count * latency_s + c.wire_bytes / busbw_bytes_per_s for c in collectives)
+
+
+def _ddp_step_s(compute_s: float, buckets_bytes: list[int], world_size: int, busbw: float, latency_s: float) -> float:
+    """Chapter 05's model: buckets launched as their gradients are ready, evenly over backward, one channel."""
+    if not buckets_bytes or world_size < 2:
+        return compute_s
+    backward_ms = compute_s * BACKWARD_SHARE * 1e3
+    n = len(buckets_bytes)
+    grads = [Grad(f"bucket{i}", b, backward_ms * (i + 1) / n) for i, b in enumerate(buckets_bytes)]
+    share = 2 * (world_size - 1) / world_size
+    cost = Cost(AlphaBeta(latency_s, share / busbw))
+    schedule = simulate(grads, [[g.name] for g in grads], cost, backward_ms,
+                        forward_ms=compute_s * (1 - BACKWARD_SHARE) * 1e3)
+    return schedule.step_ms / 1e3
+
+
+def step_estimate(flops: int, collectives, buckets_bytes: list[int], world_size: int, strategy: str,
+                  cluster: Cluster) -> StepEstimate:
+    """The step's time on `cluster`, as a (fast, slow) range."""
+    if flops < 0 or world_size < 1:
+        raise ValueError("flops must be >= 0 and world_size >= 1")
+    compute = tuple(flops / (cluster.peak_tflops * 1e12 * m) for m in cluster.mfu)
+    comm = tuple(comm_seconds(collectives, bw * 1e9, lat * 1e-6)
+                 for bw, lat in zip(cluster.busbw_gb_s, cluster.latency_us))
+    if strategy in ("ddp", "zero1"):
+        steps = []
+        for c, m, bw, lat in zip(compute, comm, cluster.busbw_gb_s, cluster.latency_us):
+            reduce = [x for x in collectives if x.op == "all_reduce"]
+            after = m - comm_seconds(reduce, bw * 1e9, lat * 1e-6)   # ZeRO-1's broadcasts, after the step
+            steps.append(_ddp_step_s(c, buckets_bytes, world_size, bw * 1e9, lat * 1e-6) + after)
+    else:   # FSDP2: hidden behind compute at best (fast end), added to it at worst (slow end)
+        steps = [max(compute[0], comm[0]), compute[1] + comm[1]]
+    assumptions = (
+        f"cluster: {cluster.name} ({cluster.sources})",
+        f"compute: {flops / 1e12:.3g} TFLOP a rank (FlopCounterMode) at {cluster.peak_tflops:g} TFLOPS x MFU "
+        f"{cluster.mfu[0]:.0%} (fast) / {cluster.mfu[1]:.0%} (slow)",
+        f"communication: bus bandwidth {cluster.busbw_gb_s[0]:g} / {cluster.busbw_gb_s[1]:g} GB/s, "
+        f"{cluster.latency_us[0]:g} / {cluster.latency_us[1]:g} us a collective",
+        "overlap: " + ("DDP's buckets as chapter 05 models them (perfect overlap with backward)"
+                       + ("; ZeRO-1's broadcasts after the step" if strategy == "zero1" else "")
+                       if strategy in ("ddp", "zero1") else
+                       "FSDP2's collectives hidden behind compute (fast) or added to it (slow)"),
+    )
+    return StepEstimate(compute, comm, (steps[0], steps[1]), assumptions)

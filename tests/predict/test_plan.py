@@ -1,0 +1,61 @@
+"""The step-time estimate on a named cluster: compute from FLOPs, communication on the alpha-beta line,
+overlap as chapter 05 models it; a range, with its assumptions."""
+
+from __future__ import annotations
+
+import pytest
+
+from ddplab.predict.plan import CLUSTERS, comm_seconds, step_estimate
+from ddplab.record.plan import Collective
+
+CLUSTER = CLUSTERS["h100-ib"]
+GB = 1e9
+
+
+def reduce_of(buckets, world_size):
+    total = sum(buckets)
+    return [Collective("all_reduce", len(buckets), total, round(2 * (world_size - 1) / world_size * total))]
+
+
+def test_compute_is_flops_over_peak_times_utilisation():
+    e = step_estimate(int(100e12), [], [], 8, "fsdp2", CLUSTER)
+    assert e.compute_s == pytest.approx((100 / (989 * 0.43), 100 / (989 * 0.38)))
+    assert e.step_s == e.compute_s   # nothing to send: the step is its compute
+    assert any("989" in a and "43%" in a for a in e.assumptions)
+
+
+def test_communication_is_latency_per_call_plus_wire_bytes_over_bus_bandwidth():
+    c = [Collective("all_gather", 10, 0, int(47 * GB)), Collective("reduce_scatter", 5, 0, int(47 * GB))]
+    assert comm_seconds(c, 470 * GB, 20e-6) == pytest.approx(15 * 20e-6 + 94 / 470)
+
+
+def test_ddp_hides_its_buckets_behind_backward_but_not_the_last_one():
+    buckets = [int(0.5 * GB)] * 20
+    e = step_estimate(int(200e12), reduce_of(buckets, 64), buckets, 64, "ddp", CLUSTER)
+    for compute, comm, step in zip(e.compute_s, e.comm_s, e.step_s):
+        assert compute < step < compute + comm
+        assert step - compute >= comm / len(buckets) * 0.99   # the last bucket runs after backward
+    one = step_estimate(int(200e12), reduce_of([sum(buckets)], 64), [sum(buckets)], 64, "ddp", CLUSTER)
+    assert one.step_s[0] == pytest.approx(one.compute_s[0] + one.comm_s[0])   # one bucket: nothing overlaps
+
+
+def test_zero1_adds_its_broadcasts_after_the_step():
+    buckets = [int(0.5 * GB)] * 20
+    ddp = step_estimate(int(200e12), reduce_of(buckets, 64), buckets, 64, "ddp", CLUSTER)
+    cast = reduce_of(buckets, 64) + [Collective("broadcast", 100, int(10 * GB), int(9.8 * GB))]
+    zero1 = step_estimate(int(200e12), cast, buckets, 64, "zero1", CLUSTER)
+    for d, z in zip(ddp.step_s, zero1.step_s):
+        assert z > d
+
+
+def test_fsdp2_ranges_from_hidden_to_added():
+    c = [Collective("all_gather", 64, 0, int(100 * GB))]
+    e = step_estimate(int(100e12), c, [], 64, "fsdp2", CLUSTER)
+    assert e.step_s[0] == pytest.approx(max(e.compute_s[0], e.comm_s[0]))
+    assert e.step_s[1] == pytest.approx(e.compute_s[1] + e.comm_s[1])
+    assert e.step_s[0] < e.step_s[1]
+
+
+def test_bad_input_is_refused():
+    with pytest.raises(ValueError):
+        step_estimate(-1, [], [], 8, "ddp", CLUSTER)
