@@ -40,7 +40,7 @@ def add_plan_flags(p) -> None:
 
 
 def cmd_plan(args) -> int:
-    from ..launch.plan import plan_step
+    from ..launch.plan import plan_all
     from ..spec.plan import PlanSpec
     from ..tables.plan import corrections, estimate_table, plans_table
 
@@ -55,15 +55,14 @@ def cmd_plan(args) -> int:
     except ValueError as e:
         print(f"ddplab plan: {e}", file=sys.stderr)
         return 2
-    plans = []
-    for spec in specs:   # a table line as each plan arrives: a 7 B plan takes tens of seconds
-        try:
-            plans.append(plan_step(spec))
-        except ValueError as e:
-            print(f"ddplab plan: {e}", file=sys.stderr)
-            return 2
-        print(f"planned {spec.strategy} at {spec.world_size} ranks in {sum(plans[-1].seconds.values()):.1f} s",
+    def arrived(p):   # a line as each plan arrives: a 7 B plan takes ten seconds or more
+        print(f"planned {p.spec.strategy} at {p.spec.world_size} ranks in {sum(p.seconds.values()):.1f} s",
               file=sys.stderr)
+    try:
+        plans = plan_all(specs, arrived)
+    except ValueError as e:
+        print(f"ddplab plan: {e}", file=sys.stderr)
+        return 2
     import pandas as pd
 
     with pd.option_context("display.width", 200, "display.max_columns", 30, "display.precision", 3):

@@ -4,10 +4,11 @@
     plan.peak_bytes, plan.held["optimizer_state"], plan.collectives
     plans = ddplab.plan_many(model="transformer", world_sizes=(8, 64, 1024), strategies=("ddp", "fsdp2"))
 
-Each plan is one process (`python -m ddplab.rank.planner spec.json record.json`, rank/planner.py):
-rank 0 of a fake process group, one training step under FakeTensorMode. It is started under the lab's
-keeper (launch/torchrun.py `start`), so it dies with its caller, and it is bounded by the spec's
-`timeout_s`. The spec is checked here, before anything starts (a ValueError naming the field).
+The plans of one call run in one planner process (`python -m ddplab.rank.planner specs.json plan`,
+rank/planner.py), one after another: rank 0 of a fake process group, one training step under FakeTensorMode
+each. It is started under the lab's keeper (launch/torchrun.py `start`), so it dies with its caller, and it
+is bounded by the sum of the specs' `timeout_s`. Every spec is checked here, before anything starts (a
+ValueError naming the field).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import json
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,25 +57,52 @@ class PlanFailed(RuntimeError):
 
 def plan_step(spec: PlanSpec | None = None, **fields) -> Plan:
     """Plan one step of `spec` (or a PlanSpec built from `fields`) in a planner process."""
-    spec = spec.replace(**fields) if spec is not None else PlanSpec(**fields)
+    return plan_all([spec.replace(**fields) if spec is not None else PlanSpec(**fields)])[0]
+
+
+def plan_all(specs: list[PlanSpec], progress=None) -> list[Plan]:
+    """Every spec planned in one planner process, in order, bounded by the sum of their `timeout_s`;
+    `progress(plan)` is called as each one arrives."""
+    timeout_s = sum(s.timeout_s for s in specs)
     with tempfile.TemporaryDirectory(prefix="ddplab-plan-") as d:
-        spec_path, out = Path(d) / "spec.json", Path(d) / "plan.json"
-        spec_path.write_text(spec.to_json())
+        spec_path, out = Path(d) / "specs.json", Path(d) / "plan"
+        spec_path.write_text(json.dumps([s.to_dict() for s in specs]))
         proc = start([sys.executable, "-m", "ddplab.rank.planner", str(spec_path), str(out)], worker_env(),
                      subprocess.PIPE, text=True)
+        plans: list[Plan] = []
         try:
-            said, _ = proc.communicate(timeout=spec.timeout_s)
+            said = _wait(proc, out, specs, plans, progress, time.monotonic() + timeout_s)
         except subprocess.TimeoutExpired:
             kill_tree(proc, spec_path)
+            spec = specs[len(plans)]
             raise TimeoutError(f"the plan of {spec.model} at {spec.world_size} ranks ({spec.strategy}) ran past "
-                               f"timeout_s={spec.timeout_s:g} s; the planner was stopped") from None
+                               f"timeout_s={timeout_s:g} s (the plans together); the planner was stopped") from None
         except BaseException:
             kill_tree(proc, spec_path)
             raise
-        if proc.returncode != 0 or not out.exists():
-            raise _failure(spec, said or "")
-        record = parse(PlanRecord, json.loads(out.read_text()), "plan")
-    return Plan(spec, record)
+        _collect(out, specs, plans, progress)
+        if proc.returncode != 0 or len(plans) < len(specs):
+            raise _failure(specs[len(plans)] if len(plans) < len(specs) else specs[-1], said or "")
+    return plans
+
+
+def _wait(proc, out: Path, specs, plans: list, progress, deadline: float) -> str:
+    """Read the planner's output until it ends, collecting each record as it is written."""
+    while True:
+        try:
+            said, _ = proc.communicate(timeout=min(0.5, max(0.01, deadline - time.monotonic())))
+            return said
+        except subprocess.TimeoutExpired:
+            _collect(out, specs, plans, progress)
+            if time.monotonic() >= deadline:
+                raise
+
+
+def _collect(out: Path, specs, plans: list, progress) -> None:
+    while len(plans) < len(specs) and (f := out.with_suffix(f".{len(plans)}.json")).exists():
+        plans.append(Plan(specs[len(plans)], parse(PlanRecord, json.loads(f.read_text()), "plan")))
+        if progress:
+            progress(plans[-1])
 
 
 def _failure(spec: PlanSpec, said: str) -> Exception:
@@ -88,9 +117,11 @@ def _failure(spec: PlanSpec, said: str) -> Exception:
     return PlanFailed(f"the planner failed on {spec.model} at {spec.world_size} ranks ({spec.strategy}):\n{tail}")
 
 
-def plan_many(spec: PlanSpec | None = None, world_sizes=(8, 64, 1024), strategies=STRATEGIES, **fields) -> list[Plan]:
-    """One plan per world size and strategy, in that order; every spec is checked before the first starts."""
+def plan_many(spec: PlanSpec | None = None, world_sizes=(8, 64, 1024), strategies=STRATEGIES, progress=None,
+              **fields) -> list[Plan]:
+    """One plan per world size and strategy, in that order, in one planner process; every spec is checked
+    before it starts. `progress(plan)` is called as each plan arrives."""
     base = spec.replace(**fields) if spec is not None else PlanSpec(**fields)
     specs = [base.replace(world_size=w, strategy=s, **({} if s == "fsdp2" else {"reshard_after_forward": True}))
              for w in world_sizes for s in strategies]
-    return [plan_step(s) for s in specs]
+    return plan_all(specs, progress)

@@ -1,7 +1,7 @@
 """One planned step: rank 0 of a fake process group of `world_size` ranks runs the model's step under
 `FakeTensorMode`, and torch's own trackers say what it holds and issues. Its own process:
 
-    python -m ddplab.rank.planner spec.json record.json       # what launch/plan.py starts
+    python -m ddplab.rank.planner specs.json plan      # what launch/plan.py starts: plan.0.json, plan.1.json, ...
 
 The fake process group (`init_process_group("fake")`) answers every collective at once without
 sending anything, and fake tensors carry shapes and no data, so torch's DDP, ZeroRedundancyOptimizer
@@ -298,16 +298,19 @@ def _record(spec, tracker, snaps, opt, ddp, counter, flops, total, local, layers
 
 
 def main(argv: list[str]) -> int:
+    """Plan each spec of the JSON list in `argv[0]`, one after another in this process (torch and the
+    model's library imported once), writing `argv[1]`.N.json as each is done."""
     spec_path, out_path = map(Path, argv)
-    spec = PlanSpec.from_dict(json.loads(spec_path.read_text()))
-    try:
-        record = plan(spec)
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-    tmp = out_path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(dataclasses.asdict(record), indent=1))
-    tmp.rename(out_path)
+    for i, d in enumerate(json.loads(spec_path.read_text())):
+        try:
+            record = plan(PlanSpec.from_dict(d))
+        finally:
+            if dist.is_initialized():
+                dist.destroy_process_group()
+            torch.set_default_dtype(torch.float32)
+        tmp = out_path.with_suffix(f".{i}.tmp")
+        tmp.write_text(json.dumps(dataclasses.asdict(record), indent=1))
+        tmp.rename(out_path.with_suffix(f".{i}.json"))
     return 0
 
 
