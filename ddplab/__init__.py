@@ -21,9 +21,10 @@ releases.require_supported(releases.installed_torch())   # an older torch is sai
 from .failures import RunFailed  # noqa: E402
 from .spec import Experiment  # noqa: E402
 from .spec.model import ModelWithData  # noqa: E402
+from .spec.plan import PlanSpec  # noqa: E402
 
 __version__ = "0.1.0"
-__all__ = ["Experiment", "ModelWithData", "RunFailed", "Session", "audit_model", "load_run", "plan", "plan_many", "run",
+__all__ = ["Experiment", "ModelWithData", "PlanSpec", "RunFailed", "Session", "audit_model", "load_run", "plan", "plan_many", "run",
            "run_many", "run_script", "tune_buckets"]
 
 

@@ -119,8 +119,11 @@ def _failure(spec: PlanSpec, said: str) -> Exception:
 
 def plan_many(spec: PlanSpec | None = None, world_sizes=(8, 64, 1024), strategies=STRATEGIES, progress=None,
               **fields) -> list[Plan]:
-    """One plan per world size and strategy, in that order, in one planner process; every spec is checked
-    before it starts. `progress(plan)` is called as each plan arrives."""
+    """One plan per world size and strategy, in that order, in one planner process (or, where `spec` is a
+    list of PlanSpecs, one plan of each); every spec is checked before it starts. `progress(plan)` is called
+    as each plan arrives."""
+    if isinstance(spec, (list, tuple)):   # specs of their own: planned as they are
+        return plan_all([s.replace(**fields) for s in spec], progress)
     base = spec.replace(**fields) if spec is not None else PlanSpec(**fields)
     specs = [base.replace(world_size=w, strategy=s, **({} if s == "fsdp2" else {"reshard_after_forward": True}))
              for w in world_sizes for s in strategies]

@@ -5,9 +5,10 @@ arguments override any field. Used by the notebooks, the CLI and the tests.
     launch_and_ranks (00), synchronized_gradient (01), replicated_memory (02), communication (03),
     gradient_readiness (04), buckets_and_overlap (05), global_batch (06), stragglers (07),
     failures, coverage, resume and common_errors (08), beyond_ddp (all of 09 in one launch), fsdp_memory,
-    tensor_parallel and pipeline (09), compression (10), compiled_ddp (11)
+    tensor_parallel and pipeline (09), compression (10), compiled_ddp (11), at_scale (12)
 """
 
+from .at_scale import SEVEN_B, plan_spec, real_runs
 from .beyond_ddp import beyond_ddp_runs
 from .buckets_and_overlap import BUCKET_MODEL, ONE_PER_PARAMETER_MB, bucket_sweep, split_on_link
 from .common_errors import common_error_groups, common_error_runs
@@ -34,4 +35,5 @@ __all__ = ["BUCKET_MODEL", "COMM_MODEL", "HOOK_MODEL", "hook_comparison", "COMPI
            "sharding_preview", "skip_backward", "strong_scaling", "gradient_run", "unequal_work",
            "weak_scaling", "common_error_groups", "common_error_runs", "data_coverage", "fault_runs", "find_unused_cost", "unused_parameter_fixes",
            "resume_baseline", "resumes", "world_size_baseline", "world_size_resumes", "fsdp_configs", "zero_stages_measured",
-           "beyond_ddp_runs", "pipeline_parallel", "dp_tp_mesh", "split_layers", "tensor_parallel_runs"]
+           "beyond_ddp_runs", "pipeline_parallel", "dp_tp_mesh", "split_layers", "tensor_parallel_runs", "SEVEN_B",
+           "plan_spec", "real_runs"]

@@ -23,5 +23,5 @@ fail). Used by every notebook.
 """
 
 from . import (balance, bucket_sweep, buckets, comm, common_errors, compiled_ddp, compression, coverage, failures,
-               fsdp_memory, global_batch, gradients, memory, pipeline, pipeline_timing, ranks, readiness, resume,
+               fsdp_memory, global_batch, gradients, memory, pipeline, pipeline_timing, plan, ranks, readiness, resume,
                stats, stragglers, tensor_parallel, traces)

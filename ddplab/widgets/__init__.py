@@ -3,7 +3,7 @@ ipywidgets loads on use. Each control redraws from a pure model (no ranks are la
 move takes milliseconds; a "measure" button calls the `measure` function the notebook hands it
 (`ddplab.run`), never the launcher directly.
 
-    gradients (01), memory (02), buckets (05); measuring: the button's run in the background
+    gradients (01), memory (02), buckets (05), plan (12); measuring: the button's run in the background
 """
 
-from . import buckets, gradients, measuring, memory
+from . import buckets, gradients, measuring, memory, plan
