@@ -55,5 +55,6 @@ def fit_widget(first, plan, device_gib: float = 80.0):
 
     button.on_click(OneAtATime(button, "planning...").handler(on_plan))
     box = w.VBox([w.HBox([ranks, strategy]), w.HBox([seq, batch]), w.HBox([ckpt, button]), answer])
+    box.add_class("ddplab-fit-widget")
     display(box)
     return box

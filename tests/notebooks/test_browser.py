@@ -56,6 +56,9 @@ NOTEBOOKS = {
     "ddp_live.ipynb": ["%load_ext ddplab\n%ddp_start -n 2 --timeout 30",
                        "%%ddp\nimport time\nfor i in range(600):\n    print(f'step {i} on rank {rank}', flush=True)\n"
                        "    time.sleep(0.1)"],   # interrupted by the test
+    "fit_widget.ipynb": ["import ddplab\nfrom ddplab import widgets\n"
+                         "first = ddplab.plan(model='transformer', world_size=8, strategy='ddp')\n"
+                         "widgets.plan.fit_widget(first, ddplab.plan, device_gib=0.003)"],
     "bucket_slider.ipynb": ["import ddplab\nfrom ddplab import widgets\nfrom ddplab.predict.comm import AlphaBeta\n"
                             "from ddplab.spec import BucketSweep\n"
                             "exp = ddplab.Experiment(name='slider-sweep', task=BucketSweep(plans=('ddp:0.004',), rounds=1,\n"
@@ -234,6 +237,20 @@ def test_memory_explorer_redraws_the_prediction_and_measures_for_real(page, lab)
     expect(measured).not_to_contain_text("measurement 2")
     box.locator(".widget-dropdown select").first.select_option("2")   # the settings of the first measurement
     measure_again_on_the_warm_ranks(page, button, "memory-explorer", measured)
+
+
+def test_the_fit_widget_answers_from_a_new_plan_of_the_chosen_settings(page, lab):
+    open_and_run_all(page, lab, "fit_widget.ipynb")
+    box = page.locator(f"{PANEL} .ddplab-fit-widget")
+    answer = box.locator(".ddplab-fit")
+    expect(answer).to_contain_text("ddp on 8 ranks, 8 x 16 tokens a rank: does not fit in 0.003 GiB")
+    box.locator(".widget-dropdown select").nth(1).select_option("fsdp2")   # strategy
+    box.locator(".widget-dropdown select").first.select_option("64")      # ranks
+    button = box.locator("button.widget-button")
+    button.dblclick()                     # one plan, not two
+    expect(answer).to_contain_text("fsdp2 on 64 ranks, 8 x 16 tokens a rank: fits in 0.003 GiB", timeout=120_000)
+    expect(button).to_be_enabled()
+    expect(answer).to_contain_text(re.compile(r"peak [0-9.]+ GiB in (forward|backward|optimizer)"))
 
 
 def test_rank_weights_sliders_redraw_the_plot(page, lab):
