@@ -119,7 +119,7 @@ QUESTIONS: dict[str, Question] = {
         guide=[2, 3], phrase="= [2, 3]",
         hint="DDP's first bucket takes the cap you set; DDPOptimizer's first bucket closes at 1 MiB whatever the cap"),
     "12.1": Question(
-        "question 1: 7 B parameters, AdamW in float32, FSDP2 over 64 ranks: GB of model state per rank (two decimals)",
+        "question 1: 7e9 parameters, AdamW in float32, FSDP2 over 64 ranks: GB (1e9 bytes) of model state per rank",
         lambda: round(zero.zero_state_bytes(7e9, 64, 3, "fp32")["total"] / 1e9, 2), guide=1.75, phrase="= 1.75",
         hint="4 bytes of parameters, 4 of gradients and 8 of AdamW's two moments per parameter, all divided by the ranks"),
     "09.4b": Question(

@@ -58,11 +58,16 @@ def cmd_plan(args) -> int:
     def arrived(p):   # a line as each plan arrives: a 7 B plan takes ten seconds or more
         print(f"planned {p.spec.strategy} at {p.spec.world_size} ranks in {sum(p.seconds.values()):.1f} s",
               file=sys.stderr)
+    from ..launch.plan import PlanFailed
+
     try:
         plans = plan_all(specs, arrived)
     except ValueError as e:
         print(f"ddplab plan: {e}", file=sys.stderr)
         return 2
+    except (PlanFailed, TimeoutError) as e:
+        print(f"ddplab plan FAILED\n{e}", file=sys.stderr)
+        return 1
     import pandas as pd
 
     with pd.option_context("display.width", 200, "display.max_columns", 30, "display.precision", 3):

@@ -43,8 +43,9 @@ class Plan:
         raise AttributeError(name)
 
     def fits(self, device_gib: float) -> bool:
-        """Whether the step's peak fits in `device_gib` GiB of device memory (nothing else on the device)."""
-        return self.record.peak_bytes <= device_gib * GIB
+        """Whether the step's peak fits in `device_gib` GiB of device memory (tensor bytes only: nothing else on
+        the device); False for a plan that could not trace the step (it has no peak)."""
+        return not self.record.untraced and self.record.peak_bytes <= device_gib * GIB
 
     def wire_bytes(self) -> int:
         """Bytes rank 0 sends in the step, every collective together."""
@@ -63,6 +64,8 @@ def plan_step(spec: PlanSpec | None = None, **fields) -> Plan:
 def plan_all(specs: list[PlanSpec], progress=None) -> list[Plan]:
     """Every spec planned in one planner process, in order, bounded by the sum of their `timeout_s`;
     `progress(plan)` is called as each one arrives."""
+    if not specs:
+        raise ValueError("specs: nothing to plan (an empty list; world_sizes or strategies empty?)")
     timeout_s = sum(s.timeout_s for s in specs)
     with tempfile.TemporaryDirectory(prefix="ddplab-plan-") as d:
         spec_path, out = Path(d) / "specs.json", Path(d) / "plan"
@@ -74,7 +77,7 @@ def plan_all(specs: list[PlanSpec], progress=None) -> list[Plan]:
             said = _wait(proc, out, specs, plans, progress, time.monotonic() + timeout_s)
         except subprocess.TimeoutExpired:
             kill_tree(proc, spec_path)
-            spec = specs[len(plans)]
+            spec = specs[min(len(plans), len(specs) - 1)]
             raise TimeoutError(f"the plan of {spec.model} at {spec.world_size} ranks ({spec.strategy}) ran past "
                                f"timeout_s={timeout_s:g} s (the plans together); the planner was stopped") from None
         except BaseException:

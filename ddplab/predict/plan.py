@@ -3,8 +3,9 @@
     estimate = step_estimate(flops, collectives, buckets_bytes, world_size, strategy, CLUSTERS["h100-ib"])
 
 Three parts, each with its assumption beside it (`StepEstimate.assumptions`):
-- compute: the FLOPs torch counted for rank 0's forward and backward (`FlopCounterMode`, in the plan) over
-  the device's dense BF16 peak times a model FLOPs utilisation (MFU), a range from published runs;
+- compute: the FLOPs torch counted for rank 0's forward and backward (`FlopCounterMode`, in the plan) over the
+  device's dense peak for the plan's dtype (BF16, or TF32 for float32) times a model FLOPs utilisation (MFU),
+  a range from published runs;
 - communication: each collective on an alpha-beta line, `count x latency + wire bytes / bus bandwidth`, where
   the wire bytes are the ring's share the plan gives and the bus bandwidth is nccl-tests' figure (a range:
   what a healthy cluster reaches, and what a report measured);
@@ -23,6 +24,7 @@ from .buckets import Cost, Grad, simulate
 from .comm import AlphaBeta
 
 BACKWARD_SHARE = 2 / 3   # backward does twice the forward's matrix work: 2/3 of a step's FLOPs
+H100 = {"bfloat16": 989.0, "float32": 495.0}   # dense tensor-core TFLOPS; float32 matmuls run as TF32
 
 
 @dataclass(frozen=True)
@@ -30,21 +32,23 @@ class Cluster:
     """A cluster's published figures, each a (fast, slow) pair, and where they come from."""
 
     name: str
-    peak_tflops: float                  # one device's dense BF16 peak
-    mfu: tuple[float, float]            # model FLOPs utilisation reached by large training runs
+    peak_tflops: dict                   # one device's dense peak by the plan's dtype (float32 runs as TF32)
+    mfu: tuple[float, float]            # model FLOPs utilisation (the share of the peak) large BF16 runs reach
     busbw_gb_s: tuple[float, float]     # all-reduce bus bandwidth (nccl-tests), GB/s
     latency_us: tuple[float, float]     # a collective's fixed cost
     sources: str
+    max_ranks: int = 1 << 20            # devices the cluster has (one node: 8)
 
 
 CLUSTERS = {
-    "h100-node": Cluster("8 x H100 SXM, one node, NVLink 4", 989.0, (0.43, 0.38), (480.0, 370.0), (6.0, 20.0),
-                         "H100 datasheet (989 dense BF16 TFLOPS); NVLink all-reduce busbw 370 GB/s (ring) to "
-                         "480 GB/s (NVLS), nccl-tests#212; latency 6-20 us; MFU 38-43%, Llama 3 on H100s"),
-    "h100-ib": Cluster("H100 SXM nodes, 8 x 400 Gb/s NICs each", 989.0, (0.43, 0.38), (470.0, 220.0), (20.0, 50.0),
-                       "H100 datasheet; across nodes 470 GB/s expected and 220 GB/s measured on an "
-                       "underperforming RoCE cluster, nccl#2409; latency 20-50 us, nccl#757 and nccl#1244; MFU "
-                       "38-43%, Llama 3 on H100s"),
+    "h100-node": Cluster("8 x H100 SXM, one node, NVLink 4", H100, (0.43, 0.38), (480.0, 370.0), (6.0, 20.0),
+                         "H100 datasheet (989 dense BF16, 495 dense TF32 TFLOPS); NVLink all-reduce busbw 370 GB/s (ring) to "
+                         "480 GB/s (NVLS), nccl-tests#212; latency 6-20 us; MFU 38-43%, Llama 3 on H100s", max_ranks=8),
+    "h100-ib": Cluster("H100 SXM nodes, 8 x 400 Gb/s NICs each", H100, (0.43, 0.38), (470.0, 220.0), (20.0, 50.0),
+                       "H100 datasheet (989 dense BF16, 495 dense TF32 TFLOPS); across nodes 470 GB/s expected (above what eight "
+                       "50 GB/s NICs carry without in-network reduction) and 220 GB/s measured on an underperforming "
+                       "RoCE cluster, nccl#2409; latency 20-50 us a collective at any size, nccl#757 and nccl#1244; MFU 38-43%, "
+                       "Llama 3 on H100s"),
 }
 
 
@@ -78,11 +82,14 @@ def _ddp_step_s(compute_s: float, buckets_bytes: list[int], world_size: int, bus
 
 
 def step_estimate(flops: int, collectives, buckets_bytes: list[int], world_size: int, strategy: str,
-                  cluster: Cluster) -> StepEstimate:
-    """The step's time on `cluster`, as a (fast, slow) range."""
+                  cluster: Cluster, dtype: str = "bfloat16") -> StepEstimate:
+    """The step's time on `cluster`, as a (fast, slow) range, for a plan in `dtype`."""
     if flops < 0 or world_size < 1:
         raise ValueError("flops must be >= 0 and world_size >= 1")
-    compute = tuple(flops / (cluster.peak_tflops * 1e12 * m) for m in cluster.mfu)
+    if dtype not in cluster.peak_tflops:
+        raise ValueError(f"dtype: must be one of {', '.join(cluster.peak_tflops)} (got {dtype!r})")
+    peak = cluster.peak_tflops[dtype]
+    compute = tuple(flops / (peak * 1e12 * m) for m in cluster.mfu)
     comm = tuple(comm_seconds(collectives, bw * 1e9, lat * 1e-6)
                  for bw, lat in zip(cluster.busbw_gb_s, cluster.latency_us))
     if strategy in ("ddp", "zero1"):
@@ -95,13 +102,13 @@ def step_estimate(flops: int, collectives, buckets_bytes: list[int], world_size:
         steps = [max(compute[0], comm[0]), compute[1] + comm[1]]
     assumptions = (
         f"cluster: {cluster.name} ({cluster.sources})",
-        f"compute: {flops / 1e12:.3g} TFLOP a rank (FlopCounterMode) at {cluster.peak_tflops:g} TFLOPS x MFU "
+        f"compute: {flops / 1e12:.3g} TFLOP a rank (FlopCounterMode) at {peak:g} TFLOPS ({dtype}) x MFU "
         f"{cluster.mfu[0]:.0%} (fast) / {cluster.mfu[1]:.0%} (slow)",
         f"communication: bus bandwidth {cluster.busbw_gb_s[0]:g} / {cluster.busbw_gb_s[1]:g} GB/s, "
         f"{cluster.latency_us[0]:g} / {cluster.latency_us[1]:g} us a collective",
-        "overlap: " + ("DDP's buckets as chapter 05 models them (perfect overlap with backward)"
-                       + ("; ZeRO-1's broadcasts after the step" if strategy == "zero1" else "")
-                       if strategy in ("ddp", "zero1") else
-                       "FSDP2's collectives hidden behind compute (fast) or added to it (slow)"),
+        f"overlap ({strategy}): " + ("buckets overlap backward as chapter 05 models them (textbook: no interference)"
+                                     + ("; the broadcasts after the step, not overlapped" if strategy == "zero1" else "")
+                                     if strategy in ("ddp", "zero1") else
+                                     "collectives hidden behind compute (fast end) or added to it (slow end)"),
     )
     return StepEstimate(compute, comm, (steps[0], steps[1]), assumptions)

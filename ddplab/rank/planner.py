@@ -9,9 +9,10 @@ and FSDP2 run their real code paths for a cluster's world size on one CPU, in se
 figure comes from:
 - memory by category and the peak: `MemTracker` (DDP, ZeRO-1) or `FSDPMemTracker` (FSDP2), from
   `torch.distributed._tools`, over one training step;
-- optimizer state, cross-checked against the optimizer's own state tensors (`optimizer.state`): where
-  the tracker disagrees (it counts foreach's temporaries as state in a step that creates the state),
-  the plan keeps the direct count and names the tool (`Correction`);
+- optimizer state, cross-checked against the optimizer's own state tensors (`optimizer.state`): the
+  trackers file every tensor made in the optimizer step as state, and where they disagree (far more in a
+  first step with foreach, docs/at-scale.md) the plan keeps the direct count and names the tool
+  (`Correction`);
 - DDP's buckets: their bytes from DDP's logging data (`bucket_sizes`); the buckets of a step after the first
   from torch's own assignment (`_compute_bucket_assignment_by_size`) over the traced ready order, as DDP
   rebuilds them;
@@ -43,15 +44,11 @@ from torch._subclasses.fake_tensor import (DataDependentOutputException, Dynamic
 from ..record.plan import CATEGORIES, Correction, Figure, PlanRecord
 from ..spec.plan import MAX_PARAMETERS, PlanSpec
 from .probes.collectives import CollectiveCounter
+from .trackers import (FSDP_TRACKER, MEM_TRACKER, categories, cpu_attention_flops, global_peak_only,
+                       snapshot)
 from .untraced import formula_record, module_stack, op_of
 
 UNTRACEABLE = (DataDependentOutputException, DynamicOutputShapeException, UnsupportedOperatorException)
-MEM_TRACKER = {"Parameter": "parameters", "Gradient": "gradients", "Optstate": "optimizer_state",
-               "Activation": "activations", "Temp": "temporaries", "Buffer": "buffers", "Other": "temporaries"}
-FSDP_TRACKER = {"Sharded Param": "parameters", "Unsharded Param": "comm_buffers", "Buffer": "buffers",
-                "Sharded Grad": "gradients", "Unsharded Grad": "gradients", "Activation": "activations",
-                "Temp": "temporaries", "All Gather": "comm_buffers", "Reduce Scatter": "comm_buffers",
-                "OptState": "optimizer_state", "Inputs": "activations"}
 
 
 def build_model(spec: PlanSpec) -> tuple[nn.Module, int]:
@@ -63,10 +60,8 @@ def build_model(spec: PlanSpec) -> tuple[nn.Module, int]:
         if fields is not None:
             config = AutoConfig.for_model(**fields)
         else:
-            path = Path(spec.model[3:])
-            if not path.is_file():
-                raise ValueError(f"PlanSpec.model: {spec.model}: no such config.json")
-            config = AutoConfig.from_pretrained(str(path.parent), trust_remote_code=False)
+            fields = json.loads(Path(spec.model[3:]).read_text())   # data only: no model code runs
+            config = AutoConfig.for_model(fields.pop("model_type"), **fields)
         model = AutoModelForCausalLM.from_config(config)
         if spec.checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -82,13 +77,17 @@ def build_model(spec: PlanSpec) -> tuple[nn.Module, int]:
         from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import apply_activation_checkpointing
 
         layers = {id(m) for m in _blocks(model)}
+        if not layers:
+            raise ValueError(f"PlanSpec.checkpointing: {spec.model} has no repeated layers (no ModuleList or "
+                             f"Sequential) to checkpoint")
         apply_activation_checkpointing(model, check_fn=lambda m: id(m) in layers)
     return model, spec.vocab_size
 
 
 def _blocks(model: nn.Module) -> list[nn.Module]:
-    """The repeated layers: every element of every ModuleList in the model."""
-    return [b for m in model.modules() if isinstance(m, nn.ModuleList) for b in m]
+    """The repeated layers: every element of every ModuleList or Sequential in the model."""
+    return [b for m in model.modules() if isinstance(m, (nn.ModuleList, nn.Sequential)) for b in m
+            if any(True for _ in b.parameters())]
 
 
 def wrap(spec: PlanSpec, model: nn.Module, mesh):
@@ -102,7 +101,8 @@ def wrap(spec: PlanSpec, model: nn.Module, mesh):
 
     cap = {} if spec.bucket_cap_mb is None else {"bucket_cap_mb": spec.bucket_cap_mb}
     ddp = DDP(model, init_sync=False, **cap)
-    ddp.register_comm_hook(spec.world_size, _fake_allreduce)
+    ddp.planner_hook = {"world_size": spec.world_size, "calls": 0}   # its calls: DDP's all-reduces of a step
+    ddp.register_comm_hook(ddp.planner_hook, _fake_allreduce)
     return ddp, ddp, len(_blocks(model))
 
 
@@ -117,12 +117,13 @@ def optimizer(spec: PlanSpec, net: nn.Module):
     return cls(net.parameters(), **kwargs)
 
 
-def _fake_allreduce(world_size: int, bucket):
+def _fake_allreduce(state: dict, bucket):
     """DDP's all-reduce of one bucket, on the fake group: the same collective, answered at once."""
     buf = bucket.buffer()
     dist.all_reduce(buf)
+    state["calls"] += 1
     done = torch.futures.Future()
-    done.set_result(buf.div_(world_size))
+    done.set_result(buf.div_(state["world_size"]))
     return done
 
 
@@ -143,11 +144,16 @@ def plan(spec: PlanSpec) -> PlanRecord:
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
     from torch.distributed._tools.mem_tracker import MemTracker
     from torch.distributed.device_mesh import DeviceMesh
-    from torch.testing._internal.distributed.fake_pg import FakeStore
     from torch.utils.flop_counter import FlopCounterMode
+
+    try:
+        from torch._C._distributed_c10d import FakeStore   # where torch 2.14 keeps it
+    except ImportError:
+        from torch.testing._internal.distributed.fake_pg import FakeStore
 
     seconds = {}
     t0 = time.perf_counter()
+    torch.set_default_dtype(getattr(torch, spec.dtype))   # before any build: the meta model FSDP2 shards too
     with torch.device("meta"):   # shapes only: counted, and (FSDP2) sharded before any fake tensor exists
         meta_model, vocab = build_model(spec)
     total = sum(p.numel() for p in meta_model.parameters())
@@ -155,7 +161,6 @@ def plan(spec: PlanSpec) -> PlanRecord:
         raise ValueError(f"PlanSpec.model: {spec.model} has {total:,} parameters; at most {MAX_PARAMETERS:,} are planned")
     dist.init_process_group("fake", rank=0, world_size=spec.world_size, store=FakeStore())
     mesh = DeviceMesh.from_group(dist.group.WORLD, "cpu")   # outside FakeTensorMode: building one there fails
-    torch.set_default_dtype(getattr(torch, spec.dtype))
     if spec.strategy == "fsdp2":
         # fully_shard splits every parameter into world_size chunks: on meta tensors, not fake ones (at 1,024
         # ranks the fake tensors' dispatch took 33 s), then to_empty gives the shards fake storage
@@ -181,7 +186,7 @@ def plan(spec: PlanSpec) -> PlanRecord:
             else global_peak_only(MemTracker)()
         if spec.strategy != "fsdp2":
             tracker.track_external(net, getattr(opt, "optim", opt))   # ZeRO-1: its local optimizer
-        counter, flops = CollectiveCounter(), FlopCounterMode(display=False)
+        counter, flops = CollectiveCounter(), FlopCounterMode(display=False, custom_mapping=cpu_attention_flops())
         tokens = torch.randint(0, vocab, (spec.local_batch, spec.seq_len))
         snaps, ready = {}, []
         hooks = [p.register_post_accumulate_grad_hook(ready.append) for p in net.parameters()
@@ -191,13 +196,13 @@ def plan(spec: PlanSpec) -> PlanRecord:
                 with flops:
                     out = net(tokens)
                     logits = getattr(out, "logits", out)
-                    snaps["forward"] = _snapshot(tracker)
+                    snaps["forward"] = snapshot(tracker)
                     F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), tokens.reshape(-1)).backward()
-                snaps["backward"] = _snapshot(tracker)
+                snaps["backward"] = snapshot(tracker)
                 for h in hooks:
                     h.remove()
                 opt.step()
-                snaps["optimizer"] = _snapshot(tracker)
+                snaps["optimizer"] = snapshot(tracker)
                 opt.zero_grad(set_to_none=True)
         except UNTRACEABLE as e:
             where = stack[-1] if stack else "the step outside any module"
@@ -207,49 +212,17 @@ def plan(spec: PlanSpec) -> PlanRecord:
     return _record(spec, tracker, snaps, opt, ddp, counter, flops, total, local, layers, seconds, ready)
 
 
-def global_peak_only(tracker_class):
-    """`tracker_class` keeping the step's peak as torch's does, without each module's own peak: torch's
-    `_update_peak_stats` walks every tracked module at every op (41 of 63 s of a 7 B DDP plan), and a plan
-    reads only the global peak. Where a torch release names its fields otherwise, torch's own method runs."""
-
-    class GlobalPeak(tracker_class):
-        def _update_peak_stats(self, peak_state) -> None:
-            fields = ("_curr_mem_snap", "_peak_mem", "_peak_mem_snap")
-            if not all(hasattr(self, f) for f in fields):
-                return super()._update_peak_stats(peak_state)
-            for dev, snap in self._curr_mem_snap.items():
-                if self._peak_mem.get(dev, 0) < snap["Total"]:
-                    self._peak_mem[dev] = snap["Total"]
-                    self._peak_mem_snap[dev] = dict(snap)
-
-    GlobalPeak.__name__ = GlobalPeak.__qualname__ = tracker_class.__name__
-    return GlobalPeak
-
-
-def _snapshot(tracker) -> dict[str, tuple[int, dict]]:
-    """The tracker's figures now ("current") and at the peak so far ("peak"): (total, bytes by its kinds)."""
-    out = {}
-    for which in ("current", "peak"):
-        snap = next(iter(tracker.get_tracker_snapshot(which).values()), {})
-        out[which] = (int(snap.get("Total", 0)), {getattr(k, "value", str(k)): int(v) for k, v in snap.items() if k != "Total"})
-    return out
-
-
-def _categories(kinds: dict, names: dict) -> dict[str, int]:
-    out = {c: 0 for c in CATEGORIES}
-    for kind, b in kinds.items():
-        out[names.get(kind, "temporaries")] += b
-    return out
-
-
-def rebuilt_buckets(ready: list, params: list, bucket_cap_mb: float | None) -> list[int]:
+def rebuilt_buckets(ready: list, params: list, bucket_cap_mb: float | None, first_cap: int | None = None) -> list[int]:
     """The buckets DDP rebuilds after its first step, from torch's own assignment: the parameters in the
-    order their gradients became ready (`ready`; any never ready last), a first bucket of 1 MiB, then the
-    cap. (DDP's first step puts every parameter in one bucket unless it looks for unused parameters.)"""
+    order their gradients became ready (`ready`; any never ready last), DDP's first bucket cap (`first_cap`,
+    read from DDP: 1 MiB by default, the cap itself where one was set), then the cap. (DDP's first step puts
+    every parameter in one bucket unless it looks for unused parameters.)"""
     seen = {id(p) for p in ready}
     order = list({id(p): p for p in ready}.values()) + [p for p in params if id(p) not in seen and p.requires_grad]
     cap = int((25 if bucket_cap_mb is None else bucket_cap_mb) * 2**20)
-    limits = [min(dist._DEFAULT_FIRST_BUCKET_BYTES, cap), cap]
+    if first_cap is None:
+        first_cap = dist._DEFAULT_FIRST_BUCKET_BYTES if bucket_cap_mb is None else cap
+    limits = [first_cap, cap]
     indices, _ = dist._compute_bucket_assignment_by_size(order, limits, [False] * len(order))
     return [sum(order[i].numel() * order[i].element_size() for i in bucket) for bucket in indices]
 
@@ -259,26 +232,25 @@ def _record(spec, tracker, snaps, opt, ddp, counter, flops, total, local, layers
     names = FSDP_TRACKER if spec.strategy == "fsdp2" else MEM_TRACKER
     peak_bytes, kinds = snaps["optimizer"]["peak"]
     phase = next(p for p in ("forward", "backward", "optimizer") if snaps[p]["peak"][0] == peak_bytes)
-    at_peak = _categories(kinds, names)
+    at_peak = categories(kinds, names)
     # each category at its largest: activations saved at the end of the forward, gradients after the
     # backward, optimizer state after the step
-    now = {p: _categories(snaps[p]["current"][1], names) for p in snaps}
+    now = {p: categories(snaps[p]["current"][1], names) for p in snaps}
     held = {c: Figure(max(now[p][c] for p in now), tool) for c in CATEGORIES}
     corrections = []
     direct = state_bytes(opt)
     said = max(held["optimizer_state"].bytes, at_peak["optimizer_state"])
     if said != direct:
+        # the trackers file every tensor made in the optimizer step as its state; at the peak the excess may be
+        # real (foreach's temporaries) or not, so the peak keeps it, as temporaries
+        excess = max(0, at_peak["optimizer_state"] - direct)
         corrections.append(Correction(tool, "optimizer_state", said, direct, "optimizer.state",
                                       f"{tool} counted {said:,} B of optimizer state; the optimizer's own state "
-                                      f"tensors hold {direct:,} B"))
+                                      f"tensors hold {direct:,} B" + (f"; the peak keeps the other {excess:,} B, as "
+                                                                      f"temporaries" if excess else "")))
         held["optimizer_state"] = Figure(direct, "optimizer.state")
-        excess = max(0, at_peak["optimizer_state"] - direct)
         at_peak["optimizer_state"] -= excess
-        peak_bytes -= excess
-        before, kinds = snaps["backward"]["peak"]   # the peak before the step, which the error did not touch
-        if before > peak_bytes:
-            peak_bytes, at_peak, phase = before, _categories(kinds, names), \
-                next(p for p in ("forward", "backward") if snaps[p]["peak"][0] == before)
+        at_peak["temporaries"] += excess
     buckets, collectives = [], counter.collectives(spec.world_size)
     if ddp is not None:
         sizes = str(ddp._get_ddp_logging_data().get("bucket_sizes", ""))
@@ -288,8 +260,10 @@ def _record(spec, tracker, snaps, opt, ddp, counter, flops, total, local, layers
         at_peak["ddp_buckets"] = sum(buckets)
         peak_bytes += sum(buckets)
         if not spec.first_step:   # a later step all-reduces the rebuilt buckets: the same bytes, more calls
-            buckets = rebuilt_buckets(ready, list(ddp.parameters()), spec.bucket_cap_mb)
-            collectives = [dataclasses.replace(c, count=len(buckets)) if c.op == "all_reduce" else c
+            first_cap = getattr(getattr(ddp, "_bucket_config", None), "first_bucket_bytes_cap", None)
+            buckets = rebuilt_buckets(ready, list(ddp.parameters()), spec.bucket_cap_mb, first_cap)
+            more = len(buckets) - ddp.planner_hook["calls"]
+            collectives = [dataclasses.replace(c, count=c.count + more) if c.op == "all_reduce" else c
                            for c in collectives]
     between = sum(held[c].bytes for c in ("parameters", "buffers", "optimizer_state", "ddp_buckets"))
     return PlanRecord(spec.to_dict(), torch.__version__, total, local, held, at_peak, peak_bytes, tool, phase,

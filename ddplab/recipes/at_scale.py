@@ -32,6 +32,11 @@ def real_runs(world_size: int = 4, local_batch: int = 8, **overrides) -> list[Ex
 def plan_spec(exp: Experiment, **overrides) -> PlanSpec:
     """The plan of the step `exp` runs: the same model, ranks, batch, optimizer and buckets."""
     strategy = {v: k for k, v in SHARDING_OF.items()}[exp.sharding]
+    unplanned = {"dtype": "float32", "momentum": 0.0, "gradient_as_bucket_view": False, "find_unused_parameters": False,
+                 "accum_steps": 1, "sync": "ddp"}
+    for name, default in unplanned.items():
+        if getattr(exp, name) != default:
+            raise ValueError(f"Experiment.{name}: a plan does not model {name}={getattr(exp, name)!r} (only {default!r})")
     fields = dict(model=exp.model, vocab_size=exp.vocab_size, d_model=exp.d_model, n_layers=exp.n_layers,
                   n_heads=exp.n_heads, tie_weights=exp.tie_weights, world_size=exp.world_size, strategy=strategy,
                   local_batch=exp.local_batch_of(0), seq_len=exp.seq_len_of(0), optimizer=exp.optimizer,

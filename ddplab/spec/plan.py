@@ -19,6 +19,7 @@ import dataclasses
 import json
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 STRATEGIES = ("ddp", "zero1", "fsdp2")
 PLAN_DTYPES = ("float32", "bfloat16")
@@ -86,7 +87,8 @@ class PlanSpec:
     optimizer: str = "adamw"
     """sgd, adam or adamw"""
     foreach: bool | None = None
-    """the optimizer's foreach implementation; None is torch's default (foreach where it can)"""
+    """the optimizer's foreach implementation; None is torch's default for the planner's CPU tensors (one tensor
+    at a time; on GPUs torch picks foreach: set True to plan that)"""
     first_step: bool = False
     """plan the first step, where the optimizer creates its state (False: a step after it)"""
     bucket_cap_mb: float | None = None
@@ -101,10 +103,10 @@ class PlanSpec:
                          f"({', '.join(HF_CONFIGS)}) or 'hf:PATH/config.json' (got {m!r})")
         if m.startswith("hf:") and m[3:] not in HF_CONFIGS and not m.endswith(".json"):
             bad("model", f"{m!r}: 'hf:' takes one of {', '.join(HF_CONFIGS)} or a path to a config.json")
-        for name in ("vocab_size", "d_model", "n_layers", "n_heads"):
-            _int_in(name, getattr(self, name), 1, 1 << 20)
-        if self.model == "transformer" and self.d_model % self.n_heads:
-            bad("n_heads", f"must divide d_model ({self.d_model} % {self.n_heads} != 0)")
+        if m.startswith("hf:") and m.endswith(".json") and not Path(m[3:]).is_file():
+            bad("model", f"{m!r}: no such file")
+        if not m.startswith("hf:"):   # the lab's models and factories take the Experiment's sizes, with its limits
+            self._check_sizes()
         _int_in("world_size", self.world_size, 1, MAX_WORLD_SIZE)
         if self.strategy not in STRATEGIES:
             bad("strategy", f"must be one of {', '.join(STRATEGIES)} (got {self.strategy!r})")
@@ -130,6 +132,17 @@ class PlanSpec:
         t = self.timeout_s
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t <= 3600:
             bad("timeout_s", f"must be a number of seconds in (0, 3600] (got {t!r})")
+
+    def _check_sizes(self) -> None:
+        from .experiment import Experiment
+
+        try:
+            Experiment(model=self.model, vocab_size=self.vocab_size, d_model=self.d_model, n_layers=self.n_layers,
+                       n_heads=self.n_heads, tie_weights=self.tie_weights, seq_len=self.seq_len)
+        except ValueError as e:
+            raise ValueError(str(e).replace("Experiment.", "PlanSpec.", 1)) from None
+        except TypeError as e:
+            raise ValueError(f"PlanSpec: {e}") from None
 
     @property
     def hf_config(self) -> dict | None:

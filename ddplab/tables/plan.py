@@ -36,27 +36,35 @@ def plan_table(plan) -> pd.DataFrame:
     rows = []
     for c in CATEGORIES:
         fig = rec.held[c]
-        row = {"category": c, "GiB": fig.bytes / GIB, "at the peak, GiB": rec.at_peak.get(c, 0) / GIB,
-               "source": fig.source}
+        row = {"category": c, "GiB": round(fig.bytes / GIB, 3), "at the peak, GiB": round(rec.at_peak.get(c, 0) / GIB, 3),
+               "source": fig.source if fig.bytes or rec.at_peak.get(c, 0) else "-", "formula, GiB": "", "formula's gap": ""}
         if formula is not None and c in formula:
-            row["formula, GiB"] = formula[c] / GIB
+            row["formula, GiB"] = round(formula[c] / GIB, 3)
             row["formula's gap"] = f"{(formula[c] - fig.bytes) / fig.bytes:+.1%}" if fig.bytes else "-"
         rows.append(row)
-    rows.append({"category": f"peak ({rec.peak_phase})", "GiB": rec.peak_bytes / GIB,
-                 "at the peak, GiB": rec.peak_bytes / GIB, "source": rec.peak_source})
+    rows.append({"category": f"peak ({rec.peak_phase})", "GiB": round(rec.peak_bytes / GIB, 3),
+                 "at the peak, GiB": round(rec.peak_bytes / GIB, 3), "source": rec.peak_source, "formula, GiB": "",
+                 "formula's gap": ""})
     return pd.DataFrame(rows).set_index("category")
 
 
 UNITS = {"KiB": 1 << 10, "MiB": 1 << 20, "GiB": GIB}
-PLAIN = {"comm_buffers": "gathered layers and communication buffers", "ddp_buckets": "DDP's buckets",
-         "optimizer_state": "optimizer state",
-         "temporaries": "temporaries (tensors the step makes and frees: activation gradients, recomputed activations)"}
+PLAIN = {"comm_buffers": "gathered layers", "ddp_buckets": "DDP's buckets", "optimizer_state": "optimizer state"}
 
 
 def _label(spec) -> str:
     """"fsdp2 (keep gathered) + checkpointing": the strategy and its options, as the tables name it."""
     return spec.strategy + ("" if spec.reshard_after_forward else " (keep gathered)") + \
         (" + checkpointing" if spec.checkpointing else "")
+
+
+def _gap(plan) -> str:
+    """The ZeRO paper's model state beside the traced one: "+1.2%" (the formula over the plan), or "-"."""
+    formula = formula_bytes(plan)
+    traced = sum(plan.record.held[c].bytes for c in MODEL_STATE)
+    if formula is None or not traced or plan.record.untraced:
+        return "-"
+    return f"{sum(formula.values()) / traced - 1:+.1%}"
 
 
 @reading_no_run
@@ -76,6 +84,8 @@ def plans_table(plans, device_gib: float | None = None, unit: str | None = None)
         rec, spec = p.record, p.spec
         row = {"ranks": spec.world_size, "strategy": _label(spec),
                **{f"{c} {unit}": round(rec.held[c].bytes / size, 2) for c in MODEL_STATE},
+               f"ddp_buckets {unit}": round(rec.held["ddp_buckets"].bytes / size, 2),
+               "ZeRO formula's model state": _gap(p),
                f"activations {unit}": round(rec.held["activations"].bytes / size, 2),
                f"peak {unit}": round(rec.peak_bytes / size, 2), "peak in": rec.peak_phase or "-",
                "collectives": ", ".join(f"{c.count} {c.op}" for c in rec.collectives) or "-",
@@ -108,11 +118,14 @@ def estimate_table(plans, cluster: str = "h100-ib") -> tuple[pd.DataFrame, tuple
     fast and slow ends of the published figures; and the assumptions, which go beside it."""
     if cluster not in CLUSTERS:
         raise ValueError(f"cluster: must be one of {', '.join(CLUSTERS)} (got {cluster!r})")
+    too_many = [p.spec.world_size for p in plans if p.spec.world_size > CLUSTERS[cluster].max_ranks]
+    if too_many:
+        raise ValueError(f"cluster: {cluster} has {CLUSTERS[cluster].max_ranks} devices; a plan asks for {too_many[0]}")
     rows, assumptions = [], {}
     for p in plans:
         spec = p.spec
         e = step_estimate(p.record.flops, p.record.collectives, p.record.buckets_bytes, spec.world_size,
-                          spec.strategy, CLUSTERS[cluster])
+                          spec.strategy, CLUSTERS[cluster], spec.dtype)
         rows.append({"ranks": spec.world_size, "strategy": _label(spec),
                      "TFLOP a rank": round(p.record.flops / 1e12, 1), "compute ms": f"{e.compute_s[0] * 1e3:.0f}-{e.compute_s[1] * 1e3:.0f}",
                      "communication ms": f"{e.comm_s[0] * 1e3:.0f}-{e.comm_s[1] * 1e3:.0f}",
@@ -121,8 +134,9 @@ def estimate_table(plans, cluster: str = "h100-ib") -> tuple[pd.DataFrame, tuple
         for a in (e.assumptions[0], *e.assumptions[2:]):
             assumptions[a] = None
     c = CLUSTERS[cluster]
-    compute = (f"compute: each plan's TFLOP (FlopCounterMode, forward and backward) at {c.peak_tflops:g} TFLOPS x "
-               f"MFU {c.mfu[0]:.0%} (fast) / {c.mfu[1]:.0%} (slow)")
+    peaks = ", ".join(f"{v:g} ({k})" for k, v in c.peak_tflops.items() if k in {p.spec.dtype for p in plans})
+    compute = (f"compute: each plan's TFLOP (FlopCounterMode, forward and backward) at {peaks} TFLOPS x model FLOPs "
+               f"utilisation (MFU) {c.mfu[0]:.0%} (fast) / {c.mfu[1]:.0%} (slow), a share large BF16 runs reach")
     lines = list(assumptions)
     return pd.DataFrame(rows), (lines[0], compute, *lines[1:])
 
@@ -140,11 +154,11 @@ def side_by_side(run, plan) -> pd.DataFrame:
     rows = []
     for c, phase in LEDGER.items():
         real, planned = measured.phases[phase][c], plan.record.held[c].bytes
-        rows.append({"category": c, "real run, B": real, "plan, B": planned, "plan - run": f"{planned - real:+,}",
-                     "plan's source": plan.record.held[c].source})
-    rows.append({"category": "peak", "real run, B": measured.peak, "plan, B": plan.record.peak_bytes,
-                 "plan - run": f"{(plan.record.peak_bytes - measured.peak) / measured.peak:+.1%}",
-                 "plan's source": plan.record.peak_source})
+        rows.append({"category": c, "real run, B": f"{real:,}", "plan, B": f"{planned:,}",
+                     "plan / run": f"{planned / real:.4f}" if real else ("equal" if planned == real else "-"),
+                     "plan's source": plan.record.held[c].source if real or planned else "-"})
+    rows.append({"category": "peak", "real run, B": f"{measured.peak:,}", "plan, B": f"{plan.record.peak_bytes:,}",
+                 "plan / run": f"{plan.record.peak_bytes / measured.peak:.4f}", "plan's source": plan.record.peak_source})
     return pd.DataFrame(rows).set_index("category")
 
 
@@ -152,11 +166,13 @@ def side_by_side(run, plan) -> pd.DataFrame:
 def agreement_reading(pairs) -> str:
     """One sentence over (run, plan) pairs: which categories agree to the byte, and how far activations and
     the peak are."""
-    exact = all(side_by_side(r, p).loc[c, "real run, B"] == side_by_side(r, p).loc[c, "plan, B"]
-                for r, p in pairs for c in MODEL_STATE + ("ddp_buckets",))
-    gaps = {p.spec.strategy: (side_by_side(r, p).loc["activations", "plan, B"] / max(1, side_by_side(r, p).loc[
-        "activations", "real run, B"]) - 1, p.record.peak_bytes / r.ranks[0].memory.steps[-1].peak - 1) for r, p in pairs}
-    said = "; ".join(f"{s}: activations {a:+.0%}, peak {k:+.0%}" for s, (a, k) in gaps.items())
+    def measured(r, c):
+        return r.ranks[0].memory.steps[-1].phases[LEDGER[c]][c]
+
+    exact = all(measured(r, c) == p.record.held[c].bytes for r, p in pairs for c in MODEL_STATE + ("ddp_buckets",))
+    gaps = {p.spec.strategy: (p.record.held["activations"].bytes / max(1, measured(r, "activations")) - 1,
+                              p.record.peak_bytes / r.ranks[0].memory.steps[-1].peak - 1) for r, p in pairs}
+    said = "; ".join(f"{s}: activations {a:+.1%}, peak {k:+.1%}" for s, (a, k) in gaps.items())
     return (f"Model state and DDP's buckets: {'equal to the byte in every strategy' if exact else 'NOT all equal'}. "
             f"The plan against the run: {said}.")
 
@@ -179,6 +195,12 @@ def scale_reading(plans) -> str:
         if strategy == "fsdp2" and padded > hi.record.parameters_total:
             line += (f" (not {hi.spec.world_size // lo.spec.world_size}x: every tensor is padded to split evenly, "
                      f"so {hi.spec.world_size} shards hold {padded / hi.record.parameters_total:.2f}x the parameters)")
+            ddp = next((p for p in plans if p.spec.strategy == "ddp" and p.spec.world_size == hi.spec.world_size), None)
+            if ddp is not None and hi.record.peak_bytes > ddp.record.peak_bytes:
+                sent = [sum(c.wire_bytes for c in p.record.collectives) for p in (hi, ddp)]
+                line += (f"; there its peak ({hi.record.peak_bytes / 2**20:.2f} MiB) is above DDP's "
+                         f"({ddp.record.peak_bytes / 2**20:.2f} MiB) and it sends {sent[0] / sent[1]:.0f}x DDP's bytes: "
+                         f"every gathered layer and every reduce-scatter carries the padding")
         out.append(line)
     return "; ".join(out) + "."
 
@@ -188,8 +210,20 @@ def fit_reading(plans, device_gib: float) -> str:
     """Which plans fit a device of `device_gib`, and what the largest part of each peak is."""
     out = []
     for p in plans:
+        if p.record.untraced:
+            out.append(f"{_label(p.spec)} on {p.spec.world_size}: not traced, no peak")
+            continue
         biggest = max(p.record.at_peak, key=p.record.at_peak.get)
         share = p.record.at_peak[biggest] / p.record.peak_bytes
         out.append(f"{_label(p.spec)} on {p.spec.world_size}: peak {p.record.peak_bytes / GIB:.0f} GiB, "
-                   f"{'fits' if p.fits(device_gib) else 'does not fit'}; {share:.0%} of it {PLAIN.get(biggest, biggest)}")
+                   f"{'fits' if p.fits(device_gib) else 'does not fit'}; at the peak, {share:.0%} of it is "
+                   f"{PLAIN.get(biggest, biggest)}")
     return "; ".join(out) + "."
+
+
+@reading_no_run
+def at_peak_table(plans) -> pd.DataFrame:
+    """What is live at each plan's peak, by category (GiB), a column per plan."""
+    cols = {f"{_label(p.spec)} on {p.spec.world_size}": {c: round(p.record.at_peak.get(c, 0) / GIB, 2) for c in CATEGORIES}
+            | {"peak": round(p.record.peak_bytes / GIB, 2)} for p in plans}
+    return pd.DataFrame(cols)

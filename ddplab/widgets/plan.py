@@ -18,7 +18,9 @@ def fit_line(plan, device_gib: float) -> str:
     if rec.untraced:
         return f"{what}: not traced ({rec.untraced})"
     parts = sorted(((b, c) for c, b in rec.at_peak.items() if b), reverse=True)[:3]
-    made = ", ".join(f"{c.replace('_', ' ')} {b / GIB:.1f}" for b, c in parts)   # short names: one line
+    from ..tables.plan import PLAIN
+
+    made = ", ".join(f"{PLAIN.get(c, c)} {b / GIB:.1f}" for b, c in parts)
     verdict = "fits" if rec.peak_bytes <= device_gib * GIB else "does not fit"
     return (f"{what}: {verdict} in {device_gib:g} GiB: peak {rec.peak_bytes / GIB:.1f} GiB in {rec.peak_phase} "
             f"({made} GiB)")
@@ -29,7 +31,6 @@ def fit_widget(first, plan, device_gib: float = 80.0):
     button that calls `plan(spec)` for the chosen settings and says whether the peak fits `device_gib`.
     `first`: a plan already made, shown before any click (its settings are the widgets' first values)."""
     import ipywidgets as w
-    from IPython.display import display
 
     from .measuring import OneAtATime
 
@@ -56,5 +57,4 @@ def fit_widget(first, plan, device_gib: float = 80.0):
     button.on_click(OneAtATime(button, "planning...").handler(on_plan))
     box = w.VBox([w.HBox([ranks, strategy]), w.HBox([seq, batch]), w.HBox([ckpt, button]), answer])
     box.add_class("ddplab-fit-widget")
-    display(box)
     return box

@@ -9,11 +9,12 @@ import ddplab
 from ddplab import Experiment
 from ddplab.spec.plan import PlanSpec
 
-# seen at 2 ranks: activations -0.2% to +0.8% under DDP and ZeRO-1; under FSDP2 -7% to -20%, because the real
-# run's meter counts the gathered parameters autograd saves for backward as activations, where FSDPMemTracker
-# files them as unsharded parameters (the plan's comm_buffers); peaks +0.9% to +11%
+# seen at 2 and 4 ranks: activations -0.2% to +0.8% under DDP and ZeRO-1; under FSDP2 -4% to -14%, because the
+# real run's meter counts the gathered parameters autograd saves for backward as activations, where
+# FSDPMemTracker files them as unsharded parameters (the plan's comm_buffers); peaks +0.9% to +1.3% under DDP
+# and ZeRO-1, +8.7% to +12.7% under FSDP2
 ACTIVATIONS_TOLERANCE = 0.10
-PEAK_TOLERANCE = 0.15
+PEAK_TOLERANCE = {"none": 0.05, "zero1": 0.05, "fsdp2": 0.20}
 STRATEGIES = {"none": "ddp", "zero1": "zero1", "fsdp2": "fsdp2"}
 MODELS = ("transformer", "ddplab.examples.hf_gpt2:gpt2")   # the lab's model, and a Hugging Face GPT-2
 
@@ -37,9 +38,9 @@ def test_the_plan_equals_a_real_run(model, world_size, tmp_path):
             assert plan.held[category].bytes == measured.phases[phase][category], (where, category)
         activations = measured.phases["forward"]["activations"]
         gap = (plan.held["activations"].bytes - activations) / activations
-        assert abs(gap) <= ACTIVATIONS_TOLERANCE or sharding == "fsdp2" and -0.25 <= gap <= 0, (where, gap)
+        assert abs(gap) <= ACTIVATIONS_TOLERANCE or sharding == "fsdp2" and -0.2 <= gap <= 0, (where, gap)
         peak_gap = (plan.peak_bytes - measured.peak) / measured.peak
-        assert abs(peak_gap) <= PEAK_TOLERANCE, (where, peak_gap)
+        assert abs(peak_gap) <= PEAK_TOLERANCE[sharding], (where, peak_gap)
         print(f"{where}: activations {gap:+.1%}, peak {peak_gap:+.1%}")
         if sharding != "fsdp2":   # the buckets DDP rebuilt after step 0, and one all-reduce of each a step
             launched = sorted(run.ranks[0].result.steps[1].buckets, key=lambda b: b.index)

@@ -13,9 +13,9 @@ from torch.distributed.fsdp import fully_shard
 def fully_shard_layers(model, group, device, reshard_after_forward: bool = True, prefetch: bool = False,
                        mesh: DeviceMesh | None = None) -> list[tuple[str, nn.Module]]:
     """Shard every layer (each element of a ModuleList or Sequential child, else each child with
-    parameters) of the module that holds the blocks (the model, or the first submodule with a ModuleList
-    child: a Hugging Face model's `transformer` or `model`), then the root, over the ranks of `group`
-    (None = all ranks); return the layers' (name, module), the units FSDP2 gathers one at a time, in the
+    parameters) of the module that holds the blocks (the one whose ModuleList or Sequential child holds the
+    most parameters: the model itself, or a Hugging Face model's `transformer` or `model`), then the root,
+    over the ranks of `group` (None = all ranks); return the layers' (name, module), the units FSDP2 gathers one at a time, in the
     order the built-in models call them. A layer holding a tied parameter (a head that reuses the embedding)
     is left to the root, with the other layer that holds it: FSDP2 refuses one parameter in two units.
     `reshard_after_forward=False` keeps a unit's gathered parameters from its forward to its backward;
@@ -23,22 +23,17 @@ def fully_shard_layers(model, group, device, reshard_after_forward: bool = True,
     backward (FSDP2's explicit prefetching). `mesh`: one built already (the planner builds it before it
     enters `FakeTensorMode`, where building one fails)."""
     mesh = mesh or DeviceMesh.from_group(group or dist.group.WORLD, device.type)
-    owners: dict[int, int] = {}
-    for m in model.modules():
-        for p in m._parameters.values():
-            if p is not None:
-                owners[id(p)] = owners.get(id(p), 0) + 1
-    tied = {i for i, n in owners.items() if n > 1}
+    prefix, holder = _holder(model)
+    layers = [(".".join(x for x in (prefix, name, sub) if x), layer) for name, child in holder.named_children()
+              for sub, layer in (child.named_children() if isinstance(child, (nn.ModuleList, nn.Sequential))
+                                 else [("", child)])]
+    tied = _tied(model, [layer for _, layer in layers])
     units = []
-    prefix, holder = next(((n, m) for n, m in model.named_modules()
-                           if any(isinstance(c, (nn.ModuleList, nn.Sequential)) for c in m.children())), ("", model))
-    for name, child in holder.named_children():
-        layers = list(child.named_children()) if isinstance(child, (nn.ModuleList, nn.Sequential)) else [("", child)]
-        for sub, layer in layers:
-            params = {id(p) for p in layer.parameters()}
-            if params and not params & tied:
-                fully_shard(layer, mesh=mesh, reshard_after_forward=reshard_after_forward)
-                units.append((".".join(x for x in (prefix, name, sub) if x), layer))
+    for name, layer in layers:
+        params = {id(p) for p in layer.parameters()}
+        if params and not params & tied:
+            fully_shard(layer, mesh=mesh, reshard_after_forward=reshard_after_forward)
+            units.append((name, layer))
     fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward)
     if prefetch:
         modules = [m for _, m in units]
@@ -48,3 +43,27 @@ def fully_shard_layers(model, group, device, reshard_after_forward: bool = True,
             if i > 0:
                 m.set_modules_to_backward_prefetch([modules[i - 1]])
     return units
+
+
+def _holder(model: nn.Module) -> tuple[str, nn.Module]:
+    """(name, module) of the module whose ModuleList or Sequential child holds the most parameters: the
+    blocks' parent; the model itself where it has no such child."""
+    best = (-1, "", model)
+    for name, m in model.named_modules():
+        for child in m.children():
+            if isinstance(child, (nn.ModuleList, nn.Sequential)):
+                n = sum(p.numel() for p in child.parameters())
+                if n > best[0]:
+                    best = (n, name, m)
+    return best[1], best[2]
+
+
+def _tied(model: nn.Module, layers: list[nn.Module]) -> set[int]:
+    """Ids of the parameters held by modules in more than one layer, or in a layer and outside every layer."""
+    unit_of = {id(m): i for i, layer in enumerate(layers) for m in layer.modules()}
+    where: dict[int, set] = {}
+    for m in model.modules():
+        for p in m._parameters.values():
+            if p is not None:
+                where.setdefault(id(p), set()).add(unit_of.get(id(m), -1))
+    return {pid for pid, units in where.items() if len(units) > 1}

@@ -90,10 +90,14 @@ class CollectiveCounter(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = func.overloadpacket.__name__
-        if func.namespace in ("c10d", "_c10d_functional") and name in OPS:
-            op = OPS[name]
-            payload = max(_bytes(args[0]), _bytes(args[1])) if op in ("all_gather", "reduce_scatter") \
-                else _bytes(args[0])
+        if func.namespace in ("c10d", "_c10d_functional") and name not in ("wait_tensor", "barrier", "monitored_barrier_"):
+            op = OPS.get(name, name)   # an op this table does not know is counted under its own name
+            if name == "all_gather_into_tensor":   # functional: (shard, group_size, group): the gathered tensor
+                payload = _bytes(args[0]) * int(args[1])
+            elif op in ("all_gather", "reduce_scatter"):
+                payload = max(_bytes(args[0]), _bytes(args[1]))
+            else:
+                payload = _bytes(args[0])
             self.calls.append((op, payload))
         return func(*args, **(kwargs or {}))
 
@@ -102,4 +106,4 @@ class CollectiveCounter(TorchDispatchMode):
         for op, payload in self.calls:
             by_op[op].append(payload)
         share = (world_size - 1) / world_size
-        return [Collective(op, len(p), sum(p), round(WIRE[op] * share * sum(p))) for op, p in sorted(by_op.items())]
+        return [Collective(op, len(p), sum(p), round(WIRE.get(op, 1.0) * share * sum(p))) for op, p in sorted(by_op.items())]
