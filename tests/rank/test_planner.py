@@ -72,7 +72,7 @@ def test_an_untraceable_model_is_named_with_its_op_and_module(tmp_path, monkeypa
     assert "nonzero" in plan.untraced and "gate (Gate)" in plan.untraced
     assert plan.held["parameters"].source.startswith("formula")
     assert plan.held["parameters"].bytes == 4 * plan.parameters_total / 8
-    assert plans_table([plan], device_gib=80)["fits 80 GiB"][0] == "not traced"
+    assert plans_table([plan], device_gib=80)["fits 80 GiB"][0] == "not traced" and not plan.fits(80)
 
 
 @pytest.mark.parametrize("field, value", [("world_size", 0), ("strategy", "zero3"), ("model", "hf:nope"),
@@ -119,3 +119,30 @@ def test_the_planners_fast_tracker_finds_torchs_peak():
                 opt.step()
             peaks.append(next(iter(tracker.get_tracker_snapshot("peak").values())))
     assert peaks[0] == peaks[1] and peaks[0]["Total"] > 0
+
+
+@pytest.mark.slow
+def test_a_bfloat16_plan_holds_half_the_bytes_under_every_strategy():
+    fp32 = ddplab.plan_many(world_sizes=(4,), **TINY)
+    bf16 = ddplab.plan_many(world_sizes=(4,), dtype="bfloat16", **TINY)
+    for a, b in zip(fp32, bf16):
+        assert 2 * b.held["parameters"].bytes == a.held["parameters"].bytes, a.spec.strategy
+        assert b.held["parameters"].bytes == 2 * b.parameters_local, b.spec.strategy
+
+
+def test_ddps_first_rebuilt_bucket_takes_the_cap_that_was_set():
+    """torch's rule, as the planner applies it: 1 MiB first where no cap was set, the cap itself where one was
+    (eight 0.5 MiB gradients: [1, 3] MiB at DDP's default, [2, 2] at bucket_cap_mb=2)."""
+    import torch
+
+    from ddplab.rank.planner import rebuilt_buckets
+
+    grads = [torch.empty(128 * 1024) for _ in range(8)]   # 0.5 MiB of float32 each
+    mib = 1 << 20
+    assert rebuilt_buckets(grads, grads, None) == [1 * mib, 3 * mib]
+    assert rebuilt_buckets(grads, grads, 2) == [2 * mib, 2 * mib]
+
+
+def test_an_empty_list_of_plans_is_refused():
+    with pytest.raises(ValueError, match="nothing to plan"):
+        ddplab.plan_many(world_sizes=())

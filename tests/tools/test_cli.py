@@ -195,3 +195,20 @@ def test_a_run_whose_loss_goes_nan_exits_3_and_says_where(tmp_path, capsys):
     assert code == 3, out
     assert re.search(r"warning: experiment: the loss became (nan|inf) at step \d on rank\(s\) 0, 1: training diverged "
                      r"\(lr=1000; try a smaller one\)", out.out + out.err), out
+
+
+@pytest.mark.slow
+def test_ddplab_plan_prints_every_plan_with_its_sources_and_an_estimate(capsys):
+    code = cli.main(["plan", "--world-sizes", "8,1024", "--strategies", "ddp,fsdp2", "--device-gib", "0.003"])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    assert len(re.findall(r"^ +(8|1024) +(ddp|fsdp2) ", out.out, re.MULTILINE)) == 2 * 4, out.out   # plans, estimates
+    assert "fits 0.003 GiB" in out.out and "FSDPMemTracker" in out.out and "ESTIMATE" in out.out
+    assert out.err.count("planned ") == 4   # a line as each plan arrived
+
+
+def test_ddplab_plan_refuses_bad_input_naming_the_field(capsys):
+    assert cli.main(["plan", "--world-sizes", "0"]) == 2
+    assert "PlanSpec.world_size" in capsys.readouterr().err
+    assert cli.main(["plan", "--world-sizes", "eight"]) == 2
+    assert "--world-sizes" in capsys.readouterr().err
