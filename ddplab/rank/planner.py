@@ -85,9 +85,13 @@ def build_model(spec: PlanSpec) -> tuple[nn.Module, int]:
 
 
 def _blocks(model: nn.Module) -> list[nn.Module]:
-    """The repeated layers: every element of every ModuleList or Sequential in the model."""
-    return [b for m in model.modules() if isinstance(m, (nn.ModuleList, nn.Sequential)) for b in m
-            if any(True for _ in b.parameters())]
+    """The repeated layers: the elements (with parameters) of the ModuleList or Sequential holding the most
+    parameters, the blocks FSDP2 shards one by one (rank/parallel/fsdp.py)."""
+    lists = [m for m in model.modules() if isinstance(m, (nn.ModuleList, nn.Sequential))]
+    if not lists:
+        return []
+    blocks = max(lists, key=lambda m: sum(p.numel() for p in m.parameters()))
+    return [b for b in blocks if any(True for _ in b.parameters())]
 
 
 def wrap(spec: PlanSpec, model: nn.Module, mesh):
