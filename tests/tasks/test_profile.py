@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import types
+import warnings
 
 import matplotlib
 import pytest
@@ -172,6 +173,22 @@ def profiled(shared_runs):
     return shared_runs["profile"][0]
 
 
+@pytest.fixture(scope="module")
+def timelined(profiled, tmp_path_factory):
+    """The profiled run if torch built every rank's memory timeline, else the same experiment launched
+    again on its own (at most twice). torch's analyzer fails now and then on a trace (pytorch/pytorch#167838,
+    seen once in a loaded CI run on rank 0): the lab says so (the tests below), but the tests of what the
+    timeline holds need one from every rank, and a failure here is torch's, not the lab's."""
+    run = profiled
+    for attempt in range(2):
+        if not (gaps := tables.traces.memory_gaps(run)):
+            return run
+        warnings.warn(f"torch's memory profiler failed on run {run.path.name}: {gaps}; launching it again")
+        run = ddplab.run(profiled.spec, out=tmp_path_factory.mktemp(f"profile-again{attempt}"))
+    assert not (gaps := tables.traces.memory_gaps(run)), f"torch's memory profiler failed 3 runs in a row: {gaps}"
+    return run
+
+
 @pytest.mark.slow
 def test_every_rank_wrote_its_trace_and_memory_timeline(profiled):
     for r in profiled.ranks:
@@ -214,17 +231,17 @@ def test_holistic_trace_analysis_reads_the_trace_folder_with_both_ranks(profiled
 
 
 @pytest.mark.slow
-def test_memory_timeline_holds_the_replicated_model_state_of_chapter_02(profiled):
+def test_memory_timeline_holds_the_replicated_model_state_of_chapter_02(timelined):
     """Every rank holds the whole model: parameters, gradients and Adam's state, to the byte, as
     `predict.memory` says; DDP's flat buckets have no category of the profiler's own ("unknown"). The
     check holds for the profile probe alone: another probe's own tensors show in the timeline too."""
-    m = tables.traces.memory_timeline(profiled)
+    m = tables.traces.memory_timeline(timelined)
     assert list(m.columns[3:7]) == ["parameters", "gradients", "optimizer_state", "activations"]
     assert {"inputs", "temporaries", "autograd_detail", "unknown"} <= set(m.columns)
-    predicted = memory_model.state_bytes(profiled.spec)
-    largest_tensor = max(memory_model.parameter_numels(profiled.spec)) * 4
+    predicted = memory_model.state_bytes(timelined.spec)
+    largest_tensor = max(memory_model.parameter_numels(timelined.spec)) * 4
     peaks = tables.traces.memory_timeline_peaks(m)
-    for r in profiled.ranks:
+    for r in timelined.ranks:
         mine = m[m["rank"] == r.rank]
         settled = mine[mine["step"] == 2]   # step 1 allocates the buckets DDP rebuilt after step 0
         seen = {"parameters held": int(mine["parameters"].min()), "gradients at most": int(mine["gradients"].max()),
@@ -273,18 +290,18 @@ def test_a_memory_timeline_torch_cannot_build_is_said_not_raised():
 
 
 @pytest.mark.slow
-def test_a_rank_without_a_memory_timeline_is_named_and_the_others_are_read(profiled, tmp_path):
+def test_a_rank_without_a_memory_timeline_is_named_and_the_others_are_read(timelined, tmp_path):
     import shutil
 
-    copy = tmp_path / profiled.path.name
-    shutil.copytree(profiled.path, copy)
+    copy = tmp_path / timelined.path.name
+    shutil.copytree(timelined.path, copy)
     gap = {"device": "cpu", "categories": [], "times_us": [], "bytes": [], "unavailable": "torch's memory profiler failed"}
-    (copy / profiled.ranks[1].result.profile.memory_timeline).write_text(json.dumps(gap))
+    (copy / timelined.ranks[1].result.profile.memory_timeline).write_text(json.dumps(gap))
     run = ddplab.load_run(copy)
     table = tables.traces.memory_timeline(run)
     assert set(table["rank"]) == {0} and table.attrs["unavailable"] == {1: "torch's memory profiler failed"}
     assert tables.traces.memory_gap_reading(run).startswith("rank 1 has no memory timeline: torch's memory profiler failed")
-    assert tables.traces.memory_gap_reading(profiled) == ""
-    (copy / profiled.ranks[0].result.profile.memory_timeline).write_text(json.dumps(gap))
+    assert tables.traces.memory_gap_reading(timelined) == ""
+    (copy / timelined.ranks[0].result.profile.memory_timeline).write_text(json.dumps(gap))
     with pytest.raises(ValueError, match="no rank has a memory timeline"):
         tables.traces.memory_timeline(ddplab.load_run(copy))
