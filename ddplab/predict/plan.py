@@ -112,3 +112,19 @@ def step_estimate(flops: int, collectives, buckets_bytes: list[int], world_size:
                                      "collectives hidden behind compute (fast end) or added to it (slow end)"),
     )
     return StepEstimate(compute, comm, (steps[0], steps[1]), assumptions)
+
+
+# What one rank writes on gloo (one host) for a payload of P bytes on D ranks, as a multiple of (D-1)/D P,
+# measured with /proc/self/io: all-reduce 2 and all-gather 1, as the ring; reduce-scatter 2, because gloo
+# runs it as a whole all-reduce (where NCCL's ring sends 1); broadcast a binomial tree, 1 on average over the
+# ranks (the root sends log2(D) P). The plan's `wire_bytes` price NCCL's ring; these price the lab's gloo runs.
+GLOO_WIRE = {"all_reduce": 2.0, "all_gather": 1.0, "reduce_scatter": 2.0, "broadcast": 1.0}
+
+
+def gloo_wire_bytes(collectives, world_size: int) -> int:
+    """Bytes a rank writes for the plan's `collectives` on gloo, averaged over the ranks (`GLOO_WIRE`)."""
+    unknown = sorted({c.op for c in collectives} - set(GLOO_WIRE))
+    if unknown:
+        raise ValueError(f"collectives: no gloo price for {', '.join(unknown)}")
+    share = (world_size - 1) / world_size
+    return round(sum(GLOO_WIRE[c.op] * share * c.payload_bytes for c in collectives))

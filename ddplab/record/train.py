@@ -22,6 +22,7 @@ class TrainStep(Timeline):
     write_bytes: int | None = None             # bytes probe: written by this process during the last backward
     optimizer_write_bytes: int | None = None   # bytes probe: written during the optimizer step (ZeRO-1's broadcast)
     activation_bytes: list[int] | None = None  # activations probe: saved for backward, per micro-step
+    forward_write_bytes: int | None = None     # bytes probe: written during the last forward (FSDP2's all-gathers)
 
 
 @dataclass(frozen=True)

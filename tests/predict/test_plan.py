@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from ddplab.predict.plan import CLUSTERS, comm_seconds, step_estimate
+from ddplab.predict.plan import CLUSTERS, comm_seconds, gloo_wire_bytes, step_estimate
 from ddplab.record.plan import Collective
 
 CLUSTER = CLUSTERS["h100-ib"]
@@ -59,3 +59,14 @@ def test_fsdp2_ranges_from_hidden_to_added():
 def test_bad_input_is_refused():
     with pytest.raises(ValueError):
         step_estimate(-1, [], [], 8, "ddp", CLUSTER)
+
+
+def test_gloo_prices_reduce_scatter_as_an_all_reduce_and_the_rest_as_the_ring():
+    """What tests/launch/test_plan.py holds real gloo ranks' writes to: on 4 ranks a payload P costs 1.5 P
+    reduced or reduce-scattered, 0.75 P gathered or broadcast (on average over the ranks)."""
+    mib = 1 << 20
+    calls = [Collective(op, 1, mib, 0) for op in ("all_reduce", "reduce_scatter", "all_gather", "broadcast")]
+    assert [gloo_wire_bytes([c], 4) for c in calls] == [1.5 * mib, 1.5 * mib, 0.75 * mib, 0.75 * mib]
+    assert gloo_wire_bytes(calls, 4) == 4.5 * mib and gloo_wire_bytes(calls, 1) == 0
+    with pytest.raises(ValueError, match="no gloo price for all_to_all"):
+        gloo_wire_bytes([Collective("all_to_all", 1, mib, 0)], 4)

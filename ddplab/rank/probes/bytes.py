@@ -1,5 +1,6 @@
-"""Bytes this rank really sends: what the process wrote during its synchronized backward, and during
-the optimizer step (where ZeRO-1's `ZeroRedundancyOptimizer` broadcasts each rank's updated shard).
+"""Bytes this rank really sends: what the process wrote during its synchronized backward, during the
+optimizer step (where ZeRO-1's `ZeroRedundancyOptimizer` broadcasts each rank's updated shard), and during
+the forward (where FSDP2 all-gathers each unit's parameters).
 
 Linux `/proc/self/io` `wchar` counts every byte written by every thread of the process, gloo's
 `writev` to the other ranks included; on one host that is the traffic the ring all-reduce formula
@@ -23,13 +24,21 @@ def io_write_bytes() -> int:
 
 
 class BytesProbe(Probe):
-    """Fills `TrainStep.write_bytes` (bytes written during the step's last backward) and
-    `TrainStep.optimizer_write_bytes` (during its optimizer step)."""
+    """Fills `TrainStep.write_bytes` (bytes written during the step's last backward),
+    `TrainStep.optimizer_write_bytes` (during its optimizer step) and `TrainStep.forward_write_bytes`
+    (during its last forward)."""
 
     name = "bytes"
     written: int | None = None   # None until a backward has run
     stepped: int | None = None   # None until an optimizer step has run
+    forwarded: int | None = None   # None until a forward has run
     _before_step = 0
+
+    @contextlib.contextmanager
+    def forward(self, micro: int):
+        before = io_write_bytes()
+        yield
+        self.forwarded = io_write_bytes() - before
 
     @contextlib.contextmanager
     def backward(self, micro: int, last: bool):
@@ -44,4 +53,5 @@ class BytesProbe(Probe):
         self.stepped = io_write_bytes() - self._before_step
 
     def step_fields(self, step: int) -> dict:
-        return {"write_bytes": self.written, "optimizer_write_bytes": self.stepped}
+        return {"write_bytes": self.written, "optimizer_write_bytes": self.stepped,
+                "forward_write_bytes": self.forwarded}
