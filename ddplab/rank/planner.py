@@ -44,6 +44,7 @@ from torch._subclasses.fake_tensor import (DataDependentOutputException, Dynamic
 from ..record.plan import CATEGORIES, Correction, Figure, PlanRecord
 from ..spec.plan import MAX_PARAMETERS, PlanSpec
 from .probes.collectives import CollectiveCounter
+from .probes.memory import local, optimizer_state
 from .trackers import (FSDP_TRACKER, MEM_TRACKER, categories, cpu_attention_flops, global_peak_only,
                        snapshot)
 from .untraced import formula_record, module_stack, op_of
@@ -132,15 +133,13 @@ def _fake_allreduce(state: dict, bucket):
 
 
 def state_bytes(opt) -> int:
-    """Bytes of the optimizer's own state tensors (a local shard's, for DTensors), each storage once."""
-    opt = getattr(opt, "optim", opt)
-    seen = {}
-    for s in opt.state.values():
-        for v in s.values():
-            if torch.is_tensor(v):
-                t = v.to_local() if hasattr(v, "to_local") else v
-                seen[id(t.untyped_storage())] = t.untyped_storage().nbytes()
-    return sum(seen.values())
+    """Bytes of the optimizer's own state tensors (a local shard's, for DTensors), each storage once. Keyed by
+    the storage itself (`StorageWeakRef`), not by its data pointer as the probes' `storages`: every fake
+    tensor's data pointer is 0."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    held = {StorageWeakRef(s): s.nbytes() for s in (local(t).untyped_storage() for t in optimizer_state(opt))}
+    return sum(held.values())
 
 
 def plan(spec: PlanSpec) -> PlanRecord:

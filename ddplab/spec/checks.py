@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import dataclasses
 import math
 
 _READING = contextvars.ContextVar("ddplab_reading_a_record", default=False)
@@ -55,3 +56,14 @@ def is_number(v) -> bool:
         return math.isfinite(v)
     except OverflowError:
         return False
+
+
+def only_fields(cls, d, what: str) -> dict:
+    """`d`, when it is a dict of the dataclass `cls`'s fields (a spec read from JSON); else a ValueError that
+    says what `d` should be, or names the fields `cls` does not have."""
+    if not isinstance(d, dict):
+        raise ValueError(f"{what} is a JSON object of {cls.__name__} fields (got {type(d).__name__})")
+    unknown = sorted(set(d) - {f.name for f in dataclasses.fields(cls)})
+    if unknown:
+        raise ValueError(f"unknown {cls.__name__} field(s): {', '.join(unknown)}")
+    return d

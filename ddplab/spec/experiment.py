@@ -22,7 +22,7 @@ import json
 import re
 from dataclasses import dataclass, field
 
-from .checks import is_int
+from .checks import is_int, only_fields
 from .fault import Fault
 from .link import LINKS, Link  # noqa: F401 (LINKS: the link field's documentation)
 from .straggler import Straggler
@@ -189,13 +189,7 @@ class Experiment:
 
     @classmethod
     def from_dict(cls, d: dict) -> "Experiment":
-        if not isinstance(d, dict):
-            raise ValueError(f"a spec is a JSON object of Experiment fields (got {type(d).__name__})")
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"unknown Experiment field(s): {', '.join(unknown)}")
-        return cls(**d)
+        return cls(**only_fields(cls, d, "a spec"))
 
     @classmethod
     def from_json(cls, text: str) -> "Experiment":

@@ -21,6 +21,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from .checks import only_fields
+
 STRATEGIES = ("ddp", "zero1", "fsdp2")
 PLAN_DTYPES = ("float32", "bfloat16")
 PLAN_OPTIMIZERS = ("sgd", "adam", "adamw")
@@ -158,12 +160,7 @@ class PlanSpec:
 
     @classmethod
     def from_dict(cls, d: dict) -> "PlanSpec":
-        if not isinstance(d, dict):
-            raise ValueError(f"a plan spec is a JSON object of PlanSpec fields (got {type(d).__name__})")
-        unknown = sorted(set(d) - {f.name for f in dataclasses.fields(cls)})
-        if unknown:
-            raise ValueError(f"unknown PlanSpec field(s): {', '.join(unknown)}")
-        return cls(**d)
+        return cls(**only_fields(cls, d, "a plan spec"))
 
     def replace(self, **changes) -> "PlanSpec":
         return dataclasses.replace(self, **changes)

@@ -145,20 +145,27 @@ LEDGER = {"parameters": "forward", "gradients": "backward", "optimizer_state": "
           "activations": "forward"}
 
 
+def _measured(run) -> tuple[dict[str, int], int]:
+    """Rank 0's ledger in the run's last step (the one after the step that created the optimizer state),
+    category -> bytes, each read in its `LEDGER` phase; and that step's peak."""
+    step = run.ranks[0].memory.steps[-1]
+    return {c: step.phases[phase][c] for c, phase in LEDGER.items()}, step.peak
+
+
 @reading(run="train")
 def side_by_side(run, plan) -> pd.DataFrame:
     """A real run's rank 0 and its plan, category by category (bytes): the run's ledger in the step after
     the one that created the optimizer state, the plan's figure, their difference and the plan's source;
     then the step's peak."""
-    measured = run.ranks[0].memory.steps[-1]
+    ledger, peak = _measured(run)
     rows = []
-    for c, phase in LEDGER.items():
-        real, planned = measured.phases[phase][c], plan.record.held[c].bytes
+    for c, real in ledger.items():
+        planned = plan.record.held[c].bytes
         rows.append({"category": c, "real run, B": f"{real:,}", "plan, B": f"{planned:,}",
                      "plan / run": f"{planned / real:.4f}" if real else ("equal" if planned == real else "-"),
                      "plan's source": plan.record.held[c].source if real or planned else "-"})
-    rows.append({"category": "peak", "real run, B": f"{measured.peak:,}", "plan, B": f"{plan.record.peak_bytes:,}",
-                 "plan / run": f"{plan.record.peak_bytes / measured.peak:.4f}", "plan's source": plan.record.peak_source})
+    rows.append({"category": "peak", "real run, B": f"{peak:,}", "plan, B": f"{plan.record.peak_bytes:,}",
+                 "plan / run": f"{plan.record.peak_bytes / peak:.4f}", "plan's source": plan.record.peak_source})
     return pd.DataFrame(rows).set_index("category")
 
 
@@ -166,12 +173,10 @@ def side_by_side(run, plan) -> pd.DataFrame:
 def agreement_reading(pairs) -> str:
     """One sentence over (run, plan) pairs: which categories agree to the byte, and how far activations and
     the peak are."""
-    def measured(r, c):
-        return r.ranks[0].memory.steps[-1].phases[LEDGER[c]][c]
-
-    exact = all(measured(r, c) == p.record.held[c].bytes for r, p in pairs for c in MODEL_STATE + ("ddp_buckets",))
-    gaps = {p.spec.strategy: (p.record.held["activations"].bytes / max(1, measured(r, "activations")) - 1,
-                              p.record.peak_bytes / r.ranks[0].memory.steps[-1].peak - 1) for r, p in pairs}
+    measured = [(_measured(r), p) for r, p in pairs]
+    exact = all(ledger[c] == p.record.held[c].bytes for (ledger, _), p in measured for c in MODEL_STATE + ("ddp_buckets",))
+    gaps = {p.spec.strategy: (p.record.held["activations"].bytes / max(1, ledger["activations"]) - 1,
+                              p.record.peak_bytes / peak - 1) for (ledger, peak), p in measured}
     said = "; ".join(f"{s}: activations {a:+.1%}, peak {k:+.1%}" for s, (a, k) in gaps.items())
     return (f"Model state and DDP's buckets: {'equal to the byte in every strategy' if exact else 'NOT all equal'}. "
             f"The plan against the run: {said}.")
