@@ -4,6 +4,8 @@ tolerance, and the bytes each rank writes for its collectives (the bytes probe) 
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 import ddplab
@@ -11,11 +13,10 @@ from ddplab import Experiment
 from ddplab.predict.plan import gloo_wire_bytes
 from ddplab.spec.plan import PlanSpec
 
-# seen at 2 and 4 ranks: activations -0.2% to +0.8% under DDP and ZeRO-1; under FSDP2 -4% to -14%, because the
-# real run's meter counts the gathered parameters autograd saves for backward as activations, where
-# FSDPMemTracker files them as unsharded parameters (the plan's comm_buffers); peaks +0.9% to +1.3% under DDP
-# and ZeRO-1, +8.7% to +12.7% under FSDP2
-ACTIVATIONS_TOLERANCE = 0.10
+# seen at 2 and 4 ranks, both models: activations -0.2% to +0.8% under every strategy (FSDP2's gathered
+# parameters, which autograd saves for backward, are parameters to both meters); peaks +0.9% to +1.3% under DDP
+# and ZeRO-1, +8.7% to +12.7% under FSDP2, where the run's dispatch-mode meter misses buffers FSDP2 allocates
+ACTIVATIONS_TOLERANCE = 0.03
 PEAK_TOLERANCE = {"none": 0.05, "zero1": 0.05, "fsdp2": 0.20}
 # seen at 2 and 4 ranks, both models, every strategy: +0.7% to +2.0% (gloo's headers on each message, and the
 # rank's own small writes)
@@ -34,8 +35,20 @@ def test_the_plan_equals_a_real_run(model, world_size, tmp_path):
     exps = [Experiment(name=f"plan-{s}", sharding=s, steps=2, probes=("memory", "bytes") + (() if s == "fsdp2" else ("buckets",)),
                        **base, **({} if s == "fsdp2" else cap)) for s in STRATEGIES]
     runs = ddplab.run_many(exps, tmp_path / "runs", progress=False)
-    for sharding, run in zip(STRATEGIES, runs):
-        plan = ddplab.plan(PlanSpec(strategy=STRATEGIES[sharding], **base, **({} if sharding == "fsdp2" else cap)))
+    specs = [PlanSpec(strategy=STRATEGIES[s], **base, **({} if s == "fsdp2" else cap)) for s in STRATEGIES]
+    if model != "transformer":   # the same GPT-2 from its config.json, as a user without a factory plans it (hf:PATH)
+        config = tmp_path / "config.json"
+        config.write_text(json.dumps({"model_type": "gpt2", "vocab_size": specs[0].vocab_size, "n_positions": 16,
+                                      "n_embd": 64, "n_layer": specs[0].n_layers, "n_head": 4, "resid_pdrop": 0.0,
+                                      "embd_pdrop": 0.0, "attn_pdrop": 0.0, "bos_token_id": 0, "eos_token_id": 0,
+                                      "use_cache": False}))
+        specs += [s.replace(model=f"hf:{config}") for s in specs]
+    plans = ddplab.plan_many(specs)
+    for plan, again in zip(plans[3:], plans):   # hf:PATH plans exactly what the factory's plan does
+        assert {c: f.bytes for c, f in plan.held.items()} == {c: f.bytes for c, f in again.held.items()}
+        assert (plan.peak_bytes, plan.collectives, plan.buckets_bytes) == (again.peak_bytes, again.collectives,
+                                                                           again.buckets_bytes), plan.spec.strategy
+    for sharding, run, plan in zip(STRATEGIES, runs, plans):
         measured = run.ranks[0].memory.steps[1]   # a step after the one that created the optimizer state
         where = f"{model}, {sharding}, {world_size} ranks"
         for category, phase in (("parameters", "forward"), ("gradients", "backward"),
@@ -43,7 +56,9 @@ def test_the_plan_equals_a_real_run(model, world_size, tmp_path):
             assert plan.held[category].bytes == measured.phases[phase][category], (where, category)
         activations = measured.phases["forward"]["activations"]
         gap = (plan.held["activations"].bytes - activations) / activations
-        assert abs(gap) <= ACTIVATIONS_TOLERANCE or sharding == "fsdp2" and -0.2 <= gap <= 0, (where, gap)
+        assert abs(gap) <= ACTIVATIONS_TOLERANCE, (where, gap)
+        # one figure on every rank and step: the meter counts storages, not addresses a freed one leaves behind
+        assert len({st.phases["forward"]["activations"] for r in run.ranks for st in r.memory.steps}) == 1, where
         peak_gap = (plan.peak_bytes - measured.peak) / measured.peak
         assert abs(peak_gap) <= PEAK_TOLERANCE[sharding], (where, peak_gap)
         # every collective of the step, forward, backward and optimizer, priced at gloo's algorithms, against the

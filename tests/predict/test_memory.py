@@ -34,6 +34,21 @@ def test_activation_model_matches_what_autograd_saves(kw):
     assert memory.activation_bytes(exp) == meter.bytes
 
 
+def test_a_parameter_swapped_in_after_the_meter_was_built_is_no_activation():
+    """FSDP2 swaps each unit's gathered parameters in for its shards during the forward: parameters the meter
+    was not built with. A Linear saves its weight (or a view of it) for backward; that is parameter memory."""
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+    x = torch.randn(5, 8)
+    with SavedTensorMeter(model.parameters()) as meter:
+        model(x).sum()
+    before = meter.bytes
+    for m in (model[0], model[2]):
+        m.weight = torch.nn.Parameter(m.weight.detach().clone())   # as FSDP2's gathered parameter
+    with SavedTensorMeter([]) as meter:   # built with none of them
+        model(x).sum()
+    assert meter.bytes == before == (5 * 8 + 5 * 16) * 4   # x, and tanh's output (the second layer's input)
+
+
 @pytest.mark.parametrize("optimizer, momentum", [("adam", 0.0), ("sgd", 0.9), ("sgd", 0.0)])
 def test_model_state_equals_the_tensors_one_optimizer_step_leaves(optimizer, momentum):
     """Parameters, gradients and optimizer state as the memory probe's ledger counts them after a

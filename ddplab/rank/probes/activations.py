@@ -10,9 +10,17 @@ from __future__ import annotations
 import contextlib
 
 import torch
+import torch.nn as nn
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from .memory import storages
 from . import Probe
+
+
+def is_parameter(t: torch.Tensor) -> bool:
+    """A parameter, or a view of one (a Linear's transposed weight): under FSDP2 a unit's gathered parameters,
+    which are not the parameters the meter was built with, and are the parameters' memory, not activations."""
+    return isinstance(t, nn.Parameter) or isinstance(t._base, nn.Parameter)
 
 
 class SavedTensorMeter:
@@ -21,13 +29,14 @@ class SavedTensorMeter:
     def __init__(self, parameters):
         self._param_storages = set(storages(parameters))
         self.bytes = 0
-        self._saved: dict[int, int] = {}
+        self._saved: dict[StorageWeakRef, int] = {}
 
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
         storage = t.untyped_storage()
-        ptr = storage.data_ptr()
-        if ptr not in self._param_storages:
-            self._saved[ptr] = storage.nbytes()
+        if storage.data_ptr() not in self._param_storages and not is_parameter(t):
+            # keyed by the storage itself: a storage freed during the forward (FSDP2 frees each unit's gathered
+            # parameters after it) leaves its address to the next one, which a data pointer would count once
+            self._saved[StorageWeakRef(storage)] = storage.nbytes()
         return t
 
     def __enter__(self):
