@@ -184,7 +184,7 @@ def timelined(profiled, tmp_path_factory):
         if not (gaps := tables.traces.memory_gaps(run)):
             return run
         warnings.warn(f"torch's memory profiler failed on run {run.path.name}: {gaps}; launching it again")
-        run = ddplab.run(profiled.spec, out=tmp_path_factory.mktemp(f"profile-again{attempt}"))
+        run = ddplab.run(profiled.spec, out=tmp_path_factory.mktemp(f"profile-again{attempt}"), progress=False)
     assert not (gaps := tables.traces.memory_gaps(run)), f"torch's memory profiler failed 3 runs in a row: {gaps}"
     return run
 
