@@ -38,10 +38,11 @@ def test_the_plan_equals_a_real_run(model, world_size, tmp_path):
     specs = [PlanSpec(strategy=STRATEGIES[s], **base, **({} if s == "fsdp2" else cap)) for s in STRATEGIES]
     if model != "transformer":   # the same GPT-2 from its config.json, as a user without a factory plans it (hf:PATH)
         config = tmp_path / "config.json"
-        config.write_text(json.dumps({"model_type": "gpt2", "vocab_size": specs[0].vocab_size, "n_positions": 16,
-                                      "n_embd": 64, "n_layer": specs[0].n_layers, "n_head": 4, "resid_pdrop": 0.0,
-                                      "embd_pdrop": 0.0, "attn_pdrop": 0.0, "bos_token_id": 0, "eos_token_id": 0,
-                                      "use_cache": False}))
+        sizes = specs[0]   # the factory's GPT2Config, ddplab/examples/hf_gpt2.py, at the same sizes
+        config.write_text(json.dumps({"model_type": "gpt2", "vocab_size": sizes.vocab_size, "n_positions": sizes.seq_len,
+                                      "n_embd": sizes.d_model, "n_layer": sizes.n_layers, "n_head": sizes.n_heads,
+                                      "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0, "bos_token_id": 0,
+                                      "eos_token_id": 0, "use_cache": False}))
         specs += [s.replace(model=f"hf:{config}") for s in specs]
     plans = ddplab.plan_many(specs)
     for plan, again in zip(plans[3:], plans):   # hf:PATH plans exactly what the factory's plan does
