@@ -114,6 +114,11 @@ def step_estimate(flops: int, collectives, buckets_bytes: list[int], world_size:
     return StepEstimate(compute, comm, (steps[0], steps[1]), assumptions)
 
 
+# Bytes one rank sends for a payload of P bytes on a ring of D ranks (chapter 03), as a multiple of (D-1)/D P:
+# all-reduce 2; all-gather and reduce-scatter 1 (P: the whole gathered or scattered tensor); broadcast, as a
+# chain, 1 on average over the ranks. NCCL's ring: the plan's `Collective.wire_bytes` (rank/probes/collectives.py).
+RING_WIRE = {"all_reduce": 2.0, "all_gather": 1.0, "reduce_scatter": 1.0, "broadcast": 1.0}
+
 # What one rank writes on gloo (one host) for a payload of P bytes on D ranks, as a multiple of (D-1)/D P,
 # measured with /proc/self/io: all-reduce 2 and all-gather 1, as the ring; reduce-scatter 2, because gloo
 # runs it as a whole all-reduce (where NCCL's ring sends 1); broadcast a binomial tree, 1 on average over the

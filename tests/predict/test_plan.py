@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from ddplab.predict.plan import CLUSTERS, comm_seconds, gloo_wire_bytes, step_estimate
+from ddplab.predict.comm import ring_bytes_per_rank
+from ddplab.predict.plan import CLUSTERS, GLOO_WIRE, RING_WIRE, comm_seconds, gloo_wire_bytes, step_estimate
 from ddplab.record.plan import Collective
 
 CLUSTER = CLUSTERS["h100-ib"]
@@ -70,3 +71,13 @@ def test_gloo_prices_reduce_scatter_as_an_all_reduce_and_the_rest_as_the_ring():
     assert gloo_wire_bytes(calls, 4) == 4.5 * mib and gloo_wire_bytes(calls, 1) == 0
     with pytest.raises(ValueError, match="no gloo price for all_to_all"):
         gloo_wire_bytes([Collective("all_to_all", 1, mib, 0)], 4)
+
+
+def test_the_ring_price_is_chapter_03s_and_differs_from_gloo_only_in_reduce_scatter():
+    """The plan's wire bytes (NCCL's ring, `RING_WIRE`) and the gloo price (`GLOO_WIRE`) cover the same
+    collectives; a ring all-reduce is chapter 03's 2(D-1)/D P, and only reduce-scatter is priced apart."""
+    assert set(RING_WIRE) == set(GLOO_WIRE)
+    assert {op for op in RING_WIRE if RING_WIRE[op] != GLOO_WIRE[op]} == {"reduce_scatter"}
+    mib = 1 << 20
+    for d in (2, 4, 8):
+        assert RING_WIRE["all_reduce"] * (d - 1) / d * mib == ring_bytes_per_rank(mib, d)

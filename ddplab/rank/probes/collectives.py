@@ -15,6 +15,7 @@ import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from ...predict.plan import RING_WIRE
 from ...record.plan import Collective
 from .. import clock
 
@@ -23,10 +24,6 @@ OPS = {"allreduce_": "all_reduce", "allreduce_coalesced_": "all_reduce", "_allga
        "_reduce_scatter_base_": "reduce_scatter", "reduce_scatter_": "reduce_scatter",
        "reduce_scatter_tensor_coalesced_": "reduce_scatter", "broadcast_": "broadcast",
        "all_reduce": "all_reduce", "all_gather_into_tensor": "all_gather", "reduce_scatter_tensor": "reduce_scatter"}
-# bytes one rank sends for a payload of P bytes on a ring of D ranks (chapter 03): all-reduce 2(D-1)/D P;
-# all-gather and reduce-scatter (D-1)/D P (P: the whole gathered or scattered tensor); broadcast, as a chain,
-# (D-1)/D P on average over the ranks
-WIRE = {"all_reduce": 2.0, "all_gather": 1.0, "reduce_scatter": 1.0, "broadcast": 1.0}
 
 
 def group_ranks(group_name: str) -> list[int]:
@@ -106,4 +103,4 @@ class CollectiveCounter(TorchDispatchMode):
         for op, payload in self.calls:
             by_op[op].append(payload)
         share = (world_size - 1) / world_size
-        return [Collective(op, len(p), sum(p), round(WIRE.get(op, 1.0) * share * sum(p))) for op, p in sorted(by_op.items())]
+        return [Collective(op, len(p), sum(p), round(RING_WIRE.get(op, 1.0) * share * sum(p))) for op, p in sorted(by_op.items())]
