@@ -171,8 +171,9 @@ def close(claim: str, seen, expected, rel: float = 1e-6, abs_: float = 0.0) -> N
     tolerance = f" within {_fmt(rel)} relative" + (f" + {_fmt(abs_)}" if abs_ else "")
     if ok:
         deviation = max(abs(x - y) / abs(y) if y else abs(x - y) for x, y in zip(a, b))
-        seen_s = f"{_fmt(a[0])}, off by {_fmt(deviation)}" if len(a) == 1 else \
-            f"at most {_fmt(deviation)} off over {len(a)}"
+        error = "relative error" if all(b) else "error (relative where nonzero was due)"
+        seen_s = f"{_fmt(a[0])}, {error} {_fmt(deviation)}" if len(a) == 1 else \
+            f"{error} at most {_fmt(deviation)} over {len(a)}"
     else:
         worst = max(range(len(a)), key=lambda i: excess[i] if _finite(excess[i]) else math.inf)
         seen_s = _fmt(a[0]) if len(a) == 1 else f"{_fmt(a[worst])} where {_fmt(b[worst])} was due (the worst of {len(a)})"

@@ -33,7 +33,7 @@ def test_a_check_that_holds_prints_what_it_verified(capsys):
                    "verified: DDP step is the global step (seen at most 3e-08 over 2, expected < 1e-05)",
                    "verified: independent steps differ (seen at least 0.05 over 2, expected > 0.01)",
                    "verified: efficiency (seen 0.7, expected within [0.5, 1])",
-                   "verified: mean of locals (seen at most 5e-10 off over 2, expected 2 values within 1e-06 relative)",
+                   "verified: mean of locals (seen relative error at most 5e-10 over 2, expected 2 values within 1e-06 relative)",
                    "verified: all identical (seen true, expected true)"]
 
 
