@@ -171,7 +171,8 @@ def close(claim: str, seen, expected, rel: float = 1e-6, abs_: float = 0.0) -> N
     tolerance = f" within {_fmt(rel)} relative" + (f" + {_fmt(abs_)}" if abs_ else "")
     if ok:
         deviation = max(abs(x - y) / abs(y) if y else abs(x - y) for x, y in zip(a, b))
-        error = "relative error" if all(b) else "error (relative where nonzero was due)"
+        error = ("relative error" if all(b) else "absolute error" if not any(b)
+                 else "error (relative where nonzero was due)")
         seen_s = f"{_fmt(a[0])}, {error} {_fmt(deviation)}" if len(a) == 1 else \
             f"{error} at most {_fmt(deviation)} over {len(a)}"
     else:

@@ -83,3 +83,14 @@ def test_a_long_check_prints_its_claim_with_seen_and_expected_folded_and_long_va
     assert folded.details.startswith("seen [[blocks.0") and "\nexpected [[blocks.0" in folded.details and plain == line
     verify.equal("four ranks", 4, 4)   # a short one stays one printed line
     assert capsys.readouterr().out == "verified: four ranks (seen 4, expected 4)\n"
+
+
+def test_a_close_check_names_its_error_relative_or_absolute(capsys):
+    verify.close("zero due", 1e-9, 0.0, abs_=1e-6)
+    verify.close("mixed", [1e-9, 2.0], [0.0, 2.0], abs_=1e-6)
+    verify.close("one due", 2.002, 2.0, rel=1e-2)
+    out = capsys.readouterr().out.splitlines()
+    assert out == ["verified: zero due (seen 1e-09, absolute error 1e-09, expected 0 within 1e-06 relative + 1e-06)",
+                   "verified: mixed (seen error (relative where nonzero was due) at most 1e-09 over 2, "
+                   "expected 2 values within 1e-06 relative + 1e-06)",
+                   "verified: one due (seen 2, relative error 0.001, expected 2 within 0.01 relative)"]
