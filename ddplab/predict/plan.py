@@ -25,6 +25,18 @@ from .comm import AlphaBeta
 
 BACKWARD_SHARE = 2 / 3   # backward does twice the forward's matrix work: 2/3 of a step's FLOPs
 H100 = {"bfloat16": 989.0, "float32": 495.0}   # dense tensor-core TFLOPS; float32 matmuls run as TF32
+H100_FP32_TFLOPS = 67.0   # float32 without tensor cores: torch's default precision for float32 matmuls
+# what the float32 peak assumes: torch runs float32 matmuls as TF32 only when asked to
+# (tests/predict/test_plan.py reads torch's default)
+PEAK_NOTE = {"float32": f"as TF32, which torch does after torch.set_float32_matmul_precision('high'); at its default "
+                        f"('highest') an H100 runs float32 at {H100_FP32_TFLOPS:g} TFLOPS, "
+                        f"{H100['float32'] / H100_FP32_TFLOPS:.0f}x slower"}
+
+
+def peak_label(dtype: str, tflops: float) -> str:
+    """A peak as the estimate prints it: '989 TFLOPS (bfloat16)', with what a float32 peak assumes."""
+    note = PEAK_NOTE.get(dtype)
+    return f"{tflops:g} TFLOPS ({dtype}{' ' + note if note else ''})"
 
 
 @dataclass(frozen=True)
@@ -42,10 +54,10 @@ class Cluster:
 
 CLUSTERS = {
     "h100-node": Cluster("8 x H100 SXM, one node, NVLink 4", H100, (0.43, 0.38), (480.0, 370.0), (6.0, 20.0),
-                         "H100 datasheet (989 dense BF16, 495 dense TF32 TFLOPS); NVLink all-reduce busbw 370 GB/s (ring) to "
+                         "H100 datasheet (989 dense BF16, 495 dense TF32, 67 FP32 TFLOPS); NVLink all-reduce busbw 370 GB/s (ring) to "
                          "480 GB/s (NVLS), nccl-tests#212; latency 6-20 us; MFU 38-43%, Llama 3 on H100s", max_ranks=8),
     "h100-ib": Cluster("H100 SXM nodes, 8 x 400 Gb/s NICs each", H100, (0.43, 0.38), (470.0, 220.0), (20.0, 50.0),
-                       "H100 datasheet (989 dense BF16, 495 dense TF32 TFLOPS); across nodes 470 GB/s expected (above what eight "
+                       "H100 datasheet (989 dense BF16, 495 dense TF32, 67 FP32 TFLOPS); across nodes 470 GB/s expected (above what eight "
                        "50 GB/s NICs carry without in-network reduction) and 220 GB/s measured on an underperforming "
                        "RoCE cluster, nccl#2409; latency 20-50 us a collective at any size, nccl#757 and nccl#1244; MFU 38-43%, "
                        "Llama 3 on H100s"),
@@ -102,7 +114,7 @@ def step_estimate(flops: int, collectives, buckets_bytes: list[int], world_size:
         steps = [max(compute[0], comm[0]), compute[1] + comm[1]]
     assumptions = (
         f"cluster: {cluster.name} ({cluster.sources})",
-        f"compute: {flops / 1e12:.3g} TFLOP a rank (FlopCounterMode) at {peak:g} TFLOPS ({dtype}) x MFU "
+        f"compute: {flops / 1e12:.3g} TFLOP a rank (FlopCounterMode) at {peak_label(dtype, peak)} x MFU "
         f"{cluster.mfu[0]:.0%} (fast) / {cluster.mfu[1]:.0%} (slow)",
         f"communication: bus bandwidth {cluster.busbw_gb_s[0]:g} / {cluster.busbw_gb_s[1]:g} GB/s, "
         f"{cluster.latency_us[0]:g} / {cluster.latency_us[1]:g} us a collective",

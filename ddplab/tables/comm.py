@@ -161,7 +161,7 @@ def verify_zero1_traffic(table: pd.DataFrame, rel: float = 0.02) -> None:
                  "the parameter bytes (MiB, summed over the ranks)", table.loc["zero1", "optimizer_step_mib"],
                  table.loc["zero1", "broadcast_predicted_mib"], rel=rel)
     verify.below("the counter's baseline: DDP's optimizer step (plain Adam, no collective) writes next to nothing "
-                 "(MiB written, over the all-reduce's)",
+                 "(its bytes written as a share of the all-reduce's)",
                  table.loc["none", "optimizer_step_mib"] / table.loc["none", "all_reduce_predicted_mib"], 0.01)
 
 

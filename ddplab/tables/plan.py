@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from ..predict.plan import CLUSTERS, step_estimate
+from ..predict.plan import CLUSTERS, peak_label, step_estimate
 from ..predict.zero import zero_state_bytes
 from ..record.plan import CATEGORIES
 from .reads import reading, reading_no_run
@@ -59,7 +59,7 @@ def _label(spec) -> str:
 
 
 def _gap(plan) -> str:
-    """The ZeRO paper's model state beside the traced one: "+1.2%" (the formula over the plan), or "-"."""
+    """The ZeRO paper's model state beside the traced one: "+1.2%" ((formula - traced) / traced), or "-"."""
     formula = formula_bytes(plan)
     traced = sum(plan.record.held[c].bytes for c in MODEL_STATE)
     if formula is None or not traced or plan.record.untraced:
@@ -85,7 +85,7 @@ def plans_table(plans, device_gib: float | None = None, unit: str | None = None)
         row = {"ranks": spec.world_size, "strategy": _label(spec),
                **{f"{c} {unit}": round(rec.held[c].bytes / size, 2) for c in MODEL_STATE},
                f"ddp_buckets {unit}": round(rec.held["ddp_buckets"].bytes / size, 2),
-               "ZeRO formula's model state": _gap(p),
+               "ZeRO formula's gap": _gap(p),
                f"activations {unit}": round(rec.held["activations"].bytes / size, 2),
                f"peak {unit}": round(rec.peak_bytes / size, 2), "peak in": rec.peak_phase or "-",
                "collectives": ", ".join(f"{c.count} {c.op}" for c in rec.collectives) or "-",
@@ -134,8 +134,8 @@ def estimate_table(plans, cluster: str = "h100-ib") -> tuple[pd.DataFrame, tuple
         for a in (e.assumptions[0], *e.assumptions[2:]):
             assumptions[a] = None
     c = CLUSTERS[cluster]
-    peaks = ", ".join(f"{v:g} ({k})" for k, v in c.peak_tflops.items() if k in {p.spec.dtype for p in plans})
-    compute = (f"compute: each plan's TFLOP (FlopCounterMode, forward and backward) at {peaks} TFLOPS x model FLOPs "
+    peaks = ", ".join(peak_label(k, v) for k, v in c.peak_tflops.items() if k in {p.spec.dtype for p in plans})
+    compute = (f"compute: each plan's TFLOP (FlopCounterMode, forward and backward) at {peaks} x model FLOPs "
                f"utilisation (MFU) {c.mfu[0]:.0%} (fast) / {c.mfu[1]:.0%} (slow), a share large BF16 runs reach")
     lines = list(assumptions)
     return pd.DataFrame(rows), (lines[0], compute, *lines[1:])

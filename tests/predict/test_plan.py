@@ -81,3 +81,14 @@ def test_the_ring_price_is_chapter_03s_and_differs_from_gloo_only_in_reduce_scat
     mib = 1 << 20
     for d in (2, 4, 8):
         assert RING_WIRE["all_reduce"] * (d - 1) / d * mib == ring_bytes_per_rank(mib, d)
+
+
+def test_a_float32_estimate_says_it_assumes_tf32_which_torch_does_not_do_by_default():
+    """The float32 peak is TF32's; torch runs float32 matmuls at full precision unless asked ('highest' is its
+    default), so the assumption is printed with the estimate. Read from the running torch: if torch's default
+    changes, the note is wrong and this fails."""
+    torch = pytest.importorskip("torch")
+    assert torch.get_float32_matmul_precision() == "highest"
+    e = step_estimate(10**15, [], [], 8, "fsdp2", CLUSTER, dtype="float32")
+    assert "set_float32_matmul_precision('high')" in e.assumptions[1] and "67 TFLOPS" in e.assumptions[1]
+    assert "TF32" not in step_estimate(10**15, [], [], 8, "fsdp2", CLUSTER, dtype="bfloat16").assumptions[1]
