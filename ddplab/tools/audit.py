@@ -158,8 +158,9 @@ class ModelAudit:
         model = {"factory": exp.model, "parameter_tensors": counted.tensors, "parameters": counted.parameters,
                  "trainable_tensors": counted.trainable_tensors, "trainable_parameters": counted.trainable_parameters,
                  "gradient_bytes": counted.gradient_bytes,
-                 "ranks_agree": all(r.model.parameter_count == counted.parameters for r in ddp.ranks)
-                 and len({r.param_checksum.final for r in ddp.ranks}) == 1}
+                 "rank_parameters": [r.model.parameter_count for r in ddp.ranks],   # each rank's own count
+                 "final_checksums": len({r.param_checksum.final for r in ddp.ranks})}   # distinct, over the ranks
+        model["ranks_agree"] = set(model["rank_parameters"]) == {counted.parameters} and model["final_checksums"] == 1
         return cls(
             spec={"world_size": exp.world_size, "local_batch": exp.local_batch, "seq_len": exp.seq_len,
                   "optimizer": exp.optimizer, "dtype": exp.dtype, "bucket_cap_mb": exp.bucket_cap_mb,
